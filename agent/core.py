@@ -1,0 +1,368 @@
+"""The agent's protocol as a pure state machine (sans-IO, like h11).
+
+Feed it received messages with `receive`; it returns the messages to send. It never
+touches sockets, clocks or event loops, so every engine (in-memory, networked) runs the
+very same code and the protocol is tested without a broker.
+
+A round runs the paper's three combine steps in order j = 1, 0, 2 (eqs. privPreComb,
+privUpdate, privPostComb). A step whose matrix is the identity needs no messages. For a
+communicating step the agent sends one message per out-neighbour, waits for one message
+per in-neighbour, then combines: sum_m a_mp * (message from m), its own term included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agent import keys, rng
+from agent.losses import Loss
+from agent.messages import KeyPlan, KeyShare, Message, Model, Rejected, Report
+from agent.spec import STEPS, AgentSpec, Rekey, Scheme, StepPlan
+
+Position = tuple[int, int]  # (round, index of the step in STEPS)
+
+
+@dataclass(frozen=True, slots=True)
+class Seat:
+    """local-ghp: where this agent sits at one hub for one step."""
+
+    side: int  # +1 for N+, -1 for N-
+    partners: tuple[int, ...]
+
+
+@dataclass
+class Counters:
+    """What the core did, for metrics and the overhead report."""
+
+    rejected: dict[str, int] = field(default_factory=dict)
+    agreements: int = 0  # Diffie-Hellman agreements computed
+    relayed: int = 0  # key shares forwarded as a hub
+
+    def reject(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+
+def split_senders(senders: list[int], hub: int) -> dict[int, Seat]:
+    """The hub's N+/N- split of its other neighbours, and each one's partners.
+
+    Alternating over sorted ids, as in the paper's example. A hub with a single other
+    neighbour l cannot hide l behind a partner, so it joins the pair itself (seat N-):
+    the wire still carries no model in the clear, and the hub learns only w_l, which
+    its own combination a_hh w_h + a_lh w_l reveals to it anyway.
+    """
+    if len(senders) == 1:
+        (sole,) = senders
+        return {sole: Seat(+1, (hub,)), hub: Seat(-1, (sole,))}
+    plus, minus = tuple(senders[0::2]), tuple(senders[1::2])
+    seats = {m: Seat(+1, minus) for m in plus}
+    seats.update({m: Seat(-1, plus) for m in minus})
+    return seats
+
+
+class AgentCore:
+    """One node of the graph. See the module docstring for the round structure."""
+
+    def __init__(
+        self,
+        spec: AgentSpec,
+        loss: Loss,
+        identity: keys.Identity | None = None,
+        directory: Mapping[int, keys.PublicIdentity] | None = None,
+    ) -> None:
+        if loss.dim != spec.dim:
+            raise ValueError(f"loss has dim {loss.dim}, the spec says {spec.dim}")
+        if spec.scheme is Scheme.LOCAL_GHP and (identity is None or directory is None):
+            raise ValueError("local-ghp needs the agent's identity and its neighbours' keys")
+        self.spec, self.loss = spec, loss
+        self.me = spec.agent
+        self.identity = identity
+        self.directory = dict(directory or {})
+        self.w = np.array(spec.w0, dtype=np.float64) if spec.w0 else np.zeros(spec.dim)
+        self.round, self.stage = 1, 0
+        self.value = self.w.copy()  # what the current step combines (w, phi or psi)
+        self.counters = Counters()
+        self._sent = False
+        self._inbox: dict[Position, dict[int, np.ndarray]] = {}
+        # local-ghp state: seats[(hub, step)], ephemeral keys and partners' keys per epoch
+        self._seats: dict[tuple[int, int], Seat] = {}
+        self._ephemeral: dict[int, keys.Ephemeral] = {}
+        self._shared_sent: set[int] = set()
+        self._partner_keys: dict[tuple[int, int, int, int], bytes] = {}  # (epoch, hub, step, m)
+        self._secrets: dict[tuple[int, int, bytes], bytes] = {}  # (epoch, m, public) -> secret
+
+    # ---- public API -------------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        return self.round > self.spec.rounds
+
+    @property
+    def position(self) -> Position:
+        return (self.round, self.stage)
+
+    def start(self) -> list[Message]:
+        """First messages: local-ghp hubs announce their splits, then the rounds begin."""
+        out: list[Message] = []
+        if self.spec.scheme is Scheme.LOCAL_GHP:
+            out += self._announce_seats()
+        return out + self._advance()
+
+    def receive(self, msg: Message) -> list[Message]:
+        """Consume one message; raises Rejected (counted) for anything out of protocol.
+
+        keys.BadKey (a key share whose signature fails) is not caught here: a neighbour
+        that forges or swaps keys is an attack, and the run must stop.
+        """
+        try:
+            if isinstance(msg, Model):
+                self._accept_model(msg)
+            elif isinstance(msg, KeyPlan):
+                self._accept_plan(msg)
+            elif isinstance(msg, KeyShare):
+                relay = self._accept_share(msg)
+                if relay is not None:
+                    return [relay]
+            else:
+                raise Rejected("schema", f"agents do not accept {type(msg).__name__} messages")
+        except Rejected as exc:
+            self.counters.reject(exc.reason)
+            raise
+        return self._advance()
+
+    def waiting_for(self) -> list[int]:
+        """Who this agent is blocked on (for a clear error when a neighbour goes silent)."""
+        if self.done:
+            return []
+        plan = self.spec.steps[self.stage]
+        if self.spec.scheme is Scheme.LOCAL_GHP and not self._keys_ready(plan):
+            return sorted(self._missing_keys(plan))
+        have = self._inbox.get(self.position, {})
+        return [m for m in plan.senders(self.me) if m not in have]
+
+    # ---- the round -------------------------------------------------------------------
+
+    def _advance(self) -> list[Message]:
+        out: list[Message] = []
+        while not self.done:
+            plan = self.spec.steps[self.stage]
+            if plan.communicates:
+                if not self._sent:
+                    if self.spec.scheme is Scheme.LOCAL_GHP:
+                        out += self._share_keys()
+                        if not self._keys_ready(plan):
+                            break
+                    out += self._send(plan)
+                    self._sent = True
+                inbox = self._inbox.get(self.position, {})
+                if len(inbox) < len(plan.weights_in):
+                    break
+                combined = sum(a * inbox[m] for m, a in plan.weights_in.items())
+                del self._inbox[self.position]
+            else:
+                combined = self.value
+            out += self._finish_step(plan, combined)
+        return out
+
+    def _finish_step(self, plan: StepPlan, combined: np.ndarray) -> list[Message]:
+        if plan.step == 0:
+            combined = combined - self.spec.mu * self.loss.grad(self.value, self.round)
+        self.value = combined
+        self._sent = False
+        if self.stage < len(STEPS) - 1:
+            self.stage += 1
+            return []
+        self.w = self.value.copy()
+        report = Report(sender=self.me, round=self.round, w=self.w.copy())
+        self.round, self.stage = self.round + 1, 0
+        self._forget_epoch(self.round - 1)
+        return [report]
+
+    def _send(self, plan: StepPlan) -> list[Message]:
+        """Privatize the current value for every out-neighbour; keep the self-term."""
+        vectors = self._privatize(plan)
+        self._inbox.setdefault(self.position, {})[self.me] = vectors.pop(self.me)
+        return [
+            Model(sender=self.me, receiver=k, round=self.round, step=plan.step, vector=v)
+            for k, v in vectors.items()
+        ]
+
+    def _privatize(self, plan: StepPlan) -> dict[int, np.ndarray]:
+        x, me, spec = self.value, self.me, self.spec
+        targets = list(plan.weights_out)
+        if spec.scheme is Scheme.NONE:
+            return {k: x.copy() for k in targets}
+        if spec.scheme is Scheme.LOCAL_GHP:
+            return {k: x + self._mask(plan, k) for k in targets}
+        raw = rng.raw_row(spec.noise_key, rng.Domain.NOISE, plan.step, self.round, me,
+                          spec.agents, spec.agents * spec.dim)
+        table = rng.laplace(rng.uniforms(raw), spec.sigma_g).reshape(spec.agents, spec.dim)
+        if spec.scheme is Scheme.RANDOM:
+            return {k: x.copy() if k == me else x + table[k] for k in targets}
+        g = table[me]  # ghp: one draw per sender, cancelled in the q-weighted network sum
+        a_mm = plan.weights_out[me]
+        return {k: x - (1 - a_mm) / a_mm * g if k == me else x + g for k in targets}
+
+    # ---- local-ghp: seats, key shares, masks -----------------------------------------
+
+    def _epoch(self, round_: int) -> int:
+        return round_ if self.spec.rekey is Rekey.EVERY_ROUND else 0
+
+    def _announce_seats(self) -> list[Message]:
+        out: list[Message] = []
+        for plan in self.spec.steps:
+            senders = plan.senders(self.me)
+            if not senders:
+                continue
+            for m, seat in split_senders(senders, self.me).items():
+                if m == self.me:
+                    self._seats[(self.me, plan.step)] = seat
+                else:
+                    out.append(KeyPlan(sender=self.me, receiver=m, step=plan.step,
+                                       side=seat.side, partners=seat.partners))
+        return out
+
+    def _accept_plan(self, msg: KeyPlan) -> None:
+        self._check_receiver(msg.receiver)
+        plan = self._plan_of(msg.step)
+        if msg.sender not in plan.receivers(self.me):
+            raise Rejected("not-neighbour", f"agent {msg.sender} is not a hub I send to at step {msg.step}")
+        if (msg.sender, msg.step) in self._seats:
+            raise Rejected("duplicate", f"second key plan from hub {msg.sender}")
+        if msg.side not in (1, -1) or not msg.partners or self.me in msg.partners:
+            raise Rejected("schema", f"key plan from hub {msg.sender} has side {msg.side} "
+                           f"and partners {msg.partners}")
+        self._seats[(msg.sender, msg.step)] = Seat(msg.side, tuple(msg.partners))
+
+    def _my_seats(self, step: int) -> dict[int, Seat]:
+        return {hub: seat for (hub, j), seat in self._seats.items() if j == step}
+
+    def _share_keys(self) -> list[Message]:
+        """Send this epoch's signed ephemeral key to every partner, via the hub."""
+        epoch = self._epoch(self.round)
+        needed = {(k, p.step) for p in self.spec.steps for k in p.receivers(self.me)}
+        if epoch in self._shared_sent or not needed <= self._seats.keys():
+            return []  # already sent, or still waiting for a hub's plan
+        assert self.identity is not None
+        eph = self._ephemeral.setdefault(epoch, keys.Ephemeral.generate())
+        out: list[Message] = []
+        for (hub, step), seat in sorted(self._seats.items()):
+            for m in seat.partners:
+                sig = keys.sign_share(self.identity, self.spec.session, self.me, hub, m, step, epoch, eph)
+                out.append(KeyShare(sender=self.me, receiver=hub if hub != self.me else m,
+                                    owner=self.me, hub=hub, partner=m, step=step, epoch=epoch,
+                                    public=eph.public, signature=sig))
+        self._shared_sent.add(epoch)
+        return out
+
+    def _accept_share(self, msg: KeyShare) -> KeyShare | None:
+        self._check_receiver(msg.receiver)
+        epoch_now = self._epoch(self.round)
+        if msg.epoch < epoch_now:
+            raise Rejected("stale", f"key share for epoch {msg.epoch}, now at {epoch_now}")
+        if msg.epoch > epoch_now + 1:
+            raise Rejected("ahead", f"key share for epoch {msg.epoch}, now at {epoch_now}")
+        if msg.partner != self.me:
+            return self._relay(msg)
+        seat = self._seats.get((msg.hub, msg.step))
+        if seat is None or msg.owner not in seat.partners:
+            raise Rejected("not-neighbour", f"agent {msg.owner} is not my partner at hub {msg.hub}")
+        if msg.sender != msg.hub and not (msg.hub == self.me and msg.sender == msg.owner):
+            raise Rejected("spoofed", f"key share of {msg.owner} came from {msg.sender}, not hub {msg.hub}")
+        slot = (msg.epoch, msg.hub, msg.step, msg.owner)
+        if slot in self._partner_keys:
+            raise Rejected("duplicate", f"second key share of {msg.owner} at hub {msg.hub}")
+        owner = self.directory.get(msg.owner)
+        if owner is None:
+            raise Rejected("unknown-sender", f"no identity key for agent {msg.owner}")
+        keys.verify_share(owner, msg, self.spec.session)
+        self._partner_keys[slot] = msg.public
+        return None
+
+    def _relay(self, msg: KeyShare) -> KeyShare:
+        """As hub: forward a share to its partner; both must sit at my hub, on opposite sides."""
+        if msg.hub != self.me or msg.sender != msg.owner:
+            raise Rejected("not-neighbour", f"key share from {msg.sender} for {msg.partner} "
+                           f"names hub {msg.hub}; I relay only my own neighbours' shares")
+        senders = self._plan_of(msg.step).senders(self.me)
+        seats = split_senders(senders, self.me) if senders else {}
+        if msg.owner not in seats or msg.partner not in seats[msg.owner].partners:
+            raise Rejected("not-neighbour", f"agents {msg.owner} and {msg.partner} are not "
+                           f"paired at hub {self.me}")
+        self.counters.relayed += 1
+        return KeyShare(sender=self.me, receiver=msg.partner, owner=msg.owner, hub=msg.hub,
+                        partner=msg.partner, step=msg.step, epoch=msg.epoch,
+                        public=msg.public, signature=msg.signature)
+
+    def _missing_keys(self, plan: StepPlan) -> set[int]:
+        epoch = self._epoch(self.round)
+        missing = {k for k in plan.receivers(self.me) if (k, plan.step) not in self._seats}
+        for hub, seat in self._my_seats(plan.step).items():
+            missing |= {m for m in seat.partners if (epoch, hub, plan.step, m) not in self._partner_keys}
+        return missing
+
+    def _keys_ready(self, plan: StepPlan) -> bool:
+        return not self._missing_keys(plan)
+
+    def _mask(self, plan: StepPlan, hub: int) -> np.ndarray:
+        """sum over my partners at `hub` of side * g_pair / a_(me,hub): cancels at the hub."""
+        seat = self._seats.get((hub, plan.step))
+        if seat is None:  # my own term at a hub that has 2+ other neighbours: no mask
+            return np.zeros(self.spec.dim)
+        epoch = self._epoch(self.round)
+        total = np.zeros(self.spec.dim)
+        for m in seat.partners:
+            secret = self._secret(epoch, m, self._partner_keys[(epoch, hub, plan.step, m)])
+            total += keys.pair_noise(secret, self.spec.session, hub, (self.me, m), self.round,
+                                     plan.step, self.spec.dim, self.spec.sigma_g)
+        return seat.side * total / plan.weights_out[hub]
+
+    def _secret(self, epoch: int, partner: int, public: bytes) -> bytes:
+        slot = (epoch, partner, public)
+        if slot not in self._secrets:
+            self._secrets[slot] = self._ephemeral[epoch].agree(public)
+            self.counters.agreements += 1
+        return self._secrets[slot]
+
+    def _forget_epoch(self, finished_round: int) -> None:
+        """With every-round re-keying, drop the finished round's keys (forward secrecy)."""
+        if self.spec.rekey is not Rekey.EVERY_ROUND:
+            return
+        self._ephemeral.pop(finished_round, None)
+        self._partner_keys = {s: v for s, v in self._partner_keys.items() if s[0] != finished_round}
+        self._secrets = {s: v for s, v in self._secrets.items() if s[0] != finished_round}
+
+    # ---- checks ------------------------------------------------------------------------
+
+    def _check_receiver(self, receiver: int) -> None:
+        if receiver != self.me:
+            raise Rejected("wrong-receiver", f"message for agent {receiver} delivered to {self.me}")
+
+    def _plan_of(self, step: int) -> StepPlan:
+        if step not in STEPS:
+            raise Rejected("schema", f"step {step} is not one of {STEPS}")
+        return self.spec.plan(step)
+
+    def _accept_model(self, msg: Model) -> None:
+        self._check_receiver(msg.receiver)
+        plan = self._plan_of(msg.step)
+        if msg.sender not in plan.senders(self.me):
+            raise Rejected("not-neighbour", f"agent {msg.sender} is not an in-neighbour at step {msg.step}")
+        at = (msg.round, STEPS.index(msg.step))
+        if at < self.position:
+            raise Rejected("stale", f"model for round {msg.round} step {msg.step}; I am at round "
+                           f"{self.round} step {STEPS[self.stage]}")
+        if msg.round > self.round + 1:
+            raise Rejected("ahead", f"model for round {msg.round}, I am at round {self.round}")
+        vector = np.asarray(msg.vector, dtype=np.float64)
+        if vector.shape != (self.spec.dim,):
+            raise Rejected("shape", f"model of shape {vector.shape}, expected ({self.spec.dim},)")
+        if not np.all(np.isfinite(vector)):
+            raise Rejected("non-finite", f"model from {msg.sender} has NaN or inf")
+        slot = self._inbox.setdefault(at, {})
+        if msg.sender in slot:
+            raise Rejected("duplicate", f"second model from {msg.sender} for round {msg.round} "
+                           f"step {msg.step}")
+        slot[msg.sender] = vector

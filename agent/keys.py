@@ -1,0 +1,284 @@
+"""The real cryptography of privnet: identities, signed key shares, masks, link keys, sealing.
+
+Every agent has a long-term Ed25519 identity (signatures) and a static X25519 key (link MAC
+keys). For local-ghp, each pair at a hub agrees on a secret through ephemeral X25519 keys
+that the owners sign, so the relaying hub cannot swap in its own keys and strip the masks.
+Secrets come from OS entropy only; masks come from HKDF + ChaCha20, never from numpy seeds.
+Pure functions, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+from cryptography.exceptions import InvalidSignature, InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+from cryptography.hazmat.primitives.asymmetric.x25519 import (
+    X25519PrivateKey,
+    X25519PublicKey,
+)
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from agent import rng
+from agent.messages import KeyShare
+
+KEY_BYTES = 32
+NONCE_BYTES = 12
+TAG_BYTES = 16
+SEAL_OVERHEAD = KEY_BYTES + NONCE_BYTES + TAG_BYTES
+
+SHARE_TAG = b"privnet/keyshare/v1"
+MASK_TAG = b"privnet/mask/v1"
+LINK_TAG = b"privnet/link/v1"
+SEAL_TAG = b"privnet/seal/v1"
+
+# Fixed-width big-endian fields, so no two different tuples encode to the same bytes.
+_SHARE_FIELDS = struct.Struct(">IIIBQ")  # owner, hub, partner, step, epoch
+_MASK_FIELDS = struct.Struct(">IIIQB")  # hub, min(pair), max(pair), round, step
+_LINK_FIELDS = struct.Struct(">II")  # min(a, b), max(a, b)
+_ZERO_NONCE = bytes(16)
+
+
+class BadKey(ValueError):
+    """A signature, key or sealed blob that fails its check; the message says whose and why."""
+
+
+def public_bytes(key: Ed25519PublicKey | X25519PublicKey) -> bytes:
+    """The raw 32 bytes of a public key, as they go on the wire."""
+    return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def _x25519_public(raw: bytes, what: str) -> X25519PublicKey:
+    if len(raw) != KEY_BYTES:
+        raise BadKey(f"{what}: an X25519 public key is {KEY_BYTES} bytes, got {len(raw)}")
+    return X25519PublicKey.from_public_bytes(raw)
+
+
+def _exchange(private: X25519PrivateKey, peer_public: bytes, what: str) -> bytes:
+    peer = _x25519_public(peer_public, what)
+    try:
+        return private.exchange(peer)
+    except ValueError as exc:  # cryptography refuses an all-zero (low-order) shared secret
+        raise BadKey(f"{what}: not a usable X25519 key (low-order point): {exc}") from exc
+
+
+def _hkdf(secret: bytes, salt: bytes | None, info: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=salt, info=info).derive(secret)
+
+
+def _pack(fields: struct.Struct, names: str, *values: int) -> bytes:
+    try:
+        return fields.pack(*values)
+    except struct.error as exc:
+        raise ValueError(
+            f"({names}) = {values} must be non-negative integers that fit their fixed width "
+            f"(agent ids and steps are small, rounds < 2**64): {exc}"
+        ) from exc
+
+
+@dataclass(frozen=True)
+class PublicIdentity:
+    """What everyone may know about an agent: raw Ed25519 and X25519 public keys."""
+
+    signing: bytes
+    static: bytes
+
+    def __post_init__(self) -> None:
+        for name, raw in (("signing", self.signing), ("static", self.static)):
+            if len(raw) != KEY_BYTES:
+                raise BadKey(
+                    f"public identity: the {name} key must be {KEY_BYTES} raw bytes, got {len(raw)}"
+                )
+
+    def to_bytes(self) -> bytes:
+        """64 bytes for the wire: signing key then static key."""
+        return self.signing + self.static
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PublicIdentity:
+        if len(data) != 2 * KEY_BYTES:
+            raise BadKey(
+                f"public identity must be {2 * KEY_BYTES} bytes (signing + static key), "
+                f"got {len(data)}"
+            )
+        return cls(signing=bytes(data[:KEY_BYTES]), static=bytes(data[KEY_BYTES:]))
+
+    def valid(self, signature: bytes, data: bytes) -> bool:
+        """Whether `signature` is this identity's Ed25519 signature of `data`."""
+        try:
+            Ed25519PublicKey.from_public_bytes(self.signing).verify(signature, data)
+        except InvalidSignature:
+            return False
+        return True
+
+    def verify(self, signature: bytes, data: bytes, *, what: str) -> None:
+        if not self.valid(signature, data):
+            raise BadKey(f"{what}: signature check failed (wrong signer, or the data was altered)")
+
+
+@dataclass(frozen=True, eq=False)
+class Identity:
+    """An agent's long-term keys: Ed25519 (signing) + X25519 (static, for link MAC keys)."""
+
+    signing: Ed25519PrivateKey
+    static: X25519PrivateKey
+
+    @classmethod
+    def generate(cls) -> Identity:
+        """Fresh keys from OS entropy."""
+        return cls(signing=Ed25519PrivateKey.generate(), static=X25519PrivateKey.generate())
+
+    @property
+    def public(self) -> PublicIdentity:
+        return PublicIdentity(
+            signing=public_bytes(self.signing.public_key()),
+            static=public_bytes(self.static.public_key()),
+        )
+
+    def sign(self, data: bytes) -> bytes:
+        return self.signing.sign(data)
+
+
+@dataclass(frozen=True, eq=False)
+class Ephemeral:
+    """X25519 key pair for one epoch of local-ghp agreements."""
+
+    private: X25519PrivateKey
+    public: bytes
+
+    @classmethod
+    def generate(cls) -> Ephemeral:
+        """A fresh key pair from OS entropy."""
+        private = X25519PrivateKey.generate()
+        return cls(private=private, public=public_bytes(private.public_key()))
+
+    def agree(self, peer_public: bytes, *, what: str = "peer's ephemeral key") -> bytes:
+        """The 32-byte X25519 shared secret with `peer_public`."""
+        return _exchange(self.private, peer_public, what)
+
+
+def share_statement(
+    session: bytes, owner: int, hub: int, partner: int, step: int, epoch: int, public: bytes
+) -> bytes:
+    """The bytes an owner signs for a KeyShare: all of it except the sender/receiver envelope."""
+    if len(public) != KEY_BYTES:
+        raise BadKey(
+            f"key of agent {owner} for agent {partner}: an X25519 public key is "
+            f"{KEY_BYTES} bytes, got {len(public)}"
+        )
+    names = "owner, hub, partner, step, epoch"
+    fields = _pack(_SHARE_FIELDS, names, owner, hub, partner, step, epoch)
+    # The session has no fixed width, so its length goes first.
+    return SHARE_TAG + struct.pack(">I", len(session)) + session + fields + public
+
+
+def sign_share(
+    identity: Identity,
+    session: bytes,
+    owner: int,
+    hub: int,
+    partner: int,
+    step: int,
+    epoch: int,
+    eph: Ephemeral,
+) -> bytes:
+    """The owner's signature over its ephemeral key for `partner`, relayed by `hub`."""
+    return identity.sign(share_statement(session, owner, hub, partner, step, epoch, eph.public))
+
+
+def verify_share(owner_identity: PublicIdentity, share: KeyShare, session: bytes) -> None:
+    """Reject a share whose key, route or signature is not what its owner sent."""
+    who = f"key of agent {share.owner} relayed by hub {share.hub} for agent {share.partner}"
+    if share.owner == share.partner:
+        raise BadKey(f"{who}: owner and partner must be two different agents")
+    # A hub with a single other neighbour pairs with it itself (hub == owner or partner):
+    # then the share travels one direct leg.
+    legs = {(share.owner, share.hub), (share.hub, share.partner)}
+    if (share.sender, share.receiver) not in legs:
+        raise BadKey(
+            f"{who} arrived on the link {share.sender} -> {share.receiver}; it may only travel "
+            f"{share.owner} -> {share.hub} -> {share.partner} (redirected share)"
+        )
+    statement = share_statement(
+        session, share.owner, share.hub, share.partner, share.step, share.epoch, share.public
+    )
+    if not owner_identity.valid(share.signature, statement):
+        raise BadKey(f"{who} failed its signature check: the hub or the wire altered it")
+
+
+def pair_noise(
+    secret: bytes,
+    session: bytes,
+    hub: int,
+    pair: tuple[int, int],
+    round_: int,
+    step: int,
+    dim: int,
+    sigma_g: float,
+) -> np.ndarray:
+    """The Laplace mask g_{lm,k,i} that both partners of `pair` derive alike at hub `hub`."""
+    first, second = sorted(pair)
+    if first == second:
+        raise ValueError(f"pair {pair} at hub {hub}: a mask needs two different agents")
+    if dim < 1:
+        raise ValueError(f"dim must be >= 1, got {dim}")
+    if not (sigma_g >= 0 and math.isfinite(sigma_g)):
+        raise ValueError(f"sigma_g must be >= 0, got {sigma_g}")
+    names = "hub, min(pair), max(pair), round, step"
+    fields = _pack(_MASK_FIELDS, names, hub, first, second, round_, step)
+    key = _hkdf(secret, session, MASK_TAG + fields)
+    # A zero nonce is safe only because this key is used once: it is unique per
+    # (secret, session, hub, pair, round, step), and nothing else is ever encrypted with it.
+    stream = Cipher(algorithms.ChaCha20(key, _ZERO_NONCE), mode=None).encryptor()
+    raw = np.frombuffer(stream.update(bytes(8 * dim)), dtype="<u8")
+    return rng.laplace(rng.uniforms(raw), sigma_g)
+
+
+def link_key(me: Identity, peer: PublicIdentity, session: bytes, a: int, b: int) -> bytes:
+    """The 32-byte MAC key of the link a <-> b; both ends derive the same one."""
+    if a == b:
+        raise ValueError(f"a link joins two different agents, got {a} and {b}")
+    shared = _exchange(me.static, peer.static, f"peer's static key on link {a} <-> {b}")
+    fields = _pack(_LINK_FIELDS, "a, b", min(a, b), max(a, b))
+    return _hkdf(shared, session, LINK_TAG + fields)
+
+
+def seal(recipient_static_public: bytes, plaintext: bytes, context: bytes) -> bytes:
+    """Anonymous sealed box: eph_pub(32) + nonce(12) + ChaCha20-Poly1305 ciphertext."""
+    eph = Ephemeral.generate()
+    shared = eph.agree(recipient_static_public, what="recipient's static key for sealing")
+    key = _hkdf(shared, None, SEAL_TAG + eph.public + recipient_static_public)
+    nonce = os.urandom(NONCE_BYTES)
+    return eph.public + nonce + ChaCha20Poly1305(key).encrypt(nonce, plaintext, context)
+
+
+def open_sealed(recipient: X25519PrivateKey, blob: bytes, context: bytes) -> bytes:
+    """Open a `seal` blob; BadKey if it was altered, sealed to another key or another context."""
+    if len(blob) < SEAL_OVERHEAD:
+        raise BadKey(
+            f"sealed blob is {len(blob)} bytes, shorter than the {SEAL_OVERHEAD}-byte minimum "
+            "(key + nonce + tag): truncated or not a sealed blob"
+        )
+    eph_public = blob[:KEY_BYTES]
+    nonce = blob[KEY_BYTES : KEY_BYTES + NONCE_BYTES]
+    shared = _exchange(recipient, eph_public, "sealed blob's ephemeral key")
+    recipient_public = public_bytes(recipient.public_key())
+    key = _hkdf(shared, None, SEAL_TAG + eph_public + recipient_public)
+    try:
+        return ChaCha20Poly1305(key).decrypt(nonce, blob[KEY_BYTES + NONCE_BYTES :], context)
+    except InvalidTag as exc:
+        raise BadKey(
+            "sealed blob failed authentication: it was altered, sealed to another key, "
+            "or opened with the wrong context"
+        ) from exc

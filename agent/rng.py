@@ -1,0 +1,79 @@
+"""Counter-based random streams, so every engine draws the same numbers in any order.
+
+A stream is Philox4x64 keyed by (seed, repeat). Its counter says what is drawn
+(domain, step) and where: round i, row r (the drawing agent) of a table that has
+`rows` rows of `width` entries. An agent jumps straight to its own row; the oracle
+draws whole blocks of rounds at once. Secrets never come from here (see keys.py).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from enum import IntEnum
+
+import numpy as np
+
+_TWO_M53 = 2.0**-53
+
+
+class Domain(IntEnum):
+    """What a stream is for; part of the Philox counter, so domains never overlap."""
+
+    NOISE = 1  # `random` (off-diagonal) and `ghp` (diagonal) perturbations
+    BATCH = 2  # minibatch sample indices
+
+
+def run_key(seed: int | None, repeat: int = 0) -> tuple[int, int]:
+    """The 128-bit Philox key of one run; OS entropy when no seed is given."""
+    if seed is None:
+        return (secrets.randbits(64), secrets.randbits(64))
+    state = np.random.SeedSequence(entropy=seed, spawn_key=(repeat,)).generate_state(2, np.uint64)
+    return (int(state[0]), int(state[1]))
+
+
+def _padded(width: int) -> int:
+    return 4 * math.ceil(width / 4)
+
+
+def _counter(position: int, domain: Domain, step: int) -> np.ndarray:
+    # Philox emits 4 words per counter value, so rows start on multiples of 4.
+    return np.array([position // 4, 0, int(domain), step], dtype=np.uint64)
+
+
+def raw_row(
+    key: tuple[int, int], domain: Domain, step: int, round_: int, row: int, rows: int, width: int
+) -> np.ndarray:
+    """The `width` raw words of one row of round `round_`'s table."""
+    start = (round_ * rows + row) * _padded(width)
+    bitgen = np.random.Philox(key=np.array(key, dtype=np.uint64), counter=_counter(start, domain, step))
+    return bitgen.random_raw(width)
+
+
+def raw_block(
+    key: tuple[int, int], domain: Domain, step: int, first_round: int, rounds: int, rows: int,
+    width: int,
+) -> np.ndarray:
+    """Rounds first_round .. first_round+rounds-1, shape (rounds, rows, width), drawn in one go."""
+    padded = _padded(width)
+    start = first_round * rows * padded
+    bitgen = np.random.Philox(key=np.array(key, dtype=np.uint64), counter=_counter(start, domain, step))
+    return bitgen.random_raw(rounds * rows * padded).reshape(rounds, rows, padded)[..., :width]
+
+
+def uniforms(raw: np.ndarray) -> np.ndarray:
+    """Map 64-bit words to doubles strictly inside (0, 1) (53-bit midpoints)."""
+    return ((raw >> np.uint64(11)).astype(np.float64) + 0.5) * _TWO_M53
+
+
+def laplace(u: np.ndarray, sigma_g: float) -> np.ndarray:
+    """Inverse-CDF Laplace with per-coordinate variance sigma_g^2, i.e. scale sigma_g/sqrt(2)."""
+    b = sigma_g / math.sqrt(2.0)
+    c = u - 0.5
+    return -b * np.sign(c) * np.log1p(-2.0 * np.abs(c))
+
+
+def indices(raw: np.ndarray, n: int) -> np.ndarray:
+    """Uniform sample indices in [0, n) (Lemire's multiply-shift on the top 32 bits)."""
+    top = (raw >> np.uint64(32)).astype(np.uint64)
+    return ((top * np.uint64(n)) >> np.uint64(32)).astype(np.int64)

@@ -1,0 +1,123 @@
+"""What one agent is told before it starts: its neighbourhoods, weights and hyperparameters.
+
+The orchestrator builds an AgentSpec per agent from the global matrices; the agent never
+sees the whole graph. Everything here is plain data and checks itself on construction.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+STEPS = (1, 0, 2)  # the paper's combine steps in the order a round runs them
+WEIGHT_TOL = 1e-9
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message says what is wrong and how to fix it."""
+
+
+class Strategy(StrEnum):
+    CONSENSUS = "consensus"
+    CTA = "cta"
+    ATC = "atc"
+
+
+class Scheme(StrEnum):
+    NONE = "none"
+    RANDOM = "random"
+    GHP = "ghp"
+    LOCAL_GHP = "local-ghp"
+
+
+class Rekey(StrEnum):
+    ONCE = "once"
+    EVERY_ROUND = "every-round"
+
+
+# Which combine step carries the matrix A for each strategy (the others are identity).
+STRATEGY_STEP = {Strategy.CONSENSUS: 0, Strategy.CTA: 1, Strategy.ATC: 2}
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One combine step j as one agent p sees it.
+
+    weights_in[m] = a_j,mp for m in N_p (p included): how p weighs what m sends.
+    weights_out[k] = a_j,pk for every k that listens to p (p included): public weights
+    that local-ghp needs to scale masks and ghp needs for the self-term (a_pp).
+    """
+
+    step: int
+    weights_in: dict[int, float]
+    weights_out: dict[int, float]
+
+    @property
+    def communicates(self) -> bool:
+        return len(self.weights_in) > 1 or len(self.weights_out) > 1
+
+    def senders(self, me: int) -> list[int]:
+        return sorted(m for m in self.weights_in if m != me)
+
+    def receivers(self, me: int) -> list[int]:
+        return sorted(k for k in self.weights_out if k != me)
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """Everything agent `agent` needs to run its rounds (the loss comes separately)."""
+
+    agent: int
+    agents: int  # P, for the layout of the shared noise streams
+    dim: int  # M
+    steps: tuple[StepPlan, StepPlan, StepPlan]  # in STEPS order
+    scheme: Scheme
+    sigma_g: float
+    mu: float
+    rounds: int
+    noise_key: tuple[int, int]  # rng.run_key(seed, repeat)
+    session: bytes  # random per run; bound into every signature, MAC and mask
+    rekey: Rekey = Rekey.ONCE
+    w0: tuple[float, ...] = field(default=())  # initial model; zeros when empty
+
+    def __post_init__(self) -> None:
+        if tuple(s.step for s in self.steps) != STEPS:
+            raise ConfigError(f"steps must be given in order {STEPS}")
+        if not (self.mu > 0 and math.isfinite(self.mu)):
+            raise ConfigError(f"mu must be a positive number, got {self.mu}")
+        if not (self.sigma_g >= 0 and math.isfinite(self.sigma_g)):
+            raise ConfigError(f"sigma_g must be >= 0, got {self.sigma_g}")
+        if self.rounds < 1:
+            raise ConfigError(f"rounds must be >= 1, got {self.rounds}")
+        if self.w0 and len(self.w0) != self.dim:
+            raise ConfigError(f"w0 has {len(self.w0)} entries, the model has dim {self.dim}")
+        for plan in self.steps:
+            _check_plan(self, plan)
+
+    def plan(self, step: int) -> StepPlan:
+        return self.steps[STEPS.index(step)]
+
+
+def _check_plan(spec: AgentSpec, plan: StepPlan) -> None:
+    me = spec.agent
+    for name, weights in (("weights_in", plan.weights_in), ("weights_out", plan.weights_out)):
+        if me not in weights:
+            raise ConfigError(
+                f"agent {me}, step {plan.step}: {name} lacks the self weight a_pp; "
+                "every agent must keep part of its own model (a_pp > 0)"
+            )
+        for m, a in weights.items():
+            if not (0 < a <= 1 and math.isfinite(a)) or not 0 <= m < spec.agents:
+                raise ConfigError(
+                    f"agent {me}, step {plan.step}: {name}[{m}] = {a} must be in (0, 1] "
+                    f"for an agent id in [0, {spec.agents})"
+                )
+    total = sum(plan.weights_in.values())
+    if abs(total - 1.0) > WEIGHT_TOL:
+        raise ConfigError(
+            f"agent {me}, step {plan.step}: incoming weights sum to {total:.12g}, not 1; "
+            "the combination matrix must be left-stochastic (columns sum to 1)"
+        )
+    if spec.scheme is Scheme.GHP and plan.communicates and plan.weights_out[me] <= 0:
+        raise ConfigError(f"agent {me}: ghp needs a_pp > 0")

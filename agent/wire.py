@@ -1,0 +1,672 @@
+"""The msgpack wire format: versioned frames, schema-checked on decode, MACed between peers.
+
+Frame: msgpack array `[VERSION, type, body, mac]`. `body` is the msgpack map of the
+message's fields, kept as bytes so the MAC covers exactly what was sent; `mac` is
+HMAC-SHA256(link_key, type + body)[:16] for peer messages and empty for control/telemetry
+(the broker ACL authenticates those topics; the true model inside Telemetry is sealed).
+Vectors are `{"dtype": "<f8", "shape": [M], "data": <raw little-endian float64>}`.
+
+Per-round messages use one-letter keys, because their size is the overhead we measure:
+  model    s sender, r receiver, i round, j step, w vector
+  keyplan  s sender, r receiver, j step, d side, p partners
+  keyshare s sender, r receiver, o owner, h hub, p partner, j step, e epoch, k public, g signature
+  report   s sender, i round, w vector
+  telemetry a agent, i round, x sealed
+Other control messages use their field names.
+
+Every decode either returns a message or raises `Rejected(reason, detail)`, checking in the
+order size -> frame -> version -> type -> body schema -> sender/receiver -> MAC -> vectors,
+so the cheap checks run before the MAC and no unauthenticated vector is ever parsed.
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+import reprlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from agent.control import (
+    Abort,
+    Control,
+    Failed,
+    Finished,
+    Go,
+    Hello,
+    Ready,
+    Setup,
+    Telemetry,
+    Welcome,
+)
+from agent.losses import RegressionSpec
+from agent.messages import KeyPlan, KeyShare, Model, Rejected, Report
+from agent.spec import STEPS, AgentSpec, ConfigError, Rekey, Scheme, StepPlan
+
+VERSION = 1
+MAX_PEER_BYTES = 64 * 1024
+MAX_CONTROL_BYTES = 1024 * 1024
+MAC_BYTES = 16
+DTYPE = "<f8"
+ID_LIMIT = 2**32  # agent ids are packed as uint32 in key derivations
+COUNT_LIMIT = 2**64  # rounds and epochs are packed as uint64
+
+Peer = Model | KeyPlan | KeyShare
+
+
+def _short_repr() -> reprlib.Repr:
+    """A repr that stays short for hostile values (Python 3.11 Repr takes no arguments)."""
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = 40
+    short.maxlist = short.maxdict = 4
+    short.maxlevel = 2
+    return short
+
+
+_SHOW = _short_repr()
+
+
+@dataclass(frozen=True, slots=True)
+class _Limits:
+    """msgpack unpack limits, so a small payload cannot make the decoder allocate a lot."""
+
+    max_str_len: int
+    max_array_len: int
+    max_map_len: int
+
+
+_PEER_LIMITS = _Limits(max_str_len=64, max_array_len=4096, max_map_len=16)
+_CONTROL_LIMITS = _Limits(max_str_len=64 * 1024, max_array_len=1 << 16, max_map_len=1 << 16)
+
+
+# ---- field kinds: how one field goes to msgpack and comes back, checked ----
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """One field type: `encode` gives a msgpack-able value, `decode` checks and rebuilds it."""
+
+    encode: Callable[[Any], Any]
+    decode: Callable[[Any, str], Any]
+
+
+def _show(value: object) -> str:
+    return f"{type(value).__name__} {_SHOW.repr(value)}"
+
+
+def _schema(where: str, expected: str, value: object) -> Rejected:
+    return Rejected("schema", f"{where}: expected {expected}, got {_show(value)}")
+
+
+def _accept(_: object) -> None:
+    """The default cross-field check: nothing more to check."""
+
+
+def _int(lo: int, hi: int, expected: str) -> Kind:
+    def decode(value: Any, where: str) -> int:
+        if type(value) is not int or not lo <= value < hi:  # bool is not an int here
+            raise _schema(where, expected, value)
+        return value
+
+    return Kind(int, decode)
+
+
+def _choice(options: tuple[int, ...], expected: str) -> Kind:
+    def decode(value: Any, where: str) -> int:
+        if type(value) is not int or value not in options:
+            raise _schema(where, expected, value)
+        return value
+
+    return Kind(int, decode)
+
+
+def _bytes(size: int | None = None) -> Kind:
+    expected = "bytes" if size is None else f"{size} bytes"
+
+    def decode(value: Any, where: str) -> bytes:
+        if type(value) is not bytes or (size is not None and len(value) != size):
+            raise _schema(where, expected, value)
+        return value
+
+    return Kind(bytes, decode)
+
+
+def _str_decode(value: Any, where: str) -> str:
+    if type(value) is not str:
+        raise _schema(where, "a string", value)
+    return value
+
+
+def _bool_decode(value: Any, where: str) -> bool:
+    if type(value) is not bool:
+        raise _schema(where, "true or false", value)
+    return value
+
+
+def _float_decode(value: Any, where: str) -> float:
+    if type(value) is not float:
+        raise _schema(where, "a float64", value)
+    if not math.isfinite(value):
+        raise Rejected("non-finite", f"{where} is {value}; only finite numbers are accepted")
+    return value
+
+
+def _optional(kind: Kind) -> Kind:
+    def encode(value: Any) -> Any:
+        return None if value is None else kind.encode(value)
+
+    def decode(value: Any, where: str) -> Any:
+        return None if value is None else kind.decode(value, where)
+
+    return Kind(encode, decode)
+
+
+def _tuple(item: Kind, length: int | None = None, *, distinct: bool = False) -> Kind:
+    expected = "a list" if length is None else f"a list of {length}"
+
+    def encode(value: Any) -> list[Any]:
+        return [item.encode(v) for v in value]
+
+    def decode(value: Any, where: str) -> tuple[Any, ...]:
+        if type(value) is not list or (length is not None and len(value) != length):
+            raise _schema(where, expected, value)
+        out = tuple(item.decode(v, f"{where}[{n}]") for n, v in enumerate(value))
+        if distinct and len(set(out)) != len(out):
+            raise _schema(where, "distinct entries", value)
+        return out
+
+    return Kind(encode, decode)
+
+
+def _mapping(key: Kind, value: Kind) -> Kind:
+    def encode(mapping: Mapping[Any, Any]) -> dict[Any, Any]:
+        return {key.encode(k): value.encode(v) for k, v in mapping.items()}
+
+    def decode(raw: Any, where: str) -> dict[Any, Any]:
+        if type(raw) is not dict:
+            raise _schema(where, "a map", raw)
+        return {
+            key.decode(k, f"{where} key"): value.decode(v, f"{where}[{_SHOW.repr(k)}]")
+            for k, v in raw.items()
+        }
+
+    return Kind(encode, decode)
+
+
+def _enum(cls: type[StrEnum]) -> Kind:
+    values = tuple(e.value for e in cls)
+
+    def decode(value: Any, where: str) -> StrEnum:
+        if type(value) is not str or value not in values:
+            raise _schema(where, f"one of {', '.join(values)}", value)
+        return cls(value)
+
+    return Kind(lambda e: e.value, decode)
+
+
+@dataclass(frozen=True, slots=True)
+class _RawVector:
+    """A vector whose structure is checked but whose contents wait until the MAC is."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes
+
+
+def _vector_encode(vector: np.ndarray) -> dict[str, Any]:
+    arr = np.ascontiguousarray(vector, dtype=DTYPE)
+    return {"dtype": DTYPE, "shape": list(arr.shape), "data": arr.tobytes()}
+
+
+def _vector_decode(value: Any, where: str) -> _RawVector:
+    fields = _fields(value, _VECTOR_FIELDS, where)
+    return _RawVector(**fields)
+
+
+def _check_vector(raw: _RawVector, dim: int, where: str) -> np.ndarray:
+    """The float64 array behind `raw`, if it has dtype <f8, shape [dim] and finite entries."""
+    if raw.dtype != DTYPE:
+        raise Rejected(
+            "shape", f"{where}: dtype must be {DTYPE!r} (little-endian float64), got {raw.dtype!r}"
+        )
+    if raw.shape != (dim,):
+        raise Rejected("shape", f"{where}: shape must be [{dim}], got {list(raw.shape)}")
+    if len(raw.data) != 8 * dim:
+        raise Rejected(
+            "shape", f"{where}: {dim} float64 take {8 * dim} bytes, data has {len(raw.data)}"
+        )
+    vector = np.frombuffer(raw.data, dtype=DTYPE).astype(np.float64)
+    bad = np.flatnonzero(~np.isfinite(vector))
+    if bad.size:
+        raise Rejected(
+            "non-finite", f"{where}[{bad[0]}] is {vector[bad[0]]}; only finite numbers are accepted"
+        )
+    return vector
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """A dataclass field `name`, stored under map key `key`."""
+
+    name: str
+    key: str
+    kind: Kind
+
+
+def _fields(value: Any, fields: tuple[Field, ...], where: str) -> dict[str, Any]:
+    """Decode a map that must hold exactly `fields`, as keyword arguments by field name."""
+    if type(value) is not dict:
+        raise _schema(where, "a map", value)
+    keys = [f.key for f in fields]
+    missing = [k for k in keys if k not in value]
+    extra = [k for k in value if k not in keys]
+    if missing or extra:
+        problems = [f"missing field {k!r}" for k in missing] + [
+            f"unknown field {_SHOW.repr(k)}" for k in extra
+        ]
+        raise Rejected(
+            "schema", f"{where}: {'; '.join(problems)} (fields are {', '.join(keys) or 'none'})"
+        )
+    return {f.name: f.kind.decode(value[f.key], f"{where}.{f.key}") for f in fields}
+
+
+def _encode_fields(obj: Any, fields: tuple[Field, ...]) -> dict[str, Any]:
+    return {f.key: f.kind.encode(getattr(obj, f.name)) for f in fields}
+
+
+def _record(cls: type, fields: tuple[Field, ...], check: Callable[[Any], None] = _accept) -> Kind:
+    """A nested dataclass; its own checks (ConfigError) and `check` become schema rejections."""
+
+    def decode(value: Any, where: str) -> Any:
+        kwargs = _fields(value, fields, where)
+        try:
+            obj = cls(**kwargs)
+            check(obj)
+        except ConfigError as exc:
+            raise Rejected("schema", f"{where}: {exc}") from exc
+        return obj
+
+    return Kind(lambda obj: _encode_fields(obj, fields), decode)
+
+
+def _named(*specs: tuple[str, Kind]) -> tuple[Field, ...]:
+    return tuple(Field(name, name, kind) for name, kind in specs)
+
+
+ID = _int(0, ID_LIMIT, "an agent id in [0, 2**32)")
+COUNT = _int(0, COUNT_LIMIT, "an integer in [0, 2**64)")
+POSITIVE = _int(1, ID_LIMIT, "an integer in [1, 2**32)")
+STEP = _choice(STEPS, f"a combine step in {STEPS}")
+SIDE = _choice((1, -1), "a side, +1 or -1")
+FLOAT = Kind(float, _float_decode)
+TEXT = Kind(str, _str_decode)
+BOOL = Kind(bool, _bool_decode)
+BLOB = _bytes()
+VECTOR = Kind(_vector_encode, _vector_decode)
+
+_VECTOR_FIELDS = (
+    Field("dtype", "dtype", TEXT),
+    Field("shape", "shape", _tuple(_int(0, COUNT_LIMIT, "a dimension"))),
+    Field("data", "data", BLOB),
+)
+
+_STEP_PLAN = _record(
+    StepPlan,
+    _named(
+        ("step", STEP),
+        ("weights_in", _mapping(ID, FLOAT)),
+        ("weights_out", _mapping(ID, FLOAT)),
+    ),
+)
+
+_AGENT_SPEC = _record(
+    AgentSpec,
+    _named(
+        ("agent", ID),
+        ("agents", POSITIVE),
+        ("dim", POSITIVE),
+        ("steps", _tuple(_STEP_PLAN, len(STEPS))),
+        ("scheme", _enum(Scheme)),
+        ("sigma_g", FLOAT),
+        ("mu", FLOAT),
+        ("rounds", COUNT),
+        ("noise_key", _tuple(COUNT, 2)),
+        ("session", BLOB),
+        ("rekey", _enum(Rekey)),
+        ("w0", _tuple(FLOAT)),
+    ),
+)
+
+
+def _check_problem(problem: RegressionSpec) -> None:
+    m = problem.dim
+    square = len(problem.r_u) == m and all(len(row) == m for row in problem.r_u)
+    if len(problem.w_star) != m or not square:
+        raise ConfigError(f"w_star must have {m} entries and r_u must be {m} x {m}")
+    if any(v < 0 for v in problem.noise_var):
+        raise ConfigError("noise_var holds variances, which must be >= 0")
+
+
+_PROBLEM = _record(
+    RegressionSpec,
+    _named(
+        ("dim", POSITIVE),
+        ("samples", POSITIVE),
+        ("w_star", _tuple(FLOAT)),
+        ("r_u", _tuple(_tuple(FLOAT))),
+        ("noise_var", _tuple(FLOAT)),
+        ("rho", FLOAT),
+        ("seed", COUNT),
+        ("repeat", COUNT),
+        ("batch", _optional(POSITIVE)),
+    ),
+    _check_problem,
+)
+
+
+# ---- message schemas ----
+
+
+@dataclass(frozen=True, slots=True)
+class _Schema:
+    """A message type: its name on the wire, class, fields, and cross-field check."""
+
+    name: str
+    cls: type
+    fields: tuple[Field, ...]
+    check: Callable[[Any], None] = _accept
+
+
+def _check_setup(setup: Setup) -> None:
+    spec, problem = setup.spec, setup.problem
+    if problem.dim != spec.dim:
+        raise ConfigError(f"problem.dim {problem.dim} differs from spec.dim {spec.dim}")
+    if len(problem.noise_var) != spec.agents:
+        raise ConfigError(
+            f"problem.noise_var has {len(problem.noise_var)} entries, one per agent "
+            f"({spec.agents}) is needed"
+        )
+
+
+_PEER_SCHEMAS = (
+    _Schema(
+        "model",
+        Model,
+        (
+            Field("sender", "s", ID),
+            Field("receiver", "r", ID),
+            Field("round", "i", COUNT),
+            Field("step", "j", STEP),
+            Field("vector", "w", VECTOR),
+        ),
+    ),
+    _Schema(
+        "keyplan",
+        KeyPlan,
+        (
+            Field("sender", "s", ID),
+            Field("receiver", "r", ID),
+            Field("step", "j", STEP),
+            Field("side", "d", SIDE),
+            Field("partners", "p", _tuple(ID, distinct=True)),
+        ),
+    ),
+    _Schema(
+        "keyshare",
+        KeyShare,
+        (
+            Field("sender", "s", ID),
+            Field("receiver", "r", ID),
+            Field("owner", "o", ID),
+            Field("hub", "h", ID),
+            Field("partner", "p", ID),
+            Field("step", "j", STEP),
+            Field("epoch", "e", COUNT),
+            Field("public", "k", _bytes(32)),
+            Field("signature", "g", _bytes(64)),
+        ),
+    ),
+)
+
+_COUNTS = _mapping(TEXT, COUNT)
+
+_CONTROL_SCHEMAS = (
+    _Schema(
+        "hello",
+        Hello,
+        _named(("nonce", _bytes(16)), ("identity", _bytes(64)), ("requested_id", _optional(ID))),
+    ),
+    _Schema(
+        "welcome",
+        Welcome,
+        _named(
+            ("nonce", _bytes(16)),
+            ("agent", ID),
+            ("run", TEXT),
+            ("orchestrator_key", _bytes(32)),
+        ),
+    ),
+    _Schema(
+        "setup",
+        Setup,
+        _named(
+            ("spec", _AGENT_SPEC),
+            ("problem", _PROBLEM),
+            ("directory", _mapping(ID, _bytes(64))),
+            ("deadline", FLOAT),
+            ("telemetry", BOOL),
+        ),
+        _check_setup,
+    ),
+    _Schema("ready", Ready, _named(("agent", ID))),
+    _Schema("go", Go, ()),
+    _Schema("abort", Abort, _named(("reason", TEXT))),
+    _Schema(
+        "telemetry",
+        Telemetry,
+        (Field("agent", "a", ID), Field("round", "i", COUNT), Field("sealed", "x", BLOB)),
+    ),
+    _Schema(
+        "finished",
+        Finished,
+        _named(
+            ("agent", ID),
+            ("rejected", _COUNTS),
+            ("bytes", _COUNTS),
+            ("messages", _COUNTS),
+            ("wall", FLOAT),
+        ),
+    ),
+    _Schema("failed", Failed, _named(("agent", ID), ("reason", TEXT))),
+)
+
+_REPORT = _Schema(
+    "report",
+    Report,
+    (Field("sender", "s", ID), Field("round", "i", COUNT), Field("w", "w", VECTOR)),
+)
+
+_PEER = {s.name: s for s in _PEER_SCHEMAS}
+_CONTROL = {s.name: s for s in _CONTROL_SCHEMAS}
+_BY_CLASS = {s.cls: s for s in (*_PEER_SCHEMAS, *_CONTROL_SCHEMAS, _REPORT)}
+_CATEGORY = {
+    Model: "model",
+    KeyPlan: "keys",
+    KeyShare: "keys",
+    Telemetry: "telemetry",
+    Report: "telemetry",
+}
+
+
+# ---- frames ----
+
+
+def _mac(link_key: bytes, name: str, body: bytes) -> bytes:
+    return hmac.new(link_key, name.encode() + body, "sha256").digest()[:MAC_BYTES]
+
+
+def _frame(schema: _Schema, msg: Any, link_key: bytes | None) -> bytes:
+    body = msgpack.packb(_encode_fields(msg, schema.fields), use_bin_type=True)
+    mac = b"" if link_key is None else _mac(link_key, schema.name, body)
+    return msgpack.packb([VERSION, schema.name, body, mac], use_bin_type=True)
+
+
+def _schema_of(msg: object, allowed: Mapping[str, _Schema], what: str) -> _Schema:
+    schema = _BY_CLASS.get(type(msg))
+    if schema is None or allowed.get(schema.name) is not schema:
+        raise TypeError(
+            f"{what} cannot carry a {type(msg).__name__}; it carries {', '.join(allowed)}"
+        )
+    return schema
+
+
+def _unpack(data: bytes, max_size: int, limits: _Limits, what: str) -> Any:
+    try:
+        return msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=False,
+            max_bin_len=max_size,
+            max_str_len=limits.max_str_len,
+            max_array_len=limits.max_array_len,
+            max_map_len=limits.max_map_len,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack documents that "other exceptions can be raised"
+        raise Rejected("malformed", f"{what} is not valid msgpack: {exc!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class _Opened:
+    """A frame whose version, type and body schema are checked; vectors still raw."""
+
+    schema: _Schema
+    body: bytes
+    mac: bytes
+    fields: dict[str, Any]
+
+
+def _open(
+    data: bytes, max_size: int, limits: _Limits, schemas: Mapping[str, _Schema], what: str
+) -> _Opened:
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise Rejected("malformed", f"a {what} is bytes, got {type(data).__name__}")
+    if len(data) > max_size:
+        raise Rejected("oversized", f"{what} is {len(data)} bytes, the limit is {max_size}")
+    outer = _unpack(data, max_size, limits, what)
+    if type(outer) is not list or not outer or type(outer[0]) is not int:
+        raise Rejected(
+            "malformed",
+            f"{what} must be a msgpack array [version, type, body, mac], got {_show(outer)}",
+        )
+    if outer[0] != VERSION:
+        raise Rejected(
+            "version", f"{what} has wire version {outer[0]}; this agent speaks {VERSION}"
+        )
+    if len(outer) != 4 or [type(x) for x in outer[1:]] != [str, bytes, bytes]:
+        raise Rejected(
+            "malformed",
+            f"{what} must be [version: int, type: str, body: bin, mac: bin], got {_show(outer)}",
+        )
+    _, name, body, mac = outer
+    schema = schemas.get(name)
+    if schema is None:
+        raise Rejected(
+            "schema", f"unknown {what} type {name!r}; expected one of {', '.join(schemas)}"
+        )
+    fields = _fields(_unpack(body, max_size, limits, f"{name} body"), schema.fields, name)
+    return _Opened(schema, body, mac, fields)
+
+
+def _build(opened: _Opened, dim: int | None = None) -> Any:
+    fields = opened.fields
+    name = opened.schema.name
+    for key, value in fields.items():
+        if isinstance(value, _RawVector):
+            assert dim is not None, "a schema with a vector needs a dim"
+            fields[key] = _check_vector(value, dim, f"{name}.{key}")
+    msg = opened.schema.cls(**fields)
+    try:
+        opened.schema.check(msg)
+    except ConfigError as exc:
+        raise Rejected("schema", f"{name}: {exc}") from exc
+    return msg
+
+
+# ---- public API ----
+
+
+def encode_peer(msg: Peer, link_key: bytes) -> bytes:
+    """A Model, KeyPlan or KeyShare as a MACed frame for the link it travels on."""
+    return _frame(_schema_of(msg, _PEER, "a peer frame"), msg, link_key)
+
+
+def decode_peer(
+    data: bytes,
+    *,
+    receiver: int,
+    topic_sender: int,
+    dim: int,
+    link_keys: Mapping[int, bytes],
+    max_size: int = MAX_PEER_BYTES,
+) -> Peer:
+    """The peer message in `data`, which arrived on the topic of `topic_sender`, or Rejected."""
+    opened = _open(data, max_size, _PEER_LIMITS, _PEER, "peer message")
+    name, sender = opened.schema.name, opened.fields["sender"]
+    if sender != topic_sender:
+        raise Rejected(
+            "spoofed",
+            f"{name} claims sender {sender} but came on the topic of agent {topic_sender}",
+        )
+    addressee = opened.fields["receiver"]
+    if addressee != receiver:
+        raise Rejected(
+            "wrong-receiver", f"{name} is for agent {addressee}, this is agent {receiver}"
+        )
+    key = link_keys.get(sender)
+    if key is None:
+        raise Rejected(
+            "unknown-sender", f"{name} from agent {sender}, with whom there is no link key"
+        )
+    if not hmac.compare_digest(_mac(key, name, opened.body), opened.mac):
+        raise Rejected(
+            "bad-mac",
+            f"{name} from agent {sender}: MAC check failed (altered, or another link's key)",
+        )
+    return _build(opened, dim)
+
+
+def encode_control(msg: Control) -> bytes:
+    """A control or telemetry message as a frame (no MAC: the broker ACL guards these topics)."""
+    return _frame(_schema_of(msg, _CONTROL, "a control frame"), msg, None)
+
+
+def decode_control(data: bytes, max_size: int = MAX_CONTROL_BYTES) -> Control:
+    """The control or telemetry message in `data`, or Rejected."""
+    opened = _open(data, max_size, _CONTROL_LIMITS, _CONTROL, "control message")
+    if opened.mac:
+        raise Rejected("schema", f"{opened.schema.name}: control frames carry an empty MAC")
+    return _build(opened)
+
+
+def encode_report(report: Report) -> bytes:
+    """The plaintext that Telemetry seals: the agent's true model for one round."""
+    return _frame(_REPORT, report, None)
+
+
+def decode_report(data: bytes, dim: int, max_size: int = MAX_CONTROL_BYTES) -> Report:
+    """The Report inside an opened Telemetry blob, or Rejected."""
+    opened = _open(data, max_size, _CONTROL_LIMITS, {_REPORT.name: _REPORT}, "report")
+    if opened.mac:
+        raise Rejected("schema", "report frames carry an empty MAC")
+    return _build(opened, dim)
+
+
+def category(msg: object) -> str:
+    """Byte-accounting bucket: model, keys, telemetry (Telemetry and its Report) or control."""
+    return _CATEGORY.get(type(msg), "control")

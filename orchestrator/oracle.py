@@ -1,0 +1,274 @@
+"""The oracle engine: the paper's matrix recursion (eq. extRec) on whole-network arrays.
+
+It shares no code with the agent state machine, only the public inputs every engine uses
+(the Problem, the counter-based streams of agent.rng and the data generator), so when the
+net and memory engines agree with it, the agent core computes the paper's algorithm.
+
+Per round i = 1..T, from w_0 = 0 (eqs. preComb, update, postComb):
+    phi = C1(w);  psi = C0(phi) - mu grad(phi);  w = C2(psi),
+where C_j is the privatized combine with A_j (an identity step adds no noise). With the
+noise table G of step j and round i (row m: what sender m draws, laid out (P, M) per row):
+    none:      C(x)_p = sum_m a_mp x_m
+    random:    C(x)_p = sum_m a_mp x_m + sum_{m != p} a_mp G[m, p]
+    ghp:       C(x)_p = sum_m a_mp x_m + sum_{m != p} a_mp g_m - (1 - a_pp) g_p,  g_m = G[m, m]
+    local-ghp: its pairwise masks cancel exactly at every hub, so the recursion is `none`
+               and is computed as `none`.
+Repeats and schemes run side by side in one state array of shape (P, R, S, M), so each
+combine of a round is one (P, P) x (P, R*S*M) matmul for all of them; `random` and `ghp`
+read the same table (off-diagonal and diagonal), drawn once per repeat in chunks of rounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from time import perf_counter
+
+import numpy as np
+
+from agent import rng
+from agent.losses import regression_data
+from agent.spec import STEPS, ConfigError, Scheme, Strategy
+from orchestrator.problem import Problem
+from orchestrator.report import Curve
+
+CHUNK = 100  # rounds of noise and minibatch indices drawn at once; bounds memory
+
+# The distinct recursions: local-ghp is computed as none.
+_LANE = {Scheme.NONE: Scheme.NONE, Scheme.LOCAL_GHP: Scheme.NONE,
+         Scheme.RANDOM: Scheme.RANDOM, Scheme.GHP: Scheme.GHP}
+
+
+def run_oracle(
+    problem: Problem,
+    strategies: Iterable[Strategy | str] | None = None,
+    schemes: Iterable[Scheme | str] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[Curve]:
+    """One Curve per (strategy, scheme), in the order strategies x schemes.
+
+    Defaults come from problem.config. `progress(n)` is called after each strategy with n,
+    the number of strategies finished so far. rounds_per_s is iters * repeats over the wall
+    time of the strategy; all its schemes ran in that time, so they share the figure.
+    """
+    config = problem.config
+    strategies = _choices(config.strategies if strategies is None else strategies, Strategy)
+    schemes = _choices(config.schemes if schemes is None else schemes, Scheme)
+    lanes = tuple(dict.fromkeys(_LANE[s] for s in schemes))
+    grads = _minibatch(problem) if _batch(problem) else _full_batch(problem)
+    curves: list[Curve] = []
+    for done, strategy in enumerate(strategies, start=1):
+        start = perf_counter()
+        centroid, avg = _run_strategy(problem, strategy, lanes, grads)
+        rate = config.iters * config.repeats / (perf_counter() - start)
+        for scheme in schemes:
+            s = lanes.index(_LANE[scheme])
+            curves.append(Curve(strategy.value, scheme.value, centroid[s], avg[s], rate))
+        if progress is not None:
+            progress(done)
+    return curves
+
+
+def scheme_noise(a: np.ndarray, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What each receiver p adds to sum_m a_mp x_m under random and under ghp.
+
+    `table` holds noise G of shape (..., P, P, M), G[m, p] drawn by sender m; returns
+    (random, ghp), each (..., P, M). C_scheme(x) = A^T x + this.
+    """
+    combine = _Combine.of(-1, np.asarray(a, dtype=float))
+    return combine.spread(*combine.gather(table))
+
+
+@dataclass(frozen=True)
+class _Combine:
+    """A combine step j whose matrix is not I, with the maps from a noise table to the
+    noise each receiver ends up adding."""
+
+    step: int
+    a_t: np.ndarray  # (P, P): A^T, so x -> A^T x
+    senders: np.ndarray  # (E,): m of every edge m -> p with m != p and a_mp > 0
+    receivers: np.ndarray  # (E,): p of that edge
+    spread_random: np.ndarray  # (P, E): a_mp of edge e in row p_e
+    spread_ghp: np.ndarray  # (P, P): A^T with diagonal -(1 - a_pp), the self-term factor
+
+    @classmethod
+    def of(cls, step: int, a: np.ndarray) -> _Combine:
+        agents = a.shape[0]
+        senders, receivers = np.nonzero((a > 0) & ~np.eye(agents, dtype=bool))
+        spread_random = np.zeros((agents, len(senders)))
+        spread_random[receivers, np.arange(len(senders))] = a[senders, receivers]
+        spread_ghp = a.T.copy()
+        np.fill_diagonal(spread_ghp, -(1.0 - np.diag(a)))
+        return cls(step, np.ascontiguousarray(a.T), senders, receivers, spread_random, spread_ghp)
+
+    def gather(self, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(..., P, P, M) -> the entries random uses (..., E, M) and ghp uses (..., P, M)."""
+        own = np.arange(table.shape[-2])
+        return table[..., self.senders, self.receivers, :], table[..., own, own, :]
+
+    def spread(self, edge: np.ndarray, own: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Weighted sums per receiver, (..., E, M) and (..., P, M) -> (..., P, M) each."""
+        return _mix(self.spread_random, edge), _mix(self.spread_ghp, own)
+
+    def __call__(self, x: np.ndarray, noise: np.ndarray | None) -> np.ndarray:
+        mixed = (self.a_t @ x.reshape(x.shape[0], -1)).reshape(x.shape)
+        return mixed if noise is None else mixed + noise
+
+
+def _mix(weights: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """weights @ x over axis -2 of x, as one matrix product (not one per leading index)."""
+    return np.moveaxis(np.tensordot(weights, x, axes=(1, -2)), 0, -2)
+
+
+class _FullBatch:
+    """Exact local gradients grad_p(w) = H_p w - r_p, H_p = 2 (R_p + rho I), r_p = 2 r_ud_p,
+    as LeastSquares computes them, for every agent and repeat at once."""
+
+    def __init__(self, hessian_t: np.ndarray, r: np.ndarray) -> None:
+        self.hessian_t = hessian_t  # (P, R, M, M), H_p^T of each repeat
+        self.r = r  # (P, R, 1, M)
+
+    def load(self, first_round: int, rounds: int) -> None:
+        """Nothing is drawn per round with exact gradients."""
+
+    def __call__(self, phi: np.ndarray, t: int) -> np.ndarray:
+        return phi @ self.hessian_t - self.r
+
+
+class _Minibatch:
+    """LeastSquares' minibatch gradients; indices come from the same BATCH stream, a block of
+    rounds at a time (row p of round i is batch_indices(key, i, p, P, batch, N))."""
+
+    def __init__(self, problem: Problem, u: np.ndarray, d: np.ndarray, batch: int) -> None:
+        config = problem.config
+        self.keys = [rng.run_key(config.seed, r) for r in range(config.repeats)]
+        self.u, self.d, self.batch, self.rho = u, d, batch, config.rho  # (P, R, N, M), (P, R, N)
+        self.agent = np.arange(config.agents)[:, None, None]
+        self.repeat = np.arange(config.repeats)[None, :, None]
+        self.idx = np.empty((0, config.agents, config.repeats, batch), dtype=np.int64)
+
+    def load(self, first_round: int, rounds: int) -> None:
+        agents, samples = self.u.shape[0], self.u.shape[2]
+        blocks = [
+            rng.indices(
+                rng.raw_block(key, rng.Domain.BATCH, 0, first_round, rounds, agents, self.batch),
+                samples,
+            )
+            for key in self.keys
+        ]
+        self.idx = np.stack(blocks, axis=2)  # (rounds, P, R, batch)
+
+    def __call__(self, phi: np.ndarray, t: int) -> np.ndarray:
+        idx = self.idx[t]
+        u = self.u[self.agent, self.repeat, idx]  # (P, R, batch, M)
+        d = self.d[self.agent, self.repeat, idx]  # (P, R, batch)
+        w = phi.swapaxes(-1, -2)  # (P, R, M, S)
+        grad = 2.0 * (u.swapaxes(-1, -2) @ (u @ w - d[..., None]) / self.batch + self.rho * w)
+        return grad.swapaxes(-1, -2)
+
+
+_Gradients = _FullBatch | _Minibatch
+
+
+def _batch(problem: Problem) -> int | None:
+    """The minibatch size LeastSquares uses: None (full batch) unless batch < samples."""
+    batch = problem.config.batch
+    return batch if batch and batch < problem.config.samples else None
+
+
+def _full_batch(problem: Problem) -> _FullBatch:
+    config = problem.config
+    eye = np.eye(config.dim)
+    moments = [problem.moments(r) for r in range(config.repeats)]
+    hessian = np.stack([2.0 * (r_hat + config.rho * eye) for r_hat, _ in moments], axis=1)
+    r = np.stack([2.0 * r_ud for _, r_ud in moments], axis=1)
+    return _FullBatch(np.ascontiguousarray(hessian.swapaxes(-1, -2)), r[:, :, None, :])
+
+
+def _minibatch(problem: Problem) -> _Minibatch:
+    config = problem.config
+    data = [[regression_data(problem.spec(r), p) for r in range(config.repeats)]
+            for p in range(config.agents)]
+    u = np.array([[ud[0] for ud in row] for row in data])
+    d = np.array([[ud[1] for ud in row] for row in data])
+    return _Minibatch(problem, u, d, _batch(problem))
+
+
+def _run_strategy(
+    problem: Problem, strategy: Strategy, lanes: tuple[Scheme, ...], grads: _Gradients
+) -> tuple[np.ndarray, np.ndarray]:
+    """Centroid and average MSD, each (S, R, T), of every lane and repeat of one strategy."""
+    config = problem.config
+    agents, repeats, dim, iters = config.agents, config.repeats, config.dim, config.iters
+    matrices = problem.matrices(strategy)
+    eye = np.eye(agents)
+    combines = {j: _Combine.of(j, matrices[j]) for j in STEPS if not np.array_equal(matrices[j], eye)}
+    noisy = config.sigma_g > 0 and any(lane is not Scheme.NONE for lane in lanes)
+    keys = [rng.run_key(config.seed, r) for r in range(repeats)]
+    w_opt = problem.w_opt[None, None, :, None, :]  # against (rounds, P, R, S, M)
+    centroid = np.empty((len(lanes), repeats, iters))
+    avg = np.empty_like(centroid)
+    w = np.zeros((agents, repeats, len(lanes), dim))
+    for first in range(1, iters + 1, CHUNK):
+        rounds = min(CHUNK, iters + 1 - first)
+        grads.load(first, rounds)
+        noise = {j: _noise(c, keys, first, rounds, lanes, dim, config.sigma_g) if noisy else None
+                 for j, c in combines.items()}
+        history = np.empty((rounds, *w.shape))
+        for t in range(rounds):
+            phi = _apply(combines, noise, 1, w, t)
+            psi = _apply(combines, noise, 0, phi, t) - config.mu * grads(phi, t)
+            w = _apply(combines, noise, 2, psi, t)
+            history[t] = w
+        w_c = np.tensordot(problem.q, history, axes=(0, 1))  # (rounds, R, S, M)
+        window = slice(first - 1, first - 1 + rounds)
+        centroid[:, :, window] = np.sum((w_c - w_opt[:, 0]) ** 2, axis=-1).transpose(2, 1, 0)
+        err = np.sum((history - w_opt) ** 2, axis=-1)
+        avg[:, :, window] = np.mean(err, axis=1).transpose(2, 1, 0)
+    return centroid, avg
+
+
+def _apply(
+    combines: dict[int, _Combine], noise: dict[int, np.ndarray | None], step: int,
+    x: np.ndarray, t: int,
+) -> np.ndarray:
+    """Combine step `step` of round t of the chunk; an identity step returns x itself."""
+    if step not in combines:
+        return x
+    table = noise[step]
+    return combines[step](x, None if table is None else table[t])
+
+
+def _noise(
+    combine: _Combine, keys: list[tuple[int, int]], first_round: int, rounds: int,
+    lanes: tuple[Scheme, ...], dim: int, sigma_g: float,
+) -> np.ndarray:
+    """The noise each receiver adds in step combine.step, (rounds, P, R, S, M).
+
+    Laplace is applied only to the entries a scheme reads (edges and the diagonal): the
+    same numbers as transforming the whole table, at a fraction of the cost.
+    """
+    agents = combine.a_t.shape[0]
+    out = np.zeros((rounds, agents, len(keys), len(lanes), dim))
+    for r, key in enumerate(keys):
+        raw = rng.raw_block(key, rng.Domain.NOISE, combine.step, first_round, rounds, agents,
+                            agents * dim)
+        edge, own = combine.gather(raw.reshape(rounds, agents, agents, dim))
+        random, ghp = combine.spread(*(rng.laplace(rng.uniforms(x), sigma_g) for x in (edge, own)))
+        for s, lane in enumerate(lanes):
+            if lane is Scheme.RANDOM:
+                out[:, :, r, s] = random
+            elif lane is Scheme.GHP:
+                out[:, :, r, s] = ghp
+    return out
+
+
+def _choices(values: Iterable, kind: type) -> tuple:
+    try:
+        chosen = tuple(kind(v) for v in values)
+    except ValueError:
+        valid = ", ".join(str(k) for k in kind)
+        raise ConfigError(f"unknown {kind.__name__.lower()} in {values!r}; choose from: {valid}")
+    if not chosen:
+        raise ConfigError(f"choose at least one {kind.__name__.lower()}")
+    return chosen

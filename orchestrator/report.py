@@ -1,0 +1,372 @@
+"""Results of a run: steady-state numbers, summary.json, metrics.csv, MSD and topology plots.
+
+Everything here works on finished curves (linear MSD per repeat and iteration), so the three
+engines report through the same code and their files can be compared line by line.
+Figures are drawn on bare matplotlib Figures (Agg canvas), never through pyplot's global state.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize, to_rgba
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from rich.table import Table
+
+METRICS_HEADER = ("strategy", "scheme", "repeat", "iter", "msd_centroid", "msd_avg")
+DPI = 120
+
+# The paper's Fig. 3: columns consensus, ATC, CTA; blue / yellow / red curves, plus local-ghp.
+STRATEGY_ORDER = ("consensus", "atc", "cta")
+STRATEGY_TITLE = {"consensus": "Consensus", "atc": "ATC", "cta": "CTA"}
+SCHEME_ORDER = ("none", "random", "ghp", "local-ghp")
+SCHEME_STYLE: dict[str, dict[str, Any]] = {
+    "none": {"label": "no privacy", "color": "tab:blue", "linestyle": "-", "linewidth": 1.6},
+    "random": {"label": "random (Laplace)", "color": "orange", "linestyle": "-", "linewidth": 1.4},
+    "ghp": {"label": "graph-homomorphic", "color": "tab:red", "linestyle": "-", "linewidth": 1.4},
+    "local-ghp": {
+        "label": "local graph-homomorphic",
+        "color": "tab:green",
+        "linestyle": (0, (5, 3)),
+        "linewidth": 1.8,
+    },
+}
+ROWS = (("msd_centroid", "centroid MSD"), ("msd_avg", "avg. individual MSD"))
+
+
+@dataclass
+class Curve:
+    """One strategy x scheme over repeats: linear MSD per repeat and iteration."""
+
+    strategy: str
+    scheme: str
+    msd_centroid: np.ndarray  # (repeats, iters), ||w_c,i - w^o||^2 with w_c = sum_p q_p w_p
+    msd_avg: np.ndarray  # (repeats, iters), mean_p ||w_p,i - w^o||^2
+    rounds_per_s: float
+    extra: dict[str, Any] = field(default_factory=dict)  # merged into the result record
+
+    def __post_init__(self) -> None:
+        self.msd_centroid = np.asarray(self.msd_centroid, dtype=np.float64)
+        self.msd_avg = np.asarray(self.msd_avg, dtype=np.float64)
+        for name in ("msd_centroid", "msd_avg"):
+            arr = getattr(self, name)
+            if arr.ndim != 2 or 0 in arr.shape:
+                raise ValueError(
+                    f"{self.strategy}/{self.scheme}: {name} has shape {arr.shape}; "
+                    "it must be a non-empty (repeats, iters) array"
+                )
+        if self.msd_centroid.shape != self.msd_avg.shape:
+            raise ValueError(
+                f"{self.strategy}/{self.scheme}: msd_centroid {self.msd_centroid.shape} and "
+                f"msd_avg {self.msd_avg.shape} must have the same (repeats, iters) shape"
+            )
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.strategy, self.scheme)
+
+
+def steady_state_db(msd: np.ndarray, tail: float = 0.2) -> float:
+    """10 log10 of the mean linear MSD over the last `tail` of iterations and all repeats.
+
+    `msd` is (repeats, iters), or one curve (iters,). Averaging before the log (not
+    averaging dB values) is what the paper's curves show.
+    """
+    arr = np.asarray(msd, dtype=np.float64)
+    if arr.ndim == 1:
+        arr = arr[np.newaxis, :]
+    if arr.ndim != 2 or arr.shape[1] == 0:
+        raise ValueError(f"msd has shape {arr.shape}; pass a non-empty (repeats, iters) array")
+    if not 0 < tail <= 1:
+        raise ValueError(f"tail = {tail} must be a fraction in (0, 1]")
+    count = max(1, round(tail * arr.shape[1]))
+    mean = float(arr[:, -count:].mean())
+    if mean < 0:
+        raise ValueError(f"mean MSD {mean} is negative; MSD values are squared norms")
+    return -math.inf if mean == 0 else 10.0 * math.log10(mean)
+
+
+def result_record(curve: Curve, settings: dict[str, Any]) -> dict[str, Any]:
+    """One row of summary.json: who, under which settings, steady-state MSD, speed, costs."""
+    return {
+        "strategy": curve.strategy,
+        "scheme": curve.scheme,
+        **settings,
+        "msd_centroid_db": steady_state_db(curve.msd_centroid),
+        "msd_avg_db": steady_state_db(curve.msd_avg),
+        "rounds_per_s": float(curve.rounds_per_s),
+        **curve.extra,
+    }
+
+
+def write_outputs(
+    out: Path,
+    config: dict[str, Any],
+    curves: list[Curve],
+    settings: dict[str, Any],
+    graph: nx.Graph | None = None,
+    q: np.ndarray | None = None,
+) -> dict[str, Any]:
+    """Write summary.json, metrics.csv, msd.png (and topology.png given a graph) into `out`."""
+    _check_unique(curves)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = _jsonable({"config": config, "results": [result_record(c, settings) for c in curves]})
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    write_metrics(out / "metrics.csv", curves)
+    plot_msd(curves, out / "msd.png")
+    if graph is not None:
+        plot_topology(graph, out / "topology.png", q)
+    return summary
+
+
+def write_metrics(path: Path, curves: list[Curve]) -> None:
+    """One row per strategy, scheme, repeat and (1-based) iteration; floats repr-exact."""
+    _check_unique(curves)
+    with Path(path).open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(METRICS_HEADER)
+        for c in curves:
+            pairs = zip(c.msd_centroid.tolist(), c.msd_avg.tolist(), strict=True)
+            for r, (cens, avgs) in enumerate(pairs):
+                writer.writerows(
+                    (c.strategy, c.scheme, r, i, repr(cen), repr(avg))
+                    for i, (cen, avg) in enumerate(zip(cens, avgs, strict=True), start=1)
+                )
+
+
+def read_metrics(path: Path) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
+    """Parse metrics.csv back: (strategy, scheme) -> (msd_centroid (R, T), msd_avg (R, T))."""
+    rows: dict[tuple[str, str], dict[tuple[int, int], tuple[float, float]]] = {}
+    with Path(path).open(newline="") as fh:
+        reader = csv.reader(fh)
+        header = tuple(next(reader, ()))
+        if header != METRICS_HEADER:
+            raise ValueError(f"{path}: header is {header}, expected {METRICS_HEADER}")
+        for line, row in enumerate(reader, start=2):
+            if len(row) != len(METRICS_HEADER):
+                raise ValueError(
+                    f"{path}:{line}: {len(row)} fields, expected {len(METRICS_HEADER)}"
+                )
+            strategy, scheme, rep, it, cen, avg = row
+            try:
+                cell, values = (int(rep), int(it) - 1), (float(cen), float(avg))
+            except ValueError as err:
+                raise ValueError(f"{path}:{line}: {err}; repeat/iter must be integers") from err
+            points = rows.setdefault((strategy, scheme), {})
+            if cell in points or cell[0] < 0 or cell[1] < 0:
+                raise ValueError(f"{path}:{line}: repeat {rep}, iter {it} is repeated or negative")
+            points[cell] = values
+    return {key: _to_arrays(path, key, points) for key, points in rows.items()}
+
+
+def _to_arrays(
+    path: Path, key: tuple[str, str], points: dict[tuple[int, int], tuple[float, float]]
+) -> tuple[np.ndarray, np.ndarray]:
+    repeats = 1 + max(r for r, _ in points)
+    iters = 1 + max(i for _, i in points)
+    if len(points) != repeats * iters:
+        raise ValueError(
+            f"{path}: {key[0]}/{key[1]} has {len(points)} rows, expected "
+            f"{repeats} repeats x {iters} iterations; the file is truncated or edited"
+        )
+    both = np.empty((2, repeats, iters))
+    for (r, i), (cen, avg) in points.items():
+        both[0, r, i], both[1, r, i] = cen, avg
+    return both[0], both[1]
+
+
+def load_summary(path: Path) -> dict[str, Any]:
+    """Read summary.json written by write_outputs, checking it has config and results."""
+    summary = json.loads(Path(path).read_text())
+    if not isinstance(summary, dict) or not {"config", "results"} <= summary.keys():
+        raise ValueError(f"{path} is not a privnet summary: it needs 'config' and 'results' keys")
+    return summary
+
+
+def plot_msd(curves: list[Curve], path: Path, title: str | None = None) -> None:
+    """The paper's Fig. 3: strategies as columns, centroid / avg. individual MSD as rows, in dB."""
+    if not curves:
+        raise ValueError("plot_msd needs at least one curve")
+    _check_unique(curves)
+    strategies = _ordered({c.strategy for c in curves}, STRATEGY_ORDER)
+    fig = Figure(figsize=(5 * len(strategies), 8), dpi=DPI, layout="constrained")
+    axes = fig.subplots(2, len(strategies), sharex=True, sharey="row", squeeze=False)
+    lines: dict[str, Line2D] = {}
+    for row, (attr, what) in enumerate(ROWS):
+        for col, strategy in enumerate(strategies):
+            ax = axes[row, col]
+            letter = chr(ord("a") + row * len(strategies) + col)
+            ax.set_title(f"({letter}) {STRATEGY_TITLE.get(strategy, strategy)}: {what}")
+            lines.update(_plot_panel(ax, [c for c in curves if c.strategy == strategy], attr))
+            ax.tick_params(labelleft=True)
+        axes[row, 0].set_ylabel(f"{what} (dB)")
+    for ax in axes[1]:
+        ax.set_xlabel("iteration $i$")
+    axes[0, 0].margins(x=0)
+    if title:
+        fig.suptitle(title, fontsize=14)
+    # One legend for all panels, below them, so it can never hide a curve.
+    order = _ordered(lines, SCHEME_ORDER)
+    fig.legend(
+        [lines[s] for s in order],
+        [lines[s].get_label() for s in order],
+        loc="outside lower center",
+        ncols=len(order),
+        fontsize=11,
+        handlelength=3,
+        frameon=False,
+    )
+    fig.savefig(path, dpi=DPI)
+
+
+def _plot_panel(ax: Axes, curves: list[Curve], attr: str) -> dict[str, Line2D]:
+    """One strategy's schemes, MSD averaged over repeats then in dB; later schemes on top."""
+    by_scheme = {c.scheme: c for c in curves}
+    lines = {}
+    for z, scheme in enumerate(_ordered(by_scheme, SCHEME_ORDER)):
+        msd = getattr(by_scheme[scheme], attr)
+        iters = np.arange(1, msd.shape[1] + 1)
+        style = SCHEME_STYLE.get(scheme, {"label": scheme})
+        (lines[scheme],) = ax.plot(iters, _db(msd.mean(axis=0)), zorder=2 + z, **style)
+    ax.grid(True, alpha=0.3)
+    return lines
+
+
+def plot_topology(graph: nx.Graph, path: Path, q: np.ndarray | None = None) -> None:
+    """Draw the network at its 'pos' coordinates; colour and size nodes by Perron weight q."""
+    if graph.number_of_nodes() == 0:
+        raise ValueError("plot_topology needs a graph with at least one node")
+    nodes = sorted(graph.nodes)
+    pos = nx.get_node_attributes(graph, "pos")
+    if len(pos) != len(nodes):
+        pos = nx.spring_layout(graph, seed=0)
+    plain = nx.Graph(graph)
+    plain.remove_edges_from(nx.selfloop_edges(plain))
+    edges = plain.number_of_edges()
+    fig = Figure(figsize=(9, 8), dpi=DPI, layout="constrained")
+    ax = fig.subplots()
+    nx.draw_networkx_edges(plain, pos, ax=ax, edge_color="0.6", width=1.0)
+    if q is None:
+        colors = np.tile(to_rgba("tab:blue"), (len(nodes), 1))
+        sizes = np.full(len(nodes), 320.0)
+    else:
+        weights = _check_q(q, len(nodes))
+        mappable = ScalarMappable(Normalize(weights.min(), weights.max()), "viridis")
+        colors = mappable.to_rgba(weights)
+        sizes = 200 + 600 * weights / weights.max()
+        fig.colorbar(mappable, ax=ax, shrink=0.8, label="Perron weight $q_p$ (colour and size)")
+    nx.draw_networkx_nodes(
+        plain, pos, nodelist=nodes, ax=ax, node_color=colors, node_size=sizes, edgecolors="white"
+    )
+    for node, rgba in zip(nodes, colors, strict=True):
+        ax.text(
+            *pos[node],
+            str(node),
+            ha="center",
+            va="center",
+            fontsize=8,
+            color=_text_color(rgba),
+            zorder=3,
+        )
+    mean_degree = 2 * edges / len(nodes)
+    ax.set_title(f"P = {len(nodes)} agents, {edges} edges, mean degree {mean_degree:.2f}")
+    ax.set_axis_off()
+    fig.savefig(path, dpi=DPI)
+
+
+def _text_color(rgba: np.ndarray) -> str:
+    """Black on light nodes, white on dark ones (relative luminance, sRGB weights)."""
+    return "black" if 0.2126 * rgba[0] + 0.7152 * rgba[1] + 0.0722 * rgba[2] > 0.5 else "white"
+
+
+def results_table(records: list[dict[str, Any]]) -> Table:
+    """A terminal table: one row per strategy x scheme, bytes/round when the engine counted them."""
+    with_bytes = any("bytes_per_round" in r for r in records)
+    table = Table(title="Steady-state MSD (last 20% of iterations)")
+    table.add_column("strategy")
+    table.add_column("scheme")
+    for name in ("centroid MSD (dB)", "avg MSD (dB)", "rounds/s"):
+        table.add_column(name, justify="right")
+    if with_bytes:
+        table.add_column("bytes/round", justify="right")
+    for r in records:
+        cells = [
+            str(r["strategy"]),
+            str(r["scheme"]),
+            _fmt(r.get("msd_centroid_db"), ".2f"),
+            _fmt(r.get("msd_avg_db"), ".2f"),
+            _fmt(r.get("rounds_per_s"), ".1f"),
+        ]
+        if with_bytes:
+            cells.append(_fmt(r.get("bytes_per_round"), ",.0f"))
+        table.add_row(*cells)
+    return table
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "–" if value is None else format(float(value), spec)
+
+
+def _db(msd: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return 10.0 * np.log10(msd)
+
+
+def _ordered(names: Iterable[str], canonical: tuple[str, ...]) -> list[str]:
+    """Known names in the paper's order, then any others alphabetically."""
+    present = set(names)
+    return [n for n in canonical if n in present] + sorted(present - set(canonical))
+
+
+def _check_unique(curves: list[Curve]) -> None:
+    seen: set[tuple[str, str]] = set()
+    for c in curves:
+        if c.key in seen:
+            raise ValueError(f"two curves for {c.strategy}/{c.scheme}; merge their repeats first")
+        seen.add(c.key)
+
+
+def _check_q(q: np.ndarray, nodes: int) -> np.ndarray:
+    weights = np.asarray(q, dtype=np.float64)
+    if weights.shape != (nodes,) or not np.all(weights > 0):
+        raise ValueError(
+            f"q has shape {weights.shape}; pass the Perron vector, {nodes} positive entries "
+            "in node-id order"
+        )
+    return weights
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON types; non-finite floats become null (strict JSON has no inf or nan)."""
+    if isinstance(value, Mapping):
+        return {str(_jsonable(k)): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist())
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Enum):
+        return _jsonable(value.value)
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    if isinstance(value, int | np.integer):
+        return int(value)
+    if isinstance(value, float | np.floating):
+        return float(value) if math.isfinite(value) else None
+    if value is None or isinstance(value, str):
+        return value
+    raise TypeError(f"cannot write {type(value).__name__} {value!r} to summary.json")

@@ -1,0 +1,436 @@
+"""broker/: real brokers, real sockets, real MQTT clients.
+
+mosquitto tests skip when mosquitto is missing, unless PRIVNET_REQUIRE_MOSQUITTO=1 (CI), where
+they fail.
+"""
+
+import asyncio
+import os
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiomqtt
+import psutil
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from paho.mqtt.client import topic_matches_sub
+
+from broker import topics as T
+from broker.launcher import (
+    BASE_CONFIG,
+    Broker,
+    BrokerAddress,
+    accepts,
+    acl_file,
+    free_port,
+    has_mosquitto,
+    launch,
+    mosquitto_config,
+    read_sys_bytes,
+    sys_bytes,
+    write_acl,
+)
+
+RUN = "run-1"
+RECEIVE_TIMEOUT = 5.0
+
+
+def need_mosquitto() -> None:
+    if has_mosquitto():
+        return
+    if os.environ.get("PRIVNET_REQUIRE_MOSQUITTO") == "1":
+        pytest.fail("PRIVNET_REQUIRE_MOSQUITTO=1 but mosquitto is not installed")
+    pytest.skip("mosquitto is not installed")
+
+
+@pytest.fixture(params=["mosquitto", "embedded"])
+def kind(request: pytest.FixtureRequest) -> str:
+    if request.param == "mosquitto":
+        need_mosquitto()
+    return str(request.param)
+
+
+@pytest.fixture
+async def mosquitto() -> AsyncIterator[Broker]:
+    need_mosquitto()
+    async with launch("mosquitto") as broker:
+        yield broker
+
+
+def client(broker: Broker, **kwargs: object) -> aiomqtt.Client:
+    return aiomqtt.Client(broker.address.host, broker.address.port, **kwargs)  # type: ignore[arg-type]
+
+
+async def receive_until(sub: aiomqtt.Client, last_topic: str) -> list[tuple[str, bytes]]:
+    """Messages in arrival order, up to and including one on `last_topic` (a sentinel)."""
+    got: list[tuple[str, bytes]] = []
+    async with asyncio.timeout(RECEIVE_TIMEOUT):
+        async for message in sub.messages:
+            got.append((message.topic.value, bytes(message.payload)))  # type: ignore[arg-type]
+            if message.topic.value == last_topic:
+                return got
+    raise AssertionError("subscription ended early")
+
+
+def broker_children() -> list[psutil.Process]:
+    return [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    ]
+
+
+# --- local brokers: start, carry traffic, stop without leftovers -------------------------------
+
+
+async def test_broker_carries_messages_then_stops_clean(kind: str) -> None:
+    topic = T.peer_topic(RUN, 2, 1)
+    big = b"\x07" * (T.MAX_PACKET_SIZE - T.mqtt_publish_size(topic, 0) - 2)
+    assert T.mqtt_publish_size(topic, len(big)) == T.MAX_PACKET_SIZE
+    broker = launch(kind)
+    assert broker.kind == kind
+    async with broker:
+        pid = broker.pid
+        assert pid is not None and psutil.pid_exists(pid)
+        assert accepts(broker.address)
+        async with client(broker) as sub, client(broker) as pub:
+            await sub.subscribe(T.inbox_filter(RUN, 2))
+            await pub.publish(topic, b"hello", qos=1)
+            await pub.publish(topic, big, qos=1)
+            await pub.publish(T.peer_topic(RUN, 3, 1), b"not for 2", qos=1)
+            await pub.publish(T.peer_topic(RUN, 2, 5), b"end", qos=1)
+            got = await receive_until(sub, T.peer_topic(RUN, 2, 5))
+        assert got == [(topic, b"hello"), (topic, big), (T.peer_topic(RUN, 2, 5), b"end")]
+    assert broker.exit_code == 0, "SIGTERM should shut the broker down cleanly"
+    assert broker.pid is None and not psutil.pid_exists(pid)
+    assert not accepts(broker.address)
+    assert broker_children() == []
+
+
+def test_sync_context_manager_and_double_stop(kind: str) -> None:
+    with launch(kind) as broker:
+        address = broker.address
+        assert accepts(address)
+    assert not accepts(address)
+    broker.stop()
+    assert broker_children() == []
+
+
+async def test_mosquitto_drops_packets_over_max_size(mosquitto: Broker) -> None:
+    topic = T.peer_topic(RUN, 0, 1)
+    too_big = b"\x00" * (T.MAX_PACKET_SIZE - T.mqtt_publish_size(topic, 0) - 1)
+    assert T.mqtt_publish_size(topic, len(too_big)) == T.MAX_PACKET_SIZE + 1
+    async with client(mosquitto) as pub:
+        with pytest.raises(aiomqtt.MqttError):
+            await pub.publish(topic, too_big, qos=1, timeout=3.0)
+
+
+@pytest.mark.parametrize("kind", ["mosquitto", "embedded"])
+def test_failed_start_names_the_cause_and_leaves_nothing(kind: str) -> None:
+    if kind == "mosquitto":
+        need_mosquitto()
+    with socket.socket() as taken:  # bound, not listening: connects fail and bind clashes
+        taken.bind(("127.0.0.1", 0))
+        broker = Broker(kind, BrokerAddress("127.0.0.1", taken.getsockname()[1]))  # type: ignore[arg-type]
+        with pytest.raises(RuntimeError, match="exited with code") as err:
+            broker.start()
+    assert str(broker.address) in str(err.value)
+    assert "in use" in str(err.value).lower(), "the error should carry the broker's own log"
+    assert broker.pid is None and broker_children() == []
+    assert not list(Path("/tmp").glob(f"privnet-{kind}-*")) or all(
+        not p.exists() for p in Path("/tmp").glob(f"privnet-{kind}-*") if p == broker._tmp
+    )
+
+
+# --- choosing a broker --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "host", "port"),
+    [("127.0.0.1:1883", "127.0.0.1", 1883), ("mqtt.lan:8883", "mqtt.lan", 8883),
+     ("[::1]:1884", "::1", 1884), (" broker:1 ", "broker", 1)],
+)  # fmt: skip
+def test_address_parse(text: str, host: str, port: int) -> None:
+    address = BrokerAddress.parse(text)
+    assert address == BrokerAddress(host, port)
+    assert BrokerAddress.parse(str(address)) == address
+
+
+@pytest.mark.parametrize("text", ["", "host", "host:", ":1883", "h:0", "h:65536", "h:x1", "h:-1"])
+def test_address_parse_errors(text: str) -> None:
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        BrokerAddress.parse(text)
+
+
+def test_launch_rejects_unknown_choices() -> None:
+    with pytest.raises(ValueError, match="auto, mosquitto, embedded or HOST:PORT"):
+        launch("rabbitmq")
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        launch("localhost:http")
+    with pytest.raises(ValueError, match="need mosquitto"):
+        launch("embedded", acl=acl_file(2, RUN))
+
+
+def test_unreachable_external_broker_is_a_clear_error() -> None:
+    broker = launch(f"127.0.0.1:{free_port()}")
+    assert broker.kind == "external"
+    with pytest.raises(ConnectionError, match=rf"no MQTT broker answers at {broker.address}"):
+        broker.start()
+
+
+async def test_external_broker_is_used_not_owned() -> None:
+    async with launch("embedded") as owner:
+        async with launch(str(owner.address)) as external:
+            assert external.kind == "external" and external.pid is None
+            async with client(external) as c:
+                await c.publish(T.telemetry(RUN, 0), b"x", qos=1)
+        assert accepts(owner.address), "stopping an external broker must not touch it"
+
+
+# --- mosquitto's $SYS counters ------------------------------------------------------------------
+
+
+async def test_sys_bytes_count_the_traffic(mosquitto: Broker) -> None:
+    before = await asyncio.to_thread(sys_bytes, mosquitto.address)
+    topic = T.peer_topic(RUN, 1, 0)
+    n, size = 20, 1000
+    async with client(mosquitto) as pub:
+        for _ in range(n):
+            await pub.publish(topic, b"\x01" * size, qos=0)
+    after = await read_sys_bytes(mosquitto.address)
+    published = n * T.mqtt_publish_size(topic, size)
+    # the rest is one CONNECT/DISCONNECT and one $SYS reader's handshake: well under 1 kB
+    assert published <= after["bytes_received"] - before["bytes_received"] <= published + 1000
+    assert after["messages_received"] - before["messages_received"] >= n
+    assert after["bytes_sent"] > before["bytes_sent"]
+    assert after["messages_sent"] > before["messages_sent"]
+
+
+async def test_sys_bytes_on_a_broker_without_sys_times_out() -> None:
+    async with launch("embedded") as broker:
+        with pytest.raises(TimeoutError, match="no live \\$SYS counters"):
+            await read_sys_bytes(broker.address, timeout=0.5)
+
+
+# --- ACL ----------------------------------------------------------------------------------------
+
+
+async def test_acl_confines_each_agent_to_its_own_topics() -> None:
+    need_mosquitto()
+    async with (
+        launch("mosquitto", acl=acl_file(5, RUN)) as broker,
+        client(broker, username="orchestrator") as orch,
+        client(broker, username="3") as agent3,
+        client(broker, identifier="nonce1") as newcomer,
+    ):
+        for c in (orch, agent3, newcomer):
+            await c.subscribe(f"privnet/{RUN}/#")
+        await agent3.publish(T.peer_topic(RUN, 1, 3), b"3 to 1", qos=1)
+        await agent3.publish(T.peer_topic(RUN, 1, 4), b"3 posing as 4", qos=1)
+        await agent3.publish(T.ctl_up(RUN, 3), b"3 up", qos=1)
+        await agent3.publish(T.ctl_down(RUN, 3), b"3 forging control", qos=1)
+        await newcomer.publish(T.register_up(RUN, "nonce1"), b"hello", qos=1)
+        await newcomer.publish(T.register_up(RUN, "nonce2"), b"posing as nonce2", qos=1)
+        await newcomer.publish(T.peer_topic(RUN, 1, 0), b"anonymous model", qos=1)
+        for k in (3, 4):
+            await orch.publish(T.peer_topic(RUN, k, 1), f"1 to {k}".encode(), qos=1)
+        await orch.publish(T.register_down(RUN, "nonce2"), b"id for nonce2", qos=1)
+        await orch.publish(T.register_down(RUN, "nonce1"), b"id for nonce1", qos=1)
+        await orch.publish(T.ctl_down(RUN, "all"), b"end", qos=1)
+        await orch.publish(T.ctl_down(RUN, 3), b"end", qos=1)
+
+        seen_by_orch = await receive_until(orch, T.ctl_down(RUN, 3))
+        seen_by_3 = await receive_until(agent3, T.ctl_down(RUN, 3))
+        seen_by_new = await receive_until(newcomer, T.register_down(RUN, "nonce1"))
+        sys_counters = await read_sys_bytes(broker.address, username="orchestrator")
+
+    assert seen_by_orch == [
+        (T.peer_topic(RUN, 1, 3), b"3 to 1"),
+        (T.ctl_up(RUN, 3), b"3 up"),
+        (T.register_up(RUN, "nonce1"), b"hello"),
+        (T.peer_topic(RUN, 3, 1), b"1 to 3"),
+        (T.peer_topic(RUN, 4, 1), b"1 to 4"),
+        (T.register_down(RUN, "nonce2"), b"id for nonce2"),
+        (T.register_down(RUN, "nonce1"), b"id for nonce1"),
+        (T.ctl_down(RUN, "all"), b"end"),
+        (T.ctl_down(RUN, 3), b"end"),
+    ]
+    assert seen_by_3 == [
+        (T.peer_topic(RUN, 3, 1), b"1 to 3"),
+        (T.ctl_down(RUN, "all"), b"end"),
+        (T.ctl_down(RUN, 3), b"end"),
+    ]
+    assert seen_by_new == [(T.register_down(RUN, "nonce1"), b"id for nonce1")]
+    assert sys_counters["messages_received"] > 0, "the orchestrator may read $SYS"
+
+
+def test_acl_text_and_file(tmp_path: Path) -> None:
+    text = acl_file(2, RUN)
+    assert "user 1\n" in text and "user 2\n" not in text
+    assert f"topic write privnet/{RUN}/to/+/from/1\n" in text
+    assert f"topic read privnet/{RUN}/to/1/from/+\n" in text
+    assert write_acl(tmp_path / "acl", 2, RUN).read_text() == text
+    with pytest.raises(ValueError, match="at least 1 agent"):
+        acl_file(0, RUN)
+    with pytest.raises(ValueError, match="bad run name"):
+        acl_file(2, "a/#")
+
+
+def test_shipped_config_and_generated_config() -> None:
+    settings = dict(
+        line.split(maxsplit=1)
+        for line in BASE_CONFIG.read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    assert settings == settings | {
+        "listener": "1883",
+        "allow_anonymous": "true",
+        "persistence": "false",
+        "sys_interval": "1",
+        "max_packet_size": str(T.MAX_PACKET_SIZE),
+        "log_dest": "stdout",
+    }
+    generated = mosquitto_config(4242, Path("/x/acl")).splitlines()
+    assert "listener 4242 127.0.0.1" in generated and "listener 1883" not in generated
+    assert generated[-1] == "acl_file /x/acl"
+
+
+# --- topics -------------------------------------------------------------------------------------
+
+names = st.from_regex(r"[A-Za-z0-9._-]{1,64}", fullmatch=True)
+ids = st.integers(min_value=0, max_value=10**6)
+
+
+@given(names, ids, ids)
+def test_peer_topic_roundtrip(run: str, k: int, m: int) -> None:
+    topic = T.peer_topic(run, k, m)
+    assert T.parse_peer_topic(topic) == (run, k, m)
+    assert topic_matches_sub(T.inbox_filter(run, k), topic)
+    assert topic_matches_sub(T.run_filter(run), topic)
+
+
+@given(names, names, ids, ids, ids)
+def test_filters_select_exactly_their_topics(run: str, other: str, k: int, j: int, m: int) -> None:
+    assert topic_matches_sub(T.inbox_filter(run, k), T.peer_topic(run, j, m)) == (k == j)
+    assert topic_matches_sub(T.run_filter(other), T.peer_topic(run, k, m)) == (other == run)
+    for topic in (T.ctl_down(run, m), T.ctl_down(run, "all"), T.ctl_up(run, m),
+                  T.telemetry(run, m), T.register_up(run, other), T.register_down(run, other)):  # fmt: skip
+        assert topic_matches_sub(T.run_filter(run), topic)
+        assert T.parse_peer_topic(topic) is None
+        assert not topic_matches_sub(T.inbox_filter(run, k), topic)
+
+
+def test_topic_layout() -> None:
+    assert T.peer_topic("r", 2, 7) == "privnet/r/to/2/from/7"
+    assert T.inbox_filter("r", 2) == "privnet/r/to/2/from/+"
+    assert T.ctl_down("r", "all") == "privnet/r/ctl/down/all"
+    assert T.ctl_down("r", 0) == "privnet/r/ctl/down/0"
+    assert T.ctl_up("r", 4) == "privnet/r/ctl/up/4"
+    assert T.telemetry("r", 4) == "privnet/r/telemetry/4"
+    assert T.register_up("r", "n1") == "privnet/r/ctl/up/new/n1"
+    assert T.register_down("r", "n1") == "privnet/r/ctl/down/new/n1"
+    assert T.run_filter("r") == "privnet/r/#"
+
+
+@pytest.mark.parametrize(
+    "topic",
+    ["privnet/r/to/01/from/2", "privnet/r/to/1/from/-2", "privnet/r/to/1/from/2/x",
+     "other/r/to/1/from/2", "privnet/r/to/+/from/2", "privnet/a/b/to/1/from/2", ""],
+)  # fmt: skip
+def test_parse_peer_topic_rejects_others(topic: str) -> None:
+    assert T.parse_peer_topic(topic) is None
+
+
+@pytest.mark.parametrize("bad_run", ["", "a/b", "+", "#", "a b", "x" * 65, "é"])
+def test_bad_run_names(bad_run: str) -> None:
+    with pytest.raises(ValueError, match="bad run name"):
+        T.peer_topic(bad_run, 0, 1)
+
+
+@pytest.mark.parametrize("bad_id", [-1, True, 1.0, "1"])
+def test_bad_agent_ids(bad_id: object) -> None:
+    with pytest.raises(ValueError, match="bad agent id"):
+        T.ctl_up(RUN, bad_id)  # type: ignore[arg-type]
+
+
+# --- PUBLISH size -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("topic", "payload_len", "qos", "size"),
+    [
+        ("a/b", 10, 0, 17),  # 1 + 1 + (2 + 3 + 10)
+        ("a/b", 10, 1, 19),  # + 2-byte packet id
+        ("a/b", 122, 0, 129),  # remaining 127: last 1-byte length
+        ("a/b", 123, 0, 131),  # remaining 128: 2-byte length
+        ("a/b", 16_379, 0, 16_385),  # remaining 16383: last 2-byte length
+        ("a/b", 16_379, 2, 16_388),  # remaining 16385: 3-byte length
+        ("é/ü", 0, 0, 8),  # topic is 4 UTF-8 bytes
+        ("", 0, 0, 4),
+    ],
+)
+def test_publish_size_by_hand(topic: str, payload_len: int, qos: int, size: int) -> None:
+    assert T.mqtt_publish_size(topic, payload_len, qos) == size
+
+
+def test_publish_size_errors() -> None:
+    with pytest.raises(ValueError, match="QoS"):
+        T.mqtt_publish_size("t", 1, qos=3)
+    with pytest.raises(ValueError, match="negative"):
+        T.mqtt_publish_size("t", -1)
+    with pytest.raises(ValueError, match="65535"):
+        T.mqtt_publish_size("t" * 65_536, 0)
+    with pytest.raises(ValueError, match="limit"):
+        T.mqtt_publish_size("t", 268_435_455)
+
+
+async def read_packet(reader: asyncio.StreamReader) -> tuple[int, bytes, int]:
+    """One MQTT packet: (first byte, body, total size on the wire)."""
+    first = (await reader.readexactly(1))[0]
+    remaining, shift, header = 0, 0, 1
+    while True:
+        byte = (await reader.readexactly(1))[0]
+        header += 1
+        remaining |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            break
+    return first, await reader.readexactly(remaining), header + remaining
+
+
+CASES = [("a/b", 10, 0), ("a/b", 123, 1), ("é/ü", 16_379, 2), (T.peer_topic(RUN, 29, 0), 300, 1),
+         ("t", 2_100_000, 0)]  # fmt: skip
+
+
+async def test_publish_size_matches_what_paho_sends() -> None:
+    """A real aiomqtt/paho client talks to a bare TCP server that measures each PUBLISH."""
+    sizes: list[int] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        first, _, _ = await read_packet(reader)
+        assert first == 0x10, "expected CONNECT"
+        writer.write(b"\x20\x02\x00\x00")  # CONNACK, accepted
+        while True:
+            first, body, size = await read_packet(reader)
+            if first >> 4 != 3:  # not a PUBLISH: DISCONNECT ends the test
+                break
+            sizes.append(size)
+            qos = (first >> 1) & 3
+            topic_len = int.from_bytes(body[:2], "big")
+            packet_id = body[2 + topic_len : 4 + topic_len]
+            if qos == 1:
+                writer.write(b"\x40\x02" + packet_id)  # PUBACK
+            elif qos == 2:
+                writer.write(b"\x50\x02" + packet_id)  # PUBREC
+                await read_packet(reader)  # PUBREL
+                writer.write(b"\x70\x02" + packet_id)  # PUBCOMP
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server, aiomqtt.Client("127.0.0.1", port) as c:
+        for topic, payload_len, qos in CASES:
+            await c.publish(topic, b"\x00" * payload_len, qos=qos, timeout=5.0)
+    assert sizes == [T.mqtt_publish_size(*case) for case in CASES]
