@@ -56,6 +56,11 @@ class Go:
 
 
 @dataclass(frozen=True, slots=True)
+class Bye:
+    """orchestrator -> all agents: no more sessions; exit cleanly."""
+
+
+@dataclass(frozen=True, slots=True)
 class Abort:
     """orchestrator -> all agents: stop now."""
 
@@ -90,4 +95,4 @@ class Failed:
     reason: str
 
 
-Control = Hello | Welcome | Setup | Ready | Go | Abort | Telemetry | Finished | Failed
+Control = Hello | Welcome | Setup | Ready | Go | Bye | Abort | Telemetry | Finished | Failed

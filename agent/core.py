@@ -196,8 +196,15 @@ class AgentCore:
             return {k: x.copy() for k in targets}
         if spec.scheme is Scheme.LOCAL_GHP:
             return {k: x + self._mask(plan, k) for k in targets}
-        raw = rng.raw_row(spec.noise_key, rng.Domain.NOISE, plan.step, self.round, me,
-                          spec.agents, spec.agents * spec.dim)
+        raw = rng.raw_row(
+            spec.noise_key,
+            rng.Domain.NOISE,
+            plan.step,
+            self.round,
+            me,
+            spec.agents,
+            spec.agents * spec.dim,
+        )
         table = rng.laplace(rng.uniforms(raw), spec.sigma_g).reshape(spec.agents, spec.dim)
         if spec.scheme is Scheme.RANDOM:
             return {k: x.copy() if k == me else x + table[k] for k in targets}
@@ -220,20 +227,31 @@ class AgentCore:
                 if m == self.me:
                     self._seats[(self.me, plan.step)] = seat
                 else:
-                    out.append(KeyPlan(sender=self.me, receiver=m, step=plan.step,
-                                       side=seat.side, partners=seat.partners))
+                    out.append(
+                        KeyPlan(
+                            sender=self.me,
+                            receiver=m,
+                            step=plan.step,
+                            side=seat.side,
+                            partners=seat.partners,
+                        )
+                    )
         return out
 
     def _accept_plan(self, msg: KeyPlan) -> None:
         self._check_receiver(msg.receiver)
         plan = self._plan_of(msg.step)
         if msg.sender not in plan.receivers(self.me):
-            raise Rejected("not-neighbour", f"agent {msg.sender} is not a hub I send to at step {msg.step}")
+            raise Rejected(
+                "not-neighbour", f"agent {msg.sender} is not a hub I send to at step {msg.step}"
+            )
         if (msg.sender, msg.step) in self._seats:
             raise Rejected("duplicate", f"second key plan from hub {msg.sender}")
         if msg.side not in (1, -1) or not msg.partners or self.me in msg.partners:
-            raise Rejected("schema", f"key plan from hub {msg.sender} has side {msg.side} "
-                           f"and partners {msg.partners}")
+            raise Rejected(
+                "schema",
+                f"key plan from hub {msg.sender} has side {msg.side} and partners {msg.partners}",
+            )
         self._seats[(msg.sender, msg.step)] = Seat(msg.side, tuple(msg.partners))
 
     def _my_seats(self, step: int) -> dict[int, Seat]:
@@ -250,10 +268,22 @@ class AgentCore:
         out: list[Message] = []
         for (hub, step), seat in sorted(self._seats.items()):
             for m in seat.partners:
-                sig = keys.sign_share(self.identity, self.spec.session, self.me, hub, m, step, epoch, eph)
-                out.append(KeyShare(sender=self.me, receiver=hub if hub != self.me else m,
-                                    owner=self.me, hub=hub, partner=m, step=step, epoch=epoch,
-                                    public=eph.public, signature=sig))
+                sig = keys.sign_share(
+                    self.identity, self.spec.session, self.me, hub, m, step, epoch, eph
+                )
+                out.append(
+                    KeyShare(
+                        sender=self.me,
+                        receiver=hub if hub != self.me else m,
+                        owner=self.me,
+                        hub=hub,
+                        partner=m,
+                        step=step,
+                        epoch=epoch,
+                        public=eph.public,
+                        signature=sig,
+                    )
+                )
         self._shared_sent.add(epoch)
         return out
 
@@ -270,7 +300,9 @@ class AgentCore:
         if seat is None or msg.owner not in seat.partners:
             raise Rejected("not-neighbour", f"agent {msg.owner} is not my partner at hub {msg.hub}")
         if msg.sender != msg.hub and not (msg.hub == self.me and msg.sender == msg.owner):
-            raise Rejected("spoofed", f"key share of {msg.owner} came from {msg.sender}, not hub {msg.hub}")
+            raise Rejected(
+                "spoofed", f"key share of {msg.owner} came from {msg.sender}, not hub {msg.hub}"
+            )
         slot = (msg.epoch, msg.hub, msg.step, msg.owner)
         if slot in self._partner_keys:
             raise Rejected("duplicate", f"second key share of {msg.owner} at hub {msg.hub}")
@@ -284,23 +316,38 @@ class AgentCore:
     def _relay(self, msg: KeyShare) -> KeyShare:
         """As hub: forward a share to its partner; both must sit at my hub, on opposite sides."""
         if msg.hub != self.me or msg.sender != msg.owner:
-            raise Rejected("not-neighbour", f"key share from {msg.sender} for {msg.partner} "
-                           f"names hub {msg.hub}; I relay only my own neighbours' shares")
+            raise Rejected(
+                "not-neighbour",
+                f"key share from {msg.sender} for {msg.partner} "
+                f"names hub {msg.hub}; I relay only my own neighbours' shares",
+            )
         senders = self._plan_of(msg.step).senders(self.me)
         seats = split_senders(senders, self.me) if senders else {}
         if msg.owner not in seats or msg.partner not in seats[msg.owner].partners:
-            raise Rejected("not-neighbour", f"agents {msg.owner} and {msg.partner} are not "
-                           f"paired at hub {self.me}")
+            raise Rejected(
+                "not-neighbour",
+                f"agents {msg.owner} and {msg.partner} are not paired at hub {self.me}",
+            )
         self.counters.relayed += 1
-        return KeyShare(sender=self.me, receiver=msg.partner, owner=msg.owner, hub=msg.hub,
-                        partner=msg.partner, step=msg.step, epoch=msg.epoch,
-                        public=msg.public, signature=msg.signature)
+        return KeyShare(
+            sender=self.me,
+            receiver=msg.partner,
+            owner=msg.owner,
+            hub=msg.hub,
+            partner=msg.partner,
+            step=msg.step,
+            epoch=msg.epoch,
+            public=msg.public,
+            signature=msg.signature,
+        )
 
     def _missing_keys(self, plan: StepPlan) -> set[int]:
         epoch = self._epoch(self.round)
         missing = {k for k in plan.receivers(self.me) if (k, plan.step) not in self._seats}
         for hub, seat in self._my_seats(plan.step).items():
-            missing |= {m for m in seat.partners if (epoch, hub, plan.step, m) not in self._partner_keys}
+            missing |= {
+                m for m in seat.partners if (epoch, hub, plan.step, m) not in self._partner_keys
+            }
         return missing
 
     def _keys_ready(self, plan: StepPlan) -> bool:
@@ -315,8 +362,16 @@ class AgentCore:
         total = np.zeros(self.spec.dim)
         for m in seat.partners:
             secret = self._secret(epoch, m, self._partner_keys[(epoch, hub, plan.step, m)])
-            total += keys.pair_noise(secret, self.spec.session, hub, (self.me, m), self.round,
-                                     plan.step, self.spec.dim, self.spec.sigma_g)
+            total += keys.pair_noise(
+                secret,
+                self.spec.session,
+                hub,
+                (self.me, m),
+                self.round,
+                plan.step,
+                self.spec.dim,
+                self.spec.sigma_g,
+            )
         return seat.side * total / plan.weights_out[hub]
 
     def _secret(self, epoch: int, partner: int, public: bytes) -> bytes:
@@ -349,11 +404,16 @@ class AgentCore:
         self._check_receiver(msg.receiver)
         plan = self._plan_of(msg.step)
         if msg.sender not in plan.senders(self.me):
-            raise Rejected("not-neighbour", f"agent {msg.sender} is not an in-neighbour at step {msg.step}")
+            raise Rejected(
+                "not-neighbour", f"agent {msg.sender} is not an in-neighbour at step {msg.step}"
+            )
         at = (msg.round, STEPS.index(msg.step))
         if at < self.position:
-            raise Rejected("stale", f"model for round {msg.round} step {msg.step}; I am at round "
-                           f"{self.round} step {STEPS[self.stage]}")
+            raise Rejected(
+                "stale",
+                f"model for round {msg.round} step {msg.step}; I am at round "
+                f"{self.round} step {STEPS[self.stage]}",
+            )
         if msg.round > self.round + 1:
             raise Rejected("ahead", f"model for round {msg.round}, I am at round {self.round}")
         vector = np.asarray(msg.vector, dtype=np.float64)
@@ -363,6 +423,7 @@ class AgentCore:
             raise Rejected("non-finite", f"model from {msg.sender} has NaN or inf")
         slot = self._inbox.setdefault(at, {})
         if msg.sender in slot:
-            raise Rejected("duplicate", f"second model from {msg.sender} for round {msg.round} "
-                           f"step {msg.step}")
+            raise Rejected(
+                "duplicate", f"second model from {msg.sender} for round {msg.round} step {msg.step}"
+            )
         slot[msg.sender] = vector

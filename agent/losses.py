@@ -53,8 +53,15 @@ class LeastSquares:
     """J_p(w) = 1/N sum (d - u^T w)^2 + rho ||w||^2; full batch or per-round minibatches."""
 
     def __init__(
-        self, u: np.ndarray, d: np.ndarray, rho: float, *, batch: int | None = None,
-        key: tuple[int, int] = (0, 0), agent: int = 0, agents: int = 1,
+        self,
+        u: np.ndarray,
+        d: np.ndarray,
+        rho: float,
+        *,
+        batch: int | None = None,
+        key: tuple[int, int] = (0, 0),
+        agent: int = 0,
+        agents: int = 1,
     ) -> None:
         self.dim = u.shape[1]
         self.u, self.d, self.rho = u, d, rho

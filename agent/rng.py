@@ -46,18 +46,27 @@ def raw_row(
 ) -> np.ndarray:
     """The `width` raw words of one row of round `round_`'s table."""
     start = (round_ * rows + row) * _padded(width)
-    bitgen = np.random.Philox(key=np.array(key, dtype=np.uint64), counter=_counter(start, domain, step))
+    bitgen = np.random.Philox(
+        key=np.array(key, dtype=np.uint64), counter=_counter(start, domain, step)
+    )
     return bitgen.random_raw(width)
 
 
 def raw_block(
-    key: tuple[int, int], domain: Domain, step: int, first_round: int, rounds: int, rows: int,
+    key: tuple[int, int],
+    domain: Domain,
+    step: int,
+    first_round: int,
+    rounds: int,
+    rows: int,
     width: int,
 ) -> np.ndarray:
     """Rounds first_round .. first_round+rounds-1, shape (rounds, rows, width), drawn in one go."""
     padded = _padded(width)
     start = first_round * rows * padded
-    bitgen = np.random.Philox(key=np.array(key, dtype=np.uint64), counter=_counter(start, domain, step))
+    bitgen = np.random.Philox(
+        key=np.array(key, dtype=np.uint64), counter=_counter(start, domain, step)
+    )
     return bitgen.random_raw(rounds * rows * padded).reshape(rounds, rows, padded)[..., :width]
 
 

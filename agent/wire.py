@@ -34,6 +34,7 @@ import numpy as np
 
 from agent.control import (
     Abort,
+    Bye,
     Control,
     Failed,
     Finished,
@@ -88,7 +89,7 @@ _CONTROL_LIMITS = _Limits(max_str_len=64 * 1024, max_array_len=1 << 16, max_map_
 
 
 @dataclass(frozen=True, slots=True)
-class Kind:
+class _Kind:
     """One field type: `encode` gives a msgpack-able value, `decode` checks and rebuilds it."""
 
     encode: Callable[[Any], Any]
@@ -107,25 +108,25 @@ def _accept(_: object) -> None:
     """The default cross-field check: nothing more to check."""
 
 
-def _int(lo: int, hi: int, expected: str) -> Kind:
+def _int(lo: int, hi: int, expected: str) -> _Kind:
     def decode(value: Any, where: str) -> int:
         if type(value) is not int or not lo <= value < hi:  # bool is not an int here
             raise _schema(where, expected, value)
         return value
 
-    return Kind(int, decode)
+    return _Kind(int, decode)
 
 
-def _choice(options: tuple[int, ...], expected: str) -> Kind:
+def _choice(options: tuple[int, ...], expected: str) -> _Kind:
     def decode(value: Any, where: str) -> int:
         if type(value) is not int or value not in options:
             raise _schema(where, expected, value)
         return value
 
-    return Kind(int, decode)
+    return _Kind(int, decode)
 
 
-def _bytes(size: int | None = None) -> Kind:
+def _bytes(size: int | None = None) -> _Kind:
     expected = "bytes" if size is None else f"{size} bytes"
 
     def decode(value: Any, where: str) -> bytes:
@@ -133,7 +134,7 @@ def _bytes(size: int | None = None) -> Kind:
             raise _schema(where, expected, value)
         return value
 
-    return Kind(bytes, decode)
+    return _Kind(bytes, decode)
 
 
 def _str_decode(value: Any, where: str) -> str:
@@ -156,17 +157,17 @@ def _float_decode(value: Any, where: str) -> float:
     return value
 
 
-def _optional(kind: Kind) -> Kind:
+def _optional(kind: _Kind) -> _Kind:
     def encode(value: Any) -> Any:
         return None if value is None else kind.encode(value)
 
     def decode(value: Any, where: str) -> Any:
         return None if value is None else kind.decode(value, where)
 
-    return Kind(encode, decode)
+    return _Kind(encode, decode)
 
 
-def _tuple(item: Kind, length: int | None = None, *, distinct: bool = False) -> Kind:
+def _tuple(item: _Kind, length: int | None = None, *, distinct: bool = False) -> _Kind:
     expected = "a list" if length is None else f"a list of {length}"
 
     def encode(value: Any) -> list[Any]:
@@ -180,10 +181,10 @@ def _tuple(item: Kind, length: int | None = None, *, distinct: bool = False) -> 
             raise _schema(where, "distinct entries", value)
         return out
 
-    return Kind(encode, decode)
+    return _Kind(encode, decode)
 
 
-def _mapping(key: Kind, value: Kind) -> Kind:
+def _mapping(key: _Kind, value: _Kind) -> _Kind:
     def encode(mapping: Mapping[Any, Any]) -> dict[Any, Any]:
         return {key.encode(k): value.encode(v) for k, v in mapping.items()}
 
@@ -195,10 +196,10 @@ def _mapping(key: Kind, value: Kind) -> Kind:
             for k, v in raw.items()
         }
 
-    return Kind(encode, decode)
+    return _Kind(encode, decode)
 
 
-def _enum(cls: type[StrEnum]) -> Kind:
+def _enum(cls: type[StrEnum]) -> _Kind:
     values = tuple(e.value for e in cls)
 
     def decode(value: Any, where: str) -> StrEnum:
@@ -206,7 +207,7 @@ def _enum(cls: type[StrEnum]) -> Kind:
             raise _schema(where, f"one of {', '.join(values)}", value)
         return cls(value)
 
-    return Kind(lambda e: e.value, decode)
+    return _Kind(lambda e: e.value, decode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,15 +251,15 @@ def _check_vector(raw: _RawVector, dim: int, where: str) -> np.ndarray:
 
 
 @dataclass(frozen=True, slots=True)
-class Field:
+class _Field:
     """A dataclass field `name`, stored under map key `key`."""
 
     name: str
     key: str
-    kind: Kind
+    kind: _Kind
 
 
-def _fields(value: Any, fields: tuple[Field, ...], where: str) -> dict[str, Any]:
+def _fields(value: Any, fields: tuple[_Field, ...], where: str) -> dict[str, Any]:
     """Decode a map that must hold exactly `fields`, as keyword arguments by field name."""
     if type(value) is not dict:
         raise _schema(where, "a map", value)
@@ -275,11 +276,11 @@ def _fields(value: Any, fields: tuple[Field, ...], where: str) -> dict[str, Any]
     return {f.name: f.kind.decode(value[f.key], f"{where}.{f.key}") for f in fields}
 
 
-def _encode_fields(obj: Any, fields: tuple[Field, ...]) -> dict[str, Any]:
+def _encode_fields(obj: Any, fields: tuple[_Field, ...]) -> dict[str, Any]:
     return {f.key: f.kind.encode(getattr(obj, f.name)) for f in fields}
 
 
-def _record(cls: type, fields: tuple[Field, ...], check: Callable[[Any], None] = _accept) -> Kind:
+def _record(cls: type, fields: tuple[_Field, ...], check: Callable[[Any], None] = _accept) -> _Kind:
     """A nested dataclass; its own checks (ConfigError) and `check` become schema rejections."""
 
     def decode(value: Any, where: str) -> Any:
@@ -291,54 +292,54 @@ def _record(cls: type, fields: tuple[Field, ...], check: Callable[[Any], None] =
             raise Rejected("schema", f"{where}: {exc}") from exc
         return obj
 
-    return Kind(lambda obj: _encode_fields(obj, fields), decode)
+    return _Kind(lambda obj: _encode_fields(obj, fields), decode)
 
 
-def _named(*specs: tuple[str, Kind]) -> tuple[Field, ...]:
-    return tuple(Field(name, name, kind) for name, kind in specs)
+def _named(*specs: tuple[str, _Kind]) -> tuple[_Field, ...]:
+    return tuple(_Field(name, name, kind) for name, kind in specs)
 
 
-ID = _int(0, ID_LIMIT, "an agent id in [0, 2**32)")
-COUNT = _int(0, COUNT_LIMIT, "an integer in [0, 2**64)")
-POSITIVE = _int(1, ID_LIMIT, "an integer in [1, 2**32)")
-STEP = _choice(STEPS, f"a combine step in {STEPS}")
-SIDE = _choice((1, -1), "a side, +1 or -1")
-FLOAT = Kind(float, _float_decode)
-TEXT = Kind(str, _str_decode)
-BOOL = Kind(bool, _bool_decode)
-BLOB = _bytes()
-VECTOR = Kind(_vector_encode, _vector_decode)
+_ID = _int(0, ID_LIMIT, "an agent id in [0, 2**32)")
+_COUNT = _int(0, COUNT_LIMIT, "an integer in [0, 2**64)")
+_POSITIVE = _int(1, ID_LIMIT, "an integer in [1, 2**32)")
+_STEP = _choice(STEPS, f"a combine step in {STEPS}")
+_SIDE = _choice((1, -1), "a side, +1 or -1")
+_FLOAT = _Kind(float, _float_decode)
+_TEXT = _Kind(str, _str_decode)
+_BOOL = _Kind(bool, _bool_decode)
+_BLOB = _bytes()
+_VECTOR = _Kind(_vector_encode, _vector_decode)
 
 _VECTOR_FIELDS = (
-    Field("dtype", "dtype", TEXT),
-    Field("shape", "shape", _tuple(_int(0, COUNT_LIMIT, "a dimension"))),
-    Field("data", "data", BLOB),
+    _Field("dtype", "dtype", _TEXT),
+    _Field("shape", "shape", _tuple(_int(0, COUNT_LIMIT, "a dimension"))),
+    _Field("data", "data", _BLOB),
 )
 
 _STEP_PLAN = _record(
     StepPlan,
     _named(
-        ("step", STEP),
-        ("weights_in", _mapping(ID, FLOAT)),
-        ("weights_out", _mapping(ID, FLOAT)),
+        ("step", _STEP),
+        ("weights_in", _mapping(_ID, _FLOAT)),
+        ("weights_out", _mapping(_ID, _FLOAT)),
     ),
 )
 
 _AGENT_SPEC = _record(
     AgentSpec,
     _named(
-        ("agent", ID),
-        ("agents", POSITIVE),
-        ("dim", POSITIVE),
+        ("agent", _ID),
+        ("agents", _POSITIVE),
+        ("dim", _POSITIVE),
         ("steps", _tuple(_STEP_PLAN, len(STEPS))),
         ("scheme", _enum(Scheme)),
-        ("sigma_g", FLOAT),
-        ("mu", FLOAT),
-        ("rounds", COUNT),
-        ("noise_key", _tuple(COUNT, 2)),
-        ("session", BLOB),
+        ("sigma_g", _FLOAT),
+        ("mu", _FLOAT),
+        ("rounds", _COUNT),
+        ("noise_key", _tuple(_COUNT, 2)),
+        ("session", _BLOB),
         ("rekey", _enum(Rekey)),
-        ("w0", _tuple(FLOAT)),
+        ("w0", _tuple(_FLOAT)),
     ),
 )
 
@@ -355,15 +356,15 @@ def _check_problem(problem: RegressionSpec) -> None:
 _PROBLEM = _record(
     RegressionSpec,
     _named(
-        ("dim", POSITIVE),
-        ("samples", POSITIVE),
-        ("w_star", _tuple(FLOAT)),
-        ("r_u", _tuple(_tuple(FLOAT))),
-        ("noise_var", _tuple(FLOAT)),
-        ("rho", FLOAT),
-        ("seed", COUNT),
-        ("repeat", COUNT),
-        ("batch", _optional(POSITIVE)),
+        ("dim", _POSITIVE),
+        ("samples", _POSITIVE),
+        ("w_star", _tuple(_FLOAT)),
+        ("r_u", _tuple(_tuple(_FLOAT))),
+        ("noise_var", _tuple(_FLOAT)),
+        ("rho", _FLOAT),
+        ("seed", _COUNT),
+        ("repeat", _COUNT),
+        ("batch", _optional(_POSITIVE)),
     ),
     _check_problem,
 )
@@ -378,7 +379,7 @@ class _Schema:
 
     name: str
     cls: type
-    fields: tuple[Field, ...]
+    fields: tuple[_Field, ...]
     check: Callable[[Any], None] = _accept
 
 
@@ -398,56 +399,56 @@ _PEER_SCHEMAS = (
         "model",
         Model,
         (
-            Field("sender", "s", ID),
-            Field("receiver", "r", ID),
-            Field("round", "i", COUNT),
-            Field("step", "j", STEP),
-            Field("vector", "w", VECTOR),
+            _Field("sender", "s", _ID),
+            _Field("receiver", "r", _ID),
+            _Field("round", "i", _COUNT),
+            _Field("step", "j", _STEP),
+            _Field("vector", "w", _VECTOR),
         ),
     ),
     _Schema(
         "keyplan",
         KeyPlan,
         (
-            Field("sender", "s", ID),
-            Field("receiver", "r", ID),
-            Field("step", "j", STEP),
-            Field("side", "d", SIDE),
-            Field("partners", "p", _tuple(ID, distinct=True)),
+            _Field("sender", "s", _ID),
+            _Field("receiver", "r", _ID),
+            _Field("step", "j", _STEP),
+            _Field("side", "d", _SIDE),
+            _Field("partners", "p", _tuple(_ID, distinct=True)),
         ),
     ),
     _Schema(
         "keyshare",
         KeyShare,
         (
-            Field("sender", "s", ID),
-            Field("receiver", "r", ID),
-            Field("owner", "o", ID),
-            Field("hub", "h", ID),
-            Field("partner", "p", ID),
-            Field("step", "j", STEP),
-            Field("epoch", "e", COUNT),
-            Field("public", "k", _bytes(32)),
-            Field("signature", "g", _bytes(64)),
+            _Field("sender", "s", _ID),
+            _Field("receiver", "r", _ID),
+            _Field("owner", "o", _ID),
+            _Field("hub", "h", _ID),
+            _Field("partner", "p", _ID),
+            _Field("step", "j", _STEP),
+            _Field("epoch", "e", _COUNT),
+            _Field("public", "k", _bytes(32)),
+            _Field("signature", "g", _bytes(64)),
         ),
     ),
 )
 
-_COUNTS = _mapping(TEXT, COUNT)
+_COUNTS = _mapping(_TEXT, _COUNT)
 
 _CONTROL_SCHEMAS = (
     _Schema(
         "hello",
         Hello,
-        _named(("nonce", _bytes(16)), ("identity", _bytes(64)), ("requested_id", _optional(ID))),
+        _named(("nonce", _bytes(16)), ("identity", _bytes(64)), ("requested_id", _optional(_ID))),
     ),
     _Schema(
         "welcome",
         Welcome,
         _named(
             ("nonce", _bytes(16)),
-            ("agent", ID),
-            ("run", TEXT),
+            ("agent", _ID),
+            ("run", _TEXT),
             ("orchestrator_key", _bytes(32)),
         ),
     ),
@@ -457,38 +458,39 @@ _CONTROL_SCHEMAS = (
         _named(
             ("spec", _AGENT_SPEC),
             ("problem", _PROBLEM),
-            ("directory", _mapping(ID, _bytes(64))),
-            ("deadline", FLOAT),
-            ("telemetry", BOOL),
+            ("directory", _mapping(_ID, _bytes(64))),
+            ("deadline", _FLOAT),
+            ("telemetry", _BOOL),
         ),
         _check_setup,
     ),
-    _Schema("ready", Ready, _named(("agent", ID))),
+    _Schema("ready", Ready, _named(("agent", _ID))),
     _Schema("go", Go, ()),
-    _Schema("abort", Abort, _named(("reason", TEXT))),
+    _Schema("bye", Bye, ()),
+    _Schema("abort", Abort, _named(("reason", _TEXT))),
     _Schema(
         "telemetry",
         Telemetry,
-        (Field("agent", "a", ID), Field("round", "i", COUNT), Field("sealed", "x", BLOB)),
+        (_Field("agent", "a", _ID), _Field("round", "i", _COUNT), _Field("sealed", "x", _BLOB)),
     ),
     _Schema(
         "finished",
         Finished,
         _named(
-            ("agent", ID),
+            ("agent", _ID),
             ("rejected", _COUNTS),
             ("bytes", _COUNTS),
             ("messages", _COUNTS),
-            ("wall", FLOAT),
+            ("wall", _FLOAT),
         ),
     ),
-    _Schema("failed", Failed, _named(("agent", ID), ("reason", TEXT))),
+    _Schema("failed", Failed, _named(("agent", _ID), ("reason", _TEXT))),
 )
 
 _REPORT = _Schema(
     "report",
     Report,
-    (Field("sender", "s", ID), Field("round", "i", COUNT), Field("w", "w", VECTOR)),
+    (_Field("sender", "s", _ID), _Field("round", "i", _COUNT), _Field("w", "w", _VECTOR)),
 )
 
 _PEER = {s.name: s for s in _PEER_SCHEMAS}
@@ -584,12 +586,12 @@ def _open(
 
 
 def _build(opened: _Opened, dim: int | None = None) -> Any:
-    fields = opened.fields
-    name = opened.schema.name
-    for key, value in fields.items():
-        if isinstance(value, _RawVector):
-            assert dim is not None, "a schema with a vector needs a dim"
-            fields[key] = _check_vector(value, dim, f"{name}.{key}")
+    """The message, once its vectors (now authenticated) and cross-field checks pass."""
+    name, fields = opened.schema.name, dict(opened.fields)
+    for field in opened.schema.fields:
+        if field.kind is _VECTOR:
+            assert dim is not None, f"{name} carries a vector, so decoding it needs a dim"
+            fields[field.name] = _check_vector(fields[field.name], dim, f"{name}.{field.key}")
     msg = opened.schema.cls(**fields)
     try:
         opened.schema.check(msg)

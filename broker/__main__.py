@@ -17,7 +17,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         acl = acl_file(args.agents, args.acl_run) if args.acl_run else None
         with launch(args.kind, acl=acl) as broker:
-            print(f"{broker.kind} broker listening on {broker.address} (Ctrl-C stops it)", flush=True)
+            print(
+                f"{broker.kind} broker listening on {broker.address} (Ctrl-C stops it)", flush=True
+            )
             signal.pause()
     except KeyboardInterrupt:
         pass

@@ -6,11 +6,16 @@ Every topic lives under `privnet/<run>/`, and the agent-to-agent topic names bot
 """
 
 import re
+import socket
 from typing import Literal
 
 PREFIX = "privnet"
+NODELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
+"""aiomqtt socket_options for every privnet client: rounds are latency-bound, not bandwidth-bound."""
 MAX_PACKET_SIZE = 1 << 20
-"""Largest MQTT packet the brokers accept (mosquitto's `max_packet_size`); bigger is dropped."""
+"""mosquitto's `max_packet_size`: every packet of at most this many bytes gets through.
+
+(mosquitto compares remaining length + 1 with it, so packets up to 3 bytes longer may too.)"""
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _PEER = re.compile(rf"{PREFIX}/([A-Za-z0-9._-]{{1,64}})/to/(0|[1-9][0-9]*)/from/(0|[1-9][0-9]*)")

@@ -44,8 +44,10 @@ class ExperimentConfig:
             (self.iters >= 1, f"iters must be >= 1, got {self.iters}"),
             (self.repeats >= 1, f"repeats must be >= 1, got {self.repeats}"),
             (self.mu > 0 and math.isfinite(self.mu), f"mu must be > 0, got {self.mu}"),
-            (self.sigma_g2 >= 0 and math.isfinite(self.sigma_g2),
-             f"sigma_g2 must be >= 0, got {self.sigma_g2}"),
+            (
+                self.sigma_g2 >= 0 and math.isfinite(self.sigma_g2),
+                f"sigma_g2 must be >= 0, got {self.sigma_g2}",
+            ),
             (self.rho >= 0, f"rho must be >= 0, got {self.rho}"),
             (self.batch is None or self.batch >= 1, f"batch must be >= 1, got {self.batch}"),
             (bool(self.strategies), "choose at least one strategy"),
@@ -79,7 +81,9 @@ def parse_choices(value: str | list[str] | tuple[str, ...], kind: type) -> tuple
         return tuple(kind(n.strip()) for n in names)
     except ValueError:
         valid = ", ".join(str(k) for k in kind)
-        raise ConfigError(f"unknown {kind.__name__.lower()} in {value!r}; choose from: {valid}, all")
+        raise ConfigError(
+            f"unknown {kind.__name__.lower()} in {value!r}; choose from: {valid}, all"
+        )
 
 
 def with_overrides(config: ExperimentConfig, overrides: dict[str, Any]) -> ExperimentConfig:
@@ -90,7 +94,9 @@ def with_overrides(config: ExperimentConfig, overrides: dict[str, Any]) -> Exper
             continue
         key = key.replace("-", "_")
         if key not in _FIELDS:
-            raise ConfigError(f"unknown setting {key!r}; valid settings: {', '.join(sorted(_FIELDS))}")
+            raise ConfigError(
+                f"unknown setting {key!r}; valid settings: {', '.join(sorted(_FIELDS))}"
+            )
         if key == "strategies":
             value = parse_choices(value, Strategy)
         elif key == "schemes":

@@ -8,8 +8,14 @@ from agent.losses import RegressionSpec, regression_data
 
 
 def draw_problem(
-    seed: int, agents: int, *, repeat: int = 0, dim: int = 2, samples: int = 100,
-    rho: float = 0.01, batch: int | None = None,
+    seed: int,
+    agents: int,
+    *,
+    repeat: int = 0,
+    dim: int = 2,
+    samples: int = 100,
+    rho: float = 0.01,
+    batch: int | None = None,
 ) -> RegressionSpec:
     """Random w*, a random SPD R_u (eigenvalues in [0.1, 0.5]) and non-iid noise variances."""
     seq = np.random.SeedSequence(entropy=seed, spawn_key=(repeat, 0))
@@ -20,9 +26,15 @@ def draw_problem(
     r_u = (r_u + r_u.T) / 2
     noise_var = gen.uniform(0.1, 1.0, agents)
     return RegressionSpec(
-        dim=dim, samples=samples, w_star=tuple(w_star.tolist()),
-        r_u=tuple(tuple(row) for row in r_u.tolist()), noise_var=tuple(noise_var.tolist()),
-        rho=rho, seed=seed, repeat=repeat, batch=batch,
+        dim=dim,
+        samples=samples,
+        w_star=tuple(w_star.tolist()),
+        r_u=tuple(tuple(row) for row in r_u.tolist()),
+        noise_var=tuple(noise_var.tolist()),
+        rho=rho,
+        seed=seed,
+        repeat=repeat,
+        batch=batch,
     )
 
 

@@ -22,14 +22,20 @@ from orchestrator.report import Curve
 from orchestrator.specs import agent_specs
 
 
-def build_cores(problem: Problem, strategy: Strategy, scheme: Scheme, repeat: int) -> list[AgentCore]:
+def build_cores(
+    problem: Problem, strategy: Strategy, scheme: Scheme, repeat: int
+) -> list[AgentCore]:
     specs = agent_specs(problem, strategy, scheme, repeat=repeat)
     problem_spec = problem.spec(repeat)
     identities = [keys.Identity.generate() for _ in specs]
     directory = {p: ident.public for p, ident in enumerate(identities)}
     return [
-        AgentCore(spec, LeastSquares.from_spec(problem_spec, spec.agent, spec.agents),
-                  identities[spec.agent], directory)
+        AgentCore(
+            spec,
+            LeastSquares.from_spec(problem_spec, spec.agent, spec.agents),
+            identities[spec.agent],
+            directory,
+        )
         for spec in specs
     ]
 
@@ -64,7 +70,9 @@ def run_once(problem: Problem, strategy: Strategy, scheme: Scheme, repeat: int) 
 
 
 def run_memory(
-    problem: Problem, strategies=None, schemes=None,
+    problem: Problem,
+    strategies=None,
+    schemes=None,
     progress: Callable[[int], None] | None = None,
 ) -> list[Curve]:
     """Every strategy x scheme x repeat through the real cores; one Curve per pair."""

@@ -20,6 +20,7 @@ read the same table (off-diagonal and diagonal), drawn once per repeat in chunks
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from time import perf_counter
@@ -28,15 +29,19 @@ import numpy as np
 
 from agent import rng
 from agent.losses import regression_data
-from agent.spec import STEPS, ConfigError, Scheme, Strategy
+from agent.spec import ConfigError, Scheme, Strategy
 from orchestrator.problem import Problem
 from orchestrator.report import Curve
 
 CHUNK = 100  # rounds of noise and minibatch indices drawn at once; bounds memory
 
 # The distinct recursions: local-ghp is computed as none.
-_LANE = {Scheme.NONE: Scheme.NONE, Scheme.LOCAL_GHP: Scheme.NONE,
-         Scheme.RANDOM: Scheme.RANDOM, Scheme.GHP: Scheme.GHP}
+_LANE = {
+    Scheme.NONE: Scheme.NONE,
+    Scheme.LOCAL_GHP: Scheme.NONE,
+    Scheme.RANDOM: Scheme.RANDOM,
+    Scheme.GHP: Scheme.GHP,
+}
 
 
 def run_oracle(
@@ -108,16 +113,11 @@ class _Combine:
 
     def spread(self, edge: np.ndarray, own: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Weighted sums per receiver, (..., E, M) and (..., P, M) -> (..., P, M) each."""
-        return _mix(self.spread_random, edge), _mix(self.spread_ghp, own)
+        return self.spread_random @ edge, self.spread_ghp @ own
 
     def __call__(self, x: np.ndarray, noise: np.ndarray | None) -> np.ndarray:
         mixed = (self.a_t @ x.reshape(x.shape[0], -1)).reshape(x.shape)
         return mixed if noise is None else mixed + noise
-
-
-def _mix(weights: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """weights @ x over axis -2 of x, as one matrix product (not one per leading index)."""
-    return np.moveaxis(np.tensordot(weights, x, axes=(1, -2)), 0, -2)
 
 
 class _FullBatch:
@@ -187,8 +187,10 @@ def _full_batch(problem: Problem) -> _FullBatch:
 
 def _minibatch(problem: Problem) -> _Minibatch:
     config = problem.config
-    data = [[regression_data(problem.spec(r), p) for r in range(config.repeats)]
-            for p in range(config.agents)]
+    data = [
+        [regression_data(problem.spec(r), p) for r in range(config.repeats)]
+        for p in range(config.agents)
+    ]
     u = np.array([[ud[0] for ud in row] for row in data])
     d = np.array([[ud[1] for ud in row] for row in data])
     return _Minibatch(problem, u, d, _batch(problem))
@@ -202,35 +204,52 @@ def _run_strategy(
     agents, repeats, dim, iters = config.agents, config.repeats, config.dim, config.iters
     matrices = problem.matrices(strategy)
     eye = np.eye(agents)
-    combines = {j: _Combine.of(j, matrices[j]) for j in STEPS if not np.array_equal(matrices[j], eye)}
+    combines = {j: _Combine.of(j, a) for j, a in enumerate(matrices) if not np.array_equal(a, eye)}
     noisy = config.sigma_g > 0 and any(lane is not Scheme.NONE for lane in lanes)
     keys = [rng.run_key(config.seed, r) for r in range(repeats)]
-    w_opt = problem.w_opt[None, None, :, None, :]  # against (rounds, P, R, S, M)
     centroid = np.empty((len(lanes), repeats, iters))
     avg = np.empty_like(centroid)
     w = np.zeros((agents, repeats, len(lanes), dim))
-    for first in range(1, iters + 1, CHUNK):
-        rounds = min(CHUNK, iters + 1 - first)
-        grads.load(first, rounds)
-        noise = {j: _noise(c, keys, first, rounds, lanes, dim, config.sigma_g) if noisy else None
-                 for j, c in combines.items()}
-        history = np.empty((rounds, *w.shape))
-        for t in range(rounds):
-            phi = _apply(combines, noise, 1, w, t)
-            psi = _apply(combines, noise, 0, phi, t) - config.mu * grads(phi, t)
-            w = _apply(combines, noise, 2, psi, t)
-            history[t] = w
-        w_c = np.tensordot(problem.q, history, axes=(0, 1))  # (rounds, R, S, M)
-        window = slice(first - 1, first - 1 + rounds)
-        centroid[:, :, window] = np.sum((w_c - w_opt[:, 0]) ** 2, axis=-1).transpose(2, 1, 0)
-        err = np.sum((history - w_opt) ** 2, axis=-1)
-        avg[:, :, window] = np.mean(err, axis=1).transpose(2, 1, 0)
+    with np.errstate(over="ignore", invalid="ignore"):  # divergence is reported once, below
+        for first in range(1, iters + 1, CHUNK):
+            rounds = min(CHUNK, iters + 1 - first)
+            grads.load(first, rounds)
+            noise = {
+                j: _noise(c, keys, first, rounds, lanes, dim, config.sigma_g) if noisy else None
+                for j, c in combines.items()
+            }
+            history = np.empty((rounds, *w.shape))
+            for t in range(rounds):
+                phi = _apply(combines, noise, 1, w, t)
+                psi = _apply(combines, noise, 0, phi, t) - config.mu * grads(phi, t)
+                w = _apply(combines, noise, 2, psi, t)
+                history[t] = w
+            window = slice(first - 1, first - 1 + rounds)
+            centroid[..., window], avg[..., window] = _msd(history, problem.q, problem.w_opt)
+    if not np.all(np.isfinite(avg)):
+        warnings.warn(
+            f"{strategy}: the models diverged (MSD overflowed) with mu = {config.mu}; "
+            "lower mu until the recursion is stable",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return centroid, avg
 
 
+def _msd(history: np.ndarray, q: np.ndarray, w_opt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Models (rounds, P, R, S, M) -> centroid and average MSD, each (S, R, rounds)."""
+    w_c = np.tensordot(q, history, axes=(0, 1))  # (rounds, R, S, M)
+    centroid = np.sum((w_c - w_opt[:, None, :]) ** 2, axis=-1)
+    avg = np.mean(np.sum((history - w_opt[:, None, :]) ** 2, axis=-1), axis=1)
+    return centroid.transpose(2, 1, 0), avg.transpose(2, 1, 0)
+
+
 def _apply(
-    combines: dict[int, _Combine], noise: dict[int, np.ndarray | None], step: int,
-    x: np.ndarray, t: int,
+    combines: dict[int, _Combine],
+    noise: dict[int, np.ndarray | None],
+    step: int,
+    x: np.ndarray,
+    t: int,
 ) -> np.ndarray:
     """Combine step `step` of round t of the chunk; an identity step returns x itself."""
     if step not in combines:
@@ -240,8 +259,13 @@ def _apply(
 
 
 def _noise(
-    combine: _Combine, keys: list[tuple[int, int]], first_round: int, rounds: int,
-    lanes: tuple[Scheme, ...], dim: int, sigma_g: float,
+    combine: _Combine,
+    keys: list[tuple[int, int]],
+    first_round: int,
+    rounds: int,
+    lanes: tuple[Scheme, ...],
+    dim: int,
+    sigma_g: float,
 ) -> np.ndarray:
     """The noise each receiver adds in step combine.step, (rounds, P, R, S, M).
 
@@ -251,8 +275,9 @@ def _noise(
     agents = combine.a_t.shape[0]
     out = np.zeros((rounds, agents, len(keys), len(lanes), dim))
     for r, key in enumerate(keys):
-        raw = rng.raw_block(key, rng.Domain.NOISE, combine.step, first_round, rounds, agents,
-                            agents * dim)
+        raw = rng.raw_block(
+            key, rng.Domain.NOISE, combine.step, first_round, rounds, agents, agents * dim
+        )
         edge, own = combine.gather(raw.reshape(rounds, agents, agents, dim))
         random, ghp = combine.spread(*(rng.laplace(rng.uniforms(x), sigma_g) for x in (edge, own)))
         for s, lane in enumerate(lanes):
@@ -268,7 +293,8 @@ def _choices(values: Iterable, kind: type) -> tuple:
         chosen = tuple(kind(v) for v in values)
     except ValueError:
         valid = ", ".join(str(k) for k in kind)
-        raise ConfigError(f"unknown {kind.__name__.lower()} in {values!r}; choose from: {valid}")
+        name = kind.__name__.lower()
+        raise ConfigError(f"unknown {name} in {values!r}; choose from: {valid}") from None
     if not chosen:
         raise ConfigError(f"choose at least one {kind.__name__.lower()}")
     return chosen

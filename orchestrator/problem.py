@@ -49,7 +49,9 @@ class Problem:
     @cached_property
     def w_opt(self) -> np.ndarray:
         """w^o per repeat, shape (repeats, M)."""
-        return np.stack([global_minimizer(self.spec(r), self.config.agents) for r in range(self.config.repeats)])
+        return np.stack(
+            [global_minimizer(self.spec(r), self.config.agents) for r in range(self.config.repeats)]
+        )
 
     def moments(self, repeat: int) -> tuple[np.ndarray, np.ndarray]:
         return local_moments(self.spec(repeat), self.config.agents)

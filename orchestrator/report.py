@@ -27,6 +27,7 @@ from rich.table import Table
 
 METRICS_HEADER = ("strategy", "scheme", "repeat", "iter", "msd_centroid", "msd_avg")
 DPI = 120
+UNIFORM_Q_RTOL = 1e-9  # q entries closer than this (relative) are drawn as uniform
 
 # The paper's Fig. 3: columns consensus, ATC, CTA; blue / yellow / red curves, plus local-ghp.
 STRATEGY_ORDER = ("consensus", "atc", "cta")
@@ -259,15 +260,18 @@ def plot_topology(graph: nx.Graph, path: Path, q: np.ndarray | None = None) -> N
     fig = Figure(figsize=(9, 8), dpi=DPI, layout="constrained")
     ax = fig.subplots()
     nx.draw_networkx_edges(plain, pos, ax=ax, edge_color="0.6", width=1.0)
-    if q is None:
+    weights = None if q is None else _check_q(q, len(nodes))
+    if weights is None or np.ptp(weights) <= UNIFORM_Q_RTOL * weights.max():
+        # No q, or a doubly-stochastic A (q = 1/P): colouring by float noise would mislead.
         colors = np.tile(to_rgba("tab:blue"), (len(nodes), 1))
         sizes = np.full(len(nodes), 320.0)
+        note = "" if weights is None else f", uniform $q_p = 1/{len(nodes)}$"
     else:
-        weights = _check_q(q, len(nodes))
         mappable = ScalarMappable(Normalize(weights.min(), weights.max()), "viridis")
         colors = mappable.to_rgba(weights)
         sizes = 200 + 600 * weights / weights.max()
         fig.colorbar(mappable, ax=ax, shrink=0.8, label="Perron weight $q_p$ (colour and size)")
+        note = ""
     nx.draw_networkx_nodes(
         plain, pos, nodelist=nodes, ax=ax, node_color=colors, node_size=sizes, edgecolors="white"
     )
@@ -282,7 +286,8 @@ def plot_topology(graph: nx.Graph, path: Path, q: np.ndarray | None = None) -> N
             zorder=3,
         )
     mean_degree = 2 * edges / len(nodes)
-    ax.set_title(f"P = {len(nodes)} agents, {edges} edges, mean degree {mean_degree:.2f}")
+    ax.set_title(f"P = {len(nodes)} agents, {edges} edges, mean degree {mean_degree:.2f}{note}")
+    ax.set_aspect("equal")
     ax.set_axis_off()
     fig.savefig(path, dpi=DPI)
 

@@ -19,7 +19,11 @@ def step_plans(A_j: np.ndarray, step: int, agent: int) -> StepPlan:
 
 
 def agent_specs(
-    problem: Problem, strategy: Strategy, scheme: Scheme, *, repeat: int = 0,
+    problem: Problem,
+    strategy: Strategy,
+    scheme: Scheme,
+    *,
+    repeat: int = 0,
     session: bytes | None = None,
 ) -> list[AgentSpec]:
     """One AgentSpec per agent; every agent of a run shares the session id and noise key."""
@@ -30,10 +34,17 @@ def agent_specs(
     key = rng.run_key(c.seed, repeat)
     return [
         AgentSpec(
-            agent=p, agents=c.agents, dim=c.dim,
+            agent=p,
+            agents=c.agents,
+            dim=c.dim,
             steps=tuple(step_plans(by_step[j], j, p) for j in STEPS),  # type: ignore[arg-type]
-            scheme=scheme, sigma_g=c.sigma_g, mu=c.mu, rounds=c.iters, noise_key=key,
-            session=session, rekey=c.rekey,
+            scheme=scheme,
+            sigma_g=c.sigma_g,
+            mu=c.mu,
+            rounds=c.iters,
+            noise_key=key,
+            session=session,
+            rekey=c.rekey,
         )
         for p in range(c.agents)
     ]

@@ -284,8 +284,11 @@ def validate(
     zero = [m for m in range(agents) if a[m, m] <= 0]
     if zero:
         # The agent core keeps its own term in every combination, so all schemes need it.
-        why = "ghp's self-term needs a_mm > 0" if scheme is Scheme.GHP else (
-            "privnet's agents always keep a share of their own model (a_mm > 0)")
+        why = (
+            "ghp's self-term needs a_mm > 0"
+            if scheme is Scheme.GHP
+            else ("privnet's agents always keep a share of their own model (a_mm > 0)")
+        )
         raise ConfigError(
             f"a_mm = 0 for agents {zero}: {why}; use metropolis or averaging, or give "
             f"agent {zero[0]} a self weight"

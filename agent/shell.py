@@ -1,0 +1,290 @@
+"""The agent's asyncio shell: binds the pure core to an MQTT broker through aiomqtt.
+
+Everything protocol-related happens in `core.AgentCore`; this module only registers,
+decodes, counts bytes, seals telemetry and publishes what the core returns.
+
+Life of an agent: Hello -> Welcome + Setup (on its registration topic) -> subscribe to
+its inbox -> Ready -> Go -> rounds -> Finished; then either another Setup (next session)
+or Bye. A neighbour silent past the deadline ends the agent with a message naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import aiomqtt
+
+from agent import control, keys, wire
+from agent.core import AgentCore
+from agent.losses import LeastSquares
+from agent.messages import Message, Rejected, Report
+from broker import topics
+from broker.launcher import BrokerAddress
+
+log = logging.getLogger("privnet.agent")
+
+QOS = 1  # at-least-once: a lost model would stall the round; the core drops duplicates
+REGISTER_TIMEOUT = 120.0
+
+
+class AgentFailure(Exception):
+    """The agent cannot go on (silent neighbour, forged key, bad setup)."""
+
+
+@dataclass
+class Traffic:
+    """MQTT bytes and messages this agent published, by category (PUBLISH packet sizes)."""
+
+    bytes: Counter[str] = field(default_factory=Counter)
+    messages: Counter[str] = field(default_factory=Counter)
+
+    def add(self, category: str, topic: str, payload: bytes) -> None:
+        self.bytes[category] += topics.mqtt_publish_size(topic, len(payload), QOS)
+        self.messages[category] += 1
+
+
+@dataclass
+class Session:
+    """One run of the rounds: the core plus what the shell needs around it."""
+
+    setup: control.Setup
+    core: AgentCore
+    link_keys: dict[int, bytes]
+    orchestrator_key: bytes
+    started: float = field(default_factory=time.perf_counter)
+
+
+class AgentShell:
+    def __init__(self, client: aiomqtt.Client, run: str, requested_id: int | None) -> None:
+        self.client, self.run = client, run
+        self.requested_id = requested_id
+        self.identity = keys.Identity.generate()
+        self.nonce = secrets.token_bytes(16)
+        self.me: int | None = None
+        self.orchestrator_key = b""
+        self.session: Session | None = None
+        self.early: list[aiomqtt.Message] = []  # peer messages that beat our Go
+        self.running = False
+        self.traffic = Traffic()
+        self.rejected: Counter[str] = Counter()
+
+    # ---- publishing -------------------------------------------------------------------
+
+    async def _publish(self, topic: str, payload: bytes, category: str) -> None:
+        self.traffic.add(category, topic, payload)
+        await self.client.publish(topic, payload, qos=QOS)
+
+    async def _control(self, msg: control.Control) -> None:
+        assert self.me is not None
+        await self._publish(
+            topics.ctl_up(self.run, self.me), wire.encode_control(msg), wire.category(msg)
+        )
+
+    async def _emit(self, messages: list[Message]) -> None:
+        """Publish what the core produced: peer messages MACed, reports sealed."""
+        assert self.session is not None and self.me is not None
+        sends = []
+        for msg in messages:
+            if isinstance(msg, Report):
+                if not self.session.setup.telemetry:
+                    continue
+                sealed = keys.seal(
+                    self.session.orchestrator_key,
+                    wire.encode_report(msg),
+                    telemetry_context(self.run, self.me, msg.round),
+                )
+                payload = wire.encode_control(control.Telemetry(self.me, msg.round, sealed))
+                sends.append(
+                    self._publish(topics.telemetry(self.run, self.me), payload, "telemetry")
+                )
+            else:
+                payload = wire.encode_peer(msg, self.session.link_keys[msg.receiver])
+                topic = topics.peer_topic(self.run, msg.receiver, self.me)
+                sends.append(self._publish(topic, payload, wire.category(msg)))
+        await asyncio.gather(*sends)
+
+    # ---- lifecycle --------------------------------------------------------------------
+
+    async def register(self) -> None:
+        nonce = self.nonce.hex()
+        await self.client.subscribe(topics.register_down(self.run, nonce), qos=QOS)
+        hello = control.Hello(self.nonce, self.identity.public.to_bytes(), self.requested_id)
+        payload = wire.encode_control(hello)
+        self.traffic.add("control", topics.register_up(self.run, nonce), payload)
+        await self.client.publish(topics.register_up(self.run, nonce), payload, qos=QOS)
+
+    async def serve(self) -> int:
+        """Handle messages until Bye (0) or a failure; returns the process exit code."""
+        messages = self.client.messages
+        while True:
+            timeout = self._timeout()
+            try:
+                message = await asyncio.wait_for(anext(messages), timeout)
+            except TimeoutError:
+                raise AgentFailure(self._silence(timeout)) from None
+            done = await self._dispatch(message)
+            if done:
+                return 0
+
+    def _timeout(self) -> float | None:
+        if self.session is None:
+            return REGISTER_TIMEOUT if self.me is None else None
+        return self.session.setup.deadline if self.running else None
+
+    def _silence(self, timeout: float | None) -> str:
+        if self.me is None:
+            return f"no answer to registration within {timeout:.0f} s: is the orchestrator running?"
+        assert self.session is not None
+        core = self.session.core
+        return (
+            f"agent {self.me}: nothing received for {timeout:.0f} s in round {core.round}; "
+            f"waiting for agents {core.waiting_for()} (crashed or disconnected?)"
+        )
+
+    async def _dispatch(self, message: aiomqtt.Message) -> bool:
+        topic = message.topic.value
+        payload = bytes(message.payload) if isinstance(message.payload, bytes | bytearray) else b""
+        peer = topics.parse_peer_topic(topic)
+        if peer is not None:
+            if self.running:
+                await self._on_peer(peer[2], payload)
+            else:
+                self.early.append(message)
+            return False
+        try:
+            msg = wire.decode_control(payload)
+        except Rejected as exc:
+            self._count(exc, topic)
+            return False
+        return await self._on_control(msg)
+
+    async def _on_control(self, msg: control.Control) -> bool:
+        match msg:
+            case control.Welcome(nonce=nonce) if nonce == self.nonce:
+                self.me, self.orchestrator_key = msg.agent, msg.orchestrator_key
+            case control.Setup():
+                await self._on_setup(msg)
+            case control.Go() if self.session is not None and not self.running:
+                await self._start()
+            case control.Abort(reason=reason):
+                raise AgentFailure(f"aborted by the orchestrator: {reason}")
+            case control.Bye():
+                return True
+            case _:
+                log.debug("ignoring %s", type(msg).__name__)
+        return False
+
+    async def _on_setup(self, setup: control.Setup) -> None:
+        if self.me is None or setup.spec.agent != self.me:
+            raise AgentFailure(f"setup for agent {setup.spec.agent} reached agent {self.me}")
+        directory = {m: keys.PublicIdentity.from_bytes(b) for m, b in setup.directory.items()}
+        spec = setup.spec
+        loss = LeastSquares.from_spec(setup.problem, spec.agent, spec.agents)
+        core = AgentCore(spec, loss, self.identity, directory)
+        link_keys = {
+            m: keys.link_key(self.identity, pub, spec.session, self.me, m)
+            for m, pub in directory.items()
+            if m != self.me
+        }
+        first = self.session is None
+        self.session = Session(setup, core, link_keys, self.orchestrator_key)
+        self.rejected.clear()
+        self.traffic = Traffic()
+        if first:
+            await self.client.subscribe(topics.inbox_filter(self.run, self.me), qos=QOS)
+            await self.client.subscribe(topics.ctl_down(self.run, self.me), qos=QOS)
+            await self.client.subscribe(topics.ctl_down(self.run, "all"), qos=QOS)
+        await self._control(control.Ready(self.me))
+
+    async def _start(self) -> None:
+        assert self.session is not None
+        self.running = True
+        self.session.started = time.perf_counter()
+        await self._emit(self.session.core.start())
+        early, self.early = self.early, []
+        for message in early:
+            await self._dispatch(message)
+        await self._maybe_finish()
+
+    async def _on_peer(self, sender: int, payload: bytes) -> None:
+        assert self.session is not None and self.me is not None
+        core = self.session.core
+        try:
+            msg = wire.decode_peer(
+                payload,
+                receiver=self.me,
+                topic_sender=sender,
+                dim=core.spec.dim,
+                link_keys=self.session.link_keys,
+            )
+        except Rejected as exc:
+            self._count(exc, f"from agent {sender}")
+            return
+        try:
+            out = core.receive(msg)  # counts its own rejections
+        except Rejected as exc:
+            log.warning("rejected message from agent %s: %s", sender, exc)
+            return
+        except keys.BadKey as exc:
+            raise AgentFailure(f"agent {self.me}: {exc}") from exc
+        await self._emit(out)
+        await self._maybe_finish()
+
+    async def _maybe_finish(self) -> None:
+        assert self.session is not None and self.me is not None
+        if not self.session.core.done:
+            return
+        self.running = False
+        rejected = Counter(self.session.core.counters.rejected) + self.rejected
+        finished = control.Finished(
+            agent=self.me,
+            rejected=dict(rejected),
+            bytes=dict(self.traffic.bytes),
+            messages=dict(self.traffic.messages),
+            wall=time.perf_counter() - self.session.started,
+        )
+        await self._control(finished)
+
+    def _count(self, exc: Rejected, where: str) -> None:
+        self.rejected[exc.reason] += 1
+        log.warning("rejected message %s: %s", where, exc)
+
+
+def telemetry_context(run: str, agent: int, round_: int) -> bytes:
+    """Associated data of a sealed report: binds it to its run, agent and round."""
+    return f"privnet/telemetry/{run}/{agent}/{round_}".encode()
+
+
+async def run_agent(broker: BrokerAddress, run: str, requested_id: int | None = None) -> int:
+    """Connect, register, serve sessions until Bye. Returns the exit code."""
+    try:
+        async with aiomqtt.Client(
+            broker.host,
+            broker.port,
+            max_inflight_messages=200,
+            socket_options=topics.NODELAY,
+            keepalive=30,
+        ) as client:
+            shell = AgentShell(client, run, requested_id)
+            await shell.register()
+            try:
+                return await shell.serve()
+            except AgentFailure as exc:
+                log.error("%s", exc)
+                if shell.me is not None:  # tell the orchestrator why before leaving
+                    failed = control.Failed(shell.me, str(exc))
+                    await client.publish(
+                        topics.ctl_up(run, shell.me),
+                        wire.encode_control(failed),
+                        qos=QOS,
+                        timeout=5,
+                    )
+                return 2
+    except aiomqtt.MqttError as exc:
+        log.error("agent %s: lost the broker at %s: %s", requested_id, broker, exc)
+        return 3

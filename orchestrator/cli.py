@@ -1,0 +1,233 @@
+"""`privnet`: simulate, reproduce the paper, run on a real network."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from agent.spec import ConfigError, Rekey, Scheme, Strategy
+from orchestrator import config as configuration
+from orchestrator.config import ExperimentConfig
+from orchestrator.problem import Problem
+from orchestrator.report import Curve, results_table, write_outputs
+from orchestrator.topology import RULES, TOPOLOGIES
+
+console = Console(stderr=True)
+EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
+
+
+def _experiment_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="TOML experiment file (see experiments/)")
+    parser.add_argument(
+        "--strategy", dest="strategies", help="consensus|cta|atc|all or a comma list"
+    )
+    parser.add_argument(
+        "--scheme", dest="schemes", help="none|random|ghp|local-ghp|all or a comma list"
+    )
+    parser.add_argument("--agents", type=int)
+    parser.add_argument("--iters", type=int, help="rounds (iterations)")
+    parser.add_argument("--repeats", type=int)
+    parser.add_argument("--mu", type=float, help="step size")
+    parser.add_argument("--sigma-g2", dest="sigma_g2", type=float, help="noise variance sigma_g^2")
+    parser.add_argument("--rule", choices=RULES)
+    parser.add_argument("--matrix", help="a user-given combination matrix (.npy or text)")
+    parser.add_argument("--topology", choices=TOPOLOGIES)
+    parser.add_argument("--radius", type=float, help="random geometric graph radius")
+    parser.add_argument("--edges", help="edge-list file for --topology file")
+    parser.add_argument("--batch", type=int, help="minibatch size (default: full batch)")
+    parser.add_argument("--rekey", choices=[str(r) for r in Rekey])
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--out", type=Path, help="output directory (default runs/<name>-<time>)")
+
+
+OVERRIDES = (
+    "strategies",
+    "schemes",
+    "agents",
+    "iters",
+    "repeats",
+    "mu",
+    "sigma_g2",
+    "rule",
+    "matrix",
+    "topology",
+    "radius",
+    "edges",
+    "batch",
+    "rekey",
+    "seed",
+)
+
+
+def experiment(args: argparse.Namespace, base: ExperimentConfig | None = None) -> ExperimentConfig:
+    config = configuration.load(args.config) if args.config else (base or ExperimentConfig())
+    return configuration.with_overrides(config, {k: getattr(args, k) for k in OVERRIDES})
+
+
+def out_dir(args: argparse.Namespace, config: ExperimentConfig, command: str) -> Path:
+    out = args.out or Path("runs") / f"{command}-{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def settings(config: ExperimentConfig, engine: str) -> dict[str, Any]:
+    return {
+        "rule": config.rule,
+        "mu": config.mu,
+        "sigma_g2": config.sigma_g2,
+        "agents": config.agents,
+        "iters": config.iters,
+        "repeats": config.repeats,
+        "topology": config.topology,
+        "rekey": str(config.rekey),
+        "engine": engine,
+    }
+
+
+def finish(
+    out: Path,
+    config: ExperimentConfig,
+    problem: Problem,
+    curves: list[Curve],
+    engine: str,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    summary = write_outputs(
+        out,
+        {**config.to_dict(), **(extra or {})},
+        curves,
+        settings(config, engine),
+        graph=problem.graph,
+        q=problem.q,
+    )
+    Console().print(results_table(summary["results"]))
+    console.print(f"wrote {out}/summary.json, metrics.csv, msd.png, topology.png")
+
+
+def progress_bar() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+
+def simulate(
+    args: argparse.Namespace, base: ExperimentConfig | None = None, engine: str | None = None
+) -> int:
+    config = experiment(args, base)
+    engine = engine or args.engine
+    problem = Problem.build(config)
+    out = out_dir(args, config, "simulate")
+    runner = _engine(engine)
+    units = len(config.strategies) * (
+        config.repeats * len(config.schemes) if engine == "memory" else 1
+    )
+    start = time.perf_counter()
+    with progress_bar() as bar:
+        task = bar.add_task(f"{engine} engine", total=units, status="")
+        curves = runner(problem, progress=lambda n: bar.advance(task, n))
+    wall = time.perf_counter() - start
+    console.print(
+        f"{engine} engine: {len(curves)} curves x {config.repeats} repeats x "
+        f"{config.iters} iterations in {wall:.2f} s"
+    )
+    finish(out, config, problem, curves, engine, {"wall_s": wall})
+    return 0
+
+
+def _engine(name: str) -> Callable[..., list[Curve]]:
+    if name == "oracle":
+        from orchestrator.oracle import run_oracle
+
+        return run_oracle
+    from orchestrator.memory import run_memory
+
+    return run_memory
+
+
+def reproduce(args: argparse.Namespace) -> int:
+    """The paper's preset on the vectorized oracle: 20 repeats, 3 strategies, 4 schemes."""
+    base = configuration.load(EXPERIMENTS / "paper-regression.toml")
+    return simulate(args, base, engine="oracle")
+
+
+def run(args: argparse.Namespace) -> int:
+    from orchestrator.netrun import run_network
+
+    base = ExperimentConfig(strategies=(Strategy.ATC,), schemes=(Scheme.LOCAL_GHP,), repeats=1)
+    config = experiment(args, base)
+    out = out_dir(args, config, "run")
+    return asyncio.run(run_network(config, args, out))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="privnet", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser(
+        "simulate", help="in-process engines (oracle: vectorized; memory: agent cores)"
+    )
+    _experiment_flags(p)
+    p.add_argument("--engine", choices=("oracle", "memory"), default="oracle")
+    p.set_defaults(func=simulate)
+
+    p = sub.add_parser("reproduce", help="the paper's Fig. 3 preset on the oracle engine")
+    _experiment_flags(p)
+    p.set_defaults(func=reproduce)
+
+    p = sub.add_parser("run", help="agents as real processes over an MQTT broker")
+    _experiment_flags(p)
+    p.add_argument(
+        "--broker",
+        default="auto",
+        help="auto (mosquitto if installed, else embedded) | mosquitto | embedded | HOST:PORT",
+    )
+    p.add_argument(
+        "--external-agents",
+        action="store_true",
+        help="do not spawn agents; wait for --agents of them to register (docker)",
+    )
+    p.add_argument("--run-name", help="topic namespace privnet/<run>/ (default: random)")
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=30.0,
+        help="seconds of silence before a run is declared failed",
+    )
+    p.add_argument(
+        "--no-telemetry",
+        action="store_true",
+        help="agents send no per-round models (no MSD; bytes only)",
+    )
+    p.add_argument("--audit", action="store_true", help="record the wire for `privnet inspect`")
+    p.set_defaults(func=run)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        console.print(f"[red]configuration error:[/red] {exc}")
+        return 2
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted; everything started was stopped[/yellow]")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["main", "replace"]

@@ -1,0 +1,145 @@
+"""`privnet run`: broker + agent processes + orchestrator, start to finish, nothing left behind."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+import aiomqtt
+import numpy as np
+from rich.console import Console
+
+from broker.launcher import Broker, launch, read_sys_bytes
+from orchestrator.cli import finish, progress_bar
+from orchestrator.config import ExperimentConfig
+from orchestrator.net import AgentPool, Orchestrator, RunFailed, SessionResult, new_run_name
+from orchestrator.problem import Problem, msd
+from orchestrator.report import Curve
+
+console = Console(stderr=True)
+
+
+def curve_of(problem: Problem, strategy: str, scheme: str, results: list[SessionResult]) -> Curve:
+    """MSD over repeats plus what the wire cost, from the sessions of one strategy x scheme."""
+    c = problem.config
+    cent = np.zeros((len(results), c.iters))
+    avg = np.zeros((len(results), c.iters))
+    for r, result in enumerate(results):
+        for i in range(c.iters):
+            cent[r, i], avg[r, i] = msd(result.models[i], problem.w_opt[r], problem.q)
+    wall = sum(res.wall for res in results)
+    traffic = _sum_dicts(res.totals("bytes") for res in results)
+    messages = _sum_dicts(res.totals("messages") for res in results)
+    rejected = _sum_dicts(res.totals("rejected") for res in results)
+    rounds = c.iters * len(results)
+    per_round = {k: v / rounds for k, v in traffic.items() if k != "control"}
+    extra = {
+        "bytes": traffic,
+        "messages": messages,
+        "rejected": rejected,
+        "bytes_per_round": sum(per_round.values()),
+        "bytes_per_round_by_category": per_round,
+        "wall_s": wall,
+    }
+    return Curve(strategy, scheme, cent, avg, rounds / wall, extra)
+
+
+def _sum_dicts(dicts) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for d in dicts:
+        for k, v in d.items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+async def run_network(config: ExperimentConfig, args: argparse.Namespace, out: Path) -> int:
+    problem = Problem.build(config)
+    run = args.run_name or new_run_name()
+    broker = launch(args.broker)
+    pool: AgentPool | None = None
+    try:
+        broker.start()
+        console.print(f"broker: {broker.kind} at {broker.address}; run {run}; logs in {out}/logs")
+        if not args.external_agents:
+            pool = AgentPool(broker.address, run, config.agents, out / "logs")
+        curves, extra = await _drive(problem, broker, run, pool, args)
+    except RunFailed as exc:
+        console.print(f"[red]run failed:[/red] {exc}")
+        return 1
+    finally:
+        if pool is not None:
+            pool.stop()
+        broker.stop()
+    finish(out, config, problem, curves, "net", extra)
+    return 0
+
+
+async def _drive(
+    problem: Problem, broker: Broker, run: str, pool: AgentPool | None, args: argparse.Namespace
+) -> tuple[list[Curve], dict[str, Any]]:
+    c = problem.config
+    address = broker.address
+    sys_before = await _sys(broker)
+    async with aiomqtt.Client(address.host, address.port, max_inflight_messages=200) as client:
+        orch = Orchestrator(
+            client, run, c.agents, pool, deadline=args.deadline, telemetry=not args.no_telemetry
+        )
+        await orch.subscribe()
+        if pool is not None:
+            pool.start()
+        started = time.perf_counter()
+        try:
+            await orch.register()
+            console.print(f"{c.agents} agents registered in {time.perf_counter() - started:.1f} s")
+            curves = await _sessions(problem, orch)
+            await orch.bye()
+        except BaseException as exc:  # Ctrl-C included: tell the agents before tearing down
+            await orch.abort(f"orchestrator stopped: {type(exc).__name__}")
+            raise
+    extra: dict[str, Any] = {"broker": broker.kind, "run": run}
+    if sys_before is not None:
+        sys_after = await _sys(broker)
+        if sys_after is not None:
+            extra["broker_sys"] = {k: sys_after[k] - sys_before[k] for k in sys_after}
+    return curves, extra
+
+
+async def _sessions(problem: Problem, orch: Orchestrator) -> list[Curve]:
+    c = problem.config
+    curves = []
+    with progress_bar() as bar:
+        for strategy in c.strategies:
+            for scheme in c.schemes:
+                task = bar.add_task(f"{strategy}/{scheme}", total=c.iters * c.repeats, status="")
+                results = []
+                for repeat in range(c.repeats):
+                    start, done = time.perf_counter(), repeat * c.iters
+
+                    def progress(
+                        rounds: int, models: np.ndarray, r=repeat, t0=start, base=done
+                    ) -> None:
+                        rate = rounds / max(time.perf_counter() - t0, 1e-9)
+                        status = f"{rate:6.1f} rounds/s"
+                        if rounds:
+                            cent, _ = msd(models[rounds - 1], problem.w_opt[r], problem.q)
+                            status += f"  MSD {10 * np.log10(cent):7.2f} dB"
+                        bar.update(task, completed=base + rounds, status=status)
+
+                    results.append(await orch.session(problem, strategy, scheme, repeat, progress))
+                curves.append(curve_of(problem, str(strategy), str(scheme), results))
+    return curves
+
+
+async def _sys(broker: Broker) -> dict[str, int] | None:
+    if broker.kind != "mosquitto":
+        return None
+    with contextlib.suppress(TimeoutError, aiomqtt.MqttError):
+        return await read_sys_bytes(broker.address)
+    return None
+
+
+__all__ = ["asyncio", "run_network"]
