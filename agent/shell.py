@@ -30,6 +30,7 @@ log = logging.getLogger("privnet.agent")
 
 QOS = 1  # at-least-once: a lost model would stall the round; the core drops duplicates
 REGISTER_TIMEOUT = 120.0
+TELEMETRY_BATCH = 10  # rounds per sealed telemetry message
 
 
 class AgentFailure(Exception):
@@ -57,6 +58,7 @@ class Session:
     link_keys: dict[int, bytes]
     orchestrator_key: bytes
     started: float = field(default_factory=time.perf_counter)
+    reports: list[Report] = field(default_factory=list)  # telemetry not yet sent
 
 
 class AgentShell:
@@ -91,22 +93,29 @@ class AgentShell:
         sends = []
         for msg in messages:
             if isinstance(msg, Report):
-                if not self.session.setup.telemetry:
-                    continue
-                sealed = keys.seal(
-                    self.session.orchestrator_key,
-                    wire.encode_report(msg),
-                    telemetry_context(self.run, self.me, msg.round),
-                )
-                payload = wire.encode_control(control.Telemetry(self.me, msg.round, sealed))
-                sends.append(
-                    self._publish(topics.telemetry(self.run, self.me), payload, "telemetry")
-                )
+                if self.session.setup.telemetry:
+                    self.session.reports.append(msg)
             else:
                 payload = wire.encode_peer(msg, self.session.link_keys[msg.receiver])
                 topic = topics.peer_topic(self.run, msg.receiver, self.me)
                 sends.append(self._publish(topic, payload, wire.category(msg)))
+        reports = self.session.reports
+        if reports and (len(reports) >= TELEMETRY_BATCH or self.session.core.done):
+            sends.append(self._telemetry(reports))
+            self.session.reports = []
         await asyncio.gather(*sends)
+
+    async def _telemetry(self, reports: list[Report]) -> None:
+        """Seal a batch of true models to the orchestrator: no plaintext model on the wire."""
+        assert self.session is not None and self.me is not None
+        last = reports[-1].round
+        sealed = keys.seal(
+            self.session.orchestrator_key,
+            wire.encode_reports(reports),
+            telemetry_context(self.run, self.me, last),
+        )
+        payload = wire.encode_control(control.Telemetry(self.me, last, sealed))
+        await self._publish(topics.telemetry(self.run, self.me), payload, "telemetry")
 
     # ---- lifecycle --------------------------------------------------------------------
 

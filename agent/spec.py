@@ -82,6 +82,14 @@ class AgentSpec:
     w0: tuple[float, ...] = field(default=())  # initial model; zeros when empty
 
     def __post_init__(self) -> None:
+        # The core compares with `is`: a plain "local-ghp" string would silently run ghp.
+        for name, kind in (("scheme", Scheme), ("rekey", Rekey)):
+            value = getattr(self, name)
+            try:
+                object.__setattr__(self, name, kind(value))
+            except ValueError:
+                valid = ", ".join(k.value for k in kind)
+                raise ConfigError(f"unknown {name} {value!r}; choose one of {valid}") from None
         if tuple(s.step for s in self.steps) != STEPS:
             raise ConfigError(f"steps must be given in order {STEPS}")
         if not (self.mu > 0 and math.isfinite(self.mu)):

@@ -643,6 +643,15 @@ def decode_peer(
     return _build(opened, dim)
 
 
+def peek_peer(data: bytes, dim: int, max_size: int = MAX_PEER_BYTES) -> Peer:
+    """The peer message in `data` read WITHOUT its MAC check: what anyone on the wire sees.
+
+    The MAC authenticates, it does not encrypt, so an eavesdropper reads every body; the
+    auditor (`privnet inspect`) uses this to show exactly that. Agents use `decode_peer`.
+    """
+    return _build(_open(data, max_size, _PEER_LIMITS, _PEER, "peer message"), dim)
+
+
 def encode_control(msg: Control) -> bytes:
     """A control or telemetry message as a frame (no MAC: the broker ACL guards these topics)."""
     return _frame(_schema_of(msg, _CONTROL, "a control frame"), msg, None)
@@ -667,6 +676,19 @@ def decode_report(data: bytes, dim: int, max_size: int = MAX_CONTROL_BYTES) -> R
     if opened.mac:
         raise Rejected("schema", "report frames carry an empty MAC")
     return _build(opened, dim)
+
+
+def encode_reports(reports: list[Report]) -> bytes:
+    """A batch of Reports (one sealed Telemetry carries several rounds)."""
+    return msgpack.packb([encode_report(r) for r in reports], use_bin_type=True)
+
+
+def decode_reports(data: bytes, dim: int, max_size: int = MAX_CONTROL_BYTES) -> list[Report]:
+    """The Reports of an opened Telemetry blob, or Rejected."""
+    frames = _unpack(data, max_size, _CONTROL_LIMITS, "report batch")
+    if not isinstance(frames, list) or not all(isinstance(f, bytes) for f in frames):
+        raise Rejected("schema", "a report batch is a list of report frames")
+    return [decode_report(f, dim, max_size) for f in frames]
 
 
 def category(msg: object) -> str:

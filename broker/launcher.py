@@ -36,7 +36,7 @@ SYS_TOPICS = {
     "$SYS/broker/messages/received": "messages_received",
     "$SYS/broker/messages/sent": "messages_sent",
 }
-READY_TIMEOUT = 15.0
+READY_TIMEOUT = 30.0
 STOP_TIMEOUT = 5.0
 
 _running: set[subprocess.Popen[bytes]] = set()

@@ -11,7 +11,7 @@ from typing import Literal
 
 PREFIX = "privnet"
 NODELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
-"""aiomqtt socket_options for every privnet client: rounds are latency-bound, not bandwidth-bound."""
+"""aiomqtt socket_options for every privnet client: rounds are latency-bound."""
 MAX_PACKET_SIZE = 1 << 20
 """mosquitto's `max_packet_size`: every packet of at most this many bytes gets through.
 

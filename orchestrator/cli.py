@@ -7,7 +7,6 @@ import asyncio
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +172,40 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(run_network(config, args, out))
 
 
+def inspect(args: argparse.Namespace) -> int:
+    """Audit the wire of a `privnet run --audit` (its live recording, or a pcap of it)."""
+    from orchestrator.audit import show_audit
+
+    return show_audit(args.run, args.pcap, args.port)
+
+
+def overhead(args: argparse.Namespace) -> int:
+    """Bytes and messages per round of every scheme and re-key policy, on three topologies."""
+    from orchestrator import overhead as cost
+
+    base = ExperimentConfig(agents=args.agents, iters=args.iters, seed=args.seed)
+    topologies = tuple(t.strip() for t in args.topologies.split(","))
+    unknown = [t for t in topologies if t not in TOPOLOGIES or t == "file"]
+    if unknown:
+        raise ConfigError(
+            f"unknown topologies {unknown}; choose from "
+            + ", ".join(t for t in TOPOLOGIES if t != "file")
+        )
+    with progress_bar() as bar:
+        task = bar.add_task("overhead", total=5 * len(topologies), status="")
+        rows = cost.overhead(
+            base,
+            Strategy(args.strategy),
+            topologies,
+            lambda name: bar.update(task, advance=1, status=name),
+        )
+    out = args.out or Path("runs") / f"overhead-{time.strftime('%Y%m%d-%H%M%S')}"
+    cost.write_overhead(rows, out)
+    Console().print(cost.overhead_table(rows))
+    console.print(f"wrote {out}/overhead.json and overhead.png")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="privnet", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -215,6 +248,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--audit", action="store_true", help="record the wire for `privnet inspect`")
     p.set_defaults(func=run)
 
+    p = sub.add_parser("inspect", help="audit the wire of a `privnet run --audit`")
+    p.add_argument("--run", type=Path, required=True, help="the run's --out directory")
+    p.add_argument("--pcap", type=Path, help="audit this capture of the broker port instead")
+    p.add_argument("--port", type=int, help="broker port in the pcap (default: the run's)")
+    p.set_defaults(func=inspect)
+
+    p = sub.add_parser("overhead", help="what each privacy scheme costs on the wire")
+    p.add_argument("--agents", type=int, default=30)
+    p.add_argument("--iters", type=int, default=20, help="rounds")
+    p.add_argument("--strategy", choices=[str(s) for s in Strategy], default="atc")
+    p.add_argument("--topologies", default="ring,geometric,complete")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", type=Path, help="output directory (default runs/overhead-<time>)")
+    p.set_defaults(func=overhead)
+
     args = parser.parse_args(argv)
     try:
         return args.func(args)
@@ -228,6 +276,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-__all__ = ["main", "replace"]

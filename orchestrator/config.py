@@ -83,7 +83,7 @@ def parse_choices(value: str | list[str] | tuple[str, ...], kind: type) -> tuple
         valid = ", ".join(str(k) for k in kind)
         raise ConfigError(
             f"unknown {kind.__name__.lower()} in {value!r}; choose from: {valid}, all"
-        )
+        ) from None
 
 
 def with_overrides(config: ExperimentConfig, overrides: dict[str, Any]) -> ExperimentConfig:

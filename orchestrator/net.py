@@ -212,7 +212,6 @@ class Orchestrator:
         progress: Callable[[int, np.ndarray], None] | None = None,
     ) -> SessionResult:
         """One run of all rounds for one strategy x scheme x repeat."""
-        c = problem.config
         specs = agent_specs(problem, strategy, scheme, repeat=repeat)
         problem_spec = problem.spec(repeat)
         directory = {p: reg.identity for p, reg in self.registrations.items()}
@@ -243,9 +242,14 @@ class Orchestrator:
                 blob = keys.open_sealed(
                     self.key, msg.sealed, telemetry_context(self.run, msg.agent, msg.round)
                 )
-                report = wire.decode_report(blob, c.dim)
-                models[report.round - 1, report.sender] = report.w
-                counts[report.sender] += 1
+                for report in wire.decode_reports(blob, c.dim):
+                    if report.sender != msg.agent or not 1 <= report.round <= c.iters:
+                        raise RunFailed(
+                            f"agent {msg.agent} sent a report for agent {report.sender}, "
+                            f"round {report.round}"
+                        )
+                    models[report.round - 1, report.sender] = report.w
+                    counts[report.sender] += 1
                 if progress is not None:
                     progress(int(counts.min()), models)
             elif isinstance(msg, control.Finished):

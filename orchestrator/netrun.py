@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import aiomqtt
 import numpy as np
 from rich.console import Console
+from rich.progress import Progress, TaskID
 
 from broker.launcher import Broker, launch, read_sys_bytes
+from orchestrator.audit import WireTap, show_audit
 from orchestrator.cli import finish, progress_bar
 from orchestrator.config import ExperimentConfig
 from orchestrator.net import AgentPool, Orchestrator, RunFailed, SessionResult, new_run_name
@@ -66,7 +68,8 @@ async def run_network(config: ExperimentConfig, args: argparse.Namespace, out: P
         console.print(f"broker: {broker.kind} at {broker.address}; run {run}; logs in {out}/logs")
         if not args.external_agents:
             pool = AgentPool(broker.address, run, config.agents, out / "logs")
-        curves, extra = await _drive(problem, broker, run, pool, args)
+        tap = WireTap(broker.address, run) if args.audit else None
+        curves, extra = await _drive(problem, broker, run, pool, args, tap)
     except RunFailed as exc:
         console.print(f"[red]run failed:[/red] {exc}")
         return 1
@@ -75,16 +78,27 @@ async def run_network(config: ExperimentConfig, args: argparse.Namespace, out: P
             pool.stop()
         broker.stop()
     finish(out, config, problem, curves, "net", extra)
+    if tap is not None:
+        tap.save(out, config)
+        return show_audit(out)
     return 0
 
 
 async def _drive(
-    problem: Problem, broker: Broker, run: str, pool: AgentPool | None, args: argparse.Namespace
+    problem: Problem,
+    broker: Broker,
+    run: str,
+    pool: AgentPool | None,
+    args: argparse.Namespace,
+    tap: WireTap | None = None,
 ) -> tuple[list[Curve], dict[str, Any]]:
     c = problem.config
     address = broker.address
     sys_before = await _sys(broker)
-    async with aiomqtt.Client(address.host, address.port, max_inflight_messages=200) as client:
+    async with (
+        aiomqtt.Client(address.host, address.port, max_inflight_messages=200) as client,
+        tap or contextlib.nullcontext(),  # the audit's passive subscriber, before any agent
+    ):
         orch = Orchestrator(
             client, run, c.agents, pool, deadline=args.deadline, telemetry=not args.no_telemetry
         )
@@ -95,7 +109,7 @@ async def _drive(
         try:
             await orch.register()
             console.print(f"{c.agents} agents registered in {time.perf_counter() - started:.1f} s")
-            curves = await _sessions(problem, orch)
+            curves = await _sessions(problem, orch, tap)
             await orch.bye()
         except BaseException as exc:  # Ctrl-C included: tell the agents before tearing down
             await orch.abort(f"orchestrator stopped: {type(exc).__name__}")
@@ -108,7 +122,7 @@ async def _drive(
     return curves, extra
 
 
-async def _sessions(problem: Problem, orch: Orchestrator) -> list[Curve]:
+async def _sessions(problem: Problem, orch: Orchestrator, tap: WireTap | None) -> list[Curve]:
     c = problem.config
     curves = []
     with progress_bar() as bar:
@@ -117,21 +131,30 @@ async def _sessions(problem: Problem, orch: Orchestrator) -> list[Curve]:
                 task = bar.add_task(f"{strategy}/{scheme}", total=c.iters * c.repeats, status="")
                 results = []
                 for repeat in range(c.repeats):
-                    start, done = time.perf_counter(), repeat * c.iters
-
-                    def progress(
-                        rounds: int, models: np.ndarray, r=repeat, t0=start, base=done
-                    ) -> None:
-                        rate = rounds / max(time.perf_counter() - t0, 1e-9)
-                        status = f"{rate:6.1f} rounds/s"
-                        if rounds:
-                            cent, _ = msd(models[rounds - 1], problem.w_opt[r], problem.q)
-                            status += f"  MSD {10 * np.log10(cent):7.2f} dB"
-                        bar.update(task, completed=base + rounds, status=status)
-
-                    results.append(await orch.session(problem, strategy, scheme, repeat, progress))
+                    show = partial(_show, bar, task, problem, repeat, time.perf_counter())
+                    results.append(await orch.session(problem, strategy, scheme, repeat, show))
+                    if tap is not None:  # the sealed telemetry validates the audit's truth
+                        tap.telemetry.append(results[-1].models)
                 curves.append(curve_of(problem, str(strategy), str(scheme), results))
     return curves
+
+
+def _show(
+    bar: Progress,
+    task: TaskID,
+    problem: Problem,
+    repeat: int,
+    t0: float,
+    rounds: int,
+    models: np.ndarray,
+) -> None:
+    """Progress line: rounds done, rounds/s, current centroid MSD."""
+    rate = rounds / max(time.perf_counter() - t0, 1e-9)
+    status = f"{rate:6.1f} rounds/s"
+    if rounds:
+        cent, _ = msd(models[rounds - 1], problem.w_opt[repeat], problem.q)
+        status += f"  MSD {10 * np.log10(cent):7.2f} dB"
+    bar.update(task, completed=repeat * problem.config.iters + rounds, status=status)
 
 
 async def _sys(broker: Broker) -> dict[str, int] | None:
@@ -140,6 +163,3 @@ async def _sys(broker: Broker) -> dict[str, int] | None:
     with contextlib.suppress(TimeoutError, aiomqtt.MqttError):
         return await read_sys_bytes(broker.address)
     return None
-
-
-__all__ = ["asyncio", "run_network"]

@@ -78,42 +78,67 @@ def scheme_noise(a: np.ndarray, table: np.ndarray) -> tuple[np.ndarray, np.ndarr
     """What each receiver p adds to sum_m a_mp x_m under random and under ghp.
 
     `table` holds noise G of shape (..., P, P, M), G[m, p] drawn by sender m; returns
-    (random, ghp), each (..., P, M). C_scheme(x) = A^T x + this.
+    (random, ghp), each (..., P, M), so that C_scheme(x) = A^T x + this.
     """
-    combine = _Combine.of(-1, np.asarray(a, dtype=float))
-    return combine.spread(*combine.gather(table))
+    combine = _Combine.of(np.asarray(a, dtype=float))
+    by_receiver = (combine.noise(lane, table, _same) for lane in (Scheme.RANDOM, Scheme.GHP))
+    random, ghp = (np.moveaxis(x, 0, -2) for x in by_receiver)
+    return random, ghp
+
+
+def _same(x: np.ndarray) -> np.ndarray:
+    return x
 
 
 @dataclass(frozen=True)
 class _Combine:
-    """A combine step j whose matrix is not I, with the maps from a noise table to the
-    noise each receiver ends up adding."""
+    """A combine step whose matrix is not I, with the maps from a noise table to the noise
+    each receiver ends up adding (receiver-major, so each map is one array operation)."""
 
-    step: int
     a_t: np.ndarray  # (P, P): A^T, so x -> A^T x
-    senders: np.ndarray  # (E,): m of every edge m -> p with m != p and a_mp > 0
-    receivers: np.ndarray  # (E,): p of that edge
-    spread_random: np.ndarray  # (P, E): a_mp of edge e in row p_e
+    senders: np.ndarray  # (E,): m of every edge m -> p with m != p and a_mp > 0 ...
+    receivers: np.ndarray  # (E,): ... and its p; edges sorted by receiver
+    weights: np.ndarray  # (E,): a_mp of each edge
+    heard: np.ndarray  # receivers with at least one such edge ...
+    starts: np.ndarray  # ... and where their edges start
     spread_ghp: np.ndarray  # (P, P): A^T with diagonal -(1 - a_pp), the self-term factor
 
     @classmethod
-    def of(cls, step: int, a: np.ndarray) -> _Combine:
+    def of(cls, a: np.ndarray) -> _Combine:
         agents = a.shape[0]
-        senders, receivers = np.nonzero((a > 0) & ~np.eye(agents, dtype=bool))
-        spread_random = np.zeros((agents, len(senders)))
-        spread_random[receivers, np.arange(len(senders))] = a[senders, receivers]
+        receivers, senders = np.nonzero(((a > 0) & ~np.eye(agents, dtype=bool)).T)
+        heard = np.unique(receivers)
         spread_ghp = a.T.copy()
         np.fill_diagonal(spread_ghp, -(1.0 - np.diag(a)))
-        return cls(step, np.ascontiguousarray(a.T), senders, receivers, spread_random, spread_ghp)
+        return cls(
+            np.ascontiguousarray(a.T),
+            senders,
+            receivers,
+            a[senders, receivers],
+            heard,
+            np.searchsorted(receivers, heard),
+            spread_ghp,
+        )
 
-    def gather(self, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(..., P, P, M) -> the entries random uses (..., E, M) and ghp uses (..., P, M)."""
-        own = np.arange(table.shape[-2])
-        return table[..., self.senders, self.receivers, :], table[..., own, own, :]
+    def noise(
+        self, lane: Scheme, table: np.ndarray, draw: Callable[[np.ndarray], np.ndarray]
+    ) -> np.ndarray:
+        """What each receiver adds under random or ghp, receiver-major (P, ..., M).
 
-    def spread(self, edge: np.ndarray, own: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Weighted sums per receiver, (..., E, M) and (..., P, M) -> (..., P, M) each."""
-        return self.spread_random @ edge, self.spread_ghp @ own
+        `table` is (..., P, P, M); `draw` turns just the entries the scheme reads (edges
+        m -> p, or the diagonal) into Laplace noise, so nothing else is transformed.
+        """
+        agents = len(self.a_t)
+        by_pair = np.moveaxis(table, (-3, -2), (0, 1))
+        if lane is Scheme.RANDOM:
+            edge = draw(by_pair[self.senders, self.receivers])  # (E, ..., M)
+            weighted = edge * self.weights.reshape(-1, *[1] * (edge.ndim - 1))
+            out = np.zeros((agents, *edge.shape[1:]))
+            out[self.heard] = np.add.reduceat(weighted, self.starts, axis=0)
+            return out
+        own = np.arange(agents)
+        g = draw(by_pair[own, own])  # (P, ..., M): g_m = G[m, m]
+        return (self.spread_ghp @ g.reshape(agents, -1)).reshape(g.shape)
 
     def __call__(self, x: np.ndarray, noise: np.ndarray | None) -> np.ndarray:
         mixed = (self.a_t @ x.reshape(x.shape[0], -1)).reshape(x.shape)
@@ -204,7 +229,7 @@ def _run_strategy(
     agents, repeats, dim, iters = config.agents, config.repeats, config.dim, config.iters
     matrices = problem.matrices(strategy)
     eye = np.eye(agents)
-    combines = {j: _Combine.of(j, a) for j, a in enumerate(matrices) if not np.array_equal(a, eye)}
+    combines = {j: _Combine.of(a) for j, a in enumerate(matrices) if not np.array_equal(a, eye)}
     noisy = config.sigma_g > 0 and any(lane is not Scheme.NONE for lane in lanes)
     keys = [rng.run_key(config.seed, r) for r in range(repeats)]
     centroid = np.empty((len(lanes), repeats, iters))
@@ -215,7 +240,7 @@ def _run_strategy(
             rounds = min(CHUNK, iters + 1 - first)
             grads.load(first, rounds)
             noise = {
-                j: _noise(c, keys, first, rounds, lanes, dim, config.sigma_g) if noisy else None
+                j: _noise(c, j, keys, first, rounds, lanes, dim, config.sigma_g) if noisy else None
                 for j, c in combines.items()
             }
             history = np.empty((rounds, *w.shape))
@@ -260,6 +285,7 @@ def _apply(
 
 def _noise(
     combine: _Combine,
+    step: int,
     keys: list[tuple[int, int]],
     first_round: int,
     rounds: int,
@@ -267,24 +293,19 @@ def _noise(
     dim: int,
     sigma_g: float,
 ) -> np.ndarray:
-    """The noise each receiver adds in step combine.step, (rounds, P, R, S, M).
+    """The noise each receiver adds in combine step `step`, (rounds, P, R, S, M)."""
+    agents = len(combine.a_t)
 
-    Laplace is applied only to the entries a scheme reads (edges and the diagonal): the
-    same numbers as transforming the whole table, at a fraction of the cost.
-    """
-    agents = combine.a_t.shape[0]
+    def draw(raw: np.ndarray) -> np.ndarray:
+        return rng.laplace(rng.uniforms(raw), sigma_g)
+
     out = np.zeros((rounds, agents, len(keys), len(lanes), dim))
     for r, key in enumerate(keys):
-        raw = rng.raw_block(
-            key, rng.Domain.NOISE, combine.step, first_round, rounds, agents, agents * dim
-        )
-        edge, own = combine.gather(raw.reshape(rounds, agents, agents, dim))
-        random, ghp = combine.spread(*(rng.laplace(rng.uniforms(x), sigma_g) for x in (edge, own)))
+        raw = rng.raw_block(key, rng.Domain.NOISE, step, first_round, rounds, agents, agents * dim)
+        table = raw.reshape(rounds, agents, agents, dim)
         for s, lane in enumerate(lanes):
-            if lane is Scheme.RANDOM:
-                out[:, :, r, s] = random
-            elif lane is Scheme.GHP:
-                out[:, :, r, s] = ghp
+            if lane is not Scheme.NONE:
+                out[:, :, r, s] = combine.noise(lane, table, draw).swapaxes(0, 1)
     return out
 
 

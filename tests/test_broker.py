@@ -7,6 +7,9 @@ they fail.
 import asyncio
 import os
 import socket
+import subprocess
+import sys
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -53,6 +56,13 @@ def kind(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
+def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the launcher makes its temp dirs in this test, to check it removes them."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture
 async def mosquitto() -> AsyncIterator[Broker]:
     need_mosquitto()
     async with launch("mosquitto") as broker:
@@ -85,7 +95,7 @@ def broker_children() -> list[psutil.Process]:
 # --- local brokers: start, carry traffic, stop without leftovers -------------------------------
 
 
-async def test_broker_carries_messages_then_stops_clean(kind: str) -> None:
+async def test_broker_carries_messages_then_stops_clean(kind: str, private_tmp: Path) -> None:
     topic = T.peer_topic(RUN, 2, 1)
     big = b"\x07" * (T.MAX_PACKET_SIZE - T.mqtt_publish_size(topic, 0) - 2)
     assert T.mqtt_publish_size(topic, len(big)) == T.MAX_PACKET_SIZE
@@ -107,6 +117,7 @@ async def test_broker_carries_messages_then_stops_clean(kind: str) -> None:
     assert broker.pid is None and not psutil.pid_exists(pid)
     assert not accepts(broker.address)
     assert broker_children() == []
+    assert list(private_tmp.iterdir()) == []
 
 
 def test_sync_context_manager_and_double_stop(kind: str) -> None:
@@ -135,10 +146,7 @@ async def test_mosquitto_drops_packets_over_max_size(mosquitto: Broker) -> None:
     assert "oversize packet" in mosquitto.log_tail()
 
 
-@pytest.mark.parametrize("kind", ["mosquitto", "embedded"])
-def test_failed_start_names_the_cause_and_leaves_nothing(kind: str) -> None:
-    if kind == "mosquitto":
-        need_mosquitto()
+def test_failed_start_names_the_cause_and_leaves_nothing(kind: str, private_tmp: Path) -> None:
     with socket.socket() as taken:  # bound, not listening: connects fail and bind clashes
         taken.bind(("127.0.0.1", 0))
         broker = Broker(kind, BrokerAddress("127.0.0.1", taken.getsockname()[1]))  # type: ignore[arg-type]
@@ -147,9 +155,16 @@ def test_failed_start_names_the_cause_and_leaves_nothing(kind: str) -> None:
     assert str(broker.address) in str(err.value)
     assert "in use" in str(err.value).lower(), "the error should carry the broker's own log"
     assert broker.pid is None and broker_children() == []
-    assert not list(Path("/tmp").glob(f"privnet-{kind}-*")) or all(
-        not p.exists() for p in Path("/tmp").glob(f"privnet-{kind}-*") if p == broker._tmp
+    assert list(private_tmp.iterdir()) == []
+
+
+def test_atexit_stops_a_broker_left_running(tmp_path: Path) -> None:
+    script = "from broker.launcher import launch; b = launch('auto'); b.start(); print(b.pid)"
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=True
     )
+    pid = int(done.stdout)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
 # --- choosing a broker --------------------------------------------------------------------------
@@ -327,8 +342,8 @@ def test_peer_topic_roundtrip(run: str, k: int, m: int) -> None:
 def test_filters_select_exactly_their_topics(run: str, other: str, k: int, j: int, m: int) -> None:
     assert topic_matches_sub(T.inbox_filter(run, k), T.peer_topic(run, j, m)) == (k == j)
     assert topic_matches_sub(T.run_filter(other), T.peer_topic(run, k, m)) == (other == run)
-    for topic in (T.ctl_down(run, m), T.ctl_down(run, "all"), T.ctl_up(run, m),
-                  T.telemetry(run, m), T.register_up(run, other), T.register_down(run, other)):  # fmt: skip
+    others = [T.ctl_down(run, m), T.ctl_down(run, "all"), T.ctl_up(run, m), T.telemetry(run, m)]
+    for topic in [*others, T.register_up(run, other), T.register_down(run, other)]:
         assert topic_matches_sub(T.run_filter(run), topic)
         assert T.parse_peer_topic(topic) is None
         assert not topic_matches_sub(T.inbox_filter(run, k), topic)
@@ -451,3 +466,20 @@ async def test_publish_size_matches_what_paho_sends() -> None:
         async with asyncio.timeout(RECEIVE_TIMEOUT):
             await finished.wait()  # the DISCONNECT, after every PUBLISH
     assert sizes == [T.mqtt_publish_size(*case) for case in CASES]
+
+
+def test_cli_prints_the_address_and_stops_on_sigterm() -> None:
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "broker", "--kind", "auto"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        line = cli.stdout.readline() if cli.stdout else ""
+        address = BrokerAddress.parse(line.split(" listening on ")[1].split()[0])
+        assert accepts(address)
+        broker_pids = [p.pid for p in psutil.Process(cli.pid).children()]
+        assert len(broker_pids) == 1
+    finally:
+        cli.terminate()
+        assert cli.wait(timeout=10) == 0
+    assert not accepts(address)
+    assert not any(psutil.pid_exists(pid) for pid in broker_pids)

@@ -1,0 +1,39 @@
+# One image for every privnet container: agents (the default command) and the orchestrator
+# (`privnet run ...`). docker-compose.yml runs 1 broker, 1 orchestrator and N agents from it.
+FROM python:3.11-slim
+
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    MPLBACKEND=Agg \
+    MPLCONFIGDIR=/tmp/matplotlib
+
+# The user every process runs as; uid 1000 is the usual first user on a Linux host.
+RUN groupadd --gid 1000 privnet \
+    && useradd --uid 1000 --gid privnet --create-home --shell /usr/sbin/nologin privnet
+
+WORKDIR /app
+
+# Dependencies first, from pyproject.toml alone, so editing the code does not reinstall them.
+COPY pyproject.toml ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+        > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+
+COPY README.md ./
+COPY agent ./agent
+COPY broker ./broker
+COPY orchestrator ./orchestrator
+COPY experiments ./experiments
+RUN pip install --no-deps . \
+    && rm -rf build ./*.egg-info \
+    && mkdir runs && chown privnet:privnet runs
+
+# Started as root (compose does this for the orchestrator), the entrypoint only makes the
+# mounted /app/runs writable, then drops to its owner (or to privnet); never runs as root.
+COPY docker-entrypoint.sh /usr/local/bin/privnet-entrypoint
+USER privnet
+ENTRYPOINT ["privnet-entrypoint"]
+CMD ["python", "-m", "agent"]

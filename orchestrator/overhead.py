@@ -1,0 +1,266 @@
+"""What privacy costs on the wire: bytes and messages per round, per scheme and re-key policy.
+
+The cores run on the memory engine (the very code the agents run), and every message they
+emit is sized exactly as the shell would publish it: the wire.py frame on its MQTT topic, as
+an MQTT 3.1.1 PUBLISH at QoS 1 (broker.topics.mqtt_publish_size). Nothing is estimated from
+formulas, so the numbers match a `privnet run` of the same config (tests check this).
+
+One-time setup: the agent's control messages (Hello, Ready, Finished) and local-ghp's key
+plans, plus its key shares with re-key `once`. Per round: models, telemetry (sealed true
+models) and, with `every-round`, that round's key shares.
+
+The paper (Sec. IV-C) bounds the extra communication of agent p under local-ghp by
+|N_p| + sum_{k in N_p} |N_k| / 2 (neighbourhoods without the agent itself): one split
+announcement per neighbour, one key share per partner at every neighbouring hub. We count
+both what p originates (plans + shares) and what it forwards as a hub (relays), which the
+bound leaves out and which grows like |N_p|^2 / 2.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.table import Table
+
+from agent import control, keys, wire
+from agent.messages import KeyPlan, KeyShare, Message, Report
+from agent.shell import QOS
+from agent.spec import STRATEGY_STEP, Rekey, Scheme, Strategy
+from broker import topics
+from orchestrator.config import ExperimentConfig
+from orchestrator.memory import build_cores
+from orchestrator.problem import Problem
+
+RUN = "run-00000000"  # as long as the names `privnet run` draws (net.new_run_name)
+LINK_KEY = bytes(32)  # a MAC is 16 bytes whatever the key: sizes need no real key
+NONCE = "0" * 32  # registration nonces are 16 random bytes in hex
+TOPOLOGIES = ("ring", "geometric", "complete")
+CATEGORIES = ("model", "keys", "telemetry", "control")
+
+
+@dataclass
+class Tally:
+    """PUBLISH bytes and message counts by category."""
+
+    bytes: Counter[str] = field(default_factory=Counter)
+    messages: Counter[str] = field(default_factory=Counter)
+
+    def add(self, category: str, topic: str, payload: bytes) -> None:
+        self.bytes[category] += topics.mqtt_publish_size(topic, len(payload), QOS)
+        self.messages[category] += 1
+
+    def as_dict(self, per: float = 1.0) -> dict[str, dict[str, float]]:
+        def split(counts: Counter[str]) -> dict[str, float]:
+            by = {c: counts[c] / per for c in CATEGORIES}
+            return {**by, "total": sum(by.values())}
+
+        return {"bytes": split(self.bytes), "messages": split(self.messages)}
+
+
+@dataclass
+class Measured:
+    """One scheme on one graph: setup and per-round traffic, DH work, key messages per agent."""
+
+    setup: Tally
+    rounds: Tally
+    agreements: int
+    originated: np.ndarray  # key messages each agent originates (plans + own shares)
+    relayed: np.ndarray  # key shares each agent forwards as a hub
+
+
+def encoded(msg: Message) -> tuple[str, bytes]:
+    """The topic and payload the agent shell publishes for a message the core emitted."""
+    if isinstance(msg, Report):
+        sealed = bytes(len(wire.encode_report(msg)) + keys.SEAL_OVERHEAD)
+        payload = wire.encode_control(control.Telemetry(msg.sender, msg.round, sealed))
+        return topics.telemetry(RUN, msg.sender), payload
+    return topics.peer_topic(RUN, msg.receiver, msg.sender), wire.encode_peer(msg, LINK_KEY)
+
+
+def _one_time(msg: Message, rekey: Rekey) -> bool:
+    return isinstance(msg, KeyPlan) or (isinstance(msg, KeyShare) and rekey is Rekey.ONCE)
+
+
+def measure(problem: Problem, strategy: Strategy, scheme: Scheme) -> Measured:
+    """Run every core to the end and size every message it emits."""
+    c = problem.config
+    cores = build_cores(problem, strategy, scheme, 0)
+    setup, rounds = Tally(), Tally()
+    sent = [Tally() for _ in cores]  # per agent, for the size of its Finished
+    originated, relayed = np.zeros(c.agents, int), np.zeros(c.agents, int)
+    queue: deque[Message] = deque(m for core in cores for m in core.start())
+    while queue:
+        msg = queue.popleft()
+        topic, payload = encoded(msg)
+        for tally in (setup if _one_time(msg, c.rekey) else rounds, sent[msg.sender]):
+            tally.add(wire.category(msg), topic, payload)
+        if isinstance(msg, KeyShare) and msg.sender != msg.owner:
+            relayed[msg.sender] += 1
+        elif isinstance(msg, KeyPlan | KeyShare):
+            originated[msg.sender] += 1
+        if not isinstance(msg, Report):
+            queue.extend(cores[msg.receiver].receive(msg))
+    for core in cores:
+        _control(setup, core.me, sent[core.me])
+    agreements = sum(core.counters.agreements for core in cores)
+    return Measured(setup, rounds, agreements, originated, relayed)
+
+
+def _control(setup: Tally, me: int, sent: Tally) -> None:
+    """What the shell publishes around the rounds: Hello, Ready and Finished."""
+    hello = control.Hello(bytes(16), bytes(64), me)
+    setup.add("control", topics.register_up(RUN, NONCE), wire.encode_control(hello))
+    setup.add("control", topics.ctl_up(RUN, me), wire.encode_control(control.Ready(me)))
+    finished = control.Finished(me, {}, dict(sent.bytes), dict(sent.messages), 0.0)
+    setup.add("control", topics.ctl_up(RUN, me), wire.encode_control(finished))
+
+
+def degrees(A: np.ndarray) -> np.ndarray:
+    """|N_k| without k itself, for every agent."""
+    return np.count_nonzero(A, axis=0) - 1
+
+
+def paper_bound(A: np.ndarray) -> np.ndarray:
+    """|N_p| + sum over neighbours k of |N_k| / 2, per agent p (Sec. IV-C of the paper)."""
+    deg = degrees(A)
+    neighbours = (A != 0) & ~np.eye(len(A), dtype=bool)
+    return deg + (neighbours.astype(float) @ deg) / 2
+
+
+def row(problem: Problem, strategy: Strategy, scheme: Scheme, measured: Measured) -> dict[str, Any]:
+    c = problem.config
+    step = STRATEGY_STEP[strategy]
+    A = problem.matrices(strategy)[(0, 1, 2).index(step)]
+    local = scheme is Scheme.LOCAL_GHP
+    epochs = c.iters if c.rekey is Rekey.EVERY_ROUND else 1
+    result: dict[str, Any] = {
+        "topology": c.topology,
+        "mean_degree": float(np.mean(degrees(A))),
+        "strategy": str(strategy),
+        "scheme": str(scheme),
+        "rekey": str(c.rekey) if local else "n/a",
+        "agents": c.agents,
+        "rounds": c.iters,
+        "setup": measured.setup.as_dict(),
+        "per_round": measured.rounds.as_dict(per=c.iters),
+        "dh_agreements": measured.agreements,
+        "dh_agreements_setup": 0 if c.rekey is Rekey.EVERY_ROUND else measured.agreements,
+        "dh_agreements_per_round": measured.agreements / c.iters
+        if c.rekey is Rekey.EVERY_ROUND
+        else 0.0,
+    }
+    if local:
+        plans = np.count_nonzero(A, axis=1) - 1  # one plan per neighbour, sent once
+        first_epoch = plans + (measured.originated - plans) / epochs
+        bound = paper_bound(A)
+        result["key_messages_per_agent"] = {
+            "originated_first_epoch_mean": float(np.mean(first_epoch)),
+            "relayed_per_epoch_mean": float(np.mean(measured.relayed / epochs)),
+            "paper_bound_mean": float(np.mean(bound)),
+            "agents_over_bound": int(np.sum(first_epoch > bound + 1e-9)),
+            "max_originated_over_bound": float(np.max(first_epoch / bound)),
+            "max_with_relays_over_bound": float(
+                np.max((first_epoch + measured.relayed / epochs) / bound)
+            ),
+        }
+    return result
+
+
+def overhead(
+    base: ExperimentConfig,
+    strategy: Strategy = Strategy.ATC,
+    topologies: tuple[str, ...] = TOPOLOGIES,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Every scheme (local-ghp under both re-key policies) on every topology."""
+    rows = []
+    for topology in topologies:
+        plain = [s for s in Scheme if s is not Scheme.LOCAL_GHP]
+        runs = [(s, Rekey.ONCE) for s in plain] + [(Scheme.LOCAL_GHP, r) for r in Rekey]
+        none_bytes = None
+        for scheme, rekey in runs:
+            config = replace(
+                base,
+                topology=topology,
+                strategies=(strategy,),
+                schemes=(scheme,),
+                rekey=rekey,
+                repeats=1,
+            )
+            problem = Problem.build(config)
+            started = time.perf_counter()
+            result = row(problem, strategy, scheme, measure(problem, strategy, scheme))
+            result["wall_s"] = time.perf_counter() - started
+            total = result["per_round"]["bytes"]["total"]
+            none_bytes = total if scheme is Scheme.NONE else none_bytes
+            result["per_round_ratio_to_none"] = total / none_bytes if none_bytes else None
+            rows.append(result)
+            if progress is not None:
+                progress(f"{topology}/{scheme}/{result['rekey']}")
+    return rows
+
+
+def overhead_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title="communication per round (MQTT PUBLISH bytes, QoS 1) and one-time setup")
+    for name in (
+        "topology", "deg", "scheme", "rekey", "model B/rd", "keys B/rd", "telem B/rd",
+        "total B/rd", "x none", "setup B", "DH setup", "DH/rd", "key msgs/agent", "bound",
+    ):  # fmt: skip
+        table.add_column(name, justify="right")
+    for r in rows:
+        per = r["per_round"]["bytes"]
+        keys_per_agent = r.get("key_messages_per_agent")
+        table.add_row(
+            r["topology"],
+            f"{r['mean_degree']:.1f}",
+            r["scheme"],
+            r["rekey"],
+            f"{per['model']:.0f}",
+            f"{per['keys']:.0f}",
+            f"{per['telemetry']:.0f}",
+            f"{per['total']:.0f}",
+            f"{r['per_round_ratio_to_none']:.2f}",
+            f"{r['setup']['bytes']['total']:.0f}",
+            str(r["dh_agreements_setup"]),
+            f"{r['dh_agreements_per_round']:.0f}",
+            f"{keys_per_agent['originated_first_epoch_mean']:.1f}" if keys_per_agent else "-",
+            f"{keys_per_agent['paper_bound_mean']:.1f}" if keys_per_agent else "-",
+        )
+    return table
+
+
+def plot_overhead(rows: list[dict[str, Any]], path: Path) -> None:
+    """Bytes per round against mean degree, one line per scheme (and re-key policy)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.2))
+    ax = fig.subplots()
+    lines: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        name = r["scheme"] if r["rekey"] == "n/a" else f"{r['scheme']} ({r['rekey']})"
+        lines.setdefault(name, []).append((r["mean_degree"], r["per_round"]["bytes"]["total"]))
+    for name, points in lines.items():
+        x, y = zip(*sorted(points), strict=True)
+        ax.plot(x, y, "o-", label=name)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("mean degree")
+    ax.set_ylabel("bytes per round (all agents)")
+    ax.set_title(f"privacy overhead, {rows[0]['agents']} agents, {rows[0]['strategy']}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def write_overhead(rows: list[dict[str, Any]], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "overhead.json").write_text(json.dumps({"rows": rows}, indent=2) + "\n")
+    plot_overhead(rows, out / "overhead.png")

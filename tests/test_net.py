@@ -1,0 +1,287 @@
+"""The `net` engine end to end: real agent processes, a real broker, no mocks.
+
+Each test runs under mosquitto and under the embedded amqtt broker (mosquitto missing: skip,
+or fail when PRIVNET_REQUIRE_MOSQUITTO=1). Runs are small (6-10 agents, 20-100 rounds) and one
+`privnet run` serves several sessions (strategy x scheme) with the same agent processes, so
+the file fits a CI budget of about three minutes on two cores.
+"""
+
+import asyncio
+import contextlib
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiomqtt
+import msgpack
+import numpy as np
+import psutil
+import pytest
+
+from agent import wire
+from agent.control import Telemetry
+from agent.messages import Model
+from broker import topics
+from broker.launcher import Broker, launch
+from orchestrator.cli import main
+from orchestrator.report import load_summary, read_metrics
+
+pytestmark = pytest.mark.net
+
+EQUIVALENCE = ["--agents", "10", "--iters", "20", "--seed", "11"]
+# mosquitto runs every strategy x scheme; the embedded broker (slower) every scheme under ATC
+COMBOS = {"mosquitto": ("all", "all"), "embedded": ("atc", "all")}
+PUBACK = 4  # bytes of an MQTT 3.1.1 PUBACK: what a QoS-1 subscriber returns per delivery
+
+
+def privnet_argv(kind: str, *flags: str) -> list[str]:
+    strategy, scheme = COMBOS[kind]
+    return [*EQUIVALENCE, "--strategy", strategy, "--scheme", scheme, *flags]
+
+
+@pytest.fixture(scope="module")
+def net_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """`privnet run` once per broker kind (cached): its --out directory."""
+    done: dict[str, Path] = {}
+
+    def run(kind: str) -> Path:
+        if kind not in done:
+            out = tmp_path_factory.mktemp(f"net-{kind}")
+            assert main(["run", *privnet_argv(kind, "--broker", kind, "--out", str(out))]) == 0
+            done[kind] = out
+        return done[kind]
+
+    return run
+
+
+# ---- 1. the network computes what the in-memory engine computes ------------------------------
+
+
+def test_net_run_equals_memory_engine(
+    broker_kind: str, net_run: Callable[[str], Path], tmp_path: Path
+) -> None:
+    net = read_metrics(net_run(broker_kind) / "metrics.csv")
+    argv = ["simulate", "--engine", "memory", *privnet_argv(broker_kind, "--out", str(tmp_path))]
+    assert main(argv) == 0
+    memory = read_metrics(tmp_path / "metrics.csv")
+    strategies = 3 if COMBOS[broker_kind][0] == "all" else 1
+    assert len(memory) == strategies * 4
+    assert net.keys() == memory.keys()
+    for key, (centroid, average) in memory.items():
+        assert centroid.shape == (1, 20)
+        np.testing.assert_allclose(net[key][0], centroid, rtol=1e-9, err_msg=f"{key} centroid")
+        np.testing.assert_allclose(net[key][1], average, rtol=1e-9, err_msg=f"{key} average")
+
+
+# ---- 5. what the agents count against what mosquitto counts ----------------------------------
+
+
+@pytest.mark.usefixtures("needs_mosquitto")
+def test_agent_byte_counts_match_mosquitto_sys(net_run: Callable[[str], Path]) -> None:
+    """Every agent PUBLISH crosses the broker once, so the agents' own count is a lower bound
+    of $SYS bytes_received. The rest is MQTT bookkeeping: a 4-byte PUBACK per QoS-1 delivery
+    (each agent message has exactly one subscriber), the orchestrator's Welcome/Setup/Go/Bye,
+    registration Hellos, CONNECT/SUBSCRIBE/PINGREQ/DISCONNECT. Bound: within 15 %.
+    """
+    summary = load_summary(net_run("mosquitto") / "summary.json")
+    sys_delta = summary["config"]["broker_sys"]
+    results = summary["results"]
+    sent = sum(sum(r["bytes"].values()) for r in results)
+    messages = sum(sum(r["messages"].values()) for r in results)
+    received = sys_delta["bytes_received"]
+    assert sys_delta["messages_received"] >= messages
+    assert sent + PUBACK * messages <= received
+    ratio = sent / received
+    print(f"agent PUBLISH bytes {sent} / $SYS bytes_received {received} = {ratio:.4f}")
+    assert ratio >= 0.85, f"{received - sent} bytes of the broker's count are unexplained"
+
+
+# ---- 2. an attacker on the wire changes nothing but the rejection counters -------------------
+
+
+ATTACK = ["--agents", "6", "--iters", "100", "--seed", "5", "--strategy", "atc", "--scheme", "ghp"]
+EXPECTED_REJECTIONS = {"malformed": 1, "oversized": 1, "bad-mac": 3, "stale": 1, "spoofed": 1}
+
+
+def peek(payload: bytes) -> tuple[str, dict[str, Any]]:
+    """Type and body of a peer frame, read as any eavesdropper can: the MAC does not encrypt."""
+    _, name, body, _ = msgpack.unpackb(payload)
+    return name, msgpack.unpackb(body)
+
+
+async def eavesdrop(
+    client: aiomqtt.Client,
+) -> tuple[int, int, dict[int, tuple[str, bytes, dict[str, Any]]]]:
+    """Record round-1 models until some agent with two in-neighbours reports round 2.
+
+    Returns that victim, the round it is in, and its captured round-1 messages by sender.
+    """
+    captured: dict[int, dict[int, tuple[str, bytes, dict[str, Any]]]] = {}
+    async for message in client.messages:
+        topic, payload = message.topic.value, bytes(message.payload)  # type: ignore[arg-type]
+        peer = topics.parse_peer_topic(topic)
+        if peer is not None:
+            name, body = peek(payload)
+            if name == "model" and body["i"] == 1:
+                captured.setdefault(peer[1], {})[peer[2]] = (topic, payload, body)
+            continue
+        report = wire.decode_control(payload)
+        assert isinstance(report, Telemetry)
+        senders = captured.get(report.agent, {})
+        if report.round >= 2 and len(senders) >= 2:
+            return report.agent, report.round + 1, senders
+    raise AssertionError("the subscription ended before the run reached round 2")
+
+
+def attacks(
+    run: str, victim: int, now: int, captured: dict[int, tuple[str, bytes, dict[str, Any]]]
+) -> list[tuple[str, bytes]]:
+    """What the attacker publishes into the victim's inbox, in EXPECTED_REJECTIONS order."""
+    m, other = sorted(captured)[:2]
+    topic, replay, body = captured[m]
+    step, wrong_key = body["j"], secrets.token_bytes(32)
+
+    def forged(vector: list[float]) -> bytes:
+        model = Model(sender=m, receiver=victim, round=now, step=step, vector=np.array(vector))
+        return wire.encode_peer(model, wrong_key)
+
+    return [
+        (topic, b"\xc1 this is not msgpack"),  # malformed
+        (topic, b"\x00" * (wire.MAX_PEER_BYTES + 1)),  # oversized
+        (topic, forged([float("nan"), 0.0])),  # bad-mac: NaN never gets past the MAC
+        (topic, forged([1.0, 2.0, 3.0])),  # bad-mac: nor does a wrong shape
+        (topic, replay),  # stale: a real round-1 message, replayed later
+        (topic, captured[other][1]),  # spoofed: another neighbour's message on m's topic
+        (topic, forged([0.5, -0.5])),  # bad-mac: right topic and sender, wrong key
+    ]
+
+
+async def test_injected_messages_are_counted_and_change_nothing(
+    broker_kind: str, tmp_path: Path
+) -> None:
+    run = f"attack-{broker_kind}"
+    errors = tmp_path / "privnet.err"
+    async with launch(broker_kind) as broker, client(broker) as attacker:
+        await attacker.subscribe(f"{topics.PREFIX}/{run}/to/+/from/+", qos=1)
+        await attacker.subscribe(f"{topics.PREFIX}/{run}/telemetry/+", qos=1)
+        flags = [*ATTACK, "--broker", str(broker.address), "--run-name", run]
+        with errors.open("w") as err:
+            privnet = subprocess.Popen(
+                [sys.executable, "-m", "orchestrator.cli", "run", *flags, "--out", str(tmp_path)],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        with stopped(privnet):
+            async with asyncio.timeout(60):
+                victim, now, captured = await eavesdrop(attacker)
+                for topic, payload in attacks(run, victim, now, captured):
+                    await attacker.publish(topic, payload, qos=1)
+                code = await asyncio.to_thread(privnet.wait)
+    assert code == 0, errors.read_text()
+    (result,) = load_summary(tmp_path / "summary.json")["results"]
+    assert result["rejected"] == EXPECTED_REJECTIONS
+    clean = tmp_path / "memory"
+    assert main(["simulate", "--engine", "memory", *ATTACK, "--out", str(clean)]) == 0
+    attacked, expected = read_metrics(tmp_path / "metrics.csv"), read_metrics(clean / "metrics.csv")
+    assert attacked.keys() == expected.keys() == {("atc", "ghp")}
+    for key in expected:
+        np.testing.assert_array_equal(attacked[key], expected[key])
+
+
+def client(broker: Broker) -> aiomqtt.Client:
+    return aiomqtt.Client(broker.address.host, broker.address.port)
+
+
+# ---- 3, 4. a dead agent or a Ctrl-C ends the run, and nothing is left behind -----------------
+
+LONG_RUN = ["--agents", "6", "--iters", "5000", "--deadline", "10", "--strategy", "atc"]
+
+
+def start_privnet(kind: str, out: Path) -> subprocess.Popen[bytes]:
+    """`privnet run` in its own process group (as a shell's foreground job), stderr to a file."""
+    with (out / "privnet.err").open("w") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.cli", "run", *LONG_RUN, "--broker", kind]
+            + ["--out", str(out)],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+            env={**os.environ, "COLUMNS": "400"},
+        )
+
+
+def wait_for_rounds(privnet: subprocess.Popen[bytes], out: Path) -> list[psutil.Process]:
+    """Block until the agents registered and rounds run; the run's processes (broker, agents)."""
+    deadline = time.monotonic() + 60
+    while "agents registered" not in (out / "privnet.err").read_text():
+        assert privnet.poll() is None, (out / "privnet.err").read_text()
+        assert time.monotonic() < deadline, "the agents did not register within 60 s"
+        time.sleep(0.1)
+    time.sleep(1.0)  # a few rounds in
+    return psutil.Process(privnet.pid).children(recursive=True)
+
+
+def alive(procs: list[psutil.Process]) -> list[str]:
+    return [
+        " ".join(p.cmdline())
+        for p in procs
+        if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    ]
+
+
+@contextlib.contextmanager
+def stopped(privnet: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Whatever happens in the test, no process of this run outlives it."""
+    try:
+        yield
+    finally:
+        if privnet.poll() is None:
+            family = psutil.Process(privnet.pid).children(recursive=True)
+            privnet.kill()
+            privnet.wait()
+            for proc in family:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.kill()
+
+
+def agent_process(procs: list[psutil.Process], agent: int) -> psutil.Process:
+    (proc,) = [
+        p
+        for p in procs
+        if "agent" in p.cmdline() and p.cmdline()[p.cmdline().index("--id") + 1] == str(agent)
+    ]
+    return proc
+
+
+def test_killed_agent_fails_the_run_naming_it(broker_kind: str, tmp_path: Path) -> None:
+    privnet = start_privnet(broker_kind, tmp_path)
+    with stopped(privnet):
+        family = wait_for_rounds(privnet, tmp_path)
+        assert len([p for p in family if "agent" in p.cmdline()]) == 6
+        agent_process(family, 3).send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        code = privnet.wait(timeout=30)
+        took = time.monotonic() - killed
+    stderr = (tmp_path / "privnet.err").read_text()
+    assert code != 0
+    assert took <= 10.0, f"privnet took {took:.1f} s to give up; the deadline is 10 s"
+    assert re.search(r"agent\s+3\b.*exited with code -9", stderr, re.S), stderr
+    assert alive(family) == []
+
+
+def test_ctrl_c_stops_everything(broker_kind: str, tmp_path: Path) -> None:
+    privnet = start_privnet(broker_kind, tmp_path)
+    with stopped(privnet):
+        family = wait_for_rounds(privnet, tmp_path)
+        os.killpg(privnet.pid, signal.SIGINT)
+        code = privnet.wait(timeout=30)
+    assert code == 130, (tmp_path / "privnet.err").read_text()
+    assert "interrupted" in (tmp_path / "privnet.err").read_text()
+    assert alive(family) == []
