@@ -24,6 +24,7 @@ from agent.core import AgentCore
 from agent.losses import LeastSquares
 from agent.messages import Message, Rejected, Report
 from broker import topics
+from broker.inbox import Inbox
 from broker.launcher import BrokerAddress
 
 log = logging.getLogger("privnet.agent")
@@ -62,8 +63,10 @@ class Session:
 
 
 class AgentShell:
-    def __init__(self, client: aiomqtt.Client, run: str, requested_id: int | None) -> None:
-        self.client, self.run = client, run
+    def __init__(
+        self, client: aiomqtt.Client, inbox: Inbox, run: str, requested_id: int | None
+    ) -> None:
+        self.client, self.inbox, self.run = client, inbox, run
         self.requested_id = requested_id
         self.identity = keys.Identity.generate()
         self.nonce = secrets.token_bytes(16)
@@ -129,11 +132,10 @@ class AgentShell:
 
     async def serve(self) -> int:
         """Handle messages until Bye (0) or a failure; returns the process exit code."""
-        messages = self.client.messages
         while True:
             timeout = self._timeout()
             try:
-                message = await asyncio.wait_for(anext(messages), timeout)
+                message = await self.inbox.get(timeout)
             except TimeoutError:
                 raise AgentFailure(self._silence(timeout)) from None
             done = await self._dispatch(message)
@@ -272,14 +274,17 @@ def telemetry_context(run: str, agent: int, round_: int) -> bytes:
 async def run_agent(broker: BrokerAddress, run: str, requested_id: int | None = None) -> int:
     """Connect, register, serve sessions until Bye. Returns the exit code."""
     try:
-        async with aiomqtt.Client(
-            broker.host,
-            broker.port,
-            max_inflight_messages=200,
-            socket_options=topics.NODELAY,
-            keepalive=30,
-        ) as client:
-            shell = AgentShell(client, run, requested_id)
+        async with (
+            aiomqtt.Client(
+                broker.host,
+                broker.port,
+                max_inflight_messages=200,
+                socket_options=topics.NODELAY,
+                keepalive=30,
+            ) as client,
+            Inbox(client) as inbox,
+        ):
+            shell = AgentShell(client, inbox, run, requested_id)
             await shell.register()
             try:
                 return await shell.serve()

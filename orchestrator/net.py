@@ -7,7 +7,6 @@ on success, on failure and on Ctrl-C.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import secrets
@@ -28,6 +27,7 @@ from agent.messages import Rejected
 from agent.shell import QOS, telemetry_context
 from agent.spec import Scheme, Strategy
 from broker import topics
+from broker.inbox import Inbox
 from broker.launcher import BrokerAddress
 from orchestrator.problem import Problem
 from orchestrator.specs import agent_specs
@@ -136,7 +136,8 @@ class Orchestrator:
     telemetry: bool = True
     key: X25519PrivateKey = field(default_factory=X25519PrivateKey.generate)
     registrations: dict[int, Registration] = field(default_factory=dict)
-    on_message: Callable[[str, bytes], None] | None = None  # the audit taps here
+    on_message: Callable[[str, bytes], None] | None = None
+    _inbox: Inbox | None = None  # the audit taps here
 
     async def subscribe(self) -> None:
         base = f"{topics.PREFIX}/{self.run}"
@@ -148,10 +149,11 @@ class Orchestrator:
     ) -> tuple[str, control.Control]:
         """The next control/telemetry message, checking children and the deadline meanwhile."""
         waited = 0.0
-        messages = self.client.messages
+        if self._inbox is None:
+            self._inbox = await Inbox(self.client).__aenter__()
         while True:
             try:
-                message = await asyncio.wait_for(anext(messages), POLL)
+                message = await self._inbox.get(POLL)
             except TimeoutError:
                 waited += POLL
                 if self.pool is not None:
@@ -259,6 +261,10 @@ class Orchestrator:
             missing = np.argwhere(np.isnan(models[..., 0]))[:5].tolist()
             raise RunFailed(f"telemetry incomplete: missing (round-1, agent) {missing}")
         return SessionResult(models, finished, wall)
+
+    async def close(self) -> None:
+        if self._inbox is not None:
+            await self._inbox.__aexit__(None, None, None)
 
     async def bye(self) -> None:
         await self._send(topics.ctl_down(self.run, "all"), control.Bye())

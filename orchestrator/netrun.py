@@ -114,6 +114,8 @@ async def _drive(
         except BaseException as exc:  # Ctrl-C included: tell the agents before tearing down
             await orch.abort(f"orchestrator stopped: {type(exc).__name__}")
             raise
+        finally:
+            await orch.close()
     extra: dict[str, Any] = {"broker": broker.kind, "run": run}
     if sys_before is not None:
         sys_after = await _sys(broker)

@@ -52,9 +52,10 @@ def run_oracle(
 ) -> list[Curve]:
     """One Curve per (strategy, scheme), in the order strategies x schemes.
 
-    Defaults come from problem.config. `progress(n)` is called after each strategy with n,
-    the number of strategies finished so far. rounds_per_s is iters * repeats over the wall
-    time of the strategy; all its schemes ran in that time, so they share the figure.
+    Defaults come from problem.config. `progress(n)` reports n more units done (one unit
+    per strategy, so n = 1 as each finishes; the memory engine reports the same way).
+    rounds_per_s is iters * repeats over the wall time of the strategy; all its schemes ran
+    in that time, so they share the figure.
     """
     config = problem.config
     strategies = _choices(config.strategies if strategies is None else strategies, Strategy)
@@ -62,7 +63,7 @@ def run_oracle(
     lanes = tuple(dict.fromkeys(_LANE[s] for s in schemes))
     grads = _minibatch(problem) if _batch(problem) else _full_batch(problem)
     curves: list[Curve] = []
-    for done, strategy in enumerate(strategies, start=1):
+    for strategy in strategies:
         start = perf_counter()
         centroid, avg = _run_strategy(problem, strategy, lanes, grads)
         rate = config.iters * config.repeats / (perf_counter() - start)
@@ -70,7 +71,7 @@ def run_oracle(
             s = lanes.index(_LANE[scheme])
             curves.append(Curve(strategy.value, scheme.value, centroid[s], avg[s], rate))
         if progress is not None:
-            progress(done)
+            progress(1)
     return curves
 
 

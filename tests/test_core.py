@@ -56,15 +56,15 @@ STAR = nx.star_graph(5)
 PAIR = nx.path_graph(2)
 
 
-def problem_on(graph: nx.Graph, rule: str = "metropolis", **settings: Any) -> Problem:
-    settings = {"iters": ROUNDS, "seed": SEED, **settings}
-    config = ExperimentConfig(agents=graph.number_of_nodes(), rule=rule, **settings)
+def problem_on(graph: nx.Graph, rule: str = "metropolis", **overrides: Any) -> Problem:
+    overrides = {"iters": ROUNDS, "seed": SEED, **overrides}
+    config = ExperimentConfig(agents=graph.number_of_nodes(), rule=rule, **overrides)
     a = topology.combination_matrix(graph, rule)
     return Problem(config, graph, a, topology.perron(a))
 
 
-def geometric(agents: int = 10, rule: str = "metropolis", **settings: Any) -> Problem:
-    return problem_on(topology.make_graph("geometric", agents, SEED), rule, **settings)
+def geometric(agents: int = 10, rule: str = "metropolis", **overrides: Any) -> Problem:
+    return problem_on(topology.make_graph("geometric", agents, SEED), rule, **overrides)
 
 
 def step_of(strategy: Strategy) -> int:
@@ -124,7 +124,9 @@ class Trace:
 
     def sent(self) -> dict[tuple[int, int, int], np.ndarray]:
         """(sender, receiver, round) -> vector of every Model on the wire."""
-        return {(m.sender, m.receiver, m.round): m.vector for m in self.wire if isinstance(m, Model)}
+        return {
+            (m.sender, m.receiver, m.round): m.vector for m in self.wire if isinstance(m, Model)
+        }
 
 
 def keep_self_terms(core: AgentCore, kept: dict) -> None:
@@ -226,7 +228,7 @@ def test_scheme_given_as_text_runs_that_scheme() -> None:
     core = build_cores(geometric(4), Strategy.ATC, Scheme.NONE, 0)[0]
     spec = dataclasses.replace(core.spec, scheme="none", rekey="every-round")  # type: ignore[arg-type]
     assert spec.scheme is Scheme.NONE and spec.rekey is Rekey.EVERY_ROUND
-    with pytest.raises(ConfigError, match="unknown scheme 'lgp'.*local-ghp"):
+    with pytest.raises(ConfigError, match=r"unknown scheme 'lgp'.*local-ghp"):
         dataclasses.replace(core.spec, scheme="lgp")  # type: ignore[arg-type]
 
 
@@ -276,11 +278,13 @@ def test_start_without_keys_sends_round_one(scheme: Scheme) -> None:
     for core in build_cores(problem, Strategy.CONSENSUS, scheme, 0):
         out = core.start()
         assert all(isinstance(m, Model) and (m.round, m.step) == (1, 0) for m in out)
-        assert sorted(m.receiver for m in out) == [k for k in range(6) if a[core.me, k] > 0
-                                                   and k != core.me]
+        assert sorted(m.receiver for m in out) == [
+            k for k in range(6) if a[core.me, k] > 0 and k != core.me
+        ]
         assert core.waiting_for() == senders(a, core.me)
 
 
+@settings(max_examples=50, deadline=None)
 @given(
     others=st.lists(st.integers(0, 50), min_size=1, max_size=12, unique=True),
     hub=st.integers(51, 60),
@@ -309,7 +313,8 @@ def test_local_ghp_masks_cancel_at_every_hub(
     graph: nx.Graph, rule: str, strategy: Strategy
 ) -> None:
     problem = problem_on(graph, rule, iters=3)
-    masked, clear = trace(problem, strategy, Scheme.LOCAL_GHP), trace(problem, strategy, Scheme.NONE)
+    masked = trace(problem, strategy, Scheme.LOCAL_GHP)
+    clear = trace(problem, strategy, Scheme.NONE)
     got, want = masked.sent(), clear.sent()
     assert got.keys() == want.keys()
     for link, vector in got.items():
@@ -366,8 +371,15 @@ def _noise_table(core: AgentCore, round_: int) -> np.ndarray:
     """Row `core.me` of round `round_`'s noise table, as documented in core._privatize."""
     spec = core.spec
     plan = next(p for p in spec.steps if p.communicates)
-    raw = rng.raw_row(spec.noise_key, rng.Domain.NOISE, plan.step, round_, spec.agent,
-                      spec.agents, spec.agents * spec.dim)
+    raw = rng.raw_row(
+        spec.noise_key,
+        rng.Domain.NOISE,
+        plan.step,
+        round_,
+        spec.agent,
+        spec.agents,
+        spec.agents * spec.dim,
+    )
     return rng.laplace(rng.uniforms(raw), spec.sigma_g).reshape(spec.agents, spec.dim)
 
 
@@ -384,8 +396,8 @@ def test_random_noise_differs_per_receiver_and_comes_from_rng(strategy: Strategy
             table = _noise_table(run.cores[m], i)
             for k in receivers:
                 np.testing.assert_allclose(got[(m, k, i)], x + table[k], rtol=0, atol=1e-14)
-            for k, l in pairwise(receivers):
-                assert np.linalg.norm(got[(m, k, i)] - got[(m, l, i)]) > MASKED
+            for k, j in pairwise(receivers):
+                assert np.linalg.norm(got[(m, k, i)] - got[(m, j, i)]) > MASKED
 
 
 # ---- 5. rejections --------------------------------------------------------------------------
@@ -401,15 +413,14 @@ def _slot(msg: Model) -> tuple[int, int]:
 
 BAD_MODELS: dict[str, Callable[[Model, AgentCore], Message]] = {
     "wrong-receiver": lambda msg, core: dataclasses.replace(
-        msg, receiver=(msg.receiver + 1) % core.spec.agents),
-    "not-neighbour": lambda msg, core: dataclasses.replace(
-        msg, sender=_stranger(core, msg.step)),
+        msg, receiver=(msg.receiver + 1) % core.spec.agents
+    ),
+    "not-neighbour": lambda msg, core: dataclasses.replace(msg, sender=_stranger(core, msg.step)),
     "stale": lambda msg, core: dataclasses.replace(msg, round=core.round - 1),
     "duplicate": lambda msg, core: msg,  # a replay of the message just delivered
     "ahead": lambda msg, core: dataclasses.replace(msg, round=core.round + 2),
     "shape": lambda msg, core: dataclasses.replace(msg, vector=np.zeros(core.spec.dim + 1)),
-    "non-finite": lambda msg, core: dataclasses.replace(
-        msg, vector=np.full(core.spec.dim, np.nan)),
+    "non-finite": lambda msg, core: dataclasses.replace(msg, vector=np.full(core.spec.dim, np.nan)),
     "schema": lambda msg, core: Report(sender=msg.sender, round=msg.round, w=msg.vector),
 }
 
@@ -417,9 +428,12 @@ BAD_MODELS: dict[str, Callable[[Model, AgentCore], Message]] = {
 def _mid_run(msg: Message, core: AgentCore) -> bool:
     """A Model of INJECT_ROUND whose slot the receiver still holds (so a replay is a
     duplicate), at an agent that has a non-neighbour."""
-    return (isinstance(msg, Model) and msg.round == INJECT_ROUND
-            and core.position <= _slot(msg) and len(core.spec.plan(msg.step).weights_in)
-            < core.spec.agents)
+    return (
+        isinstance(msg, Model)
+        and msg.round == INJECT_ROUND
+        and core.position <= _slot(msg)
+        and len(core.spec.plan(msg.step).weights_in) < core.spec.agents
+    )
 
 
 @pytest.mark.parametrize("scheme", [Scheme.RANDOM, Scheme.LOCAL_GHP])
@@ -437,7 +451,8 @@ def test_bad_model_is_rejected_counted_and_harmless(reason: str, scheme: Scheme)
     outcome = drive(cores, inject=once(_mid_run, make))
     assert outcome.rejected == [reason]
     assert [c.counters.rejected for c in cores] == [
-        {reason: 1} if c.me in hit else {} for c in cores]
+        {reason: 1} if c.me in hit else {} for c in cores
+    ]
     assert all(c.done for c in cores)
     if scheme is Scheme.RANDOM:
         np.testing.assert_array_equal(outcome.models, clean.models)
@@ -468,8 +483,16 @@ class KeySwap:
         if self.resign:
             hub = self.cores[self.hub]
             assert hub.identity is not None
-            signature = keys.sign_share(hub.identity, hub.spec.session, msg.owner, msg.hub,
-                                        msg.partner, msg.step, msg.epoch, evil)
+            signature = keys.sign_share(
+                hub.identity,
+                hub.spec.session,
+                msg.owner,
+                msg.hub,
+                msg.partner,
+                msg.step,
+                msg.epoch,
+                evil,
+            )
         self.swapped.append(msg)
         return dataclasses.replace(msg, public=evil.public, signature=signature)
 
@@ -498,8 +521,9 @@ def _foreign_share(cores: list[AgentCore], msg: KeyShare, core: AgentCore) -> Ke
     x = min(set(range(core.spec.agents)) - {core.me, *_partners(core, msg.hub, msg.step)})
     assert cores[x].identity is not None
     eph = keys.Ephemeral.generate()
-    signature = keys.sign_share(cores[x].identity, core.spec.session, x, msg.hub, core.me,
-                                msg.step, msg.epoch, eph)
+    signature = keys.sign_share(
+        cores[x].identity, core.spec.session, x, msg.hub, core.me, msg.step, msg.epoch, eph
+    )
     return dataclasses.replace(msg, owner=x, public=eph.public, signature=signature)
 
 
@@ -545,13 +569,23 @@ def test_hub_refuses_to_relay_for_agents_it_did_not_pair() -> None:
     def make(msg: Message, hub: AgentCore) -> list[Message]:
         share: KeyShare = msg  # type: ignore[assignment]
         owner = cores[share.owner]
-        unpaired = min(set(range(10)) - {share.owner, hub.me, *_partners(owner, hub.me, share.step)})
+        paired = _partners(owner, hub.me, share.step)
+        unpaired = min(set(range(10)) - {share.owner, hub.me, *paired})
         assert owner.identity is not None
         eph = keys.Ephemeral.generate()
-        signature = keys.sign_share(owner.identity, owner.spec.session, owner.me, hub.me,
-                                    unpaired, share.step, share.epoch, eph)
-        return [dataclasses.replace(share, partner=unpaired, public=eph.public,
-                                    signature=signature)]
+        signature = keys.sign_share(
+            owner.identity,
+            owner.spec.session,
+            owner.me,
+            hub.me,
+            unpaired,
+            share.step,
+            share.epoch,
+            eph,
+        )
+        return [
+            dataclasses.replace(share, partner=unpaired, public=eph.public, signature=signature)
+        ]
 
     outcome = drive(cores, inject=once(when, make))
     assert outcome.rejected == ["not-neighbour"]
@@ -569,13 +603,16 @@ def _distinct_partners(problem: Problem, strategy: Strategy, p: int) -> set[int]
 
 
 def _relays(problem: Problem, strategy: Strategy, k: int) -> int:
-    """Shares hub k forwards per epoch: two per pair of its neighbours (none when it pairs itself)."""
+    """Shares hub k forwards per epoch: two per pair (none when it pairs with its neighbour)."""
     seats = split_senders(senders(weights(problem, strategy), k), k)
     return sum(len(s.partners) for m, s in seats.items() if m != k and k not in s.partners)
 
 
-@pytest.mark.parametrize("graph", [PATH, STAR, topology.make_graph("geometric", 9, SEED)],
-                         ids=["path", "star", "geometric"])
+@pytest.mark.parametrize(
+    "graph",
+    [PATH, STAR, topology.make_graph("geometric", 9, SEED)],
+    ids=["path", "star", "geometric"],
+)
 @pytest.mark.parametrize("rekey", list(Rekey))
 def test_rekey_counts_agreements_and_keeps_the_trajectory(graph: nx.Graph, rekey: Rekey) -> None:
     problem = problem_on(graph, rekey=rekey)
@@ -585,7 +622,8 @@ def test_rekey_counts_agreements_and_keeps_the_trajectory(graph: nx.Graph, rekey
     epochs = ROUNDS if rekey is Rekey.EVERY_ROUND else 1
     for core in cores:
         assert core.counters.agreements == epochs * len(
-            _distinct_partners(problem, Strategy.ATC, core.me))
+            _distinct_partners(problem, Strategy.ATC, core.me)
+        )
         assert core.counters.relayed == epochs * _relays(problem, Strategy.ATC, core.me)
     assert_same_trajectory(outcome.models, clean.models)
 

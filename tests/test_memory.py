@@ -78,9 +78,11 @@ def test_noisy_schemes_and_repeats_really_differ(runs: tuple[Curves, Curves]) ->
 
 
 def test_minibatch_memory_matches_oracle() -> None:
-    """batch = 10 of 100 samples: the BATCH stream's indices must agree across engines."""
-    mini = problem(batch=10, strategies=(Strategy.ATC,))
+    """batch = 10 of 100 samples: the BATCH stream's indices must agree across engines,
+    alone and with random's NOISE stream drawn in the same rounds."""
+    mini = problem(batch=10, strategies=(Strategy.ATC,), schemes=(Scheme.NONE, Scheme.RANDOM))
     memory, oracle = by_label(run_memory(mini)), by_label(run_oracle(mini))
+    assert memory.keys() == oracle.keys() == {("atc", "none"), ("atc", "random")}
     for label, curve in memory.items():
         assert_same_curves(curve, oracle[label])
     full = by_label(run_oracle(problem(strategies=(Strategy.ATC,))))

@@ -125,7 +125,8 @@ def small() -> tuple[Problem, dict[tuple[str, str], Curve]]:
 def test_vectorized_equals_the_per_agent_loop(small) -> None:
     problem, curves = small
     assert len(curves) == 3 * 4
-    assert_matches_reference(problem, list(curves.values()))
+    # local-ghp is none in both implementations; test_local_ghp_is_none covers it.
+    assert_matches_reference(problem, [c for c in curves.values() if c.scheme != "local-ghp"])
 
 
 def test_minibatch_equals_the_per_agent_loop() -> None:
@@ -205,7 +206,7 @@ def test_progress_order_and_rate() -> None:
     problem = build(agents=5, iters=30, repeats=1)
     seen: list[int] = []
     curves = run_oracle(problem, ["cta", "atc"], ["ghp", "none"], progress=seen.append)
-    assert seen == [1, 2]
+    assert seen == [1, 1]  # one unit per strategy, as increments
     assert [c.key for c in curves] == [
         ("cta", "ghp"),
         ("cta", "none"),

@@ -1,0 +1,375 @@
+"""The auditor and the overhead meter: what the wire reveals, what attackers get, what it costs.
+
+Most tests run the cores on the memory engine and audit their messages exactly as they would
+travel (wire frames on MQTT topics). One test captures a real run with tcpdump and checks that
+the pcap shows the very messages the live tap saw.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent import control, keys, wire
+from agent.core import AgentCore, split_senders
+from agent.messages import KeyShare, Message, Model, Report
+from agent.spec import STRATEGY_STEP, Scheme, Strategy
+from broker import topics
+from broker.launcher import launch
+from orchestrator import audit, overhead
+from orchestrator.cli import main
+from orchestrator.config import ExperimentConfig
+from orchestrator.problem import Problem
+
+SEED = 3
+SIGMA_G = 0.1
+CANCEL = 1e-12  # masks cancel at a hub to this relative precision
+# KS p-values below this fail. random/ghp draws are seeded (fixed p); local-ghp masks come
+# from fresh DH secrets, so its p is uniform under the null: this fails 1 run in 10^4.
+P_MIN = 1e-4
+RUN = "run-audit"
+
+
+def config(agents: int = 12, iters: int = 8, **kw: object) -> ExperimentConfig:
+    base = {
+        "agents": agents,
+        "iters": iters,
+        "seed": SEED,
+        "strategies": (Strategy.ATC,),
+        "schemes": tuple(Scheme),
+        "repeats": 1,
+        "sigma_g2": SIGMA_G**2,
+    }
+    return ExperimentConfig(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def matrix(problem: Problem, strategy: Strategy) -> np.ndarray:
+    return problem.matrices(strategy)[(0, 1, 2).index(STRATEGY_STEP[strategy])]
+
+
+def senders_of(A: np.ndarray, hub: int) -> list[int]:
+    return [int(m) for m in np.flatnonzero(A[:, hub]) if m != hub]
+
+
+def records_of(run: str, messages: list[Message]) -> list[audit.WireRecord]:
+    """A session's messages as the broker would carry them (the link key does not matter)."""
+    go = audit.WireRecord(0.0, topics.ctl_down(run, "all"), wire.encode_control(control.Go()))
+    return [go] + [
+        audit.WireRecord(
+            0.0, topics.peer_topic(run, m.receiver, m.sender), wire.encode_peer(m, bytes(32))
+        )
+        for m in messages
+        if not isinstance(m, Report)
+    ]
+
+
+def memory_recording(c: ExperimentConfig) -> tuple[audit.Recording, list[np.ndarray]]:
+    """A whole run on the memory engine, recorded like `privnet run --audit` records it."""
+    problem = Problem.build(c)
+    records, telemetry = [], []
+    for strategy, scheme, repeat in audit.session_list(c):
+        run = audit.replay(problem, strategy, scheme, repeat)
+        records += records_of(RUN, run.wire)
+        telemetry.append(run.models)
+    return audit.Recording(RUN, "127.0.0.1:1883", c, records), telemetry
+
+
+def models_of(messages: list[Message]) -> dict[tuple[int, int, int], np.ndarray]:
+    return {(m.sender, m.receiver, m.round): m.vector for m in messages if isinstance(m, Model)}
+
+
+# ---- the wire codec addition ----------------------------------------------------------------
+
+
+def test_peek_reads_a_model_without_the_link_key() -> None:
+    model = Model(sender=3, receiver=5, round=7, step=2, vector=np.array([0.25, -1.5]))
+    seen = wire.peek_peer(wire.encode_peer(model, keys.KEY_BYTES * b"k"), dim=2)
+    assert isinstance(seen, Model)
+    assert (seen.sender, seen.receiver, seen.round, seen.step) == (3, 5, 7, 2)
+    np.testing.assert_array_equal(seen.vector, model.vector)
+
+
+# ---- the audit ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def atc_audit() -> audit.Audit:
+    recording, telemetry = memory_recording(config(agents=20, iters=15))
+    return audit.audit(recording, telemetry, "memory")
+
+
+def session(result: audit.Audit, scheme: str) -> dict:
+    (found,) = [s for s in result.report["sessions"] if s["scheme"] == scheme]
+    return found
+
+
+def test_audit_flags_none_and_clears_every_private_scheme(atc_audit: audit.Audit) -> None:
+    for s in atc_audit.report["sessions"]:
+        assert s["model_messages"] == s["expected_model_messages"] > 0
+        assert s["undecodable"] == s["unmatched"] == s["duplicates"] == 0
+        assert s["truth_vs_telemetry"] <= audit.TRUTH_TOL
+    none = session(atc_audit, "none")
+    assert none["plaintext_messages"] == none["model_messages"]
+    assert {link["why"] for link in none["clear_links"]} == {"scheme none sends models unmasked"}
+    for scheme in ("random", "ghp", "local-ghp"):
+        s = session(atc_audit, scheme)
+        assert s["plaintext_messages"] == 0 and s["clear_links"] == []
+        assert s["masking_strength"]["min"] > 0
+        assert s["noise"]["p_value"] > P_MIN, s["noise"]
+        assert 0.7 < s["noise"]["variance_ratio"] < 1.4
+
+
+def test_local_ghp_masks_cancel_at_every_observable_hub(atc_audit: audit.Audit) -> None:
+    s = session(atc_audit, "local-ghp")
+    resid = s["max_cancellation_residual"]
+    assert resid["max"] <= CANCEL
+    assert resid["hub_rounds_checked"] > 0 and resid["hub_rounds_missing_messages"] == 0
+    assert 0.7 < s["noise"]["variance_ratio_all_seats"] < 1.4
+    assert session(atc_audit, "ghp")["max_cancellation_residual"] is None
+
+
+def test_fallback_hub_is_reported_with_what_it_learns(tmp_path: Path) -> None:
+    """A path 0-1-2: hubs 0 and 2 have one other neighbour, so each pairs with agent 1."""
+    path = tmp_path / "path.txt"
+    np.savetxt(path, [[0.5, 1 / 3, 0.0], [0.5, 1 / 3, 0.5], [0.0, 1 / 3, 0.5]])
+    c = config(agents=3, iters=6, matrix=str(path), schemes=(Scheme.LOCAL_GHP,))
+    recording, telemetry = memory_recording(c)
+    (s,) = audit.audit(recording, telemetry, "memory").report["sessions"]
+    assert s["plaintext_messages"] == 0
+    learns = {(h["hub"], h["learns_model_of"]) for h in s["hub_learns"]["fallback_hubs"]}
+    assert learns == {(0, 1), (2, 1)}
+    assert s["max_cancellation_residual"]["not_observable_fallback_hubs"] == [0, 2]
+
+
+def test_zero_noise_is_caught_as_plaintext() -> None:
+    recording, telemetry = memory_recording(config(agents=8, iters=3, sigma_g2=0.0))
+    for s in audit.audit(recording, telemetry, "memory").report["sessions"]:
+        assert s["plaintext_messages"] == s["model_messages"], s["scheme"]
+
+
+def test_replay_that_does_not_match_the_telemetry_is_refused() -> None:
+    recording, telemetry = memory_recording(config(agents=6, iters=3, schemes=(Scheme.NONE,)))
+    telemetry[0][-1, 0] += 1e-6
+    with pytest.raises(audit.AuditError, match="sealed telemetry"):
+        audit.audit(recording, telemetry, "memory")
+
+
+def test_inspect_cli_writes_json_and_plot(tmp_path: Path) -> None:
+    c = config(agents=8, iters=4, strategies=(Strategy.CTA, Strategy.CONSENSUS))
+    recording, telemetry = memory_recording(c)
+    audit.save_recording(tmp_path, recording)
+    np.savez(
+        tmp_path / audit.TELEMETRY_FILE, **{f"session_{s}": m for s, m in enumerate(telemetry)}
+    )
+    assert main(["inspect", "--run", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "audit.json").read_text())
+    assert [(s["strategy"], s["scheme"]) for s in report["sessions"]] == [
+        (str(st), str(sc)) for st, sc, _ in audit.session_list(c)
+    ]
+    assert (tmp_path / "audit.png").stat().st_size > 0
+    assert main(["inspect", "--run", str(tmp_path / "missing")]) == 1
+
+
+# ---- attackers --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def local_run() -> tuple[Problem, audit.Replay]:
+    problem = Problem.build(config(agents=20, iters=30, schemes=(Scheme.LOCAL_GHP,)))
+    return problem, audit.replay(problem, Strategy.ATC, Scheme.LOCAL_GHP)
+
+
+def busiest_hub(A: np.ndarray) -> int:
+    return int(np.argmax([len(senders_of(A, k)) for k in range(len(A))]))
+
+
+def test_eavesdropper_on_all_links_of_a_hub_gets_its_aggregate_only(local_run) -> None:
+    problem, run = local_run
+    A, step = matrix(problem, Strategy.ATC), STRATEGY_STEP[Strategy.ATC]
+    hub = busiest_hub(A)
+    senders = senders_of(A, hub)
+    assert len(senders) >= 3
+    seats = split_senders(senders, hub)
+    sent = models_of(run.wire)
+    power, expected = 0.0, 0.0
+    for i in range(1, problem.config.iters + 1):
+        heard = sum(A[m, hub] * sent[(m, hub, i)] for m in senders)
+        true = sum(A[m, hub] * run.clear[(m, i, step)] for m in senders)
+        assert np.linalg.norm(heard - true) <= CANCEL * np.linalg.norm(true)
+        for m in senders:  # ...and nothing finer: every single message is masked
+            mask = (sent[(m, hub, i)] - run.clear[(m, i, step)]) * A[m, hub]
+            assert np.linalg.norm(mask) > 1e-6 * SIGMA_G
+            power += float(mask @ mask)
+            expected += len(seats[m].partners) * SIGMA_G**2 * problem.config.dim
+    assert 0.7 < power / expected < 1.4
+
+
+def test_eavesdropper_missing_one_link_learns_only_noise(local_run) -> None:
+    problem, run = local_run
+    A, step = matrix(problem, Strategy.ATC), STRATEGY_STEP[Strategy.ATC]
+    hub = busiest_hub(A)
+    senders = senders_of(A, hub)
+    seats = split_senders(senders, hub)
+    sent = models_of(run.wire)
+    power, expected = 0.0, 0.0
+    for missing in senders:
+        heard_from = [m for m in senders if m != missing]
+        for i in range(1, problem.config.iters + 1):
+            heard = sum(A[m, hub] * sent[(m, hub, i)] for m in heard_from)
+            true = sum(A[m, hub] * run.clear[(m, i, step)] for m in heard_from)
+            gap = heard - true  # = minus the missing sender's scaled mask
+            assert np.linalg.norm(gap) > 1e-6 * SIGMA_G
+            power += float(gap @ gap)
+            expected += len(seats[missing].partners) * SIGMA_G**2 * problem.config.dim
+    assert 0.7 < power / expected < 1.4
+
+
+class SwappingHub(AgentCore):
+    """An attacker double: a hub that relays its own ephemeral key instead of the owner's."""
+
+    def _relay(self, msg: KeyShare) -> KeyShare:
+        return dataclasses.replace(super()._relay(msg), public=keys.Ephemeral.generate().public)
+
+
+def test_hub_that_swaps_relayed_keys_is_caught() -> None:
+    problem = Problem.build(config(agents=10, iters=2, schemes=(Scheme.LOCAL_GHP,)))
+    cores = audit.witness_cores(problem, Strategy.ATC, Scheme.LOCAL_GHP, 0)
+    hub = busiest_hub(matrix(problem, Strategy.ATC))
+    honest = cores[hub]
+    cores[hub] = SwappingHub(honest.spec, honest.loss, honest.identity, honest.directory)
+    with pytest.raises(
+        keys.BadKey, match=rf"relayed by hub {hub} for agent \d+ failed its signature"
+    ):
+        audit.replay(problem, Strategy.ATC, Scheme.LOCAL_GHP, cores=cores)
+
+
+# ---- overhead ---------------------------------------------------------------------------------
+
+
+def test_overhead_on_a_ring_meets_the_paper_bound_exactly(tmp_path: Path) -> None:
+    agents, iters = 8, 4
+    rows = overhead.overhead(config(agents=agents, iters=iters), topologies=("ring",))
+    by = {(r["scheme"], r["rekey"]): r for r in rows}
+    none = by[("none", "n/a")]
+    for key in (("random", "n/a"), ("ghp", "n/a"), ("local-ghp", "once")):
+        assert by[key]["per_round"] == none["per_round"], key  # same sizes, no per-round keys
+    once, every = by[("local-ghp", "once")], by[("local-ghp", "every-round")]
+    assert once["setup"]["messages"]["keys"] == agents * (2 + 2 + 2)  # plans, shares, relays
+    assert every["per_round"]["messages"]["keys"] == agents * (2 + 2)  # shares, relays
+    # Each agent has one partner at each of its two hubs: 2 agreements per epoch.
+    assert once["dh_agreements"] == 2 * agents
+    assert every["dh_agreements"] == 2 * agents * iters
+    for r in (once, every):
+        k = r["key_messages_per_agent"]
+        assert k["originated_first_epoch_mean"] == k["paper_bound_mean"] == 4.0
+        assert k["agents_over_bound"] == 0
+    assert (
+        main(
+            [
+                "overhead",
+                "--agents",
+                "6",
+                "--iters",
+                "2",
+                "--topologies",
+                "ring",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
+    assert len(json.loads((tmp_path / "overhead.json").read_text())["rows"]) == 5
+    assert (tmp_path / "overhead.png").stat().st_size > 0
+
+
+# ---- a real capture ---------------------------------------------------------------------------
+
+
+def _capture_tools() -> bool:
+    found = shutil.which("tcpdump") is not None and shutil.which("tshark") is not None
+    if not found and os.environ.get("PRIVNET_REQUIRE_PCAP") == "1":
+        pytest.fail("PRIVNET_REQUIRE_PCAP=1 but tcpdump or tshark is missing: scripts/setup")
+    return found
+
+
+def _start_tcpdump(pcap: Path, port: int) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        ["tcpdump", "-i", "lo", "-U", "-w", str(pcap), "tcp", "port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    line = proc.stderr.readline().decode()  # "listening on lo ..." once capturing
+    if "listening" not in line:
+        proc.kill()
+        if os.environ.get("PRIVNET_REQUIRE_PCAP") == "1":
+            pytest.fail(f"tcpdump cannot capture on lo: {line.strip()}")
+        pytest.skip(f"tcpdump cannot capture on lo: {line.strip()}")
+    return proc
+
+
+@pytest.mark.net
+@pytest.mark.timeout(240)
+def test_pcap_shows_what_the_live_tap_saw(tmp_path: Path) -> None:
+    if not _capture_tools():
+        pytest.skip("needs tcpdump and tshark (apt-get install tcpdump tshark)")
+    out, pcap = tmp_path / "run", tmp_path / "run.pcap"
+    with launch("mosquitto") as broker:
+        dump = _start_tcpdump(pcap, broker.address.port)
+        try:
+            code = main(
+                [
+                    "run", "--agents", "5", "--iters", "10", "--strategy", "atc",
+                    "--scheme", "all", "--seed", str(SEED), "--broker", str(broker.address),
+                    "--audit", "--out", str(out),
+                ]
+            )  # fmt: skip
+        finally:
+            time.sleep(0.5)
+            dump.send_signal(signal.SIGINT)
+            dump.wait(10)
+    assert code == 0
+    live = json.loads((out / "audit.json").read_text())
+    assert main(["inspect", "--run", str(out), "--pcap", str(pcap)]) == 0
+    captured = json.loads((out / "audit-pcap.json").read_text())
+
+    recording = audit.load_recording(out)
+
+    def peer_traffic(records: list[audit.WireRecord]) -> Counter[tuple[str, bytes]]:
+        return Counter(
+            (r.topic, r.payload) for r in records if topics.parse_peer_topic(r.topic) is not None
+        )
+
+    from_pcap = audit.read_pcap(pcap, broker.address.port)
+    assert peer_traffic(from_pcap) == peer_traffic(recording.records)
+    assert sum(peer_traffic(from_pcap).values()) > 0
+    for s_live, s_pcap in zip(live["sessions"], captured["sessions"], strict=True):
+        assert (
+            s_live["model_messages"]
+            == s_pcap["model_messages"]
+            == s_live["expected_model_messages"]
+        )
+        assert s_pcap["plaintext_messages"] == (
+            s_pcap["model_messages"] if s_pcap["scheme"] == "none" else 0
+        )
+    # The overhead meter sizes every message exactly as the agents counted them.
+    summary = json.loads((out / "summary.json").read_text())
+    c = audit.load_recording(out).config
+    problem = Problem.build(c)
+    for record in summary["results"]:
+        scheme = Scheme(record["scheme"])
+        measured = overhead.measure(problem, Strategy.ATC, scheme)
+        for category in ("model", "keys", "telemetry"):
+            want = measured.setup.bytes[category] + measured.rounds.bytes[category]
+            assert record["bytes"].get(category, 0) == want, (scheme, category)
