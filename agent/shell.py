@@ -31,6 +31,7 @@ log = logging.getLogger("privnet.agent")
 
 QOS = 1  # at-least-once: a lost model would stall the round; the core drops duplicates
 REGISTER_TIMEOUT = 120.0
+HELLO_EVERY = 2.0  # seconds between Hellos until Welcome: the orchestrator may subscribe late
 TELEMETRY_BATCH = 10  # rounds per sealed telemetry message
 
 
@@ -125,6 +126,12 @@ class AgentShell:
     async def register(self) -> None:
         nonce = self.nonce.hex()
         await self.client.subscribe(topics.register_down(self.run, nonce), qos=QOS)
+        await self._hello()
+
+    async def _hello(self) -> None:
+        """Ask for an id. Repeated until Welcome, since a Hello published before the
+        orchestrator subscribed is lost (containers start in any order); it drops repeats."""
+        nonce = self.nonce.hex()
         hello = control.Hello(self.nonce, self.identity.public.to_bytes(), self.requested_id)
         payload = wire.encode_control(hello)
         self.traffic.add("control", topics.register_up(self.run, nonce), payload)
@@ -132,19 +139,24 @@ class AgentShell:
 
     async def serve(self) -> int:
         """Handle messages until Bye (0) or a failure; returns the process exit code."""
+        unanswered = 0.0  # seconds of Hellos without a Welcome
         while True:
             timeout = self._timeout()
             try:
                 message = await self.inbox.get(timeout)
             except TimeoutError:
-                raise AgentFailure(self._silence(timeout)) from None
+                if self.me is None and (unanswered := unanswered + HELLO_EVERY) < REGISTER_TIMEOUT:
+                    await self._hello()
+                    continue
+                silent = unanswered if self.me is None else timeout
+                raise AgentFailure(self._silence(silent)) from None
             done = await self._dispatch(message)
             if done:
                 return 0
 
     def _timeout(self) -> float | None:
         if self.session is None:
-            return REGISTER_TIMEOUT if self.me is None else None
+            return HELLO_EVERY if self.me is None else None
         return self.session.setup.deadline if self.running else None
 
     def _silence(self, timeout: float | None) -> str:
@@ -251,15 +263,18 @@ class AgentShell:
         if not self.session.core.done:
             return
         self.running = False
-        rejected = Counter(self.session.core.counters.rejected) + self.rejected
-        finished = control.Finished(
-            agent=self.me,
-            rejected=dict(rejected),
-            bytes=dict(self.traffic.bytes),
-            messages=dict(self.traffic.messages),
-            wall=time.perf_counter() - self.session.started,
-        )
-        await self._control(finished)
+        rejected = dict(Counter(self.session.core.counters.rejected) + self.rejected)
+        wall = time.perf_counter() - self.session.started
+        topic = topics.ctl_up(self.run, self.me)
+        own, size = -1, 0  # Finished counts its own PUBLISH, whose size depends on that count:
+        while size != own:  # iterate to the fixed point (sizes only grow, so it comes fast)
+            own = size
+            sent = self.traffic.bytes + Counter(control=own)
+            messages = self.traffic.messages + Counter(control=1)
+            finished = control.Finished(self.me, rejected, dict(sent), dict(messages), wall)
+            payload = wire.encode_control(finished)
+            size = topics.mqtt_publish_size(topic, len(payload), QOS)
+        await self._publish(topic, payload, "control")
 
     def _count(self, exc: Rejected, where: str) -> None:
         self.rejected[exc.reason] += 1

@@ -648,7 +648,8 @@ def plot_noise(noise: dict[str, np.ndarray], path: Path) -> None:
     axes = fig.subplots(1, panels, squeeze=False)[0]
     grid = np.linspace(-6, 6, 400)
     for ax, (name, samples) in zip(axes, noise.items(), strict=False):
-        ax.hist(samples, bins=60, range=(-6, 6), density=True, alpha=0.6, label="wire - true")
+        density, edges = np.histogram(samples, bins=60, range=(-6, 6), density=True)
+        ax.stairs(density, edges, fill=True, alpha=0.6, label="wire - true")
         ax.plot(grid, 0.5 * np.exp(-np.abs(grid)), "k", lw=1.2, label="Laplace(0, 1)")
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("(wire - true) / b")

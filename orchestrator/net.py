@@ -138,6 +138,7 @@ class Orchestrator:
     registrations: dict[int, Registration] = field(default_factory=dict)
     on_message: Callable[[str, bytes], None] | None = None
     _inbox: Inbox | None = None  # the audit taps here
+    _checked: float = 0.0  # when the agent processes were last checked (time.monotonic)
 
     async def subscribe(self) -> None:
         base = f"{topics.PREFIX}/{self.run}"
@@ -147,21 +148,24 @@ class Orchestrator:
     async def _next(
         self, what: str, finished: set[int] = frozenset()
     ) -> tuple[str, control.Control]:
-        """The next control/telemetry message, checking children and the deadline meanwhile."""
-        waited = 0.0
+        """The next control/telemetry message, checking children and the deadline meanwhile.
+
+        Both go by the clock, not by empty polls: a stream of junk (anyone may write to a
+        registration topic) must not hide a dead agent or a stalled run.
+        """
         if self._inbox is None:
             self._inbox = await Inbox(self.client).__aenter__()
+        start = time.monotonic()
         while True:
+            now = time.monotonic()
+            if self.pool is not None and now - self._checked >= POLL:
+                self.pool.check(finished)
+                self._checked = now
+            if now - start >= self.deadline:
+                raise RunFailed(f"nothing heard for {self.deadline:.0f} s while {what}")
             try:
                 message = await self._inbox.get(POLL)
             except TimeoutError:
-                waited += POLL
-                if self.pool is not None:
-                    self.pool.check(finished)
-                if waited >= self.deadline:
-                    raise RunFailed(
-                        f"nothing heard for {self.deadline:.0f} s while {what}"
-                    ) from None
                 continue
             topic, payload = message.topic.value, bytes(message.payload)  # type: ignore[arg-type]
             try:

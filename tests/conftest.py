@@ -14,7 +14,7 @@ def need_mosquitto() -> None:
     if has_mosquitto():
         return
     if os.environ.get("PRIVNET_REQUIRE_MOSQUITTO") == "1":
-        pytest.fail("PRIVNET_REQUIRE_MOSQUITTO=1 but mosquitto is not installed (apt-get install mosquitto)")
+        pytest.fail("PRIVNET_REQUIRE_MOSQUITTO=1 but mosquitto is not installed (apt install it)")
     pytest.skip("mosquitto is not installed; these tests ran with the embedded broker only")
 
 

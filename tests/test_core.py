@@ -225,9 +225,12 @@ def test_core_rejects_inconsistent_construction() -> None:
 
 def test_scheme_given_as_text_runs_that_scheme() -> None:
     """A spec built with "none" must not fall through to ghp's noisy branch."""
-    core = build_cores(geometric(4), Strategy.ATC, Scheme.NONE, 0)[0]
+    core = build_cores(geometric(4), Strategy.ATC, Scheme.GHP, 0)[0]
     spec = dataclasses.replace(core.spec, scheme="none", rekey="every-round")  # type: ignore[arg-type]
     assert spec.scheme is Scheme.NONE and spec.rekey is Rekey.EVERY_ROUND
+    plain = AgentCore(spec, core.loss)
+    out = plain.start()
+    assert out and all(np.array_equal(m.vector, plain.value) for m in out)  # type: ignore[union-attr]
     with pytest.raises(ConfigError, match=r"unknown scheme 'lgp'.*local-ghp"):
         dataclasses.replace(core.spec, scheme="lgp")  # type: ignore[arg-type]
 
@@ -338,6 +341,22 @@ def test_local_ghp_masks_cancel_at_every_hub(
     assert_same_trajectory(masked.models, clear.models)
 
 
+def _noise_table(core: AgentCore, round_: int) -> np.ndarray:
+    """Row `core.me` of round `round_`'s noise table, as documented in core._privatize."""
+    spec = core.spec
+    plan = next(p for p in spec.steps if p.communicates)
+    raw = rng.raw_row(
+        spec.noise_key,
+        rng.Domain.NOISE,
+        plan.step,
+        round_,
+        spec.agent,
+        spec.agents,
+        spec.agents * spec.dim,
+    )
+    return rng.laplace(rng.uniforms(raw), spec.sigma_g).reshape(spec.agents, spec.dim)
+
+
 # ---- 3. ghp: the noise cancels in the q-weighted network sum ------------------------------
 
 
@@ -365,22 +384,6 @@ def test_ghp_noise_is_graph_homomorphic(graph: nx.Graph, rule: str, strategy: St
 
 
 # ---- 4. random: independent noise per receiver, from the public streams --------------------
-
-
-def _noise_table(core: AgentCore, round_: int) -> np.ndarray:
-    """Row `core.me` of round `round_`'s noise table, as documented in core._privatize."""
-    spec = core.spec
-    plan = next(p for p in spec.steps if p.communicates)
-    raw = rng.raw_row(
-        spec.noise_key,
-        rng.Domain.NOISE,
-        plan.step,
-        round_,
-        spec.agent,
-        spec.agents,
-        spec.agents * spec.dim,
-    )
-    return rng.laplace(rng.uniforms(raw), spec.sigma_g).reshape(spec.agents, spec.dim)
 
 
 @pytest.mark.parametrize("strategy", list(Strategy))

@@ -1,0 +1,170 @@
+"""`docker compose up` of the whole network: broker, orchestrator and 30 agent containers.
+
+Builds the image (cached layers make rebuilds take seconds), runs one short session under a
+project name of its own with outputs in a temp dir, checks what lands on the host, and always
+tears the project down. Skips only when no Docker engine answers; PRIVNET_REQUIRE_DOCKER=1
+turns that skip into a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.report import read_metrics
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800)]
+
+ROOT = Path(__file__).resolve().parents[1]
+AGENTS, ITERS, SEED, STRATEGY, SCHEME = 30, 30, 1, "atc", "local-ghp"
+BUILD_TIMEOUT = 1200.0  # a cold build downloads numpy, scipy, matplotlib, ...
+RUN_TIMEOUT = 600.0
+
+
+def docker_unreachable() -> str | None:
+    """Why no Docker engine can be used here, or None when `docker info` answers."""
+    if shutil.which("docker") is None:
+        return "the docker CLI is not installed"
+    try:
+        info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return "`docker info` did not answer within 30 s"
+    if info.returncode != 0:
+        return f"`docker info` failed: {info.stderr.strip().splitlines()[-1:]}"
+    return None
+
+
+def compose_command() -> list[str]:
+    """`docker compose` (v2, or the v1 plugin shim), else the standalone docker-compose."""
+    probe = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=60)
+    if probe.returncode == 0:
+        return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    pytest.fail("a Docker engine answers but there is no `docker compose` nor `docker-compose`")
+
+
+@dataclass
+class ComposeRun:
+    exit_code: int
+    log: str
+    outputs: Path
+    agent_exit_codes: list[int]
+    build_s: float
+    up_s: float
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _agent_exit_codes(project: str) -> list[int]:
+    ids = subprocess.run(
+        [
+            "docker",
+            "ps",
+            "--all",
+            "--quiet",
+            "--filter",
+            f"label=com.docker.compose.project={project}",
+            "--filter",
+            "label=com.docker.compose.service=agent",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    if not ids:
+        return []
+    codes = subprocess.run(
+        ["docker", "inspect", "--format", "{{.State.ExitCode}}", *ids],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return [int(code) for code in codes]
+
+
+@pytest.fixture(scope="module")
+def compose_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeRun]:
+    reason = docker_unreachable()
+    if reason is not None:
+        if os.environ.get("PRIVNET_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"PRIVNET_REQUIRE_DOCKER=1 but no Docker engine: {reason}")
+        pytest.skip(f"no Docker engine: {reason}")
+    compose = compose_command()
+    project = f"privnet-test-{secrets.token_hex(4)}"
+    outputs = tmp_path_factory.mktemp("compose-runs")
+    env = {
+        **os.environ,
+        "PRIVNET_AGENTS": str(AGENTS),
+        "PRIVNET_ITERS": str(ITERS),
+        "PRIVNET_SEED": str(SEED),
+        "PRIVNET_STRATEGY": STRATEGY,
+        "PRIVNET_SCHEME": SCHEME,
+        "PRIVNET_RUN": project,
+        "PRIVNET_RUNS": str(outputs),
+    }
+    base = [*compose, "--project-name", project, "--file", str(ROOT / "docker-compose.yml")]
+    try:
+        start = time.perf_counter()
+        build = _run([*base, "build"], env, BUILD_TIMEOUT)
+        build_s = time.perf_counter() - start
+        assert build.returncode == 0, f"image build failed:\n{build.stdout[-4000:]}"
+        start = time.perf_counter()
+        up = _run([*base, "up", "--no-color", "--exit-code-from", "orchestrator"], env, RUN_TIMEOUT)
+        up_s = time.perf_counter() - start
+        print(f"compose: build {build_s:.1f} s, up (30 agents, {ITERS} rounds) {up_s:.1f} s")
+        yield ComposeRun(
+            up.returncode, up.stdout, outputs / "compose", _agent_exit_codes(project), build_s, up_s
+        )
+    finally:
+        _run([*base, "down", "--volumes", "--remove-orphans"], env, 300)
+
+
+def test_compose_run_completes(compose_run: ComposeRun) -> None:
+    tail = "\n".join(compose_run.log.splitlines()[-40:])
+    assert compose_run.exit_code == 0, f"`docker compose up` exited {compose_run.exit_code}:\n{tail}"
+    summary = json.loads((compose_run.outputs / "summary.json").read_text())
+    assert summary["config"]["agents"] == AGENTS
+    assert summary["config"]["iters"] == ITERS
+    (result,) = summary["results"]
+    assert (result["strategy"], result["scheme"], result["engine"]) == (STRATEGY, SCHEME, "net")
+    assert result["bytes"]["model"] > 0
+    assert compose_run.agent_exit_codes == [0] * AGENTS, "every agent container exits 0 on Bye"
+
+
+def test_compose_msd_equals_memory_engine(
+    compose_run: ComposeRun, tmp_path: Path
+) -> None:
+    """The containers compute what the in-process engine computes, round for round."""
+    flags = ["--agents", str(AGENTS), "--strategy", STRATEGY, "--scheme", SCHEME]
+    flags += ["--iters", str(ITERS), "--seed", str(SEED), "--repeats", "1"]
+    assert main(["simulate", "--engine", "memory", *flags, "--out", str(tmp_path)]) == 0
+    net = read_metrics(compose_run.outputs / "metrics.csv")
+    memory = read_metrics(tmp_path / "metrics.csv")
+    assert net.keys() == memory.keys() == {(STRATEGY, SCHEME)}
+    (net_centroid, net_avg), (mem_centroid, mem_avg) = net[STRATEGY, SCHEME], memory[STRATEGY, SCHEME]
+    assert net_centroid.shape == (1, ITERS)
+    np.testing.assert_allclose(net_centroid, mem_centroid, rtol=1e-9)
+    np.testing.assert_allclose(net_avg, mem_avg, rtol=1e-9)
