@@ -299,6 +299,8 @@ async def run_agent(broker: BrokerAddress, run: str, requested_id: int | None = 
             ) as client,
             Inbox(client) as inbox,
         ):
+            # A round publishes to every neighbour at once; aiomqtt warns past 10 pending.
+            client.pending_calls_threshold = 200
             shell = AgentShell(client, inbox, run, requested_id)
             await shell.register()
             try:

@@ -14,13 +14,13 @@ def need_mosquitto() -> None:
     if has_mosquitto():
         return
     if os.environ.get("PRIVNET_REQUIRE_MOSQUITTO") == "1":
-        pytest.fail("PRIVNET_REQUIRE_MOSQUITTO=1 but mosquitto is not installed (apt install it)")
-    pytest.skip("mosquitto is not installed; these tests ran with the embedded broker only")
+        pytest.fail("PRIVNET_REQUIRE_MOSQUITTO=1 but mosquitto is not installed: install it")
+    pytest.skip("mosquitto is not installed (apt-get install mosquitto); embedded variants run")
 
 
 @pytest.fixture(scope="module", params=BROKER_KINDS)
 def broker_kind(request: pytest.FixtureRequest) -> str:
-    """Each broker privnet can launch; module-scoped so one broker can serve a module's tests."""
+    """Each broker privnet can launch (module scope: pytest groups a module's tests by broker)."""
     if request.param == "mosquitto":
         need_mosquitto()
     return str(request.param)
