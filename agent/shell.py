@@ -32,6 +32,7 @@ log = logging.getLogger("privnet.agent")
 QOS = 1  # at-least-once: a lost model would stall the round; the core drops duplicates
 REGISTER_TIMEOUT = 120.0
 HELLO_EVERY = 2.0  # seconds between Hellos until Welcome: the orchestrator may subscribe late
+IDLE_TIMEOUT = 600.0  # between sessions: an orchestrator gone this long is not coming back
 TELEMETRY_BATCH = 10  # rounds per sealed telemetry message
 
 
@@ -154,15 +155,16 @@ class AgentShell:
             if done:
                 return 0
 
-    def _timeout(self) -> float | None:
-        if self.session is None:
-            return HELLO_EVERY if self.me is None else None
-        return self.session.setup.deadline if self.running else None
+    def _timeout(self) -> float:
+        if self.me is None:
+            return HELLO_EVERY
+        return self.session.setup.deadline if self.session and self.running else IDLE_TIMEOUT
 
     def _silence(self, timeout: float | None) -> str:
         if self.me is None:
             return f"no answer to registration within {timeout:.0f} s: is the orchestrator running?"
-        assert self.session is not None
+        if self.session is None or not self.running:
+            return f"agent {self.me}: no word from the orchestrator for {timeout:.0f} s; leaving"
         core = self.session.core
         return (
             f"agent {self.me}: nothing received for {timeout:.0f} s in round {core.round}; "

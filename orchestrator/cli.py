@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -256,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("overhead", help="what each privacy scheme costs on the wire")
     p.add_argument("--agents", type=int, default=30)
-    p.add_argument("--iters", type=int, default=20, help="rounds")
+    p.add_argument("--iters", type=int, default=5, help="rounds")
     p.add_argument("--strategy", choices=[str(s) for s in Strategy], default="atc")
     p.add_argument("--topologies", default="ring,geometric,complete")
     p.add_argument("--seed", type=int, default=1)
@@ -264,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=overhead)
 
     args = parser.parse_args(argv)
+    # `docker stop` and friends send SIGTERM: clean up as for Ctrl-C.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return args.func(args)
     except ConfigError as exc:

@@ -7,7 +7,7 @@ import contextlib
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiomqtt
 import numpy as np
@@ -15,12 +15,14 @@ from rich.console import Console
 from rich.progress import Progress, TaskID
 
 from broker.launcher import Broker, launch, read_sys_bytes
-from orchestrator.audit import WireTap, show_audit
 from orchestrator.cli import finish, progress_bar
 from orchestrator.config import ExperimentConfig
 from orchestrator.net import AgentPool, Orchestrator, RunFailed, SessionResult, new_run_name
 from orchestrator.problem import Problem, msd
 from orchestrator.report import Curve
+
+if TYPE_CHECKING:
+    from orchestrator.audit import WireTap
 
 console = Console(stderr=True)
 
@@ -68,7 +70,11 @@ async def run_network(config: ExperimentConfig, args: argparse.Namespace, out: P
         console.print(f"broker: {broker.kind} at {broker.address}; run {run}; logs in {out}/logs")
         if not args.external_agents:
             pool = AgentPool(broker.address, run, config.agents, out / "logs")
-        tap = WireTap(broker.address, run) if args.audit else None
+        tap = None
+        if args.audit:
+            from orchestrator.audit import WireTap  # scipy & co. only when auditing
+
+            tap = WireTap(broker.address, run)
         curves, extra = await _drive(problem, broker, run, pool, args, tap)
     except RunFailed as exc:
         console.print(f"[red]run failed:[/red] {exc}")
@@ -79,6 +85,8 @@ async def run_network(config: ExperimentConfig, args: argparse.Namespace, out: P
         broker.stop()
     finish(out, config, problem, curves, "net", extra)
     if tap is not None:
+        from orchestrator.audit import show_audit
+
         tap.save(out, config)
         return show_audit(out)
     return 0
