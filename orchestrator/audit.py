@@ -40,17 +40,16 @@ import paho.mqtt.client as mqtt
 from rich.table import Table
 from scipy import stats
 
-from agent import control, keys, wire
+from agent import control, wire
 from agent.core import AgentCore, split_senders
-from agent.losses import LeastSquares
 from agent.messages import KeyPlan, KeyShare, Message, Rejected, Report
 from agent.spec import STRATEGY_STEP, Scheme, StepPlan, Strategy
 from broker import topics
 from broker.launcher import BrokerAddress
 from orchestrator import config as configuration
 from orchestrator.config import ExperimentConfig
+from orchestrator.memory import build_cores
 from orchestrator.problem import Problem
-from orchestrator.specs import agent_specs
 
 WIRE_FILE = "wire.msgpack"
 TELEMETRY_FILE = "telemetry.npz"
@@ -236,17 +235,10 @@ def witness_cores(
     problem: Problem, strategy: Strategy, scheme: Scheme, repeat: int
 ) -> list[AgentCore]:
     """The memory engine's cores, as witnesses sharing one record of clear values."""
-    specs = agent_specs(problem, strategy, scheme, repeat=repeat)
-    problem_spec = problem.spec(repeat)
-    identities = [keys.Identity.generate() for _ in specs]
-    directory = {p: ident.public for p, ident in enumerate(identities)}
+    cores = build_cores(problem, strategy, scheme, repeat, core=_Witness)
     clear: dict[tuple[int, int, int], np.ndarray] = {}
-    cores = []
-    for spec in specs:
-        loss = LeastSquares.from_spec(problem_spec, spec.agent, spec.agents)
-        core = _Witness(spec, loss, identities[spec.agent], directory)
-        core.clear = clear
-        cores.append(core)
+    for core in cores:
+        core.clear = clear  # type: ignore[attr-defined]
     return cores
 
 

@@ -23,14 +23,19 @@ from orchestrator.specs import agent_specs
 
 
 def build_cores(
-    problem: Problem, strategy: Strategy, scheme: Scheme, repeat: int
+    problem: Problem,
+    strategy: Strategy,
+    scheme: Scheme,
+    repeat: int,
+    core: type[AgentCore] = AgentCore,
 ) -> list[AgentCore]:
+    """One core per agent with fresh identities, as the networked agents would have."""
     specs = agent_specs(problem, strategy, scheme, repeat=repeat)
     problem_spec = problem.spec(repeat)
     identities = [keys.Identity.generate() for _ in specs]
     directory = {p: ident.public for p, ident in enumerate(identities)}
     return [
-        AgentCore(
+        core(
             spec,
             LeastSquares.from_spec(problem_spec, spec.agent, spec.agents),
             identities[spec.agent],

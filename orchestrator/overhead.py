@@ -22,7 +22,7 @@ import json
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from rich.table import Table
 from agent import control, keys, wire
 from agent.core import AgentCore
 from agent.messages import KeyPlan, KeyShare, Message, Report
-from agent.shell import QOS, TELEMETRY_BATCH
+from agent.shell import TELEMETRY_BATCH, Traffic
 from agent.spec import STRATEGY_STEP, Rekey, Scheme, Strategy
 from agent.wire import Peer
 from broker import topics
@@ -47,16 +47,8 @@ TOPOLOGIES = ("ring", "geometric", "complete")
 CATEGORIES = ("model", "keys", "telemetry", "control")
 
 
-@dataclass
-class Tally:
-    """PUBLISH bytes and message counts by category."""
-
-    bytes: Counter[str] = field(default_factory=Counter)
-    messages: Counter[str] = field(default_factory=Counter)
-
-    def add(self, category: str, topic: str, payload: bytes) -> None:
-        self.bytes[category] += topics.mqtt_publish_size(topic, len(payload), QOS)
-        self.messages[category] += 1
+class Tally(Traffic):
+    """PUBLISH bytes and message counts by category, as the agents count them."""
 
     def as_dict(self, per: float = 1.0) -> dict[str, dict[str, float]]:
         def split(counts: Counter[str]) -> dict[str, float]:

@@ -5,7 +5,6 @@ they fail.
 """
 
 import asyncio
-import os
 import socket
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 import aiomqtt
 import psutil
 import pytest
+from conftest import need_mosquitto
 from hypothesis import given
 from hypothesis import strategies as st
 from paho.mqtt.client import topic_matches_sub
@@ -28,7 +28,6 @@ from broker.launcher import (
     accepts,
     acl_file,
     free_port,
-    has_mosquitto,
     launch,
     mosquitto_config,
     read_sys_bytes,
@@ -38,14 +37,6 @@ from broker.launcher import (
 
 RUN = "run-1"
 RECEIVE_TIMEOUT = 5.0
-
-
-def need_mosquitto() -> None:
-    if has_mosquitto():
-        return
-    if os.environ.get("PRIVNET_REQUIRE_MOSQUITTO") == "1":
-        pytest.fail("PRIVNET_REQUIRE_MOSQUITTO=1 but mosquitto is not installed")
-    pytest.skip("mosquitto is not installed")
 
 
 @pytest.fixture(params=["mosquitto", "embedded"])
