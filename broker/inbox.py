@@ -5,6 +5,10 @@ same loop turn that the message arrives (its internal queue-get task has complet
 cancelling the outer wait discards the result). Any `wait_for(anext(messages), t)` loop hits
 this under load. So one task drains the iterator for the life of the connection, and
 readers wait on a plain asyncio.Queue, whose `get` is cancellation-safe.
+
+The timeout is `asyncio.timeout`, not `asyncio.wait_for`: in Python 3.11, wait_for returns
+the inner result when a cancellation lands in the turn the result does, swallowing the
+cancel, and Ctrl-C (one cancel of the main task) was lost under a stream of telemetry.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ class Inbox:
 
     async def get(self, timeout: float | None = None) -> aiomqtt.Message:
         """The next message; TimeoutError after `timeout` s; MqttError if the connection died."""
-        message = await asyncio.wait_for(self._queue.get(), timeout)
+        async with asyncio.timeout(timeout):
+            message = await self._queue.get()
         if message is None:
             assert self._pump is not None
             error = self._pump.exception() if self._pump.done() else None

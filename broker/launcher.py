@@ -24,6 +24,7 @@ from typing import Literal, Self
 
 import aiomqtt
 
+from broker.inbox import Inbox
 from broker.topics import run_filter
 
 Kind = Literal["mosquitto", "embedded", "external"]
@@ -329,14 +330,14 @@ async def read_sys_bytes(
         async with (
             asyncio.timeout(timeout),
             aiomqtt.Client(address.host, address.port, username=username) as client,
+            Inbox(client) as inbox,
         ):
             for topic in SYS_TOPICS:
                 await client.subscribe(topic)
-            messages = client.messages
             fresh = False
             while True:
                 try:
-                    message = await asyncio.wait_for(anext(messages), 0.2 if fresh else None)
+                    message = await inbox.get(0.2 if fresh else None)
                 except TimeoutError:
                     return values
                 values[SYS_TOPICS[message.topic.value]] = int(bytes(message.payload))
