@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import signal
 import time
 from functools import partial
 from pathlib import Path
@@ -61,6 +62,14 @@ def _sum_dicts(dicts) -> dict[str, int]:
 
 
 async def run_network(config: ExperimentConfig, args: argparse.Namespace, out: Path) -> int:
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        return await _run_network(config, args, out)
+    finally:
+        signal.signal(signal.SIGTERM, previous)  # _drive ignores SIGTERM from Bye on
+
+
+async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: Path) -> int:
     problem = Problem.build(config)
     run = args.run_name or new_run_name()
     broker = launch(args.broker)
@@ -118,6 +127,10 @@ async def _drive(
             await orch.register()
             console.print(f"{c.agents} agents registered in {time.perf_counter() - started:.1f} s")
             curves = await _sessions(problem, orch, tap)
+            # The run is complete. On Bye the agents exit, and under `docker compose up
+            # --exit-code-from orchestrator` the first exit stops every container: a SIGTERM
+            # from here on must not cut the outputs short or turn success into exit 130.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             await orch.bye()
         except BaseException as exc:  # Ctrl-C included: tell the agents before tearing down
             await orch.abort(f"orchestrator stopped: {type(exc).__name__}")
