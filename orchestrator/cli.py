@@ -207,6 +207,14 @@ def overhead(args: argparse.Namespace) -> int:
     return 0
 
 
+def _yes_no(text: str) -> bool:
+    answers = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}
+    try:
+        return answers[text.strip().lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"{text!r}: say yes or no") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="privnet", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -246,7 +254,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="agents send no per-round models (no MSD; bytes only)",
     )
-    p.add_argument("--audit", action="store_true", help="record the wire for `privnet inspect`")
+    p.add_argument(
+        "--audit",
+        nargs="?",
+        const=True,
+        default=False,
+        type=_yes_no,
+        metavar="yes|no",
+        help="record and audit the wire (`privnet inspect`); a value, for docker-compose's env",
+    )
     p.set_defaults(func=run)
 
     p = sub.add_parser("inspect", help="audit the wire of a `privnet run --audit`")

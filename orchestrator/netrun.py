@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import signal
 import time
@@ -66,7 +67,7 @@ async def run_network(config: ExperimentConfig, args: argparse.Namespace, out: P
     try:
         return await _run_network(config, args, out)
     finally:
-        signal.signal(signal.SIGTERM, previous)  # _drive ignores SIGTERM from Bye on
+        signal.signal(signal.SIGTERM, previous)  # _drive ignores SIGTERM once the run is done
 
 
 async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: Path) -> int:
@@ -76,7 +77,8 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
     pool: AgentPool | None = None
     try:
         broker.start()
-        console.print(f"broker: {broker.kind} at {broker.address}; run {run}; logs in {out}/logs")
+        where = "external agents" if args.external_agents else f"agent logs in {out}/logs"
+        console.print(f"broker: {broker.kind} at {broker.address}; run {run}; {where}")
         if not args.external_agents:
             pool = AgentPool(broker.address, run, config.agents, out / "logs")
         tap = None
@@ -84,7 +86,7 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
             from orchestrator.audit import WireTap  # scipy & co. only when auditing
 
             tap = WireTap(broker.address, run)
-        curves, extra = await _drive(problem, broker, run, pool, args, tap)
+        return await _drive(problem, broker, run, pool, args, out, tap)
     except RunFailed as exc:
         console.print(f"[red]run failed:[/red] {exc}")
         return 1
@@ -92,13 +94,6 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
         if pool is not None:
             pool.stop()
         broker.stop()
-    finish(out, config, problem, curves, "net", extra)
-    if tap is not None:
-        from orchestrator.audit import show_audit
-
-        tap.save(out, config)
-        return show_audit(out)
-    return 0
 
 
 async def _drive(
@@ -107,42 +102,63 @@ async def _drive(
     run: str,
     pool: AgentPool | None,
     args: argparse.Namespace,
+    out: Path,
     tap: WireTap | None = None,
-) -> tuple[list[Curve], dict[str, Any]]:
+) -> int:
+    """Register, run every session, write the outputs (and the audit), then dismiss the
+    agents; the exit code.
+
+    Outputs come before Bye: under `docker compose up --exit-code-from orchestrator` the
+    first agent to exit stops every container and ends the log stream, and the operator
+    must still see the results.
+    """
     c = problem.config
     address = broker.address
     sys_before = await _sys(broker)
-    async with (
-        aiomqtt.Client(address.host, address.port, max_inflight_messages=200) as client,
-        tap or contextlib.nullcontext(),  # the audit's passive subscriber, before any agent
-    ):
+    async with aiomqtt.Client(address.host, address.port, max_inflight_messages=200) as client:
         orch = Orchestrator(
             client, run, c.agents, pool, deadline=args.deadline, telemetry=not args.no_telemetry
         )
-        await orch.subscribe()
-        if pool is not None:
-            pool.start()
-        started = time.perf_counter()
         try:
-            await orch.register()
-            console.print(f"{c.agents} agents registered in {time.perf_counter() - started:.1f} s")
-            curves = await _sessions(problem, orch, tap)
-            # The run is complete. On Bye the agents exit, and under `docker compose up
-            # --exit-code-from orchestrator` the first exit stops every container: a SIGTERM
-            # from here on must not cut the outputs short or turn success into exit 130.
+            async with tap or contextlib.nullcontext():  # the audit's tap, before any agent
+                await orch.subscribe()
+                if pool is not None:
+                    pool.start()
+                started = time.perf_counter()
+                await orch.register()
+                took = time.perf_counter() - started
+                console.print(f"{c.agents} agents registered in {took:.1f} s")
+                curves = await _sessions(problem, orch, tap)
+            # The run is complete. Under compose the first agent to leave stops every
+            # container: a SIGTERM from here on must not cut the outputs short.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            extra: dict[str, Any] = {"broker": broker.kind, "run": run}
+            sys_after = await _sys(broker) if sys_before is not None else None
+            if sys_before is not None and sys_after is not None:
+                extra["broker_sys"] = {k: sys_after[k] - sys_before[k] for k in sys_after}
+            # Off the loop, which keeps answering the broker's keepalives meanwhile: the
+            # audit replays the whole run for its ground truth.
+            code = await asyncio.to_thread(_outputs, out, problem, curves, extra, tap)
             await orch.bye()
         except BaseException as exc:  # Ctrl-C included: tell the agents before tearing down
             await orch.abort(f"orchestrator stopped: {type(exc).__name__}")
             raise
         finally:
             await orch.close()
-    extra: dict[str, Any] = {"broker": broker.kind, "run": run}
-    if sys_before is not None:
-        sys_after = await _sys(broker)
-        if sys_after is not None:
-            extra["broker_sys"] = {k: sys_after[k] - sys_before[k] for k in sys_after}
-    return curves, extra
+    return code
+
+
+def _outputs(
+    out: Path, problem: Problem, curves: list[Curve], extra: dict[str, Any], tap: WireTap | None
+) -> int:
+    """Write the run's outputs, and audit its wire when it was tapped; the exit code."""
+    finish(out, problem.config, problem, curves, "net", extra)
+    if tap is None:
+        return 0
+    from orchestrator.audit import show_audit
+
+    tap.save(out, problem.config)
+    return show_audit(out)
 
 
 async def _sessions(problem: Problem, orch: Orchestrator, tap: WireTap | None) -> list[Curve]:

@@ -1,6 +1,13 @@
-"""Fixtures shared by the tests that need a real broker."""
+"""Fixtures shared by the tests that need a real broker or a real packet capture."""
 
+import contextlib
 import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -30,3 +37,38 @@ def broker_kind(request: pytest.FixtureRequest) -> str:
 def needs_mosquitto() -> None:
     """For tests about mosquitto itself (its $SYS counters, say)."""
     need_mosquitto()
+
+
+def capture_tools() -> bool:
+    """Whether tcpdump and tshark are here; in CI (PRIVNET_REQUIRE_PCAP=1) they must be."""
+    found = shutil.which("tcpdump") is not None and shutil.which("tshark") is not None
+    if not found and os.environ.get("PRIVNET_REQUIRE_PCAP") == "1":
+        pytest.fail("PRIVNET_REQUIRE_PCAP=1 but tcpdump or tshark is missing: scripts/setup")
+    return found
+
+
+@contextlib.contextmanager
+def tcpdump(pcap: Path, port: int, interface: str = "lo") -> Iterator[None]:
+    """Capture TCP `port` on `interface` into `pcap` for the body of the with block."""
+    proc = subprocess.Popen(
+        ["tcpdump", "-i", interface, "-U", "-w", str(pcap), "tcp", "port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    line = "tcpdump exited"
+    for raw in proc.stderr:  # "listening on <interface> ..." once it captures
+        line = raw.decode()
+        if "listening" in line:
+            break
+    else:
+        proc.wait(5)
+        if os.environ.get("PRIVNET_REQUIRE_PCAP") == "1":
+            pytest.fail(f"tcpdump cannot capture on {interface}: {line.strip()}")
+        pytest.skip(f"tcpdump cannot capture on {interface}: {line.strip()}")
+    try:
+        yield
+    finally:
+        time.sleep(0.5)  # the last packets of the run
+        proc.send_signal(signal.SIGINT)
+        proc.wait(10)

@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
-import signal
-import subprocess
-import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import capture_tools, tcpdump
 
 from agent import control, keys, wire
 from agent.core import AgentCore, split_senders
@@ -296,51 +292,20 @@ def test_overhead_on_a_ring_meets_the_paper_bound_exactly(tmp_path: Path) -> Non
 # ---- a real capture ---------------------------------------------------------------------------
 
 
-def _capture_tools() -> bool:
-    found = shutil.which("tcpdump") is not None and shutil.which("tshark") is not None
-    if not found and os.environ.get("PRIVNET_REQUIRE_PCAP") == "1":
-        pytest.fail("PRIVNET_REQUIRE_PCAP=1 but tcpdump or tshark is missing: scripts/setup")
-    return found
-
-
-def _start_tcpdump(pcap: Path, port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        ["tcpdump", "-i", "lo", "-U", "-w", str(pcap), "tcp", "port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    assert proc.stderr is not None
-    line = "tcpdump exited"
-    for raw in proc.stderr:  # "listening on lo ..." once it captures
-        line = raw.decode()
-        if "listening" in line:
-            return proc
-    proc.wait(5)
-    if os.environ.get("PRIVNET_REQUIRE_PCAP") == "1":
-        pytest.fail(f"tcpdump cannot capture on lo: {line.strip()}")
-    pytest.skip(f"tcpdump cannot capture on lo: {line.strip()}")
-
-
 @pytest.mark.net
 @pytest.mark.timeout(240)
 def test_pcap_shows_what_the_live_tap_saw(tmp_path: Path) -> None:
-    if not _capture_tools():
+    if not capture_tools():
         pytest.skip("needs tcpdump and tshark (apt-get install tcpdump tshark)")
     out, pcap = tmp_path / "run", tmp_path / "run.pcap"
-    with launch("mosquitto") as broker:
-        dump = _start_tcpdump(pcap, broker.address.port)
-        try:
-            code = main(
-                [
-                    "run", "--agents", "5", "--iters", "10", "--strategy", "atc",
-                    "--scheme", "all", "--seed", str(SEED), "--broker", str(broker.address),
-                    "--audit", "--out", str(out),
-                ]
-            )  # fmt: skip
-        finally:
-            time.sleep(0.5)
-            dump.send_signal(signal.SIGINT)
-            dump.wait(10)
+    with launch("mosquitto") as broker, tcpdump(pcap, broker.address.port):
+        code = main(
+            [
+                "run", "--agents", "5", "--iters", "10", "--strategy", "atc",
+                "--scheme", "all", "--seed", str(SEED), "--broker", str(broker.address),
+                "--audit", "--out", str(out),
+            ]
+        )  # fmt: skip
     assert code == 0
     live = json.loads((out / "audit.json").read_text())
     assert main(["inspect", "--run", str(out), "--pcap", str(pcap)]) == 0

@@ -1,13 +1,15 @@
 """`docker compose up` of the whole network: broker, orchestrator and 30 agent containers.
 
-Builds the image (cached layers make rebuilds take seconds), runs one short session under a
-project name of its own with outputs in a temp dir, checks what lands on the host, and always
-tears the project down. Skips only when no Docker engine answers; PRIVNET_REQUIRE_DOCKER=1
-turns that skip into a failure.
+Builds the image (cached layers make rebuilds take seconds), runs one short audited session
+under a project name of its own with outputs in a temp dir while tcpdump captures the compose
+bridge, checks what lands on the host, audits the capture, and always tears the project down.
+Skips only when no Docker engine answers; PRIVNET_REQUIRE_DOCKER=1 turns that skip into a
+failure (and PRIVNET_REQUIRE_PCAP=1 a missing tcpdump or tshark).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import capture_tools, tcpdump
 
 from orchestrator.cli import main
 from orchestrator.report import read_metrics
@@ -63,6 +66,7 @@ class ComposeRun:
     log: str
     outputs: Path
     agent_exit_codes: list[int]
+    pcap: Path | None  # the compose bridge, captured during `up` (None without tcpdump)
 
 
 def _run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -124,6 +128,7 @@ def compose_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeRun
         "PRIVNET_SCHEME": SCHEME,
         "PRIVNET_RUN": project,
         "PRIVNET_RUNS": str(outputs),
+        "PRIVNET_AUDIT": "yes",
     }
     base = [*compose, "--project-name", project, "--file", str(ROOT / "docker-compose.yml")]
     try:
@@ -131,27 +136,46 @@ def compose_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeRun
         build = _run([*base, "build"], env, BUILD_TIMEOUT)
         build_s = time.perf_counter() - start
         assert build.returncode == 0, f"image build failed:\n{build.stdout[-4000:]}"
+        created = _run([*base, "up", "--no-start"], env, 300)  # the bridge, to tap it first
+        assert created.returncode == 0, f"`up --no-start` failed:\n{created.stdout[-4000:]}"
+        pcap = tmp_path_factory.mktemp("capture") / "bridge.pcap" if capture_tools() else None
+        capture = tcpdump(pcap, 1883, _bridge(project)) if pcap else contextlib.nullcontext()
         start = time.perf_counter()
-        up = _run([*base, "up", "--no-color", "--exit-code-from", "orchestrator"], env, RUN_TIMEOUT)
+        with capture:
+            up = _run(
+                [*base, "up", "--no-color", "--exit-code-from", "orchestrator"], env, RUN_TIMEOUT
+            )
         up_s = time.perf_counter() - start
         print(f"compose: build {build_s:.1f} s, up ({AGENTS} agents, {ITERS} rounds) {up_s:.1f} s")
-        yield ComposeRun(up.returncode, up.stdout, outputs / "compose", _agent_exit_codes(project))
+        codes = _agent_exit_codes(project)
+        yield ComposeRun(up.returncode, up.stdout, outputs / "compose", codes, pcap)
     finally:
         _tear_down(base, env, project)
+
+
+def _networks(project: str) -> list[str]:
+    label = f"label=com.docker.compose.project={project}"
+    return subprocess.run(
+        ["docker", "network", "ls", "--quiet", "--filter", label],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+
+
+def _bridge(project: str) -> str:
+    """The host interface of the project's network: Docker names it br-<network id[:12]>."""
+    ids = _networks(project)
+    assert len(ids) == 1, f"expected one network for {project}, got {ids}"
+    return f"br-{ids[0][:12]}"
 
 
 def _tear_down(base: list[str], env: dict[str, str], project: str) -> None:
     """`down -v`, then retry removing the network: Docker 20.10 can keep a stale endpoint for
     a moment after many containers go at once, and leaked networks use up address pools."""
     down = _run([*base, "down", "--volumes", "--remove-orphans"], env, 300)
-    label = f"label=com.docker.compose.project={project}"
     for _ in range(10):
-        left = subprocess.run(
-            ["docker", "network", "ls", "--quiet", "--filter", label],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.split()
+        left = _networks(project)
         if not left:
             return
         subprocess.run(["docker", "network", "rm", *left], capture_output=True, check=False)
@@ -170,6 +194,9 @@ def test_compose_run_completes(compose_run: ComposeRun) -> None:
     assert (result["strategy"], result["scheme"], result["engine"]) == (STRATEGY, SCHEME, "net")
     assert result["bytes"]["model"] > 0
     assert compose_run.agent_exit_codes == [0] * AGENTS, "every agent container exits 0 on Bye"
+    # The operator sees the results in `up`'s own output: they are written before Bye, and
+    # the first agent to leave ends compose's log stream.
+    assert "wrote /app/runs/compose/summary.json" in compose_run.log, tail
 
 
 def test_compose_msd_equals_memory_engine(compose_run: ComposeRun, tmp_path: Path) -> None:
@@ -185,3 +212,25 @@ def test_compose_msd_equals_memory_engine(compose_run: ComposeRun, tmp_path: Pat
     assert net_centroid.shape == (1, ITERS)
     np.testing.assert_allclose(net_centroid, mem_centroid, rtol=1e-9)
     np.testing.assert_allclose(net_avg, mem_avg, rtol=1e-9)
+
+
+def test_compose_audit_finds_no_model_in_the_clear(compose_run: ComposeRun) -> None:
+    """PRIVNET_AUDIT=yes: the orchestrator's tap saw every model masked, and the masks cancel."""
+    report = json.loads((compose_run.outputs / "audit.json").read_text())
+    (session,) = report["sessions"]
+    assert session["scheme"] == SCHEME
+    assert session["model_messages"] == session["expected_model_messages"] > 0
+    assert session["plaintext_messages"] == 0
+    assert session["max_cancellation_residual"]["max"] < 1e-9
+
+
+def test_compose_bridge_capture_audits_like_the_live_tap(compose_run: ComposeRun) -> None:
+    """What tcpdump saw on the compose bridge is what the orchestrator's tap recorded."""
+    if compose_run.pcap is None:
+        pytest.skip("needs tcpdump and tshark (apt-get install tcpdump tshark)")
+    run = compose_run.outputs
+    assert main(["inspect", "--run", str(run), "--pcap", str(compose_run.pcap)]) == 0
+    live = json.loads((run / "audit.json").read_text())["sessions"]
+    captured = json.loads((run / "audit-pcap.json").read_text())["sessions"]
+    keys = ("model_messages", "key_messages", "plaintext_messages", "expected_model_messages")
+    assert [{k: s[k] for k in keys} for s in captured] == [{k: s[k] for k in keys} for s in live]
