@@ -50,6 +50,7 @@ from orchestrator import config as configuration
 from orchestrator.config import ExperimentConfig
 from orchestrator.memory import build_cores
 from orchestrator.problem import Problem
+from orchestrator.report import table_console
 
 WIRE_FILE = "wire.msgpack"
 TELEMETRY_FILE = "telemetry.npz"
@@ -677,7 +678,7 @@ def show_audit(run_dir: Path, pcap: Path | None = None, port: int | None = None)
     except AuditError as exc:
         err.print(f"[red]audit failed:[/red] {exc}")
         return 1
-    Console().print(audit_table(report))
+    table_console().print(audit_table(report))
     for s in report["sessions"]:
         for hub in s["hub_learns"]["fallback_hubs"]:
             err.print(

@@ -18,7 +18,7 @@ from agent.spec import ConfigError, Rekey, Scheme, Strategy
 from orchestrator import config as configuration
 from orchestrator.config import ExperimentConfig
 from orchestrator.problem import Problem
-from orchestrator.report import Curve, results_table, write_outputs
+from orchestrator.report import Curve, results_table, table_console, write_outputs
 from orchestrator.topology import RULES, TOPOLOGIES
 
 console = Console(stderr=True)
@@ -109,7 +109,7 @@ def finish(
         graph=problem.graph,
         q=problem.q,
     )
-    Console().print(results_table(summary["results"]))
+    table_console().print(results_table(summary["results"]))
     console.print(f"wrote {out}/summary.json, metrics.csv, msd.png, topology.png")
 
 
@@ -202,7 +202,7 @@ def overhead(args: argparse.Namespace) -> int:
         )
     out = args.out or Path("runs") / f"overhead-{time.strftime('%Y%m%d-%H%M%S')}"
     cost.write_overhead(rows, out)
-    Console().print(cost.overhead_table(rows))
+    table_console().print(cost.overhead_table(rows))
     console.print(f"wrote {out}/overhead.json and overhead.png")
     return 0
 

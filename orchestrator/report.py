@@ -23,6 +23,7 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize, to_rgba
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from rich.console import Console
 from rich.table import Table
 
 METRICS_HEADER = ("strategy", "scheme", "repeat", "iter", "msd_centroid", "msd_avg")
@@ -45,6 +46,16 @@ SCHEME_STYLE: dict[str, dict[str, Any]] = {
     },
 }
 ROWS = (("msd_centroid", "centroid MSD"), ("msd_avg", "avg. individual MSD"))
+
+
+PIPED_WIDTH = 160  # columns for tables on a pipe or file, where rich would assume 80
+
+
+def table_console() -> Console:
+    """Where tables go: stdout, at the terminal's width or, piped (CI logs, tee), wide
+    enough that rich does not cut the overhead table's 14 columns to ellipses."""
+    console = Console()
+    return console if console.is_terminal else Console(width=PIPED_WIDTH)
 
 
 @dataclass
