@@ -195,7 +195,8 @@ class AgentCore:
         if spec.scheme is Scheme.NONE:
             return {k: x.copy() for k in targets}
         if spec.scheme is Scheme.LOCAL_GHP:
-            return {k: x + self._mask(plan, k) for k in targets}
+            masks = self._masks(plan)
+            return {k: x + masks[k] if k in masks else x.copy() for k in targets}
         raw = rng.raw_row(
             spec.noise_key,
             rng.Domain.NOISE,
@@ -353,26 +354,32 @@ class AgentCore:
     def _keys_ready(self, plan: StepPlan) -> bool:
         return not self._missing_keys(plan)
 
-    def _mask(self, plan: StepPlan, hub: int) -> np.ndarray:
-        """sum over my partners at `hub` of side * g_pair / a_(me,hub): cancels at the hub."""
-        seat = self._seats.get((hub, plan.step))
-        if seat is None:  # my own term at a hub that has 2+ other neighbours: no mask
-            return np.zeros(self.spec.dim)
-        epoch = self._epoch(self.round)
-        total = np.zeros(self.spec.dim)
-        for m in seat.partners:
-            secret = self._secret(epoch, m, self._partner_keys[(epoch, hub, plan.step, m)])
-            total += keys.pair_noise(
-                secret,
+    def _masks(self, plan: StepPlan) -> dict[int, np.ndarray]:
+        """Per hub where I sit: sum over my partners of side * g_pair / a_(me,hub), which
+        cancels at the hub. My own term at a hub with 2+ other neighbours has no seat, no mask.
+        """
+        epoch, step = self._epoch(self.round), plan.step
+        seats = [(k, self._seats[(k, step)]) for k in plan.weights_out if (k, step) in self._seats]
+        streams = b"".join(
+            keys.pair_stream(
+                self._secret(epoch, m, self._partner_keys[(epoch, hub, step, m)]),
                 self.spec.session,
                 hub,
                 (self.me, m),
                 self.round,
-                plan.step,
+                step,
                 self.spec.dim,
-                self.spec.sigma_g,
             )
-        return seat.side * total / plan.weights_out[hub]
+            for hub, seat in seats
+            for m in seat.partners
+        )
+        noise = keys.stream_laplace(streams, self.spec.dim, self.spec.sigma_g)
+        masks, row = {}, 0
+        for hub, seat in seats:
+            rows = noise[row : row + len(seat.partners)]
+            masks[hub] = seat.side * rows.sum(axis=0) / plan.weights_out[hub]
+            row += len(seat.partners)
+        return masks
 
     def _secret(self, epoch: int, partner: int, public: bytes) -> bytes:
         slot = (epoch, partner, public)

@@ -217,6 +217,36 @@ def verify_share(owner_identity: PublicIdentity, share: KeyShare, session: bytes
         raise BadKey(f"{who} failed its signature check: the hub or the wire altered it")
 
 
+def pair_stream(
+    secret: bytes, session: bytes, hub: int, pair: tuple[int, int], round_: int, step: int, dim: int
+) -> bytes:
+    """The 8 * dim keystream bytes behind the mask g_{lm,k,i} of `pair` at hub `hub`:
+    HKDF-SHA256 (session as salt; hub, pair, round, step in info) -> ChaCha20."""
+    first, second = sorted(pair)
+    if first == second:
+        raise ValueError(f"pair {pair} at hub {hub}: a mask needs two different agents")
+    if dim < 1:
+        raise ValueError(f"dim must be >= 1, got {dim}")
+    names = "hub, min(pair), max(pair), round, step"
+    fields = _pack(_MASK_FIELDS, names, hub, first, second, round_, step)
+    key = _hkdf(secret, session, MASK_TAG + fields)
+    # A zero nonce is safe only because this key is used once: it is unique per
+    # (secret, session, hub, pair, round, step), and nothing else is ever encrypted with it.
+    stream = Cipher(algorithms.ChaCha20(key, _ZERO_NONCE), mode=None).encryptor()
+    return stream.update(bytes(8 * dim))
+
+
+def stream_laplace(streams: bytes, dim: int, sigma_g: float) -> np.ndarray:
+    """Laplace masks, one row of `dim` per pair, from concatenated `pair_stream`s.
+
+    One vectorized mapping for all of a step's pairs: per pair it costs more than the
+    cryptography does."""
+    if not (sigma_g >= 0 and math.isfinite(sigma_g)):
+        raise ValueError(f"sigma_g must be >= 0, got {sigma_g}")
+    raw = np.frombuffer(streams, dtype="<u8").reshape(-1, dim)
+    return rng.laplace(rng.uniforms(raw), sigma_g)
+
+
 def pair_noise(
     secret: bytes,
     session: bytes,
@@ -228,21 +258,8 @@ def pair_noise(
     sigma_g: float,
 ) -> np.ndarray:
     """The Laplace mask g_{lm,k,i} that both partners of `pair` derive alike at hub `hub`."""
-    first, second = sorted(pair)
-    if first == second:
-        raise ValueError(f"pair {pair} at hub {hub}: a mask needs two different agents")
-    if dim < 1:
-        raise ValueError(f"dim must be >= 1, got {dim}")
-    if not (sigma_g >= 0 and math.isfinite(sigma_g)):
-        raise ValueError(f"sigma_g must be >= 0, got {sigma_g}")
-    names = "hub, min(pair), max(pair), round, step"
-    fields = _pack(_MASK_FIELDS, names, hub, first, second, round_, step)
-    key = _hkdf(secret, session, MASK_TAG + fields)
-    # A zero nonce is safe only because this key is used once: it is unique per
-    # (secret, session, hub, pair, round, step), and nothing else is ever encrypted with it.
-    stream = Cipher(algorithms.ChaCha20(key, _ZERO_NONCE), mode=None).encryptor()
-    raw = np.frombuffer(stream.update(bytes(8 * dim)), dtype="<u8")
-    return rng.laplace(rng.uniforms(raw), sigma_g)
+    stream = pair_stream(secret, session, hub, pair, round_, step, dim)
+    return stream_laplace(stream, dim, sigma_g)[0]
 
 
 def link_key(me: Identity, peer: PublicIdentity, session: bytes, a: int, b: int) -> bytes:

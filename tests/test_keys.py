@@ -27,10 +27,12 @@ from agent.keys import (
     link_key,
     open_sealed,
     pair_noise,
+    pair_stream,
     public_bytes,
     seal,
     share_statement,
     sign_share,
+    stream_laplace,
     verify_share,
 )
 from agent.messages import KeyShare
@@ -163,6 +165,28 @@ def test_noise_follows_the_documented_derivation():
     expected = rng.laplace(rng.uniforms(raw), SIGMA_G)
     got = pair_noise(secret, SESSION, hub, (7, 3), round_, step, dim, SIGMA_G)
     np.testing.assert_array_equal(got, expected)
+
+
+@given(
+    pairs=st.lists(
+        st.tuples(st.integers(0, 40), st.integers(0, 40)).filter(lambda p: p[0] != p[1]),
+        min_size=1,
+        max_size=12,
+    ),
+    dim=st.integers(1, 5),
+)
+@settings(max_examples=50, deadline=None)
+def test_batched_masks_equal_masks_derived_one_at_a_time(
+    pairs: list[tuple[int, int]], dim: int
+) -> None:
+    """The core maps a whole step's keystreams to Laplace at once; each row must be the
+    very mask pair_noise derives for that pair alone."""
+    secret = hashlib.sha256(b"batch").digest()
+    streams = b"".join(pair_stream(secret, SESSION, 9, p, 4, 1, dim) for p in pairs)
+    batch = stream_laplace(streams, dim, SIGMA_G)
+    assert batch.shape == (len(pairs), dim)
+    for row, p in zip(batch, pairs, strict=True):
+        np.testing.assert_array_equal(row, pair_noise(secret, SESSION, 9, p, 4, 1, dim, SIGMA_G))
 
 
 def _check_laplace(samples: np.ndarray, sigma_g: float) -> None:
