@@ -40,7 +40,7 @@ SYS_TOPICS = {
 READY_TIMEOUT = 30.0
 STOP_TIMEOUT = 5.0
 
-_running: set[subprocess.Popen[bytes]] = set()
+_running: dict[int, "Broker"] = {}  # id -> a broker this process started and has not stopped
 
 
 @dataclass(frozen=True)
@@ -174,6 +174,7 @@ class Broker:
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
+        _running.pop(id(self), None)
 
     def log_tail(self, lines: int = 20) -> str:
         """The last lines the broker process wrote (empty for an external broker)."""
@@ -230,7 +231,7 @@ class Broker:
                 start_new_session=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
-        _running.add(self._proc)
+        _running[id(self)] = self
 
     def _wait_ready(self) -> None:
         assert self._proc is not None
@@ -248,23 +249,20 @@ class Broker:
 
 def _terminate(proc: subprocess.Popen[bytes]) -> int:
     """Stop a broker process group: SIGTERM, then SIGKILL after STOP_TIMEOUT; its exit code."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
     try:
+        return proc.wait(timeout=STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            return proc.wait(timeout=STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            return proc.wait()
-    finally:
-        _running.discard(proc)
+            os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait()
 
 
 @atexit.register
 def _stop_leftovers() -> None:
-    for proc in list(_running):
-        _terminate(proc)
+    for broker in list(_running.values()):
+        broker.stop()
 
 
 def _mosquitto_path() -> str:

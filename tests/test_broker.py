@@ -150,12 +150,15 @@ def test_failed_start_names_the_cause_and_leaves_nothing(kind: str, private_tmp:
 
 
 def test_atexit_stops_a_broker_left_running(tmp_path: Path) -> None:
-    script = "from broker.launcher import launch; b = launch('auto'); b.start(); print(b.pid)"
+    script = (
+        "from broker.launcher import launch; b = launch('auto'); b.start(); print(b.pid, b._tmp)"
+    )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=True
     )
-    pid = int(done.stdout)
+    pid, tmp = int(done.stdout.split()[0]), Path(done.stdout.split()[1])
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not tmp.exists(), "the broker's temp dir outlived the process that made it"
 
 
 # --- choosing a broker --------------------------------------------------------------------------
