@@ -359,7 +359,8 @@ class AgentCore:
         cancels at the hub. My own term at a hub with 2+ other neighbours has no seat, no mask.
         """
         epoch, step = self._epoch(self.round), plan.step
-        seats = [(k, self._seats[(k, step)]) for k in plan.weights_out if (k, step) in self._seats]
+        seated = (hub for hub in plan.weights_out if (hub, step) in self._seats)
+        seats = [(hub, self._seats[hub, step]) for hub in seated]
         streams = b"".join(
             keys.pair_stream(
                 self._secret(epoch, m, self._partner_keys[(epoch, hub, step, m)]),

@@ -133,8 +133,7 @@ async def _drive(
             # container: a SIGTERM from here on must not cut the outputs short.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             extra: dict[str, Any] = {"broker": broker.kind, "run": run}
-            sys_after = await _sys(broker) if sys_before is not None else None
-            if sys_before is not None and sys_after is not None:
+            if sys_before is not None and (sys_after := await _sys(broker)) is not None:
                 extra["broker_sys"] = {k: sys_after[k] - sys_before[k] for k in sys_after}
             # Off the loop, which keeps answering the broker's keepalives meanwhile: the
             # audit replays the whole run for its ground truth.
