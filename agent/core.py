@@ -359,8 +359,11 @@ class AgentCore:
         cancels at the hub. My own term at a hub with 2+ other neighbours has no seat, no mask.
         """
         epoch, step = self._epoch(self.round), plan.step
-        seated = (hub for hub in plan.weights_out if (hub, step) in self._seats)
-        seats = [(hub, self._seats[hub, step]) for hub in seated]
+        seats = [
+            (hub, seat)
+            for hub in plan.weights_out
+            if (seat := self._seats.get((hub, step))) is not None
+        ]
         streams = b"".join(
             keys.pair_stream(
                 self._secret(epoch, m, self._partner_keys[(epoch, hub, step, m)]),
