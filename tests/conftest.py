@@ -8,6 +8,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -16,13 +17,20 @@ from broker.launcher import has_mosquitto
 BROKER_KINDS = ("mosquitto", "embedded")
 
 
+def skip_unless_required(env: str, reason: str) -> NoReturn:
+    """Skip for `reason`, except where `env`=1 (CI) requires the thing: there it fails."""
+    if os.environ.get(env) == "1":
+        pytest.fail(f"{env}=1 but {reason}")
+    pytest.skip(reason)
+
+
 def need_mosquitto() -> None:
     """Skip without mosquitto, except in CI (PRIVNET_REQUIRE_MOSQUITTO=1), where it is a failure."""
-    if has_mosquitto():
-        return
-    if os.environ.get("PRIVNET_REQUIRE_MOSQUITTO") == "1":
-        pytest.fail("PRIVNET_REQUIRE_MOSQUITTO=1 but mosquitto is not installed: install it")
-    pytest.skip("mosquitto is not installed (apt-get install mosquitto); embedded variants run")
+    if not has_mosquitto():
+        skip_unless_required(
+            "PRIVNET_REQUIRE_MOSQUITTO",
+            "mosquitto is not installed (apt-get install mosquitto); embedded variants run",
+        )
 
 
 @pytest.fixture(scope="module", params=BROKER_KINDS)
@@ -63,9 +71,9 @@ def tcpdump(pcap: Path, port: int, interface: str = "lo") -> Iterator[None]:
             break
     else:
         proc.wait(5)
-        if os.environ.get("PRIVNET_REQUIRE_PCAP") == "1":
-            pytest.fail(f"tcpdump cannot capture on {interface}: {line.strip()}")
-        pytest.skip(f"tcpdump cannot capture on {interface}: {line.strip()}")
+        skip_unless_required(
+            "PRIVNET_REQUIRE_PCAP", f"tcpdump cannot capture on {interface}: {line.strip()}"
+        )
     try:
         yield
     finally:
