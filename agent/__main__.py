@@ -8,8 +8,7 @@ import logging
 import os
 import sys
 
-from agent.shell import run_agent
-from broker.launcher import BrokerAddress
+from agent.mqtt import BrokerAddress, run_agent
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,8 +24,9 @@ from typing import Literal, Self
 
 import aiomqtt
 
-from broker.inbox import Inbox
-from broker.topics import run_filter
+from agent.inbox import Inbox
+from agent.mqtt import BrokerAddress
+from agent.topics import run_filter
 
 Kind = Literal["mosquitto", "embedded", "external"]
 KINDS = ("auto", "mosquitto", "embedded")
@@ -41,29 +42,6 @@ READY_TIMEOUT = 30.0
 STOP_TIMEOUT = 5.0
 
 _running: dict[int, "Broker"] = {}  # id -> a broker this process started and has not stopped
-
-
-@dataclass(frozen=True)
-class BrokerAddress:
-    """Where clients connect."""
-
-    host: str
-    port: int
-
-    @classmethod
-    def parse(cls, text: str) -> "BrokerAddress":
-        """'HOST:PORT' or '[IPv6]:PORT'."""
-        host, sep, port = text.strip().rpartition(":")
-        host = host.removeprefix("[").removesuffix("]")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65_536:
-            raise ValueError(
-                f"bad broker address {text!r}: write HOST:PORT with a port in 1-65535, "
-                "e.g. 127.0.0.1:1883 or [::1]:1883"
-            )
-        return cls(host, int(port))
-
-    def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
 def free_port(host: str = "127.0.0.1") -> int:

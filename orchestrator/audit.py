@@ -40,16 +40,15 @@ import paho.mqtt.client as mqtt
 from rich.table import Table
 from scipy import stats
 
-from agent import control, wire
+from agent import control, topics, wire
 from agent.core import AgentCore, split_senders
 from agent.messages import KeyPlan, KeyShare, Message, Rejected, Report
+from agent.mqtt import BrokerAddress
 from agent.spec import STRATEGY_STEP, Scheme, StepPlan, Strategy
-from broker import topics
-from broker.launcher import BrokerAddress
-from orchestrator import config as configuration
-from orchestrator.config import ExperimentConfig
-from orchestrator.memory import build_cores
-from orchestrator.problem import Problem
+from orchestrator.engines.memory import build_cores
+from orchestrator.experiment import config as configuration
+from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.problem import Problem
 from orchestrator.report import table_console
 
 WIRE_FILE = "wire.msgpack"

@@ -15,11 +15,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agent.spec import ConfigError, Rekey, Scheme, Strategy
-from orchestrator import config as configuration
-from orchestrator.config import ExperimentConfig
-from orchestrator.problem import Problem
+from orchestrator.experiment import config as configuration
+from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.problem import Problem
+from orchestrator.experiment.topology import RULES, TOPOLOGIES
 from orchestrator.report import Curve, results_table, table_console, write_outputs
-from orchestrator.topology import RULES, TOPOLOGIES
 
 console = Console(stderr=True)
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
@@ -150,10 +150,10 @@ def simulate(
 
 def _engine(name: str) -> Callable[..., list[Curve]]:
     if name == "oracle":
-        from orchestrator.oracle import run_oracle
+        from orchestrator.engines.oracle import run_oracle
 
         return run_oracle
-    from orchestrator.memory import run_memory
+    from orchestrator.engines.memory import run_memory
 
     return run_memory
 
@@ -165,7 +165,7 @@ def reproduce(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.netrun import run_network
+    from orchestrator.engines.netrun import run_network
 
     base = ExperimentConfig(strategies=(Strategy.ATC,), schemes=(Scheme.LOCAL_GHP,), repeats=1)
     config = experiment(args, base)

@@ -2,7 +2,7 @@
 
 The cores run on the memory engine (the very code the agents run), and every message they
 emit is sized exactly as the shell would publish it: the wire.py frame on its MQTT topic, as
-an MQTT 3.1.1 PUBLISH at QoS 1 (broker.topics.mqtt_publish_size). Nothing is estimated from
+an MQTT 3.1.1 PUBLISH at QoS 1 (agent.topics.mqtt_publish_size). Nothing is estimated from
 formulas, so the numbers match a `privnet run` of the same config (tests check this).
 
 One-time setup: the agent's control messages (Hello, Ready, Finished) and local-ghp's key
@@ -29,16 +29,15 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
-from agent import control, keys, wire
+from agent import control, keys, topics, wire
 from agent.core import AgentCore
 from agent.messages import KeyPlan, KeyShare, Message, Report
-from agent.shell import TELEMETRY_BATCH, Traffic
+from agent.mqtt import TELEMETRY_BATCH, Traffic
 from agent.spec import STRATEGY_STEP, Rekey, Scheme, Strategy
 from agent.wire import Peer
-from broker import topics
-from orchestrator.config import ExperimentConfig
-from orchestrator.memory import build_cores
-from orchestrator.problem import Problem
+from orchestrator.engines.memory import build_cores
+from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.problem import Problem
 
 RUN = "run-00000000"  # as long as the names `privnet run` draws (net.new_run_name)
 LINK_KEY = bytes(32)  # a MAC is 16 bytes whatever the key: sizes need no real key

@@ -12,9 +12,9 @@ import argparse
 import statistics
 from time import perf_counter, process_time
 
-from orchestrator.config import ExperimentConfig
-from orchestrator.oracle import run_oracle
-from orchestrator.problem import Problem
+from orchestrator.engines.oracle import run_oracle
+from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.problem import Problem
 
 
 def main() -> None:

@@ -16,16 +16,15 @@ import numpy as np
 import pytest
 from conftest import capture_tools, tcpdump
 
-from agent import control, keys, wire
+from agent import control, keys, topics, wire
 from agent.core import AgentCore, split_senders
 from agent.messages import KeyShare, Message, Model, Report
 from agent.spec import STRATEGY_STEP, Scheme, Strategy
-from broker import topics
 from broker.launcher import launch
 from orchestrator import audit, overhead
 from orchestrator.cli import main
-from orchestrator.config import ExperimentConfig
-from orchestrator.problem import Problem
+from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.problem import Problem
 
 SEED = 3
 SIGMA_G = 0.1

@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from paho.mqtt.client import topic_matches_sub
 
-from broker import topics as T
+from agent import topics as T
 from broker.launcher import (
     BASE_CONFIG,
     Broker,

@@ -1,6 +1,6 @@
 """The sans-IO agent core (agent/core.py), driven by the memory router and by hand.
 
-No sockets: cores run through orchestrator.memory.route (wrapped to log the wire) or
+No sockets: cores run through orchestrator.engines.memory.route (wrapped to log the wire) or
 through `drive` below, a FIFO router like route that can edit, drop or inject messages.
 """
 
@@ -24,10 +24,10 @@ from agent.core import AgentCore, Seat, split_senders
 from agent.losses import LeastSquares
 from agent.messages import KeyPlan, KeyShare, Message, Model, Rejected, Report
 from agent.spec import STEPS, STRATEGY_STEP, ConfigError, Rekey, Scheme, StepPlan, Strategy
-from orchestrator import topology
-from orchestrator.config import ExperimentConfig
-from orchestrator.memory import build_cores, route
-from orchestrator.problem import Problem
+from orchestrator.engines.memory import build_cores, route
+from orchestrator.experiment import topology
+from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.problem import Problem
 
 SEED = 7
 ROUNDS = 5

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from agent.spec import Scheme, Strategy
-from orchestrator import topology
-from orchestrator.config import ExperimentConfig
-from orchestrator.memory import run_memory
-from orchestrator.oracle import run_oracle
-from orchestrator.problem import Problem
+from orchestrator.engines.memory import run_memory
+from orchestrator.engines.oracle import run_oracle
+from orchestrator.experiment import topology
+from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.problem import Problem
 from orchestrator.report import Curve
 
 RTOL = 1e-9

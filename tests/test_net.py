@@ -27,17 +27,16 @@ import numpy as np
 import psutil
 import pytest
 
-from agent import control, wire
+from agent import control, topics, wire
 from agent.control import Telemetry
 from agent.messages import Model
-from agent.shell import QOS
-from broker import topics
+from agent.mqtt import QOS
 from broker.launcher import Broker, BrokerAddress, launch
 from orchestrator.cli import main
-from orchestrator.config import ExperimentConfig, with_overrides
-from orchestrator.problem import Problem
+from orchestrator.experiment.config import ExperimentConfig, with_overrides
+from orchestrator.experiment.problem import Problem
+from orchestrator.experiment.specs import agent_specs
 from orchestrator.report import load_summary, read_metrics
-from orchestrator.specs import agent_specs
 
 pytestmark = pytest.mark.net
 

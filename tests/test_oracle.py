@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from agent import rng
 from agent.losses import LeastSquares
 from agent.spec import ConfigError, Scheme, Strategy
-from orchestrator import topology
-from orchestrator.config import ExperimentConfig
-from orchestrator.oracle import run_oracle, scheme_noise
-from orchestrator.problem import Problem, msd
+from orchestrator.engines.oracle import run_oracle, scheme_noise
+from orchestrator.experiment import topology
+from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.problem import Problem, msd
 from orchestrator.report import Curve, steady_state_db
 
 REL = 1e-12  # oracle vs reference, relative, per repeat and iteration

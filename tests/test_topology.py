@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.spec import ConfigError, Strategy
-from orchestrator.topology import (
+from orchestrator.experiment.topology import (
     RULES,
     TOPOLOGIES,
     combination_matrix,

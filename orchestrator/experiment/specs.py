@@ -8,7 +8,7 @@ import numpy as np
 
 from agent import rng
 from agent.spec import STEPS, AgentSpec, Scheme, StepPlan, Strategy
-from orchestrator.problem import Problem
+from orchestrator.experiment.problem import Problem
 
 
 def step_plans(A_j: np.ndarray, step: int, agent: int) -> StepPlan:

@@ -30,7 +30,7 @@ import numpy as np
 from agent import rng
 from agent.losses import regression_data
 from agent.spec import ConfigError, Scheme, Strategy
-from orchestrator.problem import Problem
+from orchestrator.experiment.problem import Problem
 from orchestrator.report import Curve
 
 CHUNK = 100  # rounds of noise and minibatch indices drawn at once; bounds memory

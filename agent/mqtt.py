@@ -19,15 +19,37 @@ from dataclasses import dataclass, field
 
 import aiomqtt
 
-from agent import control, keys, wire
+from agent import control, keys, topics, wire
 from agent.core import AgentCore
+from agent.inbox import Inbox
 from agent.losses import LeastSquares
 from agent.messages import Message, Rejected, Report
-from broker import topics
-from broker.inbox import Inbox
-from broker.launcher import BrokerAddress
 
 log = logging.getLogger("privnet.agent")
+
+
+@dataclass(frozen=True)
+class BrokerAddress:
+    """Where clients connect."""
+
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> BrokerAddress:
+        """'HOST:PORT' or '[IPv6]:PORT'."""
+        host, sep, port = text.strip().rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65_536:
+            raise ValueError(
+                f"bad broker address {text!r}: write HOST:PORT with a port in 1-65535, "
+                "e.g. 127.0.0.1:1883 or [::1]:1883"
+            )
+        return cls(host, int(port))
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
 
 QOS = 1  # at-least-once: a lost model would stall the round; the core drops duplicates
 REGISTER_TIMEOUT = 120.0

@@ -17,9 +17,9 @@ from agent.core import AgentCore
 from agent.losses import LeastSquares
 from agent.messages import Message, Report
 from agent.spec import Scheme, Strategy
-from orchestrator.problem import Problem, msd
+from orchestrator.experiment.problem import Problem, msd
+from orchestrator.experiment.specs import agent_specs
 from orchestrator.report import Curve
-from orchestrator.specs import agent_specs
 
 
 def build_cores(

@@ -18,9 +18,9 @@ from rich.progress import Progress, TaskID
 
 from broker.launcher import Broker, launch, read_sys_bytes
 from orchestrator.cli import finish, progress_bar
-from orchestrator.config import ExperimentConfig
-from orchestrator.net import AgentPool, Orchestrator, RunFailed, SessionResult, new_run_name
-from orchestrator.problem import Problem, msd
+from orchestrator.engines.net import AgentPool, Orchestrator, RunFailed, SessionResult, new_run_name
+from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.problem import Problem, msd
 from orchestrator.report import Curve
 
 if TYPE_CHECKING:

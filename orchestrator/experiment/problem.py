@@ -10,9 +10,9 @@ import numpy as np
 
 from agent.losses import RegressionSpec
 from agent.spec import Scheme, Strategy
-from orchestrator import topology
-from orchestrator.config import ExperimentConfig
-from orchestrator.data import draw_problem, global_minimizer, local_moments
+from orchestrator.experiment import topology
+from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.data import draw_problem, global_minimizer, local_moments
 
 
 @dataclass(frozen=True)

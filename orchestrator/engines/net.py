@@ -22,15 +22,13 @@ import aiomqtt
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from agent import control, keys, wire
+from agent import control, keys, topics, wire
+from agent.inbox import Inbox
 from agent.messages import Rejected
-from agent.shell import QOS, telemetry_context
+from agent.mqtt import QOS, BrokerAddress, telemetry_context
 from agent.spec import Scheme, Strategy
-from broker import topics
-from broker.inbox import Inbox
-from broker.launcher import BrokerAddress
-from orchestrator.problem import Problem
-from orchestrator.specs import agent_specs
+from orchestrator.experiment.problem import Problem
+from orchestrator.experiment.specs import agent_specs
 
 DEFAULT_DEADLINE = 30.0
 POLL = 0.5  # how often child processes are checked while waiting
