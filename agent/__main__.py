@@ -1,4 +1,10 @@
-"""`python -m agent --broker HOST:PORT [--run NAME] [--id N]`: one privnet agent process."""
+"""`python -m agent [--launch FILE]`: one privnet agent process.
+
+What the agent needs to join a run (broker, run name, its id, the orchestrator's public
+key, its launch token, broker credentials) comes out of band: the JSON launch that
+`privnet run` writes, in $PRIVNET_LAUNCH or a file (`--launch`). `--claim DIR` takes the
+first unclaimed launch file in DIR (docker-compose replicas, which share one volume).
+"""
 
 from __future__ import annotations
 
@@ -7,37 +13,52 @@ import asyncio
 import logging
 import os
 import sys
+from pathlib import Path
 
-from agent.mqtt import BrokerAddress, run_agent
+from agent.mqtt import AgentLaunch, run_agent
+
+
+def claim(directory: Path) -> AgentLaunch:
+    """The first launch file in `directory` no other process has claimed (O_EXCL lock)."""
+    for path in sorted(directory.glob("agent-*.json"), key=lambda p: int(p.stem[6:])):
+        try:
+            os.close(os.open(path.with_suffix(".claimed"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            continue
+        return AgentLaunch.from_file(path)
+    raise ValueError(f"no unclaimed agent-<id>.json launch file in {directory}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agent", description=__doc__)
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--launch", type=Path, help="JSON launch file (default: $PRIVNET_LAUNCH)")
+    where.add_argument("--claim", type=Path, help="claim a launch file from this directory")
     parser.add_argument(
-        "--broker",
-        default=os.environ.get("PRIVNET_BROKER", "127.0.0.1:1883"),
-        help="HOST:PORT of the MQTT broker (env PRIVNET_BROKER)",
-    )
-    parser.add_argument(
-        "--run",
-        default=os.environ.get("PRIVNET_RUN", "default"),
-        help="run name; topics live under privnet/<run>/ (env PRIVNET_RUN)",
-    )
-    parser.add_argument(
-        "--id", type=int, default=None, help="agent id; assigned at registration when omitted"
+        "--id", type=int, help="the agent id the launch must name (a label for ps and logs)"
     )
     parser.add_argument("--log-level", default=os.environ.get("PRIVNET_LOG", "WARNING"))
     args = parser.parse_args(argv)
+    try:
+        if args.claim is not None:
+            launch = claim(args.claim)
+        elif args.launch is not None:
+            launch = AgentLaunch.from_file(args.launch)
+        else:
+            found = AgentLaunch.from_env()
+            if found is None:
+                parser.error(f"no launch: give --launch FILE, --claim DIR or ${AgentLaunch.ENV}")
+            launch = found
+        broker, node_launch, access = launch.parts()
+        if args.id is not None and args.id != node_launch.agent:
+            raise ValueError(f"--id {args.id}, but the launch is for agent {node_launch.agent}")
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
     logging.basicConfig(
         level=args.log_level.upper(),
-        format=f"%(asctime)s agent[{args.id if args.id is not None else '?'}] "
-        "%(levelname)s %(message)s",
+        format=f"%(asctime)s agent[{launch.agent}] %(levelname)s %(message)s",
     )
-    try:
-        address = BrokerAddress.parse(args.broker)
-    except ValueError as exc:
-        parser.error(str(exc))
-    return asyncio.run(run_agent(address, args.run, args.id))
+    return asyncio.run(run_agent(broker, node_launch, access))
 
 
 if __name__ == "__main__":

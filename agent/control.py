@@ -1,8 +1,11 @@
 """What the orchestrator and an agent say to each other: plain dataclasses, no I/O.
 
-A run goes Hello -> Welcome -> Setup -> Ready -> Go, then per-round Telemetry (the true
-model, sealed to the orchestrator's key) and finally Finished or Failed; Abort stops it early.
-`wire.py` turns these into bytes and back.
+A run goes Hello -> Welcome, then per session Setup -> Ready -> Go -> Telemetry... ->
+Finished, and finally Bye; Abort stops it early, Failed says an agent cannot go on.
+Every one of these travels signed (`wire.encode_signed`): downward frames by the run's
+orchestrator key, upward frames by the agent's identity key, each naming the run and
+carrying a sequence number. Whatever determines a model (`Config`) travels sealed to
+the receiving agent's key, and true models (`Telemetry`) sealed to the orchestrator's.
 """
 
 from __future__ import annotations
@@ -12,75 +15,46 @@ from dataclasses import dataclass
 from agent.losses import RegressionSpec
 from agent.spec import AgentSpec
 
+# ---- upward: agent -> orchestrator, signed with the agent's identity key ---------------------
+
 
 @dataclass(frozen=True, slots=True)
 class Hello:
-    """agent -> orchestrator on registration: its public identity (64 bytes) and a fresh nonce."""
+    """Registration: the agent's public identity, and proof it holds its launch token.
 
-    nonce: bytes  # 16 random bytes, echoed in Welcome
-    identity: bytes  # keys.PublicIdentity.to_bytes()
-    requested_id: int | None
+    proof = HMAC-SHA256(token, run, agent, identity): the token reached the agent out of
+    band at launch, so broker credentials alone cannot register a sybil identity.
+    """
 
-
-@dataclass(frozen=True, slots=True)
-class Welcome:
-    """orchestrator -> agent: the id it gets and the X25519 key that telemetry is sealed to."""
-
-    nonce: bytes  # the Hello's nonce
     agent: int
-    run: str
-    orchestrator_key: bytes  # 32-byte X25519 public key
-
-
-@dataclass(frozen=True, slots=True)
-class Setup:
-    """orchestrator -> agent: its configuration and the identities of the agents it talks to."""
-
-    spec: AgentSpec
-    problem: RegressionSpec
-    directory: dict[int, bytes]  # agent id -> PublicIdentity.to_bytes()
-    deadline: float
-    telemetry: bool
+    identity: bytes  # keys.PublicIdentity.to_bytes()
+    proof: bytes
 
 
 @dataclass(frozen=True, slots=True)
 class Ready:
-    """agent -> orchestrator: configured, keys agreed, waiting for Go."""
+    """Configured and keyed for `session`: waiting for Go."""
 
     agent: int
-
-
-@dataclass(frozen=True, slots=True)
-class Go:
-    """orchestrator -> all agents: start round 0."""
-
-
-@dataclass(frozen=True, slots=True)
-class Bye:
-    """orchestrator -> all agents: no more sessions; exit cleanly."""
-
-
-@dataclass(frozen=True, slots=True)
-class Abort:
-    """orchestrator -> all agents: stop now."""
-
-    reason: str
+    session: int
 
 
 @dataclass(frozen=True, slots=True)
 class Telemetry:
-    """agent -> orchestrator, once per round: a Report sealed to the orchestrator's key."""
+    """A batch of Reports ending at `round`, sealed to the orchestrator's key."""
 
     agent: int
+    session: int
     round: int
     sealed: bytes
 
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """agent -> orchestrator: done; what it rejected (by reason) and sent (by category)."""
+    """Done with `session`: what it dropped (by reason), what it sent (by category)."""
 
     agent: int
+    session: int
     rejected: dict[str, int]
     bytes: dict[str, int]
     messages: dict[str, int]
@@ -89,10 +63,61 @@ class Finished:
 
 @dataclass(frozen=True, slots=True)
 class Failed:
-    """agent -> orchestrator: it cannot go on, and why."""
+    """The agent cannot go on, and why."""
 
     agent: int
     reason: str
 
 
-Control = Hello | Welcome | Setup | Ready | Go | Bye | Abort | Telemetry | Finished | Failed
+# ---- downward: orchestrator -> agents, signed with the run's orchestrator key ----------------
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    """Registration accepted: stop sending Hello."""
+
+    agent: int
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """The agent's `Config` for `session`, sealed to its identity's X25519 key."""
+
+    agent: int
+    session: int
+    sealed: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Go:
+    """Start round 1 of `session`."""
+
+    session: int
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """Stop now."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Bye:
+    """No more sessions: exit cleanly."""
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """What Setup seals: everything that determines this agent's models."""
+
+    spec: AgentSpec
+    problem: RegressionSpec
+    directory: dict[int, bytes]  # agent id -> PublicIdentity.to_bytes()
+    deadline: float
+    telemetry: bool
+
+
+Up = Hello | Ready | Telemetry | Finished | Failed
+Down = Welcome | Setup | Go | Abort | Bye
+Control = Up | Down

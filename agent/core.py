@@ -13,7 +13,7 @@ per in-neighbour, then combines: sum_m a_mp * (message from m), its own term inc
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,12 +37,8 @@ class Seat:
 class Counters:
     """What the core did, for metrics and the overhead report."""
 
-    rejected: dict[str, int] = field(default_factory=dict)
     agreements: int = 0  # Diffie-Hellman agreements computed
     relayed: int = 0  # key shares forwarded as a hub
-
-    def reject(self, reason: str) -> None:
-        self.rejected[reason] = self.rejected.get(reason, 0) + 1
 
 
 def split_senders(senders: list[int], hub: int) -> dict[int, Seat]:
@@ -84,6 +80,7 @@ class AgentCore:
         self.round, self.stage = 1, 0
         self.value = self.w.copy()  # what the current step combines (w, phi or psi)
         self.counters = Counters()
+        self.started, self._prepared = False, False
         self._sent = False
         self._inbox: dict[Position, dict[int, np.ndarray]] = {}
         # local-ghp state: seats[(hub, step)], ephemeral keys and partners' keys per epoch
@@ -92,6 +89,7 @@ class AgentCore:
         self._shared_sent: set[int] = set()
         self._partner_keys: dict[tuple[int, int, int, int], bytes] = {}  # (epoch, hub, step, m)
         self._secrets: dict[tuple[int, int, bytes], bytes] = {}  # (epoch, m, public) -> secret
+        self._relayed: set[tuple[int, int, int, int]] = set()  # (owner, partner, step, epoch)
 
     # ---- public API -------------------------------------------------------------------
 
@@ -103,34 +101,44 @@ class AgentCore:
     def position(self) -> Position:
         return (self.round, self.stage)
 
+    @property
+    def keyed(self) -> bool:
+        """Whether round 1 can run without waiting for any key (always, but for local-ghp)."""
+        return self.spec.scheme is not Scheme.LOCAL_GHP or all(
+            self._keys_ready(plan) for plan in self.spec.steps if plan.communicates
+        )
+
+    def prepare(self) -> list[Message]:
+        """Before the rounds: local-ghp hubs announce their splits, agents share keys."""
+        if self.spec.scheme is not Scheme.LOCAL_GHP or self._prepared:
+            return []
+        self._prepared = True
+        return self._announce_seats() + self._share_keys()
+
     def start(self) -> list[Message]:
-        """First messages: local-ghp hubs announce their splits, then the rounds begin."""
-        out: list[Message] = []
-        if self.spec.scheme is Scheme.LOCAL_GHP:
-            out += self._announce_seats()
+        """Begin round 1 (preparing first if nobody did)."""
+        out = self.prepare()
+        self.started = True
         return out + self._advance()
 
     def receive(self, msg: Message) -> list[Message]:
-        """Consume one message; raises Rejected (counted) for anything out of protocol.
+        """Consume one message; raises Rejected for anything out of protocol (the node counts).
 
-        keys.BadKey (a key share whose signature fails) is not caught here: a neighbour
-        that forges or swaps keys is an attack, and the run must stop.
+        keys.BadKey (a key share whose signature fails) is raised as is; the caller counts
+        it. Nothing was stored, so the genuine share still completes the pair.
+        Before `start`, models are kept for round 1 and key shares answered, nothing more.
         """
-        try:
-            if isinstance(msg, Model):
-                self._accept_model(msg)
-            elif isinstance(msg, KeyPlan):
-                self._accept_plan(msg)
-            elif isinstance(msg, KeyShare):
-                relay = self._accept_share(msg)
-                if relay is not None:
-                    return [relay]
-            else:
-                raise Rejected("schema", f"agents do not accept {type(msg).__name__} messages")
-        except Rejected as exc:
-            self.counters.reject(exc.reason)
-            raise
-        return self._advance()
+        if isinstance(msg, Model):
+            self._accept_model(msg)
+        elif isinstance(msg, KeyPlan):
+            self._accept_plan(msg)
+        elif isinstance(msg, KeyShare):
+            relay = self._accept_share(msg)
+            if relay is not None:
+                return [relay]
+        else:
+            raise Rejected("schema", f"agents do not accept {type(msg).__name__} messages")
+        return self._advance() if self.started else self._share_keys()
 
     def waiting_for(self) -> list[int]:
         """Who this agent is blocked on (for a clear error when a neighbour goes silent)."""
@@ -262,6 +270,8 @@ class AgentCore:
         """Send this epoch's signed ephemeral key to every partner, via the hub."""
         epoch = self._epoch(self.round)
         needed = {(k, p.step) for p in self.spec.steps for k in p.receivers(self.me)}
+        if self.spec.scheme is not Scheme.LOCAL_GHP:
+            return []
         if epoch in self._shared_sent or not needed <= self._seats.keys():
             return []  # already sent, or still waiting for a hub's plan
         assert self.identity is not None
@@ -329,6 +339,10 @@ class AgentCore:
                 "not-neighbour",
                 f"agents {msg.owner} and {msg.partner} are not paired at hub {self.me}",
             )
+        relayed = (msg.owner, msg.partner, msg.step, msg.epoch)
+        if relayed in self._relayed:
+            raise Rejected("duplicate", f"key share of {msg.owner} for {msg.partner} again")
+        self._relayed.add(relayed)
         self.counters.relayed += 1
         return KeyShare(
             sender=self.me,
@@ -399,6 +413,7 @@ class AgentCore:
         self._ephemeral.pop(finished_round, None)
         self._partner_keys = {s: v for s, v in self._partner_keys.items() if s[0] != finished_round}
         self._secrets = {s: v for s, v in self._secrets.items() if s[0] != finished_round}
+        self._relayed = {r for r in self._relayed if r[3] > finished_round}
 
     # ---- checks ------------------------------------------------------------------------
 

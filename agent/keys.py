@@ -28,7 +28,12 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import (
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+)
 
 from agent import rng
 from agent.messages import KeyShare
@@ -148,6 +153,21 @@ class Identity:
 
     def sign(self, data: bytes) -> bytes:
         return self.signing.sign(data)
+
+    def private_bytes(self) -> bytes:
+        """64 secret bytes (signing then static), for a 0600 file: the orchestrator's key
+        when someone else starts the agents (compose)."""
+        raw = (Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+        return self.signing.private_bytes(*raw) + self.static.private_bytes(*raw)
+
+    @classmethod
+    def from_private_bytes(cls, data: bytes) -> Identity:
+        if len(data) != 2 * KEY_BYTES:
+            raise BadKey(f"a private identity is {2 * KEY_BYTES} bytes, got {len(data)}")
+        return cls(
+            signing=Ed25519PrivateKey.from_private_bytes(data[:KEY_BYTES]),
+            static=X25519PrivateKey.from_private_bytes(data[KEY_BYTES:]),
+        )
 
 
 @dataclass(frozen=True, eq=False)

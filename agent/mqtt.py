@@ -1,31 +1,31 @@
-"""The agent's asyncio shell: binds the pure core to an MQTT broker through aiomqtt.
+"""The agent's MQTT shell: moves bytes between aiomqtt and the node, and time into it.
 
-Everything protocol-related happens in `core.AgentCore`; this module only registers,
-decodes, counts bytes, seals telemetry and publishes what the core returns.
-
-Life of an agent: Hello -> Welcome + Setup (on its registration topic) -> subscribe to
-its inbox -> Ready -> Go -> rounds -> Finished; then either another Setup (next session)
-or Bye. A neighbour silent past the deadline ends the agent with a message naming it.
+Every rule lives in `agent.node.AgentNode`; `pump` only delivers what arrives, calls
+`tick` when the node asks, and publishes what it returns. The orchestrator's shell runs
+its conductor through the same `pump`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-import secrets
+import os
+import ssl
 import time
-from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
 import aiomqtt
 
-from agent import control, keys, topics, wire
-from agent.core import AgentCore
+from agent import keys, topics
 from agent.inbox import Inbox
-from agent.losses import LeastSquares
-from agent.messages import Message, Rejected, Report
+from agent.node import QOS, AgentNode, Launch, Output, Phase
 
 log = logging.getLogger("privnet.agent")
+PENDING_CALLS = 1000  # a round publishes to every neighbour at once; aiomqtt warns past 10
 
 
 @dataclass(frozen=True)
@@ -51,295 +51,152 @@ class BrokerAddress:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
-QOS = 1  # at-least-once: a lost model would stall the round; the core drops duplicates
-REGISTER_TIMEOUT = 120.0
-HELLO_EVERY = 2.0  # seconds between Hellos until Welcome: the orchestrator may subscribe late
-IDLE_TIMEOUT = 600.0  # between sessions: an orchestrator gone this long is not coming back
-TELEMETRY_BATCH = 10  # rounds per sealed telemetry message
+@dataclass(frozen=True)
+class Access:
+    """How a client logs in to the broker: per-run credentials, and the CA for TLS."""
 
+    username: str | None = None
+    password: str | None = None
+    ca: str | None = None  # path of the run's CA certificate: TLS, broker verified
 
-class AgentFailure(Exception):
-    """The agent cannot go on (silent neighbour, forged key, bad setup)."""
-
-
-@dataclass
-class Traffic:
-    """MQTT bytes and messages this agent published, by category (PUBLISH packet sizes)."""
-
-    bytes: Counter[str] = field(default_factory=Counter)
-    messages: Counter[str] = field(default_factory=Counter)
-
-    def add(self, category: str, topic: str, payload: bytes) -> None:
-        self.bytes[category] += topics.mqtt_publish_size(topic, len(payload), QOS)
-        self.messages[category] += 1
-
-
-@dataclass
-class Session:
-    """One run of the rounds: the core plus what the shell needs around it."""
-
-    setup: control.Setup
-    core: AgentCore
-    link_keys: dict[int, bytes]
-    orchestrator_key: bytes
-    started: float = field(default_factory=time.perf_counter)
-    reports: list[Report] = field(default_factory=list)  # telemetry not yet sent
-
-
-class AgentShell:
-    def __init__(
-        self, client: aiomqtt.Client, inbox: Inbox, run: str, requested_id: int | None
-    ) -> None:
-        self.client, self.inbox, self.run = client, inbox, run
-        self.requested_id = requested_id
-        self.identity = keys.Identity.generate()
-        self.nonce = secrets.token_bytes(16)
-        self.me: int | None = None
-        self.orchestrator_key = b""
-        self.session: Session | None = None
-        self.early: list[aiomqtt.Message] = []  # peer messages that beat our Go
-        self.running = False
-        self.traffic = Traffic()
-        self.rejected: Counter[str] = Counter()
-
-    # ---- publishing -------------------------------------------------------------------
-
-    async def _publish(self, topic: str, payload: bytes, category: str) -> None:
-        self.traffic.add(category, topic, payload)
-        await self.client.publish(topic, payload, qos=QOS)
-
-    async def _control(self, msg: control.Control) -> None:
-        assert self.me is not None
-        await self._publish(
-            topics.ctl_up(self.run, self.me), wire.encode_control(msg), wire.category(msg)
-        )
-
-    async def _emit(self, messages: list[Message]) -> None:
-        """Publish what the core produced: peer messages MACed, reports sealed."""
-        assert self.session is not None and self.me is not None
-        sends = []
-        for msg in messages:
-            if isinstance(msg, Report):
-                if self.session.setup.telemetry:
-                    self.session.reports.append(msg)
-            else:
-                payload = wire.encode_peer(msg, self.session.link_keys[msg.receiver])
-                topic = topics.peer_topic(self.run, msg.receiver, self.me)
-                sends.append(self._publish(topic, payload, wire.category(msg)))
-        reports = self.session.reports
-        if reports and (len(reports) >= TELEMETRY_BATCH or self.session.core.done):
-            sends.append(self._telemetry(reports))
-            self.session.reports = []
-        await asyncio.gather(*sends)
-
-    async def _telemetry(self, reports: list[Report]) -> None:
-        """Seal a batch of true models to the orchestrator: no plaintext model on the wire."""
-        assert self.session is not None and self.me is not None
-        last = reports[-1].round
-        sealed = keys.seal(
-            self.session.orchestrator_key,
-            wire.encode_reports(reports),
-            telemetry_context(self.run, self.me, last),
-        )
-        payload = wire.encode_control(control.Telemetry(self.me, last, sealed))
-        await self._publish(topics.telemetry(self.run, self.me), payload, "telemetry")
-
-    # ---- lifecycle --------------------------------------------------------------------
-
-    async def register(self) -> None:
-        nonce = self.nonce.hex()
-        await self.client.subscribe(topics.register_down(self.run, nonce), qos=QOS)
-        await self._hello()
-
-    async def _hello(self) -> None:
-        """Ask for an id. Repeated until Welcome, since a Hello published before the
-        orchestrator subscribed is lost (containers start in any order); it drops repeats."""
-        nonce = self.nonce.hex()
-        hello = control.Hello(self.nonce, self.identity.public.to_bytes(), self.requested_id)
-        payload = wire.encode_control(hello)
-        self.traffic.add("control", topics.register_up(self.run, nonce), payload)
-        await self.client.publish(topics.register_up(self.run, nonce), payload, qos=QOS)
-
-    async def serve(self) -> int:
-        """Handle messages until Bye (0) or a failure; returns the process exit code."""
-        unanswered = 0.0  # seconds of Hellos without a Welcome
-        while True:
-            timeout = self._timeout()
-            try:
-                message = await self.inbox.get(timeout)
-            except TimeoutError:
-                if self.me is None and (unanswered := unanswered + HELLO_EVERY) < REGISTER_TIMEOUT:
-                    await self._hello()
-                    continue
-                silent = unanswered if self.me is None else timeout
-                raise AgentFailure(self._silence(silent)) from None
-            done = await self._dispatch(message)
-            if done:
-                return 0
-
-    def _timeout(self) -> float:
-        if self.me is None:
-            return HELLO_EVERY
-        return self.session.setup.deadline if self.session and self.running else IDLE_TIMEOUT
-
-    def _silence(self, timeout: float | None) -> str:
-        if self.me is None:
-            return f"no answer to registration within {timeout:.0f} s: is the orchestrator running?"
-        if self.session is None or not self.running:
-            return f"agent {self.me}: no word from the orchestrator for {timeout:.0f} s; leaving"
-        core = self.session.core
-        return (
-            f"agent {self.me}: nothing received for {timeout:.0f} s in round {core.round}; "
-            f"waiting for agents {core.waiting_for()} (crashed or disconnected?)"
-        )
-
-    async def _dispatch(self, message: aiomqtt.Message) -> bool:
-        topic = message.topic.value
-        payload = bytes(message.payload) if isinstance(message.payload, bytes | bytearray) else b""
-        peer = topics.parse_peer_topic(topic)
-        if peer is not None:
-            if self.running:
-                await self._on_peer(peer[2], payload)
-            else:
-                self.early.append(message)
-            return False
-        try:
-            msg = wire.decode_control(payload)
-        except Rejected as exc:
-            self._count(exc, topic)
-            return False
-        return await self._on_control(msg)
-
-    async def _on_control(self, msg: control.Control) -> bool:
-        match msg:
-            case control.Welcome(nonce=nonce) if nonce == self.nonce:
-                self.me, self.orchestrator_key = msg.agent, msg.orchestrator_key
-            case control.Setup():
-                await self._on_setup(msg)
-            case control.Go() if self.session is not None and not self.running:
-                await self._start()
-            case control.Abort(reason=reason):
-                raise AgentFailure(f"aborted by the orchestrator: {reason}")
-            case control.Bye():
-                return True
-            case _:
-                log.debug("ignoring %s", type(msg).__name__)
-        return False
-
-    async def _on_setup(self, setup: control.Setup) -> None:
-        if self.me is None or setup.spec.agent != self.me:
-            raise AgentFailure(f"setup for agent {setup.spec.agent} reached agent {self.me}")
-        directory = {m: keys.PublicIdentity.from_bytes(b) for m, b in setup.directory.items()}
-        spec = setup.spec
-        loss = LeastSquares.from_spec(setup.problem, spec.agent, spec.agents)
-        core = AgentCore(spec, loss, self.identity, directory)
-        link_keys = {
-            m: keys.link_key(self.identity, pub, spec.session, self.me, m)
-            for m, pub in directory.items()
-            if m != self.me
-        }
-        first = self.session is None
-        self.session = Session(setup, core, link_keys, self.orchestrator_key)
-        self.rejected.clear()
-        self.traffic = Traffic()
-        if first:
-            await self.client.subscribe(topics.inbox_filter(self.run, self.me), qos=QOS)
-            await self.client.subscribe(topics.ctl_down(self.run, self.me), qos=QOS)
-            await self.client.subscribe(topics.ctl_down(self.run, "all"), qos=QOS)
-        await self._control(control.Ready(self.me))
-
-    async def _start(self) -> None:
-        assert self.session is not None
-        self.running = True
-        self.session.started = time.perf_counter()
-        await self._emit(self.session.core.start())
-        early, self.early = self.early, []
-        for message in early:
-            await self._dispatch(message)
-        await self._maybe_finish()
-
-    async def _on_peer(self, sender: int, payload: bytes) -> None:
-        assert self.session is not None and self.me is not None
-        core = self.session.core
-        try:
-            msg = wire.decode_peer(
-                payload,
-                receiver=self.me,
-                topic_sender=sender,
-                dim=core.spec.dim,
-                link_keys=self.session.link_keys,
+    def client_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"username": self.username, "password": self.password}
+        if self.ca is not None:
+            kwargs["tls_params"] = aiomqtt.TLSParameters(
+                ca_certs=self.ca, cert_reqs=ssl.CERT_REQUIRED
             )
-        except Rejected as exc:
-            self._count(exc, f"from agent {sender}")
-            return
+        return kwargs
+
+
+def client(broker: BrokerAddress, access: Access, **extra: Any) -> aiomqtt.Client:
+    """An aiomqtt client as every privnet party connects: low latency, many in flight."""
+    made = aiomqtt.Client(
+        broker.host,
+        broker.port,
+        max_inflight_messages=200,
+        socket_options=topics.NODELAY,
+        keepalive=30,
+        **access.client_kwargs(),
+        **extra,
+    )
+    made.pending_calls_threshold = PENDING_CALLS
+    return made
+
+
+@dataclass(frozen=True)
+class AgentLaunch:
+    """Everything an agent process is started with, as environment variables or a file.
+
+    The token and password are secrets: they travel in the process environment or a
+    0600 file, never on a command line (which every local user can read).
+    """
+
+    broker: str
+    run: str
+    agent: int
+    orchestrator: str  # hex of the orchestrator's PublicIdentity (64 bytes)
+    token: str  # hex, 32 bytes
+    username: str | None = None
+    password: str | None = None
+    ca: str | None = None
+
+    ENV = "PRIVNET_LAUNCH"  # the whole launch as JSON, in one variable
+
+    def to_env(self) -> dict[str, str]:
+        return {self.ENV: json.dumps(asdict(self))}
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> AgentLaunch:
         try:
-            out = core.receive(msg)  # counts its own rejections
-        except Rejected as exc:
-            log.warning("rejected message from agent %s: %s", sender, exc)
-            return
-        except keys.BadKey as exc:
-            raise AgentFailure(f"agent {self.me}: {exc}") from exc
-        await self._emit(out)
-        await self._maybe_finish()
+            data = json.loads(text)
+            launch = cls(**data)
+            launch.parts()
+        except (ValueError, TypeError, keys.BadKey) as exc:
+            raise ValueError(f"{where} is not a privnet agent launch: {exc}") from None
+        return launch
 
-    async def _maybe_finish(self) -> None:
-        assert self.session is not None and self.me is not None
-        if not self.session.core.done:
-            return
-        self.running = False
-        rejected = dict(Counter(self.session.core.counters.rejected) + self.rejected)
-        wall = time.perf_counter() - self.session.started
-        topic = topics.ctl_up(self.run, self.me)
-        own, size = -1, 0  # Finished counts its own PUBLISH, whose size depends on that count:
-        while size != own:  # iterate to the fixed point (sizes only grow, so it comes fast)
-            own = size
-            sent = self.traffic.bytes + Counter(control=own)
-            messages = self.traffic.messages + Counter(control=1)
-            finished = control.Finished(self.me, rejected, dict(sent), dict(messages), wall)
-            payload = wire.encode_control(finished)
-            size = topics.mqtt_publish_size(topic, len(payload), QOS)
-        await self._publish(topic, payload, "control")
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> AgentLaunch | None:
+        text = env.get(cls.ENV)
+        return None if text is None else cls.from_json(text, f"${cls.ENV}")
 
-    def _count(self, exc: Rejected, where: str) -> None:
-        self.rejected[exc.reason] += 1
-        log.warning("rejected message %s: %s", where, exc)
+    @classmethod
+    def from_file(cls, path: Path) -> AgentLaunch:
+        return cls.from_json(path.read_text(), str(path))
+
+    def parts(self) -> tuple[BrokerAddress, Launch, Access]:
+        identity = keys.PublicIdentity.from_bytes(bytes.fromhex(self.orchestrator))
+        token = bytes.fromhex(self.token)
+        if len(token) != 32:
+            raise ValueError(f"token must be 32 bytes, got {len(token)}")
+        launch = Launch(self.run, int(self.agent), identity, token)
+        access = Access(self.username, self.password, self.ca)
+        return BrokerAddress.parse(self.broker), launch, access
 
 
-def telemetry_context(run: str, agent: int, round_: int) -> bytes:
-    """Associated data of a sealed report: binds it to its run, agent and round."""
-    return f"privnet/telemetry/{run}/{agent}/{round_}".encode()
+class Machine(Protocol):
+    """A sans-IO party: the agent node or the orchestrator's conductor."""
+
+    def receive(self, topic: str, payload: bytes, now: float) -> Output: ...
+    def tick(self, now: float) -> Output: ...
+    def next_tick(self) -> float | None: ...
 
 
-async def run_agent(broker: BrokerAddress, run: str, requested_id: int | None = None) -> int:
-    """Connect, register, serve sessions until Bye. Returns the exit code."""
+async def publish(client: aiomqtt.Client, out: Output) -> None:
+    """Everything a machine returned, pipelined (QoS 1: each waits for its PUBACK)."""
+    if out.publish:
+        await asyncio.gather(*(client.publish(p.topic, p.payload, qos=QOS) for p in out.publish))
+
+
+async def pump(
+    client: aiomqtt.Client,
+    inbox: Inbox,
+    machine: Machine,
+    until: Callable[[], bool],
+    on_output: Callable[[Output], None] | None = None,
+    every: float | None = None,
+) -> None:
+    """Feed `machine` deliveries and time until `until()`; publish what it says.
+
+    `every` bounds the wait, so the caller's `until` (a child process check, say) runs at
+    least that often.
+    """
+    clock = time.monotonic
+    while not until():
+        wake = machine.next_tick()
+        waits = [w for w in (None if wake is None else wake - clock(), every) if w is not None]
+        try:
+            message = await inbox.get(max(0.0, min(waits)) if waits else None)
+        except TimeoutError:
+            out = Output()
+        else:
+            payload = message.payload if isinstance(message.payload, bytes) else b""
+            out = machine.receive(message.topic.value, payload, clock())
+        wake = machine.next_tick()
+        if wake is not None and clock() >= wake:
+            out += machine.tick(clock())
+        await publish(client, out)
+        if on_output is not None:
+            on_output(out)
+
+
+def _log(out: Output, me: int) -> None:
+    for event in out.events:
+        level = logging.ERROR if event.kind == "failed" else logging.INFO
+        log.log(level, "agent %s %s %s", me, event.kind, event.detail)
+
+
+async def run_agent(broker: BrokerAddress, launch: Launch, access: Access) -> int:
+    """Register, serve sessions until Bye (0), a failure (2) or a lost broker (3)."""
+    node = AgentNode(launch, keys.Identity.generate())
     try:
-        async with (
-            aiomqtt.Client(
-                broker.host,
-                broker.port,
-                max_inflight_messages=200,
-                socket_options=topics.NODELAY,
-                keepalive=30,
-            ) as client,
-            Inbox(client) as inbox,
-        ):
-            # A round publishes to every neighbour at once; aiomqtt warns past 10 pending.
-            client.pending_calls_threshold = 200
-            shell = AgentShell(client, inbox, run, requested_id)
-            await shell.register()
-            try:
-                return await shell.serve()
-            except AgentFailure as exc:
-                log.error("%s", exc)
-                if shell.me is not None:  # tell the orchestrator why before leaving
-                    failed = control.Failed(shell.me, str(exc))
-                    await client.publish(
-                        topics.ctl_up(run, shell.me),
-                        wire.encode_control(failed),
-                        qos=QOS,
-                        timeout=5,
-                    )
-                return 2
+        async with client(broker, access) as mqtt, Inbox(mqtt) as inbox:
+            for topic in node.subscriptions:
+                await mqtt.subscribe(topic, qos=QOS)
+            start = node.start(time.monotonic())
+            await publish(mqtt, start)
+            await pump(mqtt, inbox, node, lambda: node.done, lambda out: _log(out, node.me))
     except aiomqtt.MqttError as exc:
-        log.error("agent %s: lost the broker at %s: %s", requested_id, broker, exc)
+        log.error("agent %s: lost the broker at %s: %s", launch.agent, broker, exc)
         return 3
+    return 0 if node.phase is Phase.CLOSED else 2

@@ -19,6 +19,7 @@ MAX_PACKET_SIZE = 1 << 20
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _PEER = re.compile(rf"{PREFIX}/([A-Za-z0-9._-]{{1,64}})/to/(0|[1-9][0-9]*)/from/(0|[1-9][0-9]*)")
+_UP = re.compile(rf"{PREFIX}/([A-Za-z0-9._-]{{1,64}})/(ctl/up|telemetry)/(0|[1-9][0-9]{{0,9}})")
 _MAX_REMAINING = 268_435_455  # largest value of the 4-byte remaining-length varint
 
 
@@ -80,14 +81,28 @@ def telemetry(run: str, m: int) -> str:
     return f"{_base(run)}/telemetry/{_check_id(m)}"
 
 
-def register_up(run: str, nonce: str) -> str:
-    """A newcomer that has no id yet asks for one under a random nonce."""
-    return f"{_base(run)}/ctl/up/new/{_check_name('nonce', nonce)}"
+def up_filters(run: str) -> list[str]:
+    """What the orchestrator reads: every agent's upward control and telemetry."""
+    return [f"{_base(run)}/ctl/up/+", f"{_base(run)}/telemetry/+"]
 
 
-def register_down(run: str, nonce: str) -> str:
-    """The orchestrator's answer to the newcomer that sent `nonce`."""
-    return f"{_base(run)}/ctl/down/new/{_check_name('nonce', nonce)}"
+def parse_up_topic(topic: str) -> tuple[str, int] | None:
+    """(run, agent) of an upward topic (ctl/up/<m> or telemetry/<m>); None otherwise."""
+    match = _UP.fullmatch(topic)
+    if match is None:
+        return None
+    return match.group(1), int(match.group(3))
+
+
+def matches(pattern: str, topic: str) -> bool:
+    """MQTT topic-filter matching: `+` is one level, a final `#` any number of levels."""
+    want, have = pattern.split("/"), topic.split("/")
+    for n, level in enumerate(want):
+        if level == "#":
+            return True
+        if n >= len(have) or (level != "+" and level != have[n]):
+            return False
+    return len(want) == len(have)
 
 
 def _varint_len(value: int) -> int:

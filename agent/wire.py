@@ -2,8 +2,9 @@
 
 Frame: msgpack array `[VERSION, type, body, mac]`. `body` is the msgpack map of the
 message's fields, kept as bytes so the MAC covers exactly what was sent; `mac` is
-HMAC-SHA256(link_key, type + body)[:16] for peer messages and empty for control/telemetry
-(the broker ACL authenticates those topics; the true model inside Telemetry is sealed).
+HMAC-SHA256(link_key, type + body)[:16] for peer messages, and for control frames an
+Ed25519 signature over (type, body) where body wraps the message with its run name and a
+sequence number (`encode_signed`); the true model inside Telemetry is sealed.
 Vectors are `{"dtype": "<f8", "shape": [M], "data": <raw little-endian float64>}`.
 
 Per-round messages use one-letter keys, because their size is the overhead we measure:
@@ -11,7 +12,7 @@ Per-round messages use one-letter keys, because their size is the overhead we me
   keyplan  s sender, r receiver, j step, d side, p partners
   keyshare s sender, r receiver, o owner, h hub, p partner, j step, e epoch, k public, g signature
   report   s sender, i round, w vector
-  telemetry a agent, i round, x sealed
+  telemetry a agent, n session, i round, x sealed
 Other control messages use their field names.
 
 Every decode either returns a message or raises `Rejected(reason, detail)`, checking in the
@@ -32,9 +33,11 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from agent import keys
 from agent.control import (
     Abort,
     Bye,
+    Config,
     Control,
     Failed,
     Finished,
@@ -53,6 +56,8 @@ VERSION = 1
 MAX_PEER_BYTES = 64 * 1024
 MAX_CONTROL_BYTES = 1024 * 1024
 MAC_BYTES = 16
+SIGNATURE_BYTES = 64
+SIGN_TAG = b"privnet/control/v1\0"
 DTYPE = "<f8"
 ID_LIMIT = 2**32  # agent ids are packed as uint32 in key derivations
 COUNT_LIMIT = 2**64  # rounds and epochs are packed as uint64
@@ -383,8 +388,8 @@ class _Schema:
     check: Callable[[Any], None] = _accept
 
 
-def _check_setup(setup: Setup) -> None:
-    spec, problem = setup.spec, setup.problem
+def _check_config(config: Config) -> None:
+    spec, problem = config.spec, config.problem
     if problem.dim != spec.dim:
         raise ConfigError(f"problem.dim {problem.dim} differs from spec.dim {spec.dim}")
     if len(problem.noise_var) != spec.agents:
@@ -436,48 +441,36 @@ _PEER_SCHEMAS = (
 
 _COUNTS = _mapping(_TEXT, _COUNT)
 
+_SESSION = _COUNT
+
 _CONTROL_SCHEMAS = (
     _Schema(
         "hello",
         Hello,
-        _named(("nonce", _bytes(16)), ("identity", _bytes(64)), ("requested_id", _optional(_ID))),
+        _named(("agent", _ID), ("identity", _bytes(64)), ("proof", _bytes(32))),
     ),
-    _Schema(
-        "welcome",
-        Welcome,
-        _named(
-            ("nonce", _bytes(16)),
-            ("agent", _ID),
-            ("run", _TEXT),
-            ("orchestrator_key", _bytes(32)),
-        ),
-    ),
-    _Schema(
-        "setup",
-        Setup,
-        _named(
-            ("spec", _AGENT_SPEC),
-            ("problem", _PROBLEM),
-            ("directory", _mapping(_ID, _bytes(64))),
-            ("deadline", _FLOAT),
-            ("telemetry", _BOOL),
-        ),
-        _check_setup,
-    ),
-    _Schema("ready", Ready, _named(("agent", _ID))),
-    _Schema("go", Go, ()),
+    _Schema("welcome", Welcome, _named(("agent", _ID))),
+    _Schema("setup", Setup, _named(("agent", _ID), ("session", _SESSION), ("sealed", _BLOB))),
+    _Schema("ready", Ready, _named(("agent", _ID), ("session", _SESSION))),
+    _Schema("go", Go, _named(("session", _SESSION))),
     _Schema("bye", Bye, ()),
     _Schema("abort", Abort, _named(("reason", _TEXT))),
     _Schema(
         "telemetry",
         Telemetry,
-        (_Field("agent", "a", _ID), _Field("round", "i", _COUNT), _Field("sealed", "x", _BLOB)),
+        (
+            _Field("agent", "a", _ID),
+            _Field("session", "n", _SESSION),
+            _Field("round", "i", _COUNT),
+            _Field("sealed", "x", _BLOB),
+        ),
     ),
     _Schema(
         "finished",
         Finished,
         _named(
             ("agent", _ID),
+            ("session", _SESSION),
             ("rejected", _COUNTS),
             ("bytes", _COUNTS),
             ("messages", _COUNTS),
@@ -487,6 +480,35 @@ _CONTROL_SCHEMAS = (
     _Schema("failed", Failed, _named(("agent", _ID), ("reason", _TEXT))),
 )
 
+_CONFIG = _Schema(
+    "config",
+    Config,
+    _named(
+        ("spec", _AGENT_SPEC),
+        ("problem", _PROBLEM),
+        ("directory", _mapping(_ID, _bytes(64))),
+        ("deadline", _FLOAT),
+        ("telemetry", _BOOL),
+    ),
+    _check_config,
+)
+
+
+def _signed(schema: _Schema) -> _Schema:
+    """The envelope of a signed control frame: the run, a sequence number, the message."""
+    inner = _record(schema.cls, schema.fields, schema.check)
+    return _Schema(schema.name, _Envelope, _named(("run", _TEXT), ("seq", _COUNT), ("msg", inner)))
+
+
+@dataclass(frozen=True, slots=True)
+class _Envelope:
+    run: str
+    seq: int
+    msg: Control
+
+
+_SIGNED = {s.name: _signed(s) for s in _CONTROL_SCHEMAS}
+
 _REPORT = _Schema(
     "report",
     Report,
@@ -495,7 +517,7 @@ _REPORT = _Schema(
 
 _PEER = {s.name: s for s in _PEER_SCHEMAS}
 _CONTROL = {s.name: s for s in _CONTROL_SCHEMAS}
-_BY_CLASS = {s.cls: s for s in (*_PEER_SCHEMAS, *_CONTROL_SCHEMAS, _REPORT)}
+_BY_CLASS = {s.cls: s for s in (*_PEER_SCHEMAS, *_CONTROL_SCHEMAS, _REPORT, _CONFIG)}
 _CATEGORY = {
     Model: "model",
     KeyPlan: "keys",
@@ -652,16 +674,64 @@ def peek_peer(data: bytes, dim: int, max_size: int = MAX_PEER_BYTES) -> Peer:
     return _build(_open(data, max_size, _PEER_LIMITS, _PEER, "peer message"), dim)
 
 
-def encode_control(msg: Control) -> bytes:
-    """A control or telemetry message as a frame (no MAC: the broker ACL guards these topics)."""
-    return _frame(_schema_of(msg, _CONTROL, "a control frame"), msg, None)
+@dataclass(frozen=True, slots=True)
+class SignedFrame:
+    """A decoded control frame whose signature is not yet checked: `verify` does that."""
+
+    run: str
+    seq: int
+    msg: Control
+    statement: bytes  # exactly what the signer signed
+    signature: bytes
+
+    def verify(self, signer: keys.PublicIdentity, who: str) -> None:
+        """Rejected("bad-signature") unless `signer` signed this frame."""
+        if not signer.valid(self.signature, self.statement):
+            raise Rejected(
+                "bad-signature",
+                f"{type(self.msg).__name__} is not signed by {who}: forged or altered",
+            )
 
 
-def decode_control(data: bytes, max_size: int = MAX_CONTROL_BYTES) -> Control:
-    """The control or telemetry message in `data`, or Rejected."""
-    opened = _open(data, max_size, _CONTROL_LIMITS, _CONTROL, "control message")
-    if opened.mac:
-        raise Rejected("schema", f"{opened.schema.name}: control frames carry an empty MAC")
+def _statement(name: str, body: bytes) -> bytes:
+    return SIGN_TAG + name.encode() + b"\0" + body
+
+
+def encode_signed(msg: Control, run: str, seq: int, signer: keys.Identity) -> bytes:
+    """A control or telemetry message, bound to its run and sequence number, signed."""
+    schema = _SIGNED[_schema_of(msg, _CONTROL, "a control frame").name]
+    body = msgpack.packb(_encode_fields(_Envelope(run, seq, msg), schema.fields), use_bin_type=True)
+    frame = [VERSION, schema.name, body, signer.sign(_statement(schema.name, body))]
+    return msgpack.packb(frame, use_bin_type=True)
+
+
+def decode_signed(data: bytes, max_size: int = MAX_CONTROL_BYTES) -> SignedFrame:
+    """The control frame in `data`, schema-checked, or Rejected; the caller verifies it."""
+    opened = _open(data, max_size, _CONTROL_LIMITS, _SIGNED, "control message")
+    if len(opened.mac) != SIGNATURE_BYTES:
+        raise Rejected(
+            "bad-signature",
+            f"{opened.schema.name}: a control frame carries a {SIGNATURE_BYTES}-byte "
+            f"signature, this one {len(opened.mac)} bytes",
+        )
+    envelope = _build(opened)
+    return SignedFrame(
+        envelope.run,
+        envelope.seq,
+        envelope.msg,
+        _statement(opened.schema.name, opened.body),
+        opened.mac,
+    )
+
+
+def encode_config(config: Config) -> bytes:
+    """The plaintext that Setup seals."""
+    return _frame(_CONFIG, config, None)
+
+
+def decode_config(data: bytes) -> Config:
+    """The Config inside an opened Setup, or Rejected."""
+    opened = _open(data, MAX_CONTROL_BYTES, _CONTROL_LIMITS, {_CONFIG.name: _CONFIG}, "config")
     return _build(opened)
 
 

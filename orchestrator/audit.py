@@ -30,6 +30,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -42,13 +43,14 @@ from scipy import stats
 
 from agent import control, topics, wire
 from agent.core import AgentCore, split_senders
-from agent.messages import KeyPlan, KeyShare, Message, Rejected, Report
+from agent.messages import KeyPlan, KeyShare, Message, Rejected
 from agent.mqtt import BrokerAddress
 from agent.spec import STRATEGY_STEP, Scheme, StepPlan, Strategy
-from orchestrator.engines.memory import build_cores
+from orchestrator.engines.memory import Network
 from orchestrator.experiment import config as configuration
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
+from orchestrator.experiment.specs import session_list, session_plans
 from orchestrator.report import table_console
 
 WIRE_FILE = "wire.msgpack"
@@ -215,7 +217,9 @@ def read_pcap(path: Path, port: int) -> list[WireRecord]:
 class _Witness(AgentCore):
     """An AgentCore that notes the clear value behind every model it is about to send."""
 
-    clear: dict[tuple[int, int, int], np.ndarray]
+    def __init__(self, *args: Any, clear: dict[tuple[int, int, int], np.ndarray]) -> None:
+        super().__init__(*args)
+        self.clear = clear
 
     def _send(self, plan: StepPlan) -> list[Message]:
         self.clear[(self.me, self.round, plan.step)] = self.value.copy()
@@ -224,48 +228,18 @@ class _Witness(AgentCore):
 
 @dataclass
 class Replay:
-    """A memory-engine run: clear values (sender, round, step), its wire, and the true models."""
+    """A memory-engine run: clear values (sender, round, step) and the true models."""
 
     clear: dict[tuple[int, int, int], np.ndarray]
-    wire: list[Message]
     models: np.ndarray  # (iters, P, M)
 
 
-def witness_cores(
-    problem: Problem, strategy: Strategy, scheme: Scheme, repeat: int
-) -> list[AgentCore]:
-    """The memory engine's cores, as witnesses sharing one record of clear values."""
-    cores = build_cores(problem, strategy, scheme, repeat, core=_Witness)
+def replay(problem: Problem, strategy: Strategy, scheme: Scheme, repeat: int = 0) -> Replay:
+    """The session on the memory engine (the whole protocol), witnesses for cores."""
     clear: dict[tuple[int, int, int], np.ndarray] = {}
-    for core in cores:
-        core.clear = clear  # type: ignore[attr-defined]
-    return cores
-
-
-def replay(
-    problem: Problem,
-    strategy: Strategy,
-    scheme: Scheme,
-    repeat: int = 0,
-    cores: list[AgentCore] | None = None,
-) -> Replay:
-    """Run the cores to the end (FIFO, like memory.route), keeping every message sent."""
-    c = problem.config
-    cores = cores if cores is not None else witness_cores(problem, strategy, scheme, repeat)
-    models = np.zeros((c.iters, c.agents, c.dim))
-    sent: list[Message] = []
-    queue = [m for core in cores for m in core.start()]
-    head = 0
-    while head < len(queue):
-        msg = queue[head]
-        head += 1
-        sent.append(msg)
-        if isinstance(msg, Report):
-            models[msg.round - 1, msg.sender] = msg.w
-        else:
-            queue.extend(cores[msg.receiver].receive(msg))
-    clear = cores[0].clear if isinstance(cores[0], _Witness) else {}
-    return Replay(clear, sent, models)
+    plans = session_plans(problem, [(strategy, scheme, repeat)])
+    network = Network.build(plans, core=partial(_Witness, clear=clear))
+    return Replay(clear, network.play()[0].models)
 
 
 # ---- sessions on the wire ---------------------------------------------------------------------
@@ -287,8 +261,8 @@ def split_sessions(records: Iterable[WireRecord], run: str, dim: int) -> list[Se
     sessions: list[SessionWire] = []
     for rec in records:
         if rec.topic == go_topic:
-            with contextlib.suppress(Rejected):
-                if isinstance(wire.decode_control(rec.payload), control.Go):
+            with contextlib.suppress(Rejected):  # signed, not secret: anyone can read it
+                if isinstance(wire.decode_signed(rec.payload).msg, control.Go):
                     sessions.append(SessionWire())
             continue
         peer = topics.parse_peer_topic(rec.topic)
@@ -311,16 +285,6 @@ def _add(session: SessionWire, payload: bytes, dim: int) -> None:
     if slot in session.models:
         session.duplicates += 1
     session.models[slot] = np.asarray(msg.vector)
-
-
-def session_list(config: ExperimentConfig) -> list[tuple[Strategy, Scheme, int]]:
-    """Sessions in the order `privnet run` plays them."""
-    return [
-        (strategy, scheme, repeat)
-        for strategy in config.strategies
-        for scheme in config.schemes
-        for repeat in range(config.repeats)
-    ]
 
 
 # ---- the analysis -------------------------------------------------------------------------

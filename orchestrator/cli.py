@@ -4,24 +4,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import secrets
 import signal
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agent.spec import ConfigError, Rekey, Scheme, Strategy
 from orchestrator.experiment import config as configuration
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 from orchestrator.experiment.topology import RULES, TOPOLOGIES
-from orchestrator.report import Curve, results_table, table_console, write_outputs
+from orchestrator.report import Curve, console, finish, progress_bar, table_console
 
-console = Console(stderr=True)
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 
 
@@ -79,51 +75,6 @@ def out_dir(args: argparse.Namespace, config: ExperimentConfig, command: str) ->
     return out
 
 
-def settings(config: ExperimentConfig, engine: str) -> dict[str, Any]:
-    return {
-        "rule": config.rule,
-        "mu": config.mu,
-        "sigma_g2": config.sigma_g2,
-        "agents": config.agents,
-        "iters": config.iters,
-        "repeats": config.repeats,
-        "topology": config.topology,
-        "rekey": str(config.rekey),
-        "engine": engine,
-    }
-
-
-def finish(
-    out: Path,
-    config: ExperimentConfig,
-    problem: Problem,
-    curves: list[Curve],
-    engine: str,
-    extra: dict[str, Any] | None = None,
-) -> None:
-    summary = write_outputs(
-        out,
-        {**config.to_dict(), **(extra or {})},
-        curves,
-        settings(config, engine),
-        graph=problem.graph,
-        q=problem.q,
-    )
-    table_console().print(results_table(summary["results"]))
-    console.print(f"wrote {out}/summary.json, metrics.csv, msd.png, topology.png")
-
-
-def progress_bar() -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        console=console,
-    )
-
-
 def simulate(
     args: argparse.Namespace, base: ExperimentConfig | None = None, engine: str | None = None
 ) -> int:
@@ -165,9 +116,14 @@ def reproduce(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.engines.netrun import run_network
+    from orchestrator.engines.net import run_network
 
-    base = ExperimentConfig(strategies=(Strategy.ATC,), schemes=(Scheme.LOCAL_GHP,), repeats=1)
+    # The seed determines every agent's data: unless the operator picks one, it is a
+    # secret drawn here, kept in the run's summary.json and sealed in each agent's Setup.
+    seed = secrets.randbits(63)
+    base = ExperimentConfig(
+        strategies=(Strategy.ATC,), schemes=(Scheme.LOCAL_GHP,), repeats=1, seed=seed
+    )
     config = experiment(args, base)
     out = out_dir(args, config, "run")
     return asyncio.run(run_network(config, args, out))
@@ -240,7 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--external-agents",
         action="store_true",
-        help="do not spawn agents; wait for --agents of them to register (docker)",
+        help="do not spawn agents: write their launch files (--launch-dir) and wait for "
+        "--agents of them to register (docker compose)",
+    )
+    p.add_argument(
+        "--launch-dir",
+        type=Path,
+        help="where --external-agents launch files go (default <out>/launch); secrets, 0600",
     )
     p.add_argument("--run-name", help="topic namespace privnet/<run>/ (default: random)")
     p.add_argument(

@@ -1,11 +1,11 @@
 """What privacy costs on the wire: bytes and messages per round, per scheme and re-key policy.
 
-The cores run on the memory engine (the very code the agents run), and every message they
-emit is sized exactly as the shell would publish it: the wire.py frame on its MQTT topic, as
-an MQTT 3.1.1 PUBLISH at QoS 1 (agent.topics.mqtt_publish_size). Nothing is estimated from
-formulas, so the numbers match a `privnet run` of the same config (tests check this).
+The whole protocol runs on the memory engine (the very code the agents run, control plane
+included), and every frame an agent publishes is tapped and sized as an MQTT 3.1.1 PUBLISH
+at QoS 1 (agent.topics.mqtt_publish_size). Nothing is estimated from formulas, so the
+numbers match a `privnet run` of the same config (tests check this).
 
-One-time setup: the agent's control messages (Hello, Ready, Finished) and local-ghp's key
+One-time setup: the agent's control frames (Hello, Ready, Finished) and local-ghp's key
 plans, plus its key shares with re-key `once`. Per round: models, telemetry (sealed true
 models, batched as the shell batches them) and, with `every-round`, that round's key shares.
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,19 +29,17 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
-from agent import control, keys, topics, wire
-from agent.core import AgentCore
-from agent.messages import KeyPlan, KeyShare, Message, Report
-from agent.mqtt import TELEMETRY_BATCH, Traffic
+from agent import wire
+from agent.messages import KeyPlan, KeyShare
+from agent.node import Publish, Traffic
 from agent.spec import STRATEGY_STEP, Rekey, Scheme, Strategy
 from agent.wire import Peer
-from orchestrator.engines.memory import build_cores
+from orchestrator.engines.memory import CONDUCTOR, Network
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
+from orchestrator.experiment.specs import session_plans
 
 RUN = "run-00000000"  # as long as the names `privnet run` draws (net.new_run_name)
-LINK_KEY = bytes(32)  # a MAC is 16 bytes whatever the key: sizes need no real key
-NONCE = "0" * 32  # registration nonces are 16 random bytes in hex
 TOPOLOGIES = ("ring", "geometric", "complete")
 CATEGORIES = ("model", "keys", "telemetry", "control")
 
@@ -68,69 +66,32 @@ class Measured:
     relayed: np.ndarray  # key shares each agent forwards as a hub
 
 
-def encoded(msg: Peer) -> tuple[str, bytes]:
-    """The topic and payload the agent shell publishes for a peer message the core emitted."""
-    return topics.peer_topic(RUN, msg.receiver, msg.sender), wire.encode_peer(msg, LINK_KEY)
-
-
-def telemetry(reports: list[Report]) -> tuple[str, bytes]:
-    """The shell's sealed Telemetry for a batch of Reports (the seal adds a fixed overhead)."""
-    sealed = bytes(len(wire.encode_reports(reports)) + keys.SEAL_OVERHEAD)
-    last = reports[-1]
-    payload = wire.encode_control(control.Telemetry(last.sender, last.round, sealed))
-    return topics.telemetry(RUN, last.sender), payload
-
-
 def _one_time(msg: Peer, rekey: Rekey) -> bool:
     return isinstance(msg, KeyPlan) or (isinstance(msg, KeyShare) and rekey is Rekey.ONCE)
 
 
 def measure(problem: Problem, strategy: Strategy, scheme: Scheme) -> Measured:
-    """Run every core to the end and size every message it emits, as the shell sends it."""
+    """Run the whole protocol in memory and tally every frame an agent publishes."""
     c = problem.config
-    cores = build_cores(problem, strategy, scheme, 0)
     setup, rounds = Tally(), Tally()
-    sent = [Tally() for _ in cores]  # per agent, for the size of its Finished
     originated, relayed = np.zeros(c.agents, int), np.zeros(c.agents, int)
-    pending: list[list[Report]] = [[] for _ in cores]
-    queue: deque[Peer] = deque()
 
-    def emit(core: AgentCore, out: list[Message]) -> None:
-        """The shell's _emit: peers go out now, Reports in sealed batches."""
-        queue.extend(m for m in out if not isinstance(m, Report))
-        pending[core.me] += [m for m in out if isinstance(m, Report)]
-        batch = pending[core.me]
-        if batch and (len(batch) >= TELEMETRY_BATCH or core.done):
-            topic, payload = telemetry(batch)
-            for tally in (rounds, sent[core.me]):
-                tally.add("telemetry", topic, payload)
-            pending[core.me] = []
+    def tap(publisher: str, frame: Publish) -> None:
+        if publisher == CONDUCTOR:
+            return
+        tally = rounds if frame.category in ("model", "telemetry") else setup
+        if frame.category == "keys":
+            msg = wire.peek_peer(frame.payload, c.dim)
+            tally = setup if _one_time(msg, c.rekey) else rounds
+            mine = isinstance(msg, KeyPlan) or msg.sender == msg.owner
+            (originated if mine else relayed)[msg.sender] += 1
+        tally.add(frame.category, frame.topic, frame.payload)
 
-    for core in cores:
-        emit(core, core.start())
-    while queue:
-        msg = queue.popleft()
-        topic, payload = encoded(msg)
-        for tally in (setup if _one_time(msg, c.rekey) else rounds, sent[msg.sender]):
-            tally.add(wire.category(msg), topic, payload)
-        if isinstance(msg, KeyShare) and msg.sender != msg.owner:
-            relayed[msg.sender] += 1
-        elif isinstance(msg, KeyPlan | KeyShare):
-            originated[msg.sender] += 1
-        emit(cores[msg.receiver], cores[msg.receiver].receive(msg))
-    for core in cores:
-        _control(setup, core.me, sent[core.me])
-    agreements = sum(core.counters.agreements for core in cores)
+    plans = session_plans(problem, [(strategy, scheme, 0)])
+    network = Network.build(plans, tap=tap, run=RUN)
+    network.play()
+    agreements = sum(n.session.core.counters.agreements for n in network.nodes if n.session)
     return Measured(setup, rounds, agreements, originated, relayed)
-
-
-def _control(setup: Tally, me: int, sent: Tally) -> None:
-    """What the shell publishes around the rounds: Hello, Ready and Finished."""
-    hello = control.Hello(bytes(16), bytes(64), me)
-    setup.add("control", topics.register_up(RUN, NONCE), wire.encode_control(hello))
-    setup.add("control", topics.ctl_up(RUN, me), wire.encode_control(control.Ready(me)))
-    finished = control.Finished(me, {}, dict(sent.bytes), dict(sent.messages), 0.0)
-    setup.add("control", topics.ctl_up(RUN, me), wire.encode_control(finished))
 
 
 def degrees(A: np.ndarray) -> np.ndarray:

@@ -24,7 +24,11 @@ from matplotlib.colors import Normalize, to_rgba
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.problem import Problem
 
 METRICS_HEADER = ("strategy", "scheme", "repeat", "iter", "msd_centroid", "msd_avg")
 DPI = 120
@@ -49,6 +53,9 @@ ROWS = (("msd_centroid", "centroid MSD"), ("msd_avg", "avg. individual MSD"))
 
 
 PIPED_WIDTH = 160  # columns for tables on a pipe or file, where rich would assume 80
+
+
+console = Console(stderr=True)  # progress and messages; tables go to stdout
 
 
 def table_console() -> Console:
@@ -386,3 +393,48 @@ def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, str):
         return value
     raise TypeError(f"cannot write {type(value).__name__} {value!r} to summary.json")
+
+
+def settings(config: ExperimentConfig, engine: str) -> dict[str, Any]:
+    return {
+        "rule": config.rule,
+        "mu": config.mu,
+        "sigma_g2": config.sigma_g2,
+        "agents": config.agents,
+        "iters": config.iters,
+        "repeats": config.repeats,
+        "topology": config.topology,
+        "rekey": str(config.rekey),
+        "engine": engine,
+    }
+
+
+def finish(
+    out: Path,
+    config: ExperimentConfig,
+    problem: Problem,
+    curves: list[Curve],
+    engine: str,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    summary = write_outputs(
+        out,
+        {**config.to_dict(), **(extra or {})},
+        curves,
+        settings(config, engine),
+        graph=problem.graph,
+        q=problem.q,
+    )
+    table_console().print(results_table(summary["results"]))
+    console.print(f"wrote {out}/summary.json, metrics.csv, msd.png, topology.png")
+
+
+def progress_bar() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )

@@ -1,86 +1,166 @@
-"""The `memory` engine: the real agent cores in one process, messages routed in memory.
+"""The `memory` engine: the whole protocol, control plane included, in one process.
 
-Same cores, same messages as the networked run, minus the broker; fast enough for tests
-and for checking the `net` engine and the oracle against each other.
+A `Network` is the conductor and one agent node per agent, wired to one `Router`: the
+in-process transport that routes published frames to subscribers by MQTT topic filter,
+first in, first out. The bytes are the bytes the MQTT shells publish (signed, sealed,
+MACed), so the memory engine checks the networked run's life cycle as well as its math,
+and the audit's replay, the overhead measurement and the tests all plug in here: a `tap`
+sees every publish, `inject` delivers anything an attacker might send.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
-from agent import keys
+from agent import keys, topics
 from agent.core import AgentCore
-from agent.losses import LeastSquares
-from agent.messages import Message, Report
+from agent.node import AgentNode, Event, Launch, Output, Publish
 from agent.spec import Scheme, Strategy
+from orchestrator.conductor import Conductor, SessionPlan, SessionResult, Stage
 from orchestrator.experiment.problem import Problem, msd
-from orchestrator.experiment.specs import agent_specs
+from orchestrator.experiment.specs import session_plans
 from orchestrator.report import Curve
 
+CONDUCTOR = "orchestrator"
+Tap = Callable[[str, Publish], None]  # (publisher, frame)
+Edit = Callable[[str, Publish], Publish | None]  # a frame in flight: replaced, or lost (None)
 
-def build_cores(
-    problem: Problem,
-    strategy: Strategy,
-    scheme: Scheme,
-    repeat: int,
-    core: type[AgentCore] = AgentCore,
-) -> list[AgentCore]:
-    """One core per agent with fresh identities, as the networked agents would have."""
-    specs = agent_specs(problem, strategy, scheme, repeat=repeat)
-    problem_spec = problem.spec(repeat)
-    identities = [keys.Identity.generate() for _ in specs]
-    directory = {p: ident.public for p, ident in enumerate(identities)}
-    return [
-        core(
-            spec,
-            LeastSquares.from_spec(problem_spec, spec.agent, spec.agents),
-            identities[spec.agent],
-            directory,
+
+class RunFailed(Exception):
+    """The run cannot complete; the message names the agent and the cause."""
+
+
+class Endpoint(Protocol):
+    def receive(self, topic: str, payload: bytes, now: float) -> Output: ...
+
+
+@dataclass
+class Router:
+    """Topic routing between named endpoints, FIFO: a broker without the sockets."""
+
+    tap: Tap | None = None
+    edit: Edit | None = None  # tests: lose or tamper with frames in flight
+    clock: Callable[[], float] = time.perf_counter
+    events: list[tuple[str, Event]] = field(default_factory=list)
+    _subs: list[tuple[str, str, Endpoint]] = field(default_factory=list)
+    _routes: dict[str, list[tuple[str, Endpoint]]] = field(default_factory=dict)
+    _queue: deque[tuple[str, Publish]] = field(default_factory=deque)
+
+    def attach(self, name: str, endpoint: Endpoint, subscriptions: Iterable[str]) -> None:
+        self._subs += [(pattern, name, endpoint) for pattern in subscriptions]
+        self._routes.clear()
+
+    def send(self, publisher: str, out: Output) -> None:
+        """Queue what `publisher` published; note what happened to it."""
+        self._queue.extend((publisher, frame) for frame in out.publish)
+        self.events += [(publisher, event) for event in out.events]
+
+    def inject(self, topic: str, payload: bytes, publisher: str = "outsider") -> None:
+        """A frame from outside the run (an attacker, a replay)."""
+        self._queue.append((publisher, Publish(topic, payload, "injected")))
+
+    def drain(self) -> None:
+        """Deliver until nothing is left to deliver."""
+        while self._queue:
+            publisher, sent = self._queue.popleft()
+            frame = sent if self.edit is None else self.edit(publisher, sent)
+            if frame is None:
+                continue
+            if self.tap is not None:
+                self.tap(publisher, frame)
+            for name, endpoint in self._subscribers(frame.topic):
+                self.send(name, endpoint.receive(frame.topic, frame.payload, self.clock()))
+
+    def _subscribers(self, topic: str) -> list[tuple[str, Endpoint]]:
+        route = self._routes.get(topic)
+        if route is None:
+            seen: dict[str, Endpoint] = {}
+            for pattern, name, endpoint in self._subs:
+                if topics.matches(pattern, topic):
+                    seen.setdefault(name, endpoint)  # MQTT delivers once per client
+            route = self._routes[topic] = list(seen.items())
+        return route
+
+
+@dataclass
+class Network:
+    """A run in memory: the conductor and the nodes on one Router."""
+
+    conductor: Conductor
+    nodes: list[AgentNode]
+    router: Router
+
+    @classmethod
+    def build(
+        cls,
+        plans: list[SessionPlan],
+        *,
+        core: Callable[..., AgentCore] = AgentCore,
+        tap: Tap | None = None,
+        deadline: float = 30.0,
+        telemetry: bool = True,
+        run: str = "memory",
+    ) -> Network:
+        """Fresh identities and launch tokens for every party, as `privnet run` makes them."""
+        agents = len(plans[0].specs)
+        orchestrator = keys.Identity.generate()
+        tokens = {p: secrets.token_bytes(32) for p in range(agents)}
+        conductor = Conductor(
+            run, orchestrator, tokens, plans, deadline=deadline, telemetry=telemetry
         )
-        for spec in specs
-    ]
+        nodes = [
+            AgentNode(
+                Launch(run, p, orchestrator.public, tokens[p]), keys.Identity.generate(), core
+            )
+            for p in range(agents)
+        ]
+        router = Router(tap)
+        router.attach(CONDUCTOR, conductor, conductor.subscriptions)
+        for node in nodes:
+            router.attach(f"agent-{node.me}", node, node.subscriptions)
+        return cls(conductor, nodes, router)
 
+    def start(self) -> None:
+        now = self.router.clock()
+        self.router.send(CONDUCTOR, self.conductor.start(now))
+        for node in self.nodes:
+            self.router.send(f"agent-{node.me}", node.start(now))
 
-def route(cores: list[AgentCore], on_report: Callable[[Report], None]) -> None:
-    """Deliver every message until all cores are done (FIFO, deterministic)."""
-    queue: deque[Message] = deque()
-    for core in cores:
-        queue.extend(core.start())
-    while queue:
-        msg = queue.popleft()
-        if isinstance(msg, Report):
-            on_report(msg)
-            continue
-        queue.extend(cores[msg.receiver].receive(msg))
-    stuck = [c.me for c in cores if not c.done]
-    if stuck:
-        raise RuntimeError(f"agents {stuck} stopped before the last round (protocol deadlock)")
+    def play(self) -> list[SessionResult]:
+        """Every session to the end, then Bye; RunFailed if the conductor gave up."""
+        self.start()
+        self.router.drain()
+        if self.conductor.stage is not Stage.DONE:
+            stuck = [n.me for n in self.nodes if n.phase.value != "finished"]
+            raise RunFailed(
+                self.conductor.failure
+                or f"the run stopped in stage {self.conductor.stage}; agents {stuck} are stuck"
+            )
+        self.router.send(CONDUCTOR, self.conductor.bye())
+        self.router.drain()
+        return self.conductor.results
 
 
 def run_once(problem: Problem, strategy: Strategy, scheme: Scheme, repeat: int) -> np.ndarray:
     """The models of every agent after every round, shape (iters, P, M)."""
-    c = problem.config
-    models = np.zeros((c.iters, c.agents, c.dim))
-    cores = build_cores(problem, strategy, scheme, repeat)
-
-    def on_report(report: Report) -> None:
-        models[report.round - 1, report.sender] = report.w
-
-    route(cores, on_report)
-    return models
+    plans = session_plans(problem, [(strategy, scheme, repeat)])
+    return Network.build(plans).play()[0].models
 
 
 def run_memory(
     problem: Problem,
-    strategies=None,
-    schemes=None,
+    strategies: Iterable[Strategy] | None = None,
+    schemes: Iterable[Scheme] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> list[Curve]:
-    """Every strategy x scheme x repeat through the real cores; one Curve per pair."""
+    """Every strategy x scheme x repeat through conductor and nodes; one Curve per pair."""
     c = problem.config
     curves = []
     for strategy in strategies or c.strategies:

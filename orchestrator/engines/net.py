@@ -1,102 +1,80 @@
-"""The `net` engine: real agent processes talking through a real MQTT broker.
+"""The `net` engine, `privnet run`: a broker, agent processes and the conductor over MQTT.
 
-The orchestrator registers the agents (or spawns them locally), hands each its Setup,
-starts the rounds, and collects sealed per-round telemetry. Whatever it started it stops:
-on success, on failure and on Ctrl-C.
+The conductor (`orchestrator.conductor`) decides everything; this shell launches the
+broker and the agents, hands each agent its launch out of band (its id, the run's
+orchestrator key, its token, its broker credentials), pumps MQTT into the conductor,
+watches the child processes, shows progress and writes the outputs. Whatever it
+started it stops: on success, on failure and on Ctrl-C.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import contextlib
+import json
 import os
 import secrets
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import aiomqtt
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from rich.progress import Progress, TaskID
 
-from agent import control, keys, topics, wire
+from agent import keys
 from agent.inbox import Inbox
-from agent.messages import Rejected
-from agent.mqtt import QOS, BrokerAddress, telemetry_context
-from agent.spec import Scheme, Strategy
-from orchestrator.experiment.problem import Problem
-from orchestrator.experiment.specs import agent_specs
+from agent.mqtt import QOS, Access, AgentLaunch, BrokerAddress, client, publish, pump
+from agent.node import Output
+from broker.launcher import Broker, launch, read_sys_bytes
+from orchestrator.conductor import Conductor, SessionResult, Stage
+from orchestrator.engines.memory import RunFailed
+from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.problem import Problem, msd
+from orchestrator.experiment.specs import session_list, session_plans
+from orchestrator.report import Curve, console, finish, progress_bar
+
+if TYPE_CHECKING:
+    from orchestrator.audit import WireTap
 
 DEFAULT_DEADLINE = 30.0
 POLL = 0.5  # how often child processes are checked while waiting
 
 
-class RunFailed(Exception):
-    """The networked run cannot complete; the message names the agent and the cause."""
-
-
-@dataclass
-class Registration:
-    agent: int
-    nonce: bytes
-    identity: bytes
-
-
-@dataclass
-class SessionResult:
-    models: np.ndarray  # (iters, P, M): every agent's true model after every round
-    finished: dict[int, control.Finished]
-    wall: float  # Go to last Finished
-
-    def totals(self, field_name: str) -> dict[str, int]:
-        total: dict[str, int] = {}
-        for done in self.finished.values():
-            for key, value in getattr(done, field_name).items():
-                total[key] = total.get(key, 0) + value
-        return total
-
-
 class AgentPool:
     """Local agent processes, one per id, each in its own process group."""
 
-    def __init__(self, broker: BrokerAddress, run: str, agents: int, logs: Path) -> None:
-        self.broker, self.run, self.agents, self.logs = broker, run, agents, logs
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
 
-    def start(self) -> None:
+    def start(self, launches: dict[int, AgentLaunch]) -> None:
+        """One `python -m agent` per launch; the launch goes in its environment."""
         self.logs.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        for p in range(self.agents):
+        for p, agent_launch in launches.items():
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", **agent_launch.to_env()}
             with open(self.logs / f"agent-{p}.log", "wb") as log:
                 self.procs[p] = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "agent",
-                        "--broker",
-                        str(self.broker),
-                        "--run",
-                        self.run,
-                        "--id",
-                        str(p),
-                    ],
+                    [sys.executable, "-m", "agent", "--id", str(p)],
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=env,
                     start_new_session=True,
                 )
 
-    def check(self, finished: set[int] = frozenset()) -> None:
-        """Raise RunFailed if an agent died before saying Finished."""
+    def check(self) -> None:
+        """Raise RunFailed if an agent died while the run still needs it."""
         for p, proc in self.procs.items():
             code = proc.poll()
-            if code is not None and (code != 0 or p not in finished):
-                tail = self.log_tail(p)
+            if code is not None:
                 raise RunFailed(
-                    f"agent {p} (pid {proc.pid}) exited with code {code} before the run ended{tail}"
+                    f"agent {p} (pid {proc.pid}) exited with code {code} before the run "
+                    f"ended{self.log_tail(p)}"
                 )
 
     def log_tail(self, p: int, lines: int = 3) -> str:
@@ -122,159 +100,275 @@ class AgentPool:
                     proc.wait(2.0)
 
 
-@dataclass
-class Orchestrator:
-    """Drives sessions over one MQTT connection."""
-
-    client: aiomqtt.Client
-    run: str
-    agents: int
-    pool: AgentPool | None = None
-    deadline: float = DEFAULT_DEADLINE
-    telemetry: bool = True
-    key: X25519PrivateKey = field(default_factory=X25519PrivateKey.generate)
-    registrations: dict[int, Registration] = field(default_factory=dict)
-    on_message: Callable[[str, bytes], None] | None = None
-    _inbox: Inbox | None = None  # the audit taps here
-    _checked: float = 0.0  # when the agent processes were last checked (time.monotonic)
-
-    async def subscribe(self) -> None:
-        base = f"{topics.PREFIX}/{self.run}"
-        for pattern in (f"{base}/ctl/up/#", f"{base}/telemetry/+"):
-            await self.client.subscribe(pattern, qos=QOS)
-
-    async def _next(
-        self, what: str, finished: set[int] = frozenset()
-    ) -> tuple[str, control.Control]:
-        """The next control/telemetry message, checking children and the deadline meanwhile.
-
-        Both go by the clock, not by empty polls: a stream of junk (anyone may write to a
-        registration topic) must not hide a dead agent or a stalled run.
-        """
-        if self._inbox is None:
-            self._inbox = await Inbox(self.client).__aenter__()
-        start = time.monotonic()
-        while True:
-            now = time.monotonic()
-            if self.pool is not None and now - self._checked >= POLL:
-                self.pool.check(finished)
-                self._checked = now
-            if now - start >= self.deadline:
-                raise RunFailed(f"nothing heard for {self.deadline:.0f} s while {what}")
-            try:
-                message = await self._inbox.get(POLL)
-            except TimeoutError:
-                continue
-            topic, payload = message.topic.value, bytes(message.payload)  # type: ignore[arg-type]
-            try:
-                msg = wire.decode_control(payload)
-            except Rejected:
-                continue  # not ours to act on; agents count and log their own
-            if isinstance(msg, control.Failed):
-                agent = self._agent_of(topic, msg.agent)
-                tail = self.pool.log_tail(agent) if self.pool else ""
-                raise RunFailed(f"agent {agent} failed: {msg.reason}{tail}")
-            return topic, msg
-
-    def _agent_of(self, topic: str, claimed: int) -> int:
-        nonce = topic.rsplit("/", 1)[-1]
-        for reg in self.registrations.values():
-            if reg.nonce.hex() == nonce:
-                return reg.agent
-        return claimed
-
-    async def register(self) -> None:
-        """Wait for every agent's Hello and give each an id (its requested one if free)."""
-        waiting: list[control.Hello] = []
-        while len(waiting) < self.agents:
-            _, msg = await self._next(
-                f"waiting for agents to register ({len(waiting)}/{self.agents} so far)"
-            )
-            if isinstance(msg, control.Hello) and all(h.nonce != msg.nonce for h in waiting):
-                waiting.append(msg)
-        free = sorted(set(range(self.agents)) - {h.requested_id for h in waiting})
-        for hello in waiting:
-            wanted = hello.requested_id
-            taken = wanted is not None and wanted in self.registrations
-            if wanted is None or taken or not 0 <= wanted < self.agents:
-                wanted = free.pop(0)
-            self.registrations[wanted] = Registration(wanted, hello.nonce, hello.identity)
-        public = keys.public_bytes(self.key.public_key())
-        for reg in self.registrations.values():
-            welcome = control.Welcome(reg.nonce, reg.agent, self.run, public)
-            await self._send(topics.register_down(self.run, reg.nonce.hex()), welcome)
-
-    async def _send(self, topic: str, msg: control.Control) -> None:
-        await self.client.publish(topic, wire.encode_control(msg), qos=QOS)
-
-    async def session(
-        self,
-        problem: Problem,
-        strategy: Strategy,
-        scheme: Scheme,
-        repeat: int = 0,
-        progress: Callable[[int, np.ndarray], None] | None = None,
-    ) -> SessionResult:
-        """One run of all rounds for one strategy x scheme x repeat."""
-        specs = agent_specs(problem, strategy, scheme, repeat=repeat)
-        problem_spec = problem.spec(repeat)
-        directory = {p: reg.identity for p, reg in self.registrations.items()}
-        for spec in specs:
-            reg = self.registrations[spec.agent]
-            setup = control.Setup(spec, problem_spec, directory, self.deadline, self.telemetry)
-            await self._send(topics.register_down(self.run, reg.nonce.hex()), setup)
-        ready: set[int] = set()
-        while len(ready) < self.agents:
-            _, msg = await self._next(f"waiting for Ready ({len(ready)}/{self.agents})")
-            if isinstance(msg, control.Ready):
-                ready.add(msg.agent)
-        start = time.perf_counter()
-        await self._send(topics.ctl_down(self.run, "all"), control.Go())
-        return await self._collect(problem, specs[0].session, start, progress)
-
-    async def _collect(self, problem, session, start, progress) -> SessionResult:
-        c = problem.config
-        models = np.full((c.iters, c.agents, c.dim), np.nan)
-        counts = np.zeros(c.agents, dtype=np.int64)
-        finished: dict[int, control.Finished] = {}
-        while len(finished) < self.agents:
-            lagging = np.flatnonzero(counts == counts.min()).tolist()
-            _, msg = await self._next(
-                f"running round {counts.min() + 1}; slowest agents: {lagging[:10]}", set(finished)
-            )
-            if isinstance(msg, control.Telemetry):
-                blob = keys.open_sealed(
-                    self.key, msg.sealed, telemetry_context(self.run, msg.agent, msg.round)
-                )
-                for report in wire.decode_reports(blob, c.dim):
-                    if report.sender != msg.agent or not 1 <= report.round <= c.iters:
-                        raise RunFailed(
-                            f"agent {msg.agent} sent a report for agent {report.sender}, "
-                            f"round {report.round}"
-                        )
-                    models[report.round - 1, report.sender] = report.w
-                    counts[report.sender] += 1
-                if progress is not None:
-                    progress(int(counts.min()), models)
-            elif isinstance(msg, control.Finished):
-                finished[msg.agent] = msg
-        wall = time.perf_counter() - start
-        if self.telemetry and np.isnan(models).any():
-            missing = np.argwhere(np.isnan(models[..., 0]))[:5].tolist()
-            raise RunFailed(f"telemetry incomplete: missing (round-1, agent) {missing}")
-        return SessionResult(models, finished, wall)
-
-    async def close(self) -> None:
-        if self._inbox is not None:
-            await self._inbox.__aexit__(None, None, None)
-
-    async def bye(self) -> None:
-        await self._send(topics.ctl_down(self.run, "all"), control.Bye())
-
-    async def abort(self, reason: str) -> None:
-        with contextlib.suppress(aiomqtt.MqttError):
-            await self._send(topics.ctl_down(self.run, "all"), control.Abort(reason))
-
-
 def new_run_name() -> str:
     return f"run-{secrets.token_hex(4)}"
+
+
+def agent_launches(
+    broker: BrokerAddress,
+    run: str,
+    orchestrator: keys.Identity,
+    tokens: dict[int, bytes],
+    access: dict[int, Access],
+) -> dict[int, AgentLaunch]:
+    """What each agent is started with: never sent through the broker."""
+    public = orchestrator.public.to_bytes().hex()
+    return {
+        p: AgentLaunch(
+            str(broker),
+            run,
+            p,
+            public,
+            token.hex(),
+            access[p].username,
+            access[p].password,
+            access[p].ca,
+        )
+        for p, token in tokens.items()
+    }
+
+
+def write_launches(directory: Path, launches: dict[int, AgentLaunch]) -> None:
+    """Launch files for agents started by someone else (compose): 0600, one per agent."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for p, agent_launch in launches.items():
+        path = directory / f"agent-{p}.json"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(json.loads(agent_launch.to_env()[AgentLaunch.ENV]), f)
+
+
+def curve_of(problem: Problem, strategy: str, scheme: str, results: list[SessionResult]) -> Curve:
+    """MSD over repeats plus what the wire cost, from the sessions of one strategy x scheme."""
+    c = problem.config
+    cent = np.zeros((len(results), c.iters))
+    avg = np.zeros((len(results), c.iters))
+    for r, result in enumerate(results):
+        for i in range(c.iters):
+            cent[r, i], avg[r, i] = msd(result.models[i], problem.w_opt[r], problem.q)
+    wall = sum(res.wall for res in results)
+    traffic = _sum_dicts(res.totals("bytes") for res in results)
+    messages = _sum_dicts(res.totals("messages") for res in results)
+    rejected = _sum_dicts(res.totals("rejected") for res in results)
+    rounds = c.iters * len(results)
+    per_round = {k: v / rounds for k, v in traffic.items() if k != "control"}
+    extra = {
+        "bytes": traffic,
+        "messages": messages,
+        "rejected": rejected,
+        "bytes_per_round": sum(per_round.values()),
+        "bytes_per_round_by_category": per_round,
+        "wall_s": wall,
+    }
+    return Curve(strategy, scheme, cent, avg, rounds / max(wall, 1e-9), extra)
+
+
+def _sum_dicts(dicts: Iterable[dict[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for d in dicts:
+        for k, v in d.items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+async def run_network(config: ExperimentConfig, args: argparse.Namespace, out: Path) -> int:
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        return await _run_network(config, args, out)
+    finally:
+        signal.signal(signal.SIGTERM, previous)  # _drive ignores SIGTERM once the run is done
+
+
+async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: Path) -> int:
+    problem = Problem.build(config)
+    run = args.run_name or new_run_name()
+    broker = launch(args.broker)
+    pool: AgentPool | None = None
+    try:
+        broker.start()
+        where = "external agents" if args.external_agents else f"agent logs in {out}/logs"
+        console.print(f"broker: {broker.kind} at {broker.address}; run {run}; {where}")
+        orchestrator = keys.Identity.generate()
+        tokens = {p: secrets.token_bytes(32) for p in range(config.agents)}
+        conductor = Conductor(
+            run,
+            orchestrator,
+            tokens,
+            session_plans(problem, session_list(config)),
+            deadline=args.deadline,
+            telemetry=not args.no_telemetry,
+        )
+        access = {p: Access() for p in tokens}
+        launches = agent_launches(broker.address, run, orchestrator, tokens, access)
+        if args.external_agents:
+            write_launches(args.launch_dir or out / "launch", launches)
+        else:
+            pool = AgentPool(out / "logs")
+        tap = None
+        if args.audit:
+            from orchestrator.audit import WireTap  # scipy & co. only when auditing
+
+            tap = WireTap(broker.address, run)
+        return await _drive(problem, broker, conductor, pool, launches, Access(), out, tap)
+    except RunFailed as exc:
+        console.print(f"[red]run failed:[/red] {exc}")
+        return 1
+    finally:
+        if pool is not None:
+            pool.stop()
+        broker.stop()
+
+
+async def _drive(
+    problem: Problem,
+    broker: Broker,
+    conductor: Conductor,
+    pool: AgentPool | None,
+    launches: dict[int, AgentLaunch],
+    access: Access,
+    out: Path,
+    tap: WireTap | None = None,
+) -> int:
+    """Register, run every session, write the outputs (and the audit), then dismiss the
+    agents; the exit code.
+
+    Outputs come before Bye: under `docker compose up --exit-code-from orchestrator` the
+    first agent to exit stops every container and ends the log stream, and the operator
+    must still see the results.
+    """
+    c = problem.config
+    sys_before = await _sys(broker)
+    async with client(broker.address, access) as mqtt, Inbox(mqtt) as inbox:
+        try:
+            async with tap or contextlib.nullcontext():  # the audit's tap, before any agent
+                for topic in conductor.subscriptions:
+                    await mqtt.subscribe(topic, qos=QOS)
+                await publish(mqtt, conductor.start(time.monotonic()))
+                if pool is not None:
+                    pool.start(launches)
+                await _conduct(mqtt, inbox, conductor, pool, problem)
+                if tap is not None:  # the sealed telemetry validates the audit's truth
+                    tap.telemetry += [r.models for r in conductor.results]
+            # The run is complete. Under compose the first agent to leave stops every
+            # container: a SIGTERM from here on must not cut the outputs short.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            curves = _curves(problem, conductor.results)
+            extra: dict[str, Any] = {
+                "broker": broker.kind,
+                "run": conductor.run,
+                "seed": c.seed,
+                "deliveries": _deliveries(conductor),
+            }
+            if sys_before is not None and (sys_after := await _sys(broker)) is not None:
+                extra["broker_sys"] = {k: sys_after[k] - sys_before[k] for k in sys_after}
+            # Off the loop, which keeps answering the broker's keepalives meanwhile: the
+            # audit replays the whole run for its ground truth.
+            code = await asyncio.to_thread(_outputs, out, problem, curves, extra, tap)
+            await publish(mqtt, conductor.bye())
+        except BaseException as exc:  # Ctrl-C included: tell the agents before tearing down
+            with contextlib.suppress(aiomqtt.MqttError):
+                await publish(mqtt, conductor.abort(f"orchestrator stopped: {type(exc).__name__}"))
+            raise
+    return code
+
+
+async def _conduct(
+    mqtt: aiomqtt.Client,
+    inbox: Inbox,
+    conductor: Conductor,
+    pool: AgentPool | None,
+    problem: Problem,
+) -> None:
+    """Pump until every session is done; RunFailed when the conductor or a process fails."""
+    started = time.perf_counter()
+    with progress_bar() as bar:
+        show = _Show(bar, problem, conductor)
+
+        def until() -> bool:
+            if pool is not None and conductor.stage in (Stage.CONFIGURING, Stage.RUNNING):
+                pool.check()
+            return conductor.stage in (Stage.DONE, Stage.FAILED)
+
+        def on_output(out: Output) -> None:
+            for event in out.events:
+                if event.kind == "registered":
+                    took = time.perf_counter() - started
+                    console.print(f"{conductor.agents} agents registered in {took:.1f} s")
+            show.update()
+
+        try:
+            await pump(mqtt, inbox, conductor, until, on_output, every=POLL)
+        except RunFailed as exc:
+            await publish(mqtt, conductor.abort(str(exc)))
+            raise
+    if conductor.stage is Stage.FAILED:
+        raise RunFailed(conductor.failure)
+
+
+def _curves(problem: Problem, results: list[SessionResult]) -> list[Curve]:
+    c = problem.config
+    curves, at = [], 0
+    for strategy in c.strategies:
+        for scheme in c.schemes:
+            chunk = results[at : at + c.repeats]
+            at += c.repeats
+            curves.append(curve_of(problem, str(strategy), str(scheme), chunk))
+    return curves
+
+
+def _deliveries(conductor: Conductor) -> dict[str, Any]:
+    """What the orchestrator received and did not use, by reason (agents report theirs)."""
+    d = conductor.deliveries
+    return {"received": d.received, "used": d.used, "rejected": dict(d.rejected)}
+
+
+class _Show:
+    """Progress lines: rounds done, rounds/s, current centroid MSD, per session."""
+
+    def __init__(self, bar: Progress, problem: Problem, conductor: Conductor) -> None:
+        self.bar, self.problem, self.conductor = bar, problem, conductor
+        self.tasks: dict[str, TaskID] = {}
+        self.t0 = time.perf_counter()
+        self.session = -1
+
+    def update(self) -> None:
+        conductor, c = self.conductor, self.problem.config
+        plan = conductor.current
+        if plan is None:
+            return
+        strategy, scheme, repeat = plan.label.split("/")
+        name = f"{strategy}/{scheme}"
+        if name not in self.tasks:
+            self.tasks[name] = self.bar.add_task(name, total=c.iters * c.repeats, status="")
+        if conductor.session != self.session:
+            self.session, self.t0 = conductor.session, time.perf_counter()
+        rounds = conductor.rounds_done
+        rate = rounds / max(time.perf_counter() - self.t0, 1e-9)
+        status = f"{rate:6.1f} rounds/s"
+        if rounds:
+            w_opt = self.problem.w_opt[int(repeat)]
+            cent, _ = msd(conductor.models[rounds - 1], w_opt, self.problem.q)
+            status += f"  MSD {10 * np.log10(cent):7.2f} dB"
+        done = int(repeat) * c.iters + rounds
+        self.bar.update(self.tasks[name], completed=done, status=status)
+
+
+def _outputs(
+    out: Path, problem: Problem, curves: list[Curve], extra: dict[str, Any], tap: WireTap | None
+) -> int:
+    """Write the run's outputs, and audit its wire when it was tapped; the exit code."""
+    finish(out, problem.config, problem, curves, "net", extra)
+    if tap is None:
+        return 0
+    from orchestrator.audit import show_audit
+
+    tap.save(out, problem.config)
+    return show_audit(out)
+
+
+async def _sys(broker: Broker) -> dict[str, int] | None:
+    if broker.kind != "mosquitto":
+        return None
+    with contextlib.suppress(TimeoutError, aiomqtt.MqttError):
+        return await read_sys_bytes(broker.address)
+    return None

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterable
 
 import numpy as np
 
 from agent import rng
 from agent.spec import STEPS, AgentSpec, Scheme, StepPlan, Strategy
+from orchestrator.conductor import SessionPlan
+from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 
 
@@ -47,4 +50,28 @@ def agent_specs(
             rekey=c.rekey,
         )
         for p in range(c.agents)
+    ]
+
+
+def session_list(config: ExperimentConfig) -> list[tuple[Strategy, Scheme, int]]:
+    """Sessions in the order every engine plays them: strategy, then scheme, then repeat."""
+    return [
+        (strategy, scheme, repeat)
+        for strategy in config.strategies
+        for scheme in config.schemes
+        for repeat in range(config.repeats)
+    ]
+
+
+def session_plans(
+    problem: Problem, sessions: Iterable[tuple[Strategy, Scheme, int]]
+) -> list[SessionPlan]:
+    """What the conductor plays, in order: one plan per strategy x scheme x repeat."""
+    return [
+        SessionPlan(
+            f"{strategy}/{scheme}/{repeat}",
+            agent_specs(problem, strategy, scheme, repeat=repeat),
+            problem.spec(repeat),
+        )
+        for strategy, scheme, repeat in sessions
     ]

@@ -1,0 +1,489 @@
+"""An agent's whole life cycle as one sans-IO state machine (h11-style).
+
+Feed it what arrived with `receive(topic, payload, now)` and the passing of time with
+`tick(now)`; both return an `Output`: the frames to publish and what happened. It never
+touches sockets, clocks or event loops, so the MQTT shell, the in-memory transport and
+the tests drive the very same rules.
+
+Phases: REGISTERING (Hello until Welcome) -> REGISTERED -> [Setup] CONFIGURED -> (keys
+agreed) KEYED -> [Go] RUNNING -> FINISHED -> [Setup] CONFIGURED ... -> [Bye] CLOSED, and
+FAILED from anywhere. A control frame is obeyed only if it is signed by the run's
+orchestrator key, names this run, carries a sequence number above every one seen, and
+fits the phase; anything else is dropped and counted under exactly one reason
+(`rejected`), and so is every peer message the round logic does not use.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+from agent import control, keys, topics, wire
+from agent.core import AgentCore
+from agent.losses import LeastSquares
+from agent.messages import Message, Rejected, Report
+
+QOS = 1  # at-least-once: a lost model would stall the round; the core drops duplicates
+HELLO_EVERY = 2.0  # seconds between Hellos until Welcome: the orchestrator may subscribe late
+REGISTER_TIMEOUT = 120.0
+IDLE_TIMEOUT = 600.0  # between sessions: an orchestrator gone this long is not coming back
+TELEMETRY_BATCH = 10  # rounds per sealed telemetry message
+EARLY_COUNT = 4096  # peer frames kept while no session is configured...
+EARLY_BYTES = 16 << 20  # ...and their bytes; beyond either, dropped as "overflow"
+HELLO_TAG = b"privnet/hello/v1\0"
+
+
+class Phase(StrEnum):
+    REGISTERING = "registering"
+    REGISTERED = "registered"
+    CONFIGURED = "configured"
+    KEYED = "keyed"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    CLOSED = "closed"
+
+
+WAITING = (Phase.REGISTERING, Phase.REGISTERED, Phase.FINISHED)  # no session: peers wait
+ACTIVE = (Phase.CONFIGURED, Phase.KEYED, Phase.RUNNING)  # a session is configured
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What an agent learns out of band when it is started: never from the broker."""
+
+    run: str
+    agent: int
+    orchestrator: keys.PublicIdentity  # verifies control frames; telemetry is sealed to it
+    token: bytes  # proves this process is the one launched as `agent` (see control.Hello)
+
+
+def hello_proof(token: bytes, run: str, agent: int, identity: bytes) -> bytes:
+    """HMAC over the registration, with the launch token as key."""
+    data = HELLO_TAG + f"{run}\0{agent}\0".encode() + identity
+    return hmac.new(token, data, "sha256").digest()
+
+
+def telemetry_context(run: str, agent: int, session: int, round_: int) -> bytes:
+    """Associated data of a sealed report batch: binds it to run, agent, session, round."""
+    return f"privnet/telemetry/{run}/{agent}/{session}/{round_}".encode()
+
+
+def setup_context(run: str, agent: int, session: int) -> bytes:
+    """Associated data of a sealed Config."""
+    return f"privnet/setup/{run}/{agent}/{session}".encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    topic: str
+    payload: bytes
+    category: str  # model, keys, telemetry or control: the byte-accounting bucket
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Something the shell may log or act on; `kind` is one of the names below."""
+
+    kind: str  # registered, configured, keyed, started, finished, failed, closed
+    detail: str = ""
+
+
+@dataclass
+class Output:
+    publish: list[Publish] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+    def __iadd__(self, other: Output) -> Output:
+        self.publish += other.publish
+        self.events += other.events
+        return self
+
+    def __add__(self, other: Output) -> Output:
+        return Output(self.publish + other.publish, self.events + other.events)
+
+
+@dataclass
+class Traffic:
+    """MQTT bytes and messages this agent published, by category (PUBLISH packet sizes)."""
+
+    bytes: Counter[str] = field(default_factory=Counter)
+    messages: Counter[str] = field(default_factory=Counter)
+
+    def add(self, category: str, topic: str, payload: bytes) -> None:
+        self.bytes[category] += topics.mqtt_publish_size(topic, len(payload), QOS)
+        self.messages[category] += 1
+
+
+@dataclass
+class Deliveries:
+    """Every delivery is either used or rejected under exactly one reason."""
+
+    received: int = 0
+    used: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def uncounted(self) -> int:
+        return self.received - self.used - sum(self.rejected.values())
+
+
+@dataclass
+class _Session:
+    number: int
+    config: control.Config
+    core: AgentCore
+    link_keys: dict[int, bytes]
+    started: float = 0.0
+    reports: list[Report] = field(default_factory=list)  # telemetry not yet sealed
+    traffic: Traffic = field(default_factory=Traffic)
+
+
+class AgentNode:
+    """One agent's life cycle; see the module docstring."""
+
+    def __init__(
+        self,
+        launch: Launch,
+        identity: keys.Identity,
+        core: Callable[..., AgentCore] = AgentCore,
+    ) -> None:
+        self.launch, self.identity, self._core_type = launch, identity, core
+        self.me, self.run = launch.agent, launch.run
+        self.phase = Phase.REGISTERING
+        self.deliveries = Deliveries()
+        self.session: _Session | None = None
+        self._registration = Traffic()  # Hellos: charged to the first session
+        self._unreported: Counter[str] = Counter()  # rejections since the last Finished
+        self._seq = 0  # of our own upward frames
+        self._heard = -1  # highest orchestrator sequence number obeyed or seen signed
+        self._early: list[tuple[int, bytes]] = []  # (sender, payload) awaiting a session
+        self._early_bytes = 0
+        self._since = 0.0  # when the current wait began (deadlines)
+        self._next_hello = 0.0
+        self._started_at = 0.0
+        self.failure = ""
+
+    # ---- public API -------------------------------------------------------------------
+
+    @property
+    def subscriptions(self) -> list[str]:
+        """Everything this agent reads: its inbox and the orchestrator's topics for it."""
+        return [
+            topics.inbox_filter(self.run, self.me),
+            topics.ctl_down(self.run, self.me),
+            topics.ctl_down(self.run, "all"),
+        ]
+
+    @property
+    def done(self) -> bool:
+        return self.phase in (Phase.CLOSED, Phase.FAILED)
+
+    def start(self, now: float) -> Output:
+        """The first Hello."""
+        self._since = self._started_at = now
+        return self.tick(now)
+
+    def tick(self, now: float) -> Output:
+        """Hello again while unanswered; fail when a wait outlasts its deadline."""
+        out = Output()
+        if self.phase is Phase.REGISTERING:
+            if now - self._since >= REGISTER_TIMEOUT:
+                return self._fail(
+                    f"agent {self.me}: no answer to registration within "
+                    f"{REGISTER_TIMEOUT:.0f} s: is the orchestrator running?"
+                )
+            if now >= self._next_hello:
+                self._next_hello = now + HELLO_EVERY
+                out.publish.append(self._hello())
+        elif self.phase in ACTIVE and self.session is not None:
+            deadline = self.session.config.deadline
+            if now - self._since >= deadline:
+                core = self.session.core
+                return self._fail(
+                    f"agent {self.me}: nothing received for {deadline:.0f} s in round "
+                    f"{core.round} ({self.phase}); waiting for agents {core.waiting_for()} "
+                    "(crashed or disconnected?)"
+                )
+        elif self.phase in (Phase.REGISTERED, Phase.FINISHED) and now - self._since >= IDLE_TIMEOUT:
+            return self._fail(
+                f"agent {self.me}: no word from the orchestrator for {IDLE_TIMEOUT:.0f} s; leaving"
+            )
+        return out
+
+    def next_tick(self) -> float | None:
+        """When `tick` has something to do next (None: nothing, ever)."""
+        if self.done:
+            return None
+        if self.phase is Phase.REGISTERING:
+            return min(self._next_hello, self._since + REGISTER_TIMEOUT)
+        if self.phase in ACTIVE and self.session is not None:
+            return self._since + self.session.config.deadline
+        return self._since + IDLE_TIMEOUT
+
+    def receive(self, topic: str, payload: bytes, now: float) -> Output:
+        """One delivery: used, or dropped and counted under exactly one reason."""
+        self.deliveries.received += 1
+        if self.done:
+            self._count("closed")
+            return Output()
+        try:
+            peer = topics.parse_peer_topic(topic)
+            if peer is not None:
+                out = self._on_peer(peer, payload, now)
+            elif topic in self.subscriptions[1:]:
+                out = self._on_control(payload, now)
+            else:
+                raise Rejected("wrong-topic", f"agent {self.me} does not read {topic!r}")
+        except Rejected as exc:
+            self._count(exc.reason)
+            return Output()
+        self.deliveries.used += 1
+        return out
+
+    def fail(self, reason: str) -> Output:
+        """The shell gives up (lost broker, signal): tell the orchestrator why, if we can."""
+        return self._fail(reason)
+
+    @property
+    def rejected(self) -> Counter[str]:
+        return self.deliveries.rejected
+
+    # ---- control plane ----------------------------------------------------------------
+
+    def _on_control(self, payload: bytes, now: float) -> Output:
+        frame = wire.decode_signed(payload)
+        if frame.run != self.run:
+            raise Rejected("wrong-run", f"frame for run {frame.run!r}, this is {self.run!r}")
+        frame.verify(self.launch.orchestrator, "this run's orchestrator")
+        if frame.seq <= self._heard:
+            raise Rejected("replay", f"sequence number {frame.seq}, already at {self._heard}")
+        out = self._obey(frame.msg, now)  # raises Rejected("out-of-phase") if it does not fit
+        self._heard = frame.seq
+        return out
+
+    def _obey(self, msg: control.Control, now: float) -> Output:
+        match msg:
+            case control.Welcome(agent=agent) if agent == self.me and self._is(Phase.REGISTERING):
+                self.phase, self._since = Phase.REGISTERED, now
+                return Output(events=[Event("registered")])
+            case control.Setup(agent=agent) if agent == self.me and self._is(*WAITING[1:]):
+                return self._configure(msg, now)
+            case control.Go(session=number) if self._is(Phase.KEYED) and self._session_is(number):
+                return self._go(now)
+            case control.Abort(reason=reason):
+                return self._fail(f"aborted by the orchestrator: {reason}", tell=False)
+            case control.Bye() if self._is(*WAITING):
+                self._drop_early()
+                self.phase = Phase.CLOSED
+                return Output(events=[Event("closed")])
+        raise Rejected(
+            "out-of-phase",
+            f"{type(msg).__name__} does not fit agent {self.me} in phase {self.phase}",
+        )
+
+    def _is(self, *phases: Phase) -> bool:
+        return self.phase in phases
+
+    def _session_is(self, number: int) -> bool:
+        return self.session is not None and self.session.number == number
+
+    def _configure(self, setup: control.Setup, now: float) -> Output:
+        if self.session is not None and setup.session <= self.session.number:
+            raise Rejected("replay", f"Setup for session {setup.session} came again")
+        try:
+            plain = keys.open_sealed(
+                self.identity.static,
+                setup.sealed,
+                setup_context(self.run, self.me, setup.session),
+            )
+        except keys.BadKey as exc:
+            raise Rejected("bad-seal", f"Setup: {exc}") from exc
+        config = wire.decode_config(plain)
+        spec = config.spec
+        if spec.agent != self.me:
+            raise Rejected("schema", f"Config for agent {spec.agent} sealed to agent {self.me}")
+        try:
+            directory = {m: keys.PublicIdentity.from_bytes(b) for m, b in config.directory.items()}
+            link_keys = {
+                m: keys.link_key(self.identity, pub, spec.session, self.me, m)
+                for m, pub in directory.items()
+                if m != self.me
+            }
+        except keys.BadKey as exc:
+            raise Rejected("bad-key", f"Config directory: {exc}") from exc
+        loss = LeastSquares.from_spec(config.problem, spec.agent, spec.agents)
+        core = self._core_type(spec, loss, self.identity, directory)
+        first, self._registration = self._registration, Traffic()
+        self.session = _Session(setup.session, config, core, link_keys, traffic=first)
+        self.phase, self._since = Phase.CONFIGURED, now
+        out = Output(events=[Event("configured", f"session {setup.session}")])
+        out += self._emit(core.prepare())
+        early, self._early, self._early_bytes = self._early, [], 0
+        for sender, payload in early:  # now they can be authenticated, or counted
+            self.deliveries.received += 1
+            try:
+                out += self._peer(sender, payload, now)
+            except Rejected as exc:
+                self._count(exc.reason)
+            else:
+                self.deliveries.used += 1
+        return out + self._keyed()
+
+    def _keyed(self) -> Output:
+        assert self.session is not None
+        if self.phase is not Phase.CONFIGURED or not self.session.core.keyed:
+            return Output()
+        self.phase = Phase.KEYED
+        ready = control.Ready(self.me, self.session.number)
+        return Output([self._up(topics.ctl_up(self.run, self.me), ready)], [Event("keyed")])
+
+    def _go(self, now: float) -> Output:
+        assert self.session is not None
+        self.phase, self._since = Phase.RUNNING, now
+        self.session.started = now
+        out = Output(events=[Event("started", f"session {self.session.number}")])
+        out += self._emit(self.session.core.start())
+        return out + self._maybe_finish(now)
+
+    def _up(self, topic: str, msg: control.Control, category: str = "control") -> Publish:
+        self._seq += 1
+        payload = wire.encode_signed(msg, self.run, self._seq, self.identity)
+        traffic = self._registration if self.session is None else self.session.traffic
+        traffic.add(category, topic, payload)
+        return Publish(topic, payload, category)
+
+    def _hello(self) -> Publish:
+        identity = self.identity.public.to_bytes()
+        proof = hello_proof(self.launch.token, self.run, self.me, identity)
+        return self._up(topics.ctl_up(self.run, self.me), control.Hello(self.me, identity, proof))
+
+    def _fail(self, reason: str, *, tell: bool = True) -> Output:
+        if self.done:
+            return Output()
+        out = Output(events=[Event("failed", reason)])
+        if tell and self.phase is not Phase.REGISTERING:
+            out.publish.append(
+                self._up(topics.ctl_up(self.run, self.me), control.Failed(self.me, reason[:1000]))
+            )
+        self._drop_early()
+        self.phase, self.failure = Phase.FAILED, reason
+        return out
+
+    def _drop_early(self) -> None:
+        """Peer frames still waiting for a session that will not come: counted, unused."""
+        self.deliveries.received += len(self._early)
+        self._count_n("no-session", len(self._early))
+        self._early, self._early_bytes = [], 0
+
+    # ---- data plane -------------------------------------------------------------------
+
+    def _on_peer(self, peer: tuple[str, int, int], payload: bytes, now: float) -> Output:
+        run, receiver, sender = peer
+        if run != self.run or receiver != self.me:
+            raise Rejected("wrong-topic", f"peer topic for run {run!r}, agent {receiver}")
+        if self.phase in WAITING:
+            if len(self._early) >= EARLY_COUNT or self._early_bytes + len(payload) > EARLY_BYTES:
+                raise Rejected("overflow", f"more than {EARLY_COUNT} early peer frames")
+            self._early.append((sender, payload))
+            self._early_bytes += len(payload)
+            self.deliveries.used -= 1  # counted when it is replayed into the session
+            self.deliveries.received -= 1
+            return Output()
+        return self._peer(sender, payload, now)
+
+    def _peer(self, sender: int, payload: bytes, now: float) -> Output:
+        session = self.session
+        assert session is not None
+        core = session.core
+        msg = wire.decode_peer(
+            payload,
+            receiver=self.me,
+            topic_sender=sender,
+            dim=core.spec.dim,
+            link_keys=session.link_keys,
+        )
+        try:
+            produced = core.receive(msg)
+        except keys.BadKey as exc:
+            raise Rejected("bad-key", str(exc)) from exc
+        self._since = now  # a neighbour is alive
+        out = self._emit(produced)
+        if self.phase is Phase.CONFIGURED:
+            return out + self._keyed()
+        return out + self._maybe_finish(now)
+
+    def _emit(self, messages: list[Message]) -> Output:
+        """Peer messages MACed for their link; reports batched and sealed."""
+        session = self.session
+        assert session is not None
+        out = Output()
+        for msg in messages:
+            if isinstance(msg, Report):
+                if session.config.telemetry:
+                    session.reports.append(msg)
+                continue
+            topic = topics.peer_topic(self.run, msg.receiver, self.me)
+            payload = wire.encode_peer(msg, session.link_keys[msg.receiver])
+            category = wire.category(msg)
+            session.traffic.add(category, topic, payload)
+            out.publish.append(Publish(topic, payload, category))
+        if session.reports and (len(session.reports) >= TELEMETRY_BATCH or session.core.done):
+            out.publish.append(self._telemetry(session))
+        return out
+
+    def _telemetry(self, session: _Session) -> Publish:
+        """Seal a batch of true models to the orchestrator: no plaintext model on the wire."""
+        reports, session.reports = session.reports, []
+        last = reports[-1].round
+        sealed = keys.seal(
+            self.launch.orchestrator.static,
+            wire.encode_reports(reports),
+            telemetry_context(self.run, self.me, session.number, last),
+        )
+        msg = control.Telemetry(self.me, session.number, last, sealed)
+        return self._up(topics.telemetry(self.run, self.me), msg, "telemetry")
+
+    def _maybe_finish(self, now: float) -> Output:
+        session = self.session
+        assert session is not None
+        if self.phase is not Phase.RUNNING or not session.core.done:
+            return Output()
+        self.phase, self._since = Phase.FINISHED, now
+        rejected, self._unreported = self._unreported, Counter()
+        topic = topics.ctl_up(self.run, self.me)
+        own, size = -1, 0  # Finished counts its own PUBLISH, whose size depends on that count:
+        while size != own:  # iterate to the fixed point (sizes only grow, so it comes fast)
+            own = size
+            sent = session.traffic.bytes + Counter(control=own)
+            messages = session.traffic.messages + Counter(control=1)
+            finished = control.Finished(
+                self.me,
+                session.number,
+                dict(rejected),
+                dict(sent),
+                dict(messages),
+                float(now - session.started),
+            )
+            payload = wire.encode_signed(finished, self.run, self._seq + 1, self.identity)
+            size = topics.mqtt_publish_size(topic, len(payload), QOS)
+        return Output([self._up(topic, finished)], [Event("finished", f"session {session.number}")])
+
+    def _count(self, reason: str) -> None:
+        self._count_n(reason, 1)
+
+    def _count_n(self, reason: str, n: int) -> None:
+        if n:
+            self.deliveries.rejected[reason] += n
+            self._unreported[reason] += n
+
+    # ---- for tests and the audit --------------------------------------------------------
+
+    @property
+    def w(self) -> np.ndarray | None:
+        return None if self.session is None else self.session.core.w
