@@ -31,7 +31,10 @@ log = logging.getLogger("privnet.broker")
 
 
 class PacketSizeGuard(StreamReaderAdapter):
-    """amqtt's TCP reader, refusing any MQTT packet longer than `limit` bytes in all.
+    """amqtt's TCP reader, refusing any MQTT packet longer than `limit` bytes.
+
+    Like mosquitto's `max_packet_size`, it compares the remaining length + 1 with the limit
+    (leaving out the 1-4 length bytes), so both brokers let exactly the same packets through.
 
     It follows the packet framing (type byte, remaining-length varint, body) in the bytes it
     hands to amqtt. When a varint completes with too large a length it aborts the connection
@@ -73,7 +76,7 @@ class PacketSizeGuard(StreamReaderAdapter):
             i += 1
             if len(self._header) >= 2 and not self._header[-1] & 0x80:
                 remaining = sum((b & 0x7F) << 7 * k for k, b in enumerate(self._header[1:]))
-                if len(self._header) + remaining > self._limit:
+                if 1 + remaining > self._limit:  # mosquitto's own test: the same packets pass
                     return False
                 self._header.clear()
                 self._body_left = remaining
