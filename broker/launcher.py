@@ -144,7 +144,11 @@ class Broker:
 
     def connect_options(self, user: str | None = None) -> dict[str, Any]:
         """`aiomqtt.Client(**broker.connect_options("orchestrator"), ...)`: host, port, user,
-        password and TLS verification against the run's CA."""
+        password and TLS verification against the run's CA.
+
+        Sets no client `identifier`, and callers should not either: the broker then assigns a
+        random one. amqtt 0.12 drops the session of a known client id before it checks the
+        password, so a refused client that knew an agent's id could wipe its subscriptions."""
         return {
             "hostname": self.address.host,
             "port": self.address.port,

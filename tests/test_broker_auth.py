@@ -10,7 +10,13 @@ import base64
 import contextlib
 import hashlib
 import json
+import os
+import pwd
+import shutil
 import ssl
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,7 +35,15 @@ from broker.credentials import (
     Credentials,
     acl_rules,
 )
-from broker.launcher import Broker, launch, read_sys_bytes, write_compose_files
+from broker.launcher import (
+    Broker,
+    BrokerAddress,
+    accepts,
+    free_port,
+    launch,
+    read_sys_bytes,
+    write_compose_files,
+)
 from broker.tls import make_tls
 
 RUN = "auth-1"
@@ -85,6 +99,26 @@ async def test_only_the_runs_users_connect(
             pass
     async with client(broker, "3"), client(broker, ORCHESTRATOR), client(broker, INSPECTOR):
         pass
+
+
+async def test_a_refused_client_cannot_disturb_a_connected_one(broker: Broker) -> None:
+    """amqtt 0.12 drops the session of a client id before it checks the password, so a
+    refused client that knew an agent's client id would wipe its subscriptions. Clients
+    therefore let the broker assign a random id (connect_options sets none)."""
+    assert "identifier" not in broker.connect_options("3")
+    address = broker.address
+    async with client(broker, "3") as victim, client(broker, ORCHESTRATOR) as orch:
+        await victim.subscribe(T.inbox_filter(RUN, 3))
+        assert victim.identifier == "", "the broker assigns it, and never tells"
+        for identifier in ("", "3", "agent-3"):  # an attacker can only guess
+            with pytest.raises(aiomqtt.MqttError, match="Not authorized"):
+                async with aiomqtt.Client(
+                    address.host, address.port, username="3", password="x", identifier=identifier
+                ):
+                    pass
+        await orch.publish(T.peer_topic(RUN, 3, 1), b"still here", qos=1)
+        got = await collect(victim, T.peer_topic(RUN, 3, 1))
+        assert got == [(T.peer_topic(RUN, 3, 1), b"still here")]
 
 
 # --- what each user may do ----------------------------------------------------------------------
@@ -380,3 +414,77 @@ def test_an_external_broker_gets_the_credentials_passed_through(tmp_path: Path) 
     assert (options["hostname"], options["port"]) == ("mqtt.example", 8883)
     assert (options["username"], options["password"]) == ("3", CREDS.passwords["3"])
     assert options["tls_params"].ca_certs == str(ca)
+
+
+def env_file(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines())
+
+
+async def test_the_compose_config_runs_on_mosquitto() -> None:
+    """The generated broker/ directory, as mosquitto in a container would read it (here the
+    mount point is the directory itself, and the listener a free local port)."""
+    need_mosquitto()
+    base = Path(tempfile.mkdtemp(prefix="privnet-compose-test-"))
+    base.chmod(0o755)  # mosquitto started as root reads broker/ as user "mosquitto"
+    uid = pwd.getpwnam("mosquitto").pw_uid if os.geteuid() == 0 else None
+    out = write_compose_files(
+        base / "c", CREDS, tls_hostnames=("broker",), mount=base / "c", broker_uid=uid
+    )
+    port = free_port()
+    conf = (out / "broker" / "mosquitto.conf").read_text()
+    conf = conf.replace("listener 1883\n", f"listener {port} 127.0.0.1\n")
+    (base / "test.conf").write_text(conf)
+    proc = subprocess.Popen(
+        [shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(base / "test.conf")],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        address = BrokerAddress("127.0.0.1", port)
+        while not accepts(address, timeout=0.2):
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            await asyncio.sleep(0.05)
+        access = ClientAccess.from_env(env_file(out / "users" / "3.env"))
+        async with aiomqtt.Client("localhost", port, **access.client_kwargs()) as agent:
+            await agent.publish(T.ctl_up(RUN, 3), b"from compose", qos=1)
+        anonymous = ClientAccess(tls=True, ca_file=access.ca_file)
+        with pytest.raises(aiomqtt.MqttError, match="Not authorized"):
+            async with aiomqtt.Client("localhost", port, **anonymous.client_kwargs()):
+                pass
+    finally:
+        proc.terminate()
+        proc.wait(5)
+        shutil.rmtree(base)
+
+
+def test_cli_writes_credentials_and_serves_them(tmp_path: Path) -> None:
+    broker_cli = [sys.executable, "-m", "broker"]
+
+    def credentials(out: str, agents: str) -> subprocess.CompletedProcess[str]:
+        args = ["credentials", "--out", str(tmp_path / out), "--agents", agents, "--run", RUN]
+        return subprocess.run([*broker_cli, *args], capture_output=True, text=True)
+
+    bad = credentials("x", "0")
+    assert bad.returncode == 2 and "at least 1 agent" in bad.stderr
+    done = credentials("c", "2")
+    assert done.returncode == 0, done.stderr
+    creds = Credentials.from_json((tmp_path / "c" / "credentials.json").read_text())
+    assert (creds.run, creds.agents) == (RUN, 2)
+    served = subprocess.Popen(
+        [*broker_cli, "--kind", "embedded", "--credentials", str(tmp_path / "c/credentials.json")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = served.stdout.readline() if served.stdout else ""
+        address = BrokerAddress.parse(line.split(" listening on ")[1].split()[0])
+
+        async def connect(access: ClientAccess) -> None:
+            async with aiomqtt.Client(address.host, address.port, **access.client_kwargs()):
+                pass
+
+        asyncio.run(connect(creds.access(ORCHESTRATOR)))
+        with pytest.raises(aiomqtt.MqttError, match="Not authorized"):
+            asyncio.run(connect(ClientAccess()))
+    finally:
+        served.terminate()
+        assert served.wait(10) == 0
