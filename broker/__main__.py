@@ -60,6 +60,9 @@ def credentials(argv: list[str]) -> int:
     parser.add_argument(
         "--broker-uid", type=int, help="owner of broker/ (1883 in eclipse-mosquitto; needs root)"
     )
+    parser.add_argument(
+        "--client-uid", type=int, help="owner of the clients' files (1000 in privnet's image)"
+    )
     args = parser.parse_args(argv)
     try:
         creds = Credentials.generate(args.run, args.agents)
@@ -69,6 +72,7 @@ def credentials(argv: list[str]) -> int:
             tls_hostnames=tuple(args.hostname) if args.tls else None,
             mount=args.mount,
             broker_uid=args.broker_uid,
+            client_uid=args.client_uid,
         )
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

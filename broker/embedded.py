@@ -52,7 +52,7 @@ class PacketSizeGuard(StreamReaderAdapter):
     async def read(self, n: int = -1) -> bytes:
         if self._refused:
             return b""
-        data = await super().read(n)
+        data: bytes = await super().read(n)
         if not self._frame(data):
             self._refused = True
             peer = self._writer.get_extra_info("peername")

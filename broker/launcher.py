@@ -181,6 +181,7 @@ class Broker:
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
+            self.ca_file = None  # it was in the temp dir
         _running.pop(id(self), None)
 
     def log_tail(self, lines: int = 20) -> str:
@@ -317,15 +318,19 @@ def write_compose_files(
     tls_hostnames: tuple[str, ...] | None = None,
     mount: Path = Path("/privnet"),
     broker_uid: int | None = None,
+    client_uid: int | None = None,
 ) -> Path:
     """A run's broker files for docker-compose, written into `out`, mounted at `mount`:
 
     - `broker/`: mosquitto.conf (listener 1883, anonymous refused, the run's password file
       and ACL, TLS if `tls_hostnames` is given: server cert for those names), passwd, acl,
-      server.crt, server.key. With `broker_uid` (root only) owned by the broker's user.
+      server.crt, server.key.
     - `credentials.json`: every user (the orchestrator's copy); `users/<user>.env`: one
       client's access as environment lines (`ClientAccess.from_env`), for `env_file:`.
     - `ca.crt` (TLS): what clients verify the broker against.
+
+    Everything private is 0600: run as root with `broker_uid` (1883 in eclipse-mosquitto) and
+    `client_uid` (1000, privnet in the image) to hand each part to the user who reads it.
     """
     out = Path(out)
     broker_dir, users = out / "broker", out / "users"
@@ -345,6 +350,9 @@ def write_compose_files(
         write_private(users / f"{user}.env", "".join(f"{k}={v}\n" for k, v in env.items()))
     if broker_uid is not None:
         _chown_files(broker_dir, broker_uid, broker_uid)
+    if client_uid is not None:
+        _chown_files(users, client_uid, client_uid)
+        os.chown(out / "credentials.json", client_uid, client_uid)
     return out
 
 

@@ -67,8 +67,8 @@ def client(broker: Broker, user: str | None, **kwargs: object) -> aiomqtt.Client
     return aiomqtt.Client(**broker.connect_options(user), **kwargs)  # type: ignore[arg-type]
 
 
-async def collect(sub: aiomqtt.Client, last_topic: str) -> list[tuple[str, bytes]]:
-    """Messages up to one on `last_topic` (a sentinel), then any that come within QUIET
+async def collect(sub: aiomqtt.Client, last_topic: str, n: int = 1) -> list[tuple[str, bytes]]:
+    """Messages up to the n-th on `last_topic` (a sentinel), then any that come within QUIET
     seconds more, sorted: amqtt does not keep the order of messages from different clients."""
     got: list[tuple[str, bytes]] = []
     deadline = asyncio.timeout(WAIT)
@@ -76,9 +76,9 @@ async def collect(sub: aiomqtt.Client, last_topic: str) -> list[tuple[str, bytes
         async with deadline:
             async for message in sub.messages:
                 got.append((message.topic.value, bytes(message.payload)))  # type: ignore[arg-type]
-                if message.topic.value == last_topic:
+                if sum(t == last_topic for t, _ in got) == n:
                     deadline.reschedule(asyncio.get_running_loop().time() + QUIET)
-    assert any(t == last_topic for t, _ in got), f"no message on {last_topic}: {got}"
+    assert sum(t == last_topic for t, _ in got) >= n, f"not {n} on {last_topic}: {got}"
     return sorted(got)
 
 
@@ -250,7 +250,7 @@ async def test_both_brokers_draw_the_size_line_in_the_same_place(
         async with client(broker, "3") as pub:
             await pub.publish(topic, fits, qos=1)
             await pub.publish(topic, slack, qos=1)
-        assert await collect(orch, topic) == sorted([(topic, fits), (topic, slack)])
+        assert await collect(orch, topic, 2) == sorted([(topic, fits), (topic, slack)])
         async with client(broker, "3") as pub:
             publishing = asyncio.create_task(pub.publish(topic, too_big, qos=1, timeout=WAIT))
             with pytest.raises(aiomqtt.MqttError, match="Disconnected"):
@@ -426,10 +426,19 @@ async def test_the_compose_config_runs_on_mosquitto() -> None:
     need_mosquitto()
     base = Path(tempfile.mkdtemp(prefix="privnet-compose-test-"))
     base.chmod(0o755)  # mosquitto started as root reads broker/ as user "mosquitto"
-    uid = pwd.getpwnam("mosquitto").pw_uid if os.geteuid() == 0 else None
+    root = os.geteuid() == 0
+    uid = pwd.getpwnam("mosquitto").pw_uid if root else None
     out = write_compose_files(
-        base / "c", CREDS, tls_hostnames=("broker",), mount=base / "c", broker_uid=uid
+        base / "c",
+        CREDS,
+        tls_hostnames=("broker",),
+        mount=base / "c",
+        broker_uid=uid,
+        client_uid=1000 if root else None,
     )
+    if root:
+        assert (out / "users" / "3.env").stat().st_uid == 1000
+        assert (out / "credentials.json").stat().st_uid == 1000
     port = free_port()
     conf = (out / "broker" / "mosquitto.conf").read_text()
     conf = conf.replace("listener 1883\n", f"listener {port} 127.0.0.1\n")
