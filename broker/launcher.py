@@ -36,7 +36,8 @@ import aiomqtt
 from agent.inbox import Inbox
 from agent.mqtt import BrokerAddress
 from agent.topics import MAX_PACKET_SIZE
-from broker.credentials import ClientAccess, Credentials, write_private
+from broker.access import ClientAccess
+from broker.credentials import Credentials, write_private
 from broker.tls import TLSFiles, make_tls
 
 Kind = Literal["mosquitto", "embedded", "external"]
