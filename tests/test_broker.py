@@ -26,13 +26,11 @@ from broker.launcher import (
     Broker,
     BrokerAddress,
     accepts,
-    acl_file,
     free_port,
     launch,
     mosquitto_config,
     read_sys_bytes,
     sys_bytes,
-    write_acl,
 )
 
 RUN = "run-1"
@@ -186,8 +184,6 @@ def test_launch_rejects_unknown_choices() -> None:
         launch("rabbitmq")
     with pytest.raises(ValueError, match="HOST:PORT"):
         launch("localhost:http")
-    with pytest.raises(ValueError, match="need mosquitto"):
-        launch("embedded", acl=acl_file(2, RUN))
 
 
 def test_unreachable_external_broker_is_a_clear_error() -> None:
@@ -231,68 +227,7 @@ async def test_sys_bytes_on_a_broker_without_sys_times_out() -> None:
             await read_sys_bytes(broker.address, timeout=0.5)
 
 
-# --- ACL ----------------------------------------------------------------------------------------
-
-
-async def test_acl_confines_each_agent_to_its_own_topics() -> None:
-    need_mosquitto()
-    async with (
-        launch("mosquitto", acl=acl_file(5, RUN)) as broker,
-        client(broker, username="orchestrator") as orch,
-        client(broker, username="3") as agent3,
-        client(broker, identifier="nonce1") as newcomer,
-    ):
-        for c in (orch, agent3, newcomer):
-            await c.subscribe(f"privnet/{RUN}/#")
-        await agent3.publish(T.peer_topic(RUN, 1, 3), b"3 to 1", qos=1)
-        await agent3.publish(T.peer_topic(RUN, 1, 4), b"3 posing as 4", qos=1)
-        await agent3.publish(T.ctl_up(RUN, 3), b"3 up", qos=1)
-        await agent3.publish(T.ctl_down(RUN, 3), b"3 forging control", qos=1)
-        await newcomer.publish(T.register_up(RUN, "nonce1"), b"hello", qos=1)
-        await newcomer.publish(T.register_up(RUN, "nonce2"), b"posing as nonce2", qos=1)
-        await newcomer.publish(T.peer_topic(RUN, 1, 0), b"anonymous model", qos=1)
-        for k in (3, 4):
-            await orch.publish(T.peer_topic(RUN, k, 1), f"1 to {k}".encode(), qos=1)
-        await orch.publish(T.register_down(RUN, "nonce2"), b"id for nonce2", qos=1)
-        await orch.publish(T.register_down(RUN, "nonce1"), b"id for nonce1", qos=1)
-        await orch.publish(T.ctl_down(RUN, "all"), b"end", qos=1)
-        await orch.publish(T.ctl_down(RUN, 3), b"end", qos=1)
-
-        seen_by_orch = await receive_until(orch, T.ctl_down(RUN, 3))
-        seen_by_3 = await receive_until(agent3, T.ctl_down(RUN, 3))
-        seen_by_new = await receive_until(newcomer, T.register_down(RUN, "nonce1"))
-        sys_counters = await read_sys_bytes(broker.address, username="orchestrator")
-
-    assert seen_by_orch == [
-        (T.peer_topic(RUN, 1, 3), b"3 to 1"),
-        (T.ctl_up(RUN, 3), b"3 up"),
-        (T.register_up(RUN, "nonce1"), b"hello"),
-        (T.peer_topic(RUN, 3, 1), b"1 to 3"),
-        (T.peer_topic(RUN, 4, 1), b"1 to 4"),
-        (T.register_down(RUN, "nonce2"), b"id for nonce2"),
-        (T.register_down(RUN, "nonce1"), b"id for nonce1"),
-        (T.ctl_down(RUN, "all"), b"end"),
-        (T.ctl_down(RUN, 3), b"end"),
-    ]
-    assert seen_by_3 == [
-        (T.peer_topic(RUN, 3, 1), b"1 to 3"),
-        (T.ctl_down(RUN, "all"), b"end"),
-        (T.ctl_down(RUN, 3), b"end"),
-    ]
-    assert seen_by_new == [(T.register_down(RUN, "nonce1"), b"id for nonce1")]
-    assert sys_counters["messages_received"] > 0, "the orchestrator may read $SYS"
-
-
-def test_acl_text_and_file(tmp_path: Path) -> None:
-    text = acl_file(2, RUN)
-    assert "user 1\n" in text and "user 2\n" not in text
-    assert f"topic write privnet/{RUN}/to/+/from/1\n" in text
-    assert f"topic read privnet/{RUN}/to/1/from/+\n" in text
-    assert write_acl(tmp_path / "acl", 2, RUN).read_text() == text
-    with pytest.raises(ValueError, match="at least 1 agent"):
-        acl_file(0, RUN)
-    with pytest.raises(ValueError, match="bad run name"):
-        acl_file(2, "a/#")
+# --- config ------------------------------------------------------------------------------------
 
 
 def test_shipped_config_and_generated_config() -> None:
@@ -309,8 +244,11 @@ def test_shipped_config_and_generated_config() -> None:
         "max_packet_size": str(T.MAX_PACKET_SIZE),
         "log_dest": "stderr",
     }
-    generated = mosquitto_config(4242, Path("/x/acl")).splitlines()
+    generated = mosquitto_config(
+        "4242 127.0.0.1", {"allow_anonymous": "false", "acl_file": "/x/acl"}
+    ).splitlines()
     assert "listener 4242 127.0.0.1" in generated and "listener 1883" not in generated
+    assert "allow_anonymous false" in generated and "allow_anonymous true" not in generated
     assert generated[-1] == "acl_file /x/acl"
 
 

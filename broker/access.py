@@ -1,0 +1,69 @@
+"""What one MQTT client needs to connect to a run's broker, and how it is handed over.
+
+The orchestrator gives each agent process its own `ClientAccess` through the environment
+(`to_env`: PRIVNET_MQTT_USERNAME, PRIVNET_MQTT_PASSWORD, PRIVNET_MQTT_CAFILE, PRIVNET_MQTT_TLS)
+and the agent rebuilds it (`from_env`). This module needs only the standard library and
+aiomqtt, so it can move to agent/ (which must not import broker/) as it is.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiomqtt
+
+ENV_USERNAME = "PRIVNET_MQTT_USERNAME"
+ENV_PASSWORD = "PRIVNET_MQTT_PASSWORD"
+ENV_CAFILE = "PRIVNET_MQTT_CAFILE"
+ENV_TLS = "PRIVNET_MQTT_TLS"
+
+
+@dataclass(frozen=True)
+class ClientAccess:
+    """What one MQTT client needs to connect: its user, and how to verify the broker.
+
+    An agent process rebuilds it from its environment (`from_env`).
+    """
+
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls: bool = False
+    ca_file: str | None = None
+    """PEM file of the CA that signed the broker's certificate; None with tls: system CAs."""
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for `aiomqtt.Client` (besides hostname and port). No client
+        identifier: the broker picks a random one (see `Broker.connect_options`)."""
+        kwargs: dict[str, Any] = {"username": self.username, "password": self.password}
+        if self.tls:
+            kwargs["tls_params"] = aiomqtt.TLSParameters(ca_certs=self.ca_file)
+        return kwargs
+
+    def to_env(self) -> dict[str, str]:
+        """Environment variables that hand this access to a child process (see `from_env`)."""
+        env = {ENV_TLS: "1" if self.tls else "0"}
+        for key, value in (
+            (ENV_USERNAME, self.username),
+            (ENV_PASSWORD, self.password),
+            (ENV_CAFILE, self.ca_file),
+        ):
+            if value is not None:
+                env[key] = value
+        return env
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ClientAccess:
+        """The access `to_env` wrote (default: os.environ); anonymous when none is set."""
+        env = os.environ if env is None else env
+        tls = env.get(ENV_TLS, "0")
+        if tls not in ("0", "1"):
+            raise ValueError(f"bad {ENV_TLS}={tls!r}: use 1 (TLS) or 0 (plain TCP)")
+        return cls(
+            username=env.get(ENV_USERNAME),
+            password=env.get(ENV_PASSWORD),
+            tls=tls == "1" or ENV_CAFILE in env,
+            ca_file=env.get(ENV_CAFILE),
+        )
