@@ -19,13 +19,16 @@ from agent.mqtt import AgentLaunch, run_agent
 
 
 def claim(directory: Path) -> AgentLaunch:
-    """The first launch file in `directory` no other process has claimed (O_EXCL lock)."""
+    """The first launch file in `directory` no other process has claimed (an O_EXCL marker);
+    read, then removed, so no replica started later can read another's secrets."""
     for path in sorted(directory.glob("agent-*.json"), key=lambda p: int(p.stem[6:])):
         try:
             os.close(os.open(path.with_suffix(".claimed"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             continue
-        return AgentLaunch.from_file(path)
+        launch = AgentLaunch.from_file(path)
+        path.unlink()
+        return launch
     raise ValueError(f"no unclaimed agent-<id>.json launch file in {directory}")
 
 

@@ -144,6 +144,11 @@ class AgentCore:
         """Who this agent is blocked on (for a clear error when a neighbour goes silent)."""
         if self.done:
             return []
+        if not self.started:  # before round 1, only key shares can be missing (local-ghp)
+            plans = [p for p in self.spec.steps if p.communicates]
+            if self.spec.scheme is not Scheme.LOCAL_GHP or not plans:
+                return []
+            return sorted(set().union(*(self._missing_keys(p) for p in plans)))
         plan = self.spec.steps[self.stage]
         if self.spec.scheme is Scheme.LOCAL_GHP and not self._keys_ready(plan):
             return sorted(self._missing_keys(plan))

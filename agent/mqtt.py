@@ -11,7 +11,6 @@ import asyncio
 import json
 import logging
 import os
-import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -21,6 +20,7 @@ from typing import Any, Protocol
 import aiomqtt
 
 from agent import keys, topics
+from agent.access import ClientAccess
 from agent.inbox import Inbox
 from agent.node import QOS, AgentNode, Launch, Output, Phase
 
@@ -51,24 +51,7 @@ class BrokerAddress:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
-@dataclass(frozen=True)
-class Access:
-    """How a client logs in to the broker: per-run credentials, and the CA for TLS."""
-
-    username: str | None = None
-    password: str | None = None
-    ca: str | None = None  # path of the run's CA certificate: TLS, broker verified
-
-    def client_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"username": self.username, "password": self.password}
-        if self.ca is not None:
-            kwargs["tls_params"] = aiomqtt.TLSParameters(
-                ca_certs=self.ca, cert_reqs=ssl.CERT_REQUIRED
-            )
-        return kwargs
-
-
-def client(broker: BrokerAddress, access: Access, **extra: Any) -> aiomqtt.Client:
+def client(broker: BrokerAddress, access: ClientAccess, **extra: Any) -> aiomqtt.Client:
     """An aiomqtt client as every privnet party connects: low latency, many in flight."""
     made = aiomqtt.Client(
         broker.host,
@@ -98,7 +81,8 @@ class AgentLaunch:
     token: str  # hex, 32 bytes
     username: str | None = None
     password: str | None = None
-    ca: str | None = None
+    tls: bool = False
+    ca_file: str | None = None  # the run's CA certificate (PEM): the broker is verified
 
     ENV = "PRIVNET_LAUNCH"  # the whole launch as JSON, in one variable
 
@@ -124,13 +108,13 @@ class AgentLaunch:
     def from_file(cls, path: Path) -> AgentLaunch:
         return cls.from_json(path.read_text(), str(path))
 
-    def parts(self) -> tuple[BrokerAddress, Launch, Access]:
+    def parts(self) -> tuple[BrokerAddress, Launch, ClientAccess]:
         identity = keys.PublicIdentity.from_bytes(bytes.fromhex(self.orchestrator))
         token = bytes.fromhex(self.token)
         if len(token) != 32:
             raise ValueError(f"token must be 32 bytes, got {len(token)}")
         launch = Launch(self.run, int(self.agent), identity, token)
-        access = Access(self.username, self.password, self.ca)
+        access = ClientAccess(self.username, self.password, self.tls, self.ca_file)
         return BrokerAddress.parse(self.broker), launch, access
 
 
@@ -186,7 +170,7 @@ def _log(out: Output, me: int) -> None:
         log.log(level, "agent %s %s %s", me, event.kind, event.detail)
 
 
-async def run_agent(broker: BrokerAddress, launch: Launch, access: Access) -> int:
+async def run_agent(broker: BrokerAddress, launch: Launch, access: ClientAccess) -> int:
     """Register, serve sessions until Bye (0), a failure (2) or a lost broker (3)."""
     node = AgentNode(launch, keys.Identity.generate())
     try:

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from pwdlib.hashers.argon2 import Argon2Hasher
 
+from agent.access import ClientAccess
 from agent.topics import run_filter
-from broker.access import ClientAccess
 
 ORCHESTRATOR = "orchestrator"
 INSPECTOR = "inspector"

@@ -33,10 +33,10 @@ from typing import Any, Literal, Self
 
 import aiomqtt
 
+from agent.access import ClientAccess
 from agent.inbox import Inbox
 from agent.mqtt import BrokerAddress
 from agent.topics import MAX_PACKET_SIZE
-from broker.access import ClientAccess
 from broker.credentials import Credentials, write_private
 from broker.tls import TLSFiles, make_tls
 

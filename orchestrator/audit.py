@@ -42,6 +42,7 @@ from rich.table import Table
 from scipy import stats
 
 from agent import control, topics, wire
+from agent.access import ClientAccess
 from agent.core import AgentCore, split_senders
 from agent.messages import KeyPlan, KeyShare, Message, Rejected
 from agent.mqtt import BrokerAddress
@@ -96,7 +97,8 @@ class WireTap:
     thousands of messages a round does not slow down (or starve) the run it watches.
     """
 
-    def __init__(self, address: BrokerAddress, run: str) -> None:
+    def __init__(self, address: BrokerAddress, run: str, access: ClientAccess) -> None:
+        """`access`: the run's read-only inspector (the ACL lets it read the whole run)."""
         self.address, self.run = address, run
         self.records: list[WireRecord] = []
         self.telemetry: list[np.ndarray] = []  # per session: the opened true models (iters, P, M)
@@ -106,6 +108,10 @@ class WireTap:
         self._client.on_message = self._on_message
         self._client.on_subscribe = lambda *_: self._subscribed.set()
         self._client.on_disconnect = self._on_disconnect
+        if access.username is not None:
+            self._client.username_pw_set(access.username, access.password)
+        if access.tls:
+            self._client.tls_set(ca_certs=access.ca_file)
 
     def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
         self.records.append(WireRecord(time.time(), message.topic, bytes(message.payload)))

@@ -41,7 +41,11 @@ def _experiment_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--edges", help="edge-list file for --topology file")
     parser.add_argument("--batch", type=int, help="minibatch size (default: full batch)")
     parser.add_argument("--rekey", choices=[str(r) for r in Rekey])
-    parser.add_argument("--seed", type=int)
+    parser.add_argument(
+        "--seed",
+        type=_seed,
+        help="data, graph and noise seed; `random` (or empty): a secret one, kept in summary.json",
+    )
     parser.add_argument("--out", type=Path, help="output directory (default runs/<name>-<time>)")
 
 
@@ -62,6 +66,15 @@ OVERRIDES = (
     "rekey",
     "seed",
 )
+
+
+def _seed(text: str) -> int | None:
+    if text.strip().lower() in ("", "random"):
+        return secrets.randbits(63)
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give an integer, or `random`") from None
 
 
 def experiment(args: argparse.Namespace, base: ExperimentConfig | None = None) -> ExperimentConfig:
@@ -127,6 +140,26 @@ def run(args: argparse.Namespace) -> int:
     config = experiment(args, base)
     out = out_dir(args, config, "run")
     return asyncio.run(run_network(config, args, out))
+
+
+def prepare(args: argparse.Namespace) -> int:
+    """Secrets for a compose run: broker users and ACL, the orchestrator's key, agent launches."""
+    from orchestrator.engines.net import prepare as write
+
+    write(
+        args.out,
+        args.agents,
+        args.run_name,
+        broker=args.broker,
+        tls_hostnames=tuple(args.hostname) if args.tls else None,
+        mount=args.mount,
+        broker_uid=args.broker_uid,
+        client_uid=args.client_uid,
+    )
+    console.print(
+        f"wrote the secrets of run {args.run_name!r} ({args.agents} agents) to {args.out}"
+    )
+    return 0
 
 
 def inspect(args: argparse.Namespace) -> int:
@@ -200,6 +233,20 @@ def main(argv: list[str] | None = None) -> int:
         "--agents of them to register (docker compose)",
     )
     p.add_argument(
+        "--tls",
+        action="store_true",
+        help="TLS to the broker: a per-run CA for a local broker (clients verify it)",
+    )
+    p.add_argument(
+        "--ca-file", type=Path, help="the CA certificate of an external broker (implies TLS)"
+    )
+    p.add_argument(
+        "--prepared",
+        type=Path,
+        metavar="RUN_JSON",
+        help="the run's secrets from `privnet prepare` (compose): key, tokens, credentials",
+    )
+    p.add_argument(
         "--launch-dir",
         type=Path,
         help="where --external-agents launch files go (default <out>/launch); secrets, 0600",
@@ -232,6 +279,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pcap", type=Path, help="audit this capture of the broker port instead")
     p.add_argument("--port", type=int, help="broker port in the pcap (default: the run's)")
     p.set_defaults(func=inspect)
+
+    p = sub.add_parser(
+        "prepare", help="write a run's secrets for a broker and agents started by compose"
+    )
+    p.add_argument("--out", type=Path, required=True, help="directory to write (created)")
+    p.add_argument("--agents", type=int, required=True)
+    p.add_argument("--run-name", required=True, help="topic namespace privnet/<run>/")
+    p.add_argument("--broker", default="broker:1883", help="HOST:PORT agents connect to")
+    p.add_argument("--tls", action="store_true", help="a per-run CA and a broker certificate")
+    p.add_argument("--hostname", action="append", default=[], help="the broker's name (TLS)")
+    p.add_argument("--mount", type=Path, default=Path("/privnet"), help="where --out is mounted")
+    p.add_argument("--broker-uid", type=int, help="owner of broker/ (1883 in eclipse-mosquitto)")
+    p.add_argument("--client-uid", type=int, help="owner of the clients' files (1000: privnet)")
+    p.set_defaults(func=prepare)
 
     p = sub.add_parser("overhead", help="what each privacy scheme costs on the wire")
     p.add_argument("--agents", type=int, default=30)

@@ -30,6 +30,7 @@ from agent.node import (
     Event,
     Output,
     Publish,
+    Traffic,
     hello_proof,
     setup_context,
     telemetry_context,
@@ -112,6 +113,8 @@ class Conductor:
         self.agents = agents
         self.stage = Stage.REGISTERING
         self.deliveries = Deliveries()
+        self.traffic = Traffic()  # what it published, as the agents count theirs
+        self.recipients = 0  # deliveries of what it published (a broadcast reaches everyone)
         self.registered: dict[int, _Agent] = {}
         self.results: list[SessionResult] = []
         self.failure = ""
@@ -334,7 +337,9 @@ class Conductor:
         if self.stage is Stage.CONFIGURING:
             missing = sorted(set(range(self.agents)) - self._ready)
             return f"waiting for Ready of agents {missing[:20]} ({self._label})"
-        lagging = np.flatnonzero(self.counts == self.counts.min()).tolist()
+        unfinished = [a for a in range(self.agents) if a not in self._finished]
+        low = self.counts[unfinished].min()  # those not finished that reported the least
+        lagging = [a for a in unfinished if self.counts[a] == low]
         return (
             f"running round {self.rounds_done + 1} ({self._label}); slowest agents: {lagging[:10]}"
         )
@@ -342,9 +347,10 @@ class Conductor:
     def _down(self, to: int | Literal["all"], msg: control.Control) -> Publish:
         self._seq += 1
         topic = topics.ctl_down(self.run, to)
-        return Publish(
-            topic, wire.encode_signed(msg, self.run, self._seq, self.identity), "control"
-        )
+        payload = wire.encode_signed(msg, self.run, self._seq, self.identity)
+        self.traffic.add("control", topic, payload)
+        self.recipients += self.agents if to == "all" else 1
+        return Publish(topic, payload, "control")
 
     def _fail(self, reason: str) -> Output:
         if self.stage in (Stage.FAILED, Stage.CLOSED):

@@ -9,7 +9,6 @@ the file fits a CI budget of about three minutes on two cores.
 import asyncio
 import contextlib
 import dataclasses
-import itertools
 import os
 import re
 import secrets
@@ -17,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +26,13 @@ import numpy as np
 import psutil
 import pytest
 
-from agent import control, topics, wire
+from agent import topics, wire
 from agent.control import Telemetry
 from agent.messages import Model
-from agent.mqtt import QOS
-from broker.launcher import Broker, BrokerAddress, launch
+from broker.credentials import INSPECTOR
+from broker.launcher import Broker, launch
 from orchestrator.cli import main
-from orchestrator.experiment.config import ExperimentConfig, with_overrides
-from orchestrator.experiment.problem import Problem
-from orchestrator.experiment.specs import agent_specs
+from orchestrator.engines.net import RunSecrets
 from orchestrator.report import load_summary, read_metrics
 
 pytestmark = pytest.mark.net
@@ -93,43 +90,18 @@ PER_CLIENT = 256  # CONNECT (14 B), 2-4 SUBSCRIBEs (< 60 B each), DISCONNECT, PI
 
 
 def not_counted_by_agents(summary: dict[str, Any]) -> tuple[int, int]:
-    """PUBLISH bytes and QoS-1 deliveries outside the agents' session counts: each agent's
-    Hello, the orchestrator's Welcome, Setups and Go (the counters are read before Bye).
-    Exact: they go through the real encoder, and their random parts (nonces, keys, session
-    ids) have fixed lengths."""
-    names = {f.name for f in dataclasses.fields(ExperimentConfig)}
-    settings = {k: v for k, v in summary["config"].items() if k in names}
-    config = with_overrides(ExperimentConfig(), settings)
-    problem, run, agents = Problem.build(config), summary["config"]["run"], config.agents
-    nonce, identity = secrets.token_bytes(16), secrets.token_bytes(64)
-    directory = dict.fromkeys(range(agents), identity)
-
-    def size(topic: str, msg: control.Control) -> int:
-        return topics.mqtt_publish_size(topic, len(wire.encode_control(msg)), QOS)
-
-    up, down = topics.register_up(run, nonce.hex()), topics.register_down(run, nonce.hex())
-    everyone = topics.ctl_down(run, "all")
-    sent = sum(
-        size(up, control.Hello(nonce, identity, p))
-        + size(down, control.Welcome(nonce, p, run, identity[:32]))
-        for p in range(agents)
-    )
-    sessions = 0
-    for strategy, scheme in itertools.product(config.strategies, config.schemes):
-        for repeat in range(config.repeats):
-            sessions += 1
-            specs = agent_specs(problem, strategy, scheme, repeat=repeat)
-            setups = (control.Setup(s, problem.spec(repeat), directory, 30.0, True) for s in specs)
-            sent += sum(size(down, setup) for setup in setups) + size(everyone, control.Go())
-    # Hello, Welcome: one delivery per agent; per session a Setup each, and Go to all
-    return sent, agents * (2 + 2 * sessions)
+    """PUBLISH bytes and QoS-1 deliveries outside the agents' session counts: what the
+    orchestrator published before the counters were read (Welcome, Setups, Go), as the
+    conductor tallied it, and how many deliveries that made."""
+    orchestrator = summary["config"]["orchestrator"]
+    return orchestrator["published_bytes"], orchestrator["deliveries_of_published"]
 
 
 @pytest.mark.usefixtures("needs_mosquitto")
 def test_agent_byte_counts_match_mosquitto_sys(net_run: Callable[[str], Path]) -> None:
-    """$SYS bytes_received = what the agents count (every PUBLISH of theirs in a session)
-    + what they cannot count (Hello) and what the orchestrator publishes + a PUBACK per QoS-1
-    delivery (an agent's message has exactly one subscriber) + per-client bookkeeping."""
+    """$SYS bytes_received = what the agents count (every PUBLISH of theirs, Hellos charged
+    to the first session) + what the orchestrator publishes + a PUBACK per QoS-1 delivery
+    (an agent's message has exactly one subscriber) + per-client bookkeeping."""
     summary = load_summary(net_run("mosquitto") / "summary.json")
     received = summary["config"]["broker_sys"]["bytes_received"]
     results = summary["results"]
@@ -140,7 +112,7 @@ def test_agent_byte_counts_match_mosquitto_sys(net_run: Callable[[str], Path]) -
     clients = summary["config"]["agents"] + 3  # the orchestrator and two $SYS readers
     print(
         f"\nagent PUBLISH bytes {sent} / $SYS bytes_received {received} = {sent / received:.4f}; "
-        f"orchestrator and Hellos {others}, PUBACKs {PUBACK * (messages + deliveries)}, "
+        f"orchestrator {others}, PUBACKs {PUBACK * (messages + deliveries)}, "
         f"unexplained {received - explained} (bound {PER_CLIENT * clients})"
     )
     assert 0 <= received - explained <= PER_CLIENT * clients
@@ -151,6 +123,31 @@ def test_agent_byte_counts_match_mosquitto_sys(net_run: Callable[[str], Path]) -
 
 ATTACK = ["--agents", "6", "--iters", "100", "--seed", "5", "--strategy", "atc", "--scheme", "ghp"]
 EXPECTED_REJECTIONS = {"malformed": 1, "oversized": 1, "bad-mac": 3, "stale": 1, "spoofed": 1}
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A run whose secrets the test holds: the broker it started, and the run file."""
+
+    broker: Broker
+    run_json: Path
+    secrets: RunSecrets
+
+    def flags(self) -> list[str]:
+        return ["--broker", str(self.broker.address), "--prepared", str(self.run_json)]
+
+    def client(self, user: str) -> aiomqtt.Client:
+        return aiomqtt.Client(**self.broker.connect_options(user))
+
+
+@contextlib.asynccontextmanager
+async def prepared(kind: str, run: str, agents: int, out: Path) -> AsyncIterator[Prepared]:
+    """A broker enforcing the run's credentials, and the run's secrets in a file."""
+    run_secrets = RunSecrets.generate(run, agents)
+    run_json = out / "run.json"
+    run_json.write_text(run_secrets.to_json())
+    async with launch(kind, credentials=run_secrets.credentials) as broker:
+        yield Prepared(broker, run_json, run_secrets)
 
 
 def peek(payload: bytes) -> tuple[str, dict[str, Any]]:
@@ -175,7 +172,7 @@ async def eavesdrop(
             if name == "model" and body["i"] == 1:
                 captured.setdefault(peer[1], {})[peer[2]] = (topic, payload, body)
             continue
-        report = wire.decode_control(payload)
+        report = wire.decode_signed(payload).msg  # signed, not secret
         assert isinstance(report, Telemetry)
         senders = captured.get(report.agent, {})
         if report.round >= 2 and len(senders) >= 2:
@@ -184,9 +181,10 @@ async def eavesdrop(
 
 
 def attacks(
-    run: str, victim: int, now: int, captured: dict[int, tuple[str, bytes, dict[str, Any]]]
-) -> list[tuple[str, bytes]]:
-    """What the attacker publishes into the victim's inbox, in EXPECTED_REJECTIONS order."""
+    victim: int, now: int, captured: dict[int, tuple[str, bytes, dict[str, Any]]]
+) -> tuple[int, list[tuple[str, bytes]]]:
+    """Whose credentials the attacker holds (neighbour m of the victim), and what it
+    publishes into the victim's inbox as m, in EXPECTED_REJECTIONS order."""
     m, other = sorted(captured)[:2]
     topic, replay, body = captured[m]
     step, wrong_key = body["j"], secrets.token_bytes(32)
@@ -195,7 +193,7 @@ def attacks(
         model = Model(sender=m, receiver=victim, round=now, step=step, vector=np.array(vector))
         return wire.encode_peer(model, wrong_key)
 
-    return [
+    return m, [
         (topic, b"\xc1 this is not msgpack"),  # malformed
         (topic, b"\x00" * (wire.MAX_PEER_BYTES + 1)),  # oversized
         (topic, forged([float("nan"), 0.0])),  # bad-mac: NaN never gets past the MAC
@@ -206,30 +204,32 @@ def attacks(
     ]
 
 
-def client(broker: Broker) -> aiomqtt.Client:
-    return aiomqtt.Client(broker.address.host, broker.address.port)
-
-
 async def test_injected_messages_are_counted_and_change_nothing(
     broker_kind: str, tmp_path: Path
 ) -> None:
+    """The broker operator reads everything (the inspector's view); an attacker holding a
+    neighbour's broker credentials injects into the victim's inbox."""
     run = f"attack-{broker_kind}"
     errors = tmp_path / "privnet.err"
-    async with launch(broker_kind) as broker, client(broker) as attacker:
-        await attacker.subscribe(f"{topics.PREFIX}/{run}/to/+/from/+", qos=1)
-        await attacker.subscribe(f"{topics.PREFIX}/{run}/telemetry/+", qos=1)
-        flags = [*ATTACK, "--broker", str(broker.address), "--run-name", run]
+    async with (
+        prepared(broker_kind, run, 6, tmp_path) as setup,
+        setup.client(INSPECTOR) as operator,
+    ):
+        await operator.subscribe(f"{topics.PREFIX}/{run}/to/+/from/+", qos=1)
+        await operator.subscribe(f"{topics.PREFIX}/{run}/telemetry/+", qos=1)
         with errors.open("w") as err:
             privnet = subprocess.Popen(
-                [*PRIVNET, *flags, "--out", str(tmp_path)],
+                [*PRIVNET, *ATTACK, *setup.flags(), "--out", str(tmp_path)],
                 stdout=subprocess.DEVNULL,
                 stderr=err,
             )
         with stopped(privnet):
             async with asyncio.timeout(60):
-                victim, now, captured = await eavesdrop(attacker)
-                for topic, payload in attacks(run, victim, now, captured):
-                    await attacker.publish(topic, payload, qos=1)
+                victim, now, captured = await eavesdrop(operator)
+                neighbour, frames = attacks(victim, now, captured)
+                async with setup.client(str(neighbour)) as attacker:
+                    for topic, payload in frames:
+                        await attacker.publish(topic, payload, qos=1)
                 code = await asyncio.to_thread(privnet.wait)
     assert code == 0, errors.read_text()
     (result,) = load_summary(tmp_path / "summary.json")["results"]
@@ -247,11 +247,11 @@ async def test_injected_messages_are_counted_and_change_nothing(
 LONG_RUN = ["--agents", "6", "--iters", "5000", "--deadline", "10", "--strategy", "atc"]
 
 
-def start_privnet(kind: str, out: Path, *flags: str) -> subprocess.Popen[bytes]:
+def start_privnet(broker: str, out: Path, *flags: str) -> subprocess.Popen[bytes]:
     """`privnet run` in its own process group (as a shell's foreground job), stderr to a file."""
     with (out / "privnet.err").open("w") as err:
         return subprocess.Popen(
-            [*PRIVNET, *LONG_RUN, "--broker", kind, "--out", str(out), *flags],
+            [*PRIVNET, *LONG_RUN, "--broker", broker, "--out", str(out), *flags],
             stdout=subprocess.DEVNULL,
             stderr=err,
             start_new_session=True,
@@ -305,42 +305,36 @@ def agent_process(procs: list[psutil.Process], agent: int) -> psutil.Process:
     return proc
 
 
-async def flood(
-    out: Path, topic: str, privnet: subprocess.Popen[bytes], going: asyncio.Event
-) -> int:
-    """Publish junk on `topic` every 50 ms until privnet exits (`going` is set after the
-    first few); how many went out."""
-    found = re.search(r"broker: \w+ at (\S+);", (out / "privnet.err").read_text())
-    assert found is not None, "privnet did not say where its broker listens"
-    address = BrokerAddress.parse(found.group(1))
+async def flood(attacker: aiomqtt.Client, topic: str, privnet: subprocess.Popen[bytes]) -> int:
+    """Publish junk on `topic` every 50 ms until privnet exits; how many went out."""
     sent = 0
-    with contextlib.suppress(aiomqtt.MqttError):  # the broker goes away with the run
-        async with aiomqtt.Client(address.host, address.port) as junk:
-            while privnet.poll() is None:
-                await junk.publish(topic, b"junk")
-                sent += 1
-                if sent == 5:
-                    going.set()
-                await asyncio.sleep(0.05)
+    with contextlib.suppress(aiomqtt.MqttError):  # the run may end first
+        while privnet.poll() is None:
+            await attacker.publish(topic, b"junk")
+            sent += 1
+            await asyncio.sleep(0.05)
     return sent
 
 
 async def test_killed_agent_fails_the_run_naming_it(broker_kind: str, tmp_path: Path) -> None:
-    """SIGKILL one agent: privnet names it and gives up within --deadline, also while junk
-    floods its registration topic (anyone may write there), and leaves no process behind."""
+    """SIGKILL one agent: privnet names it and gives up within --deadline, also while an
+    attacker with agent 3's credentials floods agent 3's upward topic with junk (junk does
+    not count as a sign of life), and leaves no process behind."""
     run = f"kill-{broker_kind}"
-    privnet = start_privnet(broker_kind, tmp_path, "--run-name", run)
-    with stopped(privnet):
-        family = await asyncio.to_thread(wait_for_rounds, privnet, tmp_path)
-        going = asyncio.Event()
-        junk_topic = topics.register_up(run, "junk")
-        junk = asyncio.create_task(flood(tmp_path, junk_topic, privnet, going))
-        await asyncio.wait_for(going.wait(), 30)
-        agent_process(family, 3).send_signal(signal.SIGKILL)
-        killed = time.monotonic()
-        code = await asyncio.to_thread(privnet.wait, 30)
-        took = time.monotonic() - killed
-        junked = await junk
+    async with prepared(broker_kind, run, 6, tmp_path) as setup:
+        privnet = start_privnet(
+            str(setup.broker.address), tmp_path, "--prepared", str(setup.run_json)
+        )
+        with stopped(privnet):
+            family = await asyncio.to_thread(wait_for_rounds, privnet, tmp_path)
+            async with setup.client("3") as attacker:
+                junk = asyncio.create_task(flood(attacker, topics.ctl_up(run, 3), privnet))
+                await asyncio.sleep(0.3)
+                agent_process(family, 3).send_signal(signal.SIGKILL)
+                killed = time.monotonic()
+                code = await asyncio.to_thread(privnet.wait, 30)
+                took = time.monotonic() - killed
+                junked = await junk
     stderr = (tmp_path / "privnet.err").read_text()
     assert code != 0
     assert junked >= 5

@@ -19,7 +19,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,10 +29,13 @@ import numpy as np
 from rich.progress import Progress, TaskID
 
 from agent import keys
+from agent.access import ClientAccess
 from agent.inbox import Inbox
-from agent.mqtt import QOS, Access, AgentLaunch, BrokerAddress, client, publish, pump
+from agent.mqtt import QOS, AgentLaunch, client, publish, pump
 from agent.node import Output
-from broker.launcher import Broker, launch, read_sys_bytes
+from agent.spec import ConfigError
+from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, write_private
+from broker.launcher import Broker, launch, read_sys_bytes, write_compose_files
 from orchestrator.conductor import Conductor, SessionResult, Stage
 from orchestrator.engines.memory import RunFailed
 from orchestrator.experiment.config import ExperimentConfig
@@ -104,38 +108,120 @@ def new_run_name() -> str:
     return f"run-{secrets.token_hex(4)}"
 
 
-def agent_launches(
-    broker: BrokerAddress,
-    run: str,
-    orchestrator: keys.Identity,
-    tokens: dict[int, bytes],
-    access: dict[int, Access],
-) -> dict[int, AgentLaunch]:
-    """What each agent is started with: never sent through the broker."""
-    public = orchestrator.public.to_bytes().hex()
-    return {
-        p: AgentLaunch(
-            str(broker),
+@dataclass
+class RunSecrets:
+    """What a run starts with and never sends through the broker: the orchestrator's key,
+    each agent's launch token, everyone's broker credentials.
+
+    `privnet run` makes them itself; for agents someone else starts (compose),
+    `privnet prepare` writes them to files first.
+    """
+
+    run: str
+    orchestrator: keys.Identity
+    tokens: dict[int, bytes]
+    credentials: Credentials
+
+    @classmethod
+    def generate(cls, run: str, agents: int) -> RunSecrets:
+        return cls(
             run,
-            p,
-            public,
-            token.hex(),
-            access[p].username,
-            access[p].password,
-            access[p].ca,
+            keys.Identity.generate(),
+            {p: secrets.token_bytes(32) for p in range(agents)},
+            Credentials.generate(run, agents),
         )
-        for p, token in tokens.items()
-    }
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "run": self.run,
+                "orchestrator": self.orchestrator.private_bytes().hex(),
+                "tokens": {str(p): t.hex() for p, t in self.tokens.items()},
+                "credentials": json.loads(self.credentials.to_json()),
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> RunSecrets:
+        try:
+            data = json.loads(text)
+            return cls(
+                data["run"],
+                keys.Identity.from_private_bytes(bytes.fromhex(data["orchestrator"])),
+                {int(p): bytes.fromhex(t) for p, t in data["tokens"].items()},
+                Credentials.from_json(json.dumps(data["credentials"])),
+            )
+        except (ValueError, KeyError, TypeError, keys.BadKey) as exc:
+            raise ConfigError(
+                f"{where} is not a privnet run file ({exc!r}): write one with `privnet prepare`"
+            ) from None
+
+    def launches(
+        self, broker: str, access: Callable[[str], ClientAccess]
+    ) -> dict[int, AgentLaunch]:
+        """What each agent is started with: never sent through the broker."""
+        public = self.orchestrator.public.to_bytes().hex()
+        out = {}
+        for p, token in self.tokens.items():
+            a = access(str(p))
+            out[p] = AgentLaunch(
+                broker,
+                self.run,
+                p,
+                public,
+                token.hex(),
+                a.username,
+                a.password,
+                a.tls,
+                a.ca_file,
+            )
+        return out
 
 
 def write_launches(directory: Path, launches: dict[int, AgentLaunch]) -> None:
-    """Launch files for agents started by someone else (compose): 0600, one per agent."""
+    """Launch files for agents started by someone else (compose): 0600, one per agent.
+    Whatever an earlier run left there (files, claims) goes first."""
     directory.mkdir(parents=True, exist_ok=True)
+    for stale in [*directory.glob("agent-*.json"), *directory.glob("agent-*.claimed")]:
+        stale.unlink()
     for p, agent_launch in launches.items():
-        path = directory / f"agent-{p}.json"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(json.loads(agent_launch.to_env()[AgentLaunch.ENV]), f)
+        write_private(directory / f"agent-{p}.json", agent_launch.to_env()[AgentLaunch.ENV])
+
+
+def prepare(
+    out: Path,
+    agents: int,
+    run: str,
+    *,
+    broker: str = "broker:1883",
+    tls_hostnames: tuple[str, ...] | None = None,
+    mount: Path = Path("/privnet"),
+    broker_uid: int | None = None,
+    client_uid: int | None = None,
+) -> RunSecrets:
+    """A run's secrets as files, for agents and a broker someone else starts (compose):
+    the broker's files (`write_compose_files`), `run.json` for the orchestrator and one
+    launch file per agent in `agents/` (claimed with `python -m agent --claim`)."""
+    run_secrets = RunSecrets.generate(run, agents)
+    write_compose_files(
+        out,
+        run_secrets.credentials,
+        tls_hostnames=tls_hostnames,
+        mount=mount,
+        broker_uid=broker_uid,
+        client_uid=client_uid,
+    )
+    ca = str(mount / "ca.crt") if tls_hostnames is not None else None
+
+    def access(user: str) -> ClientAccess:
+        return run_secrets.credentials.access(user, tls=ca is not None, ca_file=ca)
+
+    write_private(out / "run.json", run_secrets.to_json())
+    write_launches(out / "agents", run_secrets.launches(broker, access))
+    if client_uid is not None:
+        for path in [out / "run.json", out / "agents", *(out / "agents").iterdir()]:
+            os.chown(path, client_uid, client_uid)
+    return run_secrets
 
 
 def curve_of(problem: Problem, strategy: str, scheme: str, results: list[SessionResult]) -> Curve:
@@ -181,35 +267,43 @@ async def run_network(config: ExperimentConfig, args: argparse.Namespace, out: P
 
 async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: Path) -> int:
     problem = Problem.build(config)
-    run = args.run_name or new_run_name()
-    broker = launch(args.broker)
+    if args.prepared is not None:
+        run_secrets = RunSecrets.from_json(args.prepared.read_text(), str(args.prepared))
+        if run_secrets.credentials.agents != config.agents:
+            raise ConfigError(
+                f"{args.prepared} is for {run_secrets.credentials.agents} agents, the run has "
+                f"{config.agents}: prepare it again with --agents {config.agents}"
+            )
+    else:
+        run_secrets = RunSecrets.generate(args.run_name or new_run_name(), config.agents)
+    run = run_secrets.run
+    broker = launch(
+        args.broker, credentials=run_secrets.credentials, tls=args.tls, ca_file=args.ca_file
+    )
     pool: AgentPool | None = None
     try:
         broker.start()
         where = "external agents" if args.external_agents else f"agent logs in {out}/logs"
         console.print(f"broker: {broker.kind} at {broker.address}; run {run}; {where}")
-        orchestrator = keys.Identity.generate()
-        tokens = {p: secrets.token_bytes(32) for p in range(config.agents)}
         conductor = Conductor(
             run,
-            orchestrator,
-            tokens,
+            run_secrets.orchestrator,
+            run_secrets.tokens,
             session_plans(problem, session_list(config)),
             deadline=args.deadline,
             telemetry=not args.no_telemetry,
         )
-        access = {p: Access() for p in tokens}
-        launches = agent_launches(broker.address, run, orchestrator, tokens, access)
-        if args.external_agents:
+        launches = run_secrets.launches(str(broker.address), broker.access)
+        if args.external_agents and args.prepared is None:
             write_launches(args.launch_dir or out / "launch", launches)
-        else:
+        if not args.external_agents:
             pool = AgentPool(out / "logs")
         tap = None
         if args.audit:
             from orchestrator.audit import WireTap  # scipy & co. only when auditing
 
-            tap = WireTap(broker.address, run)
-        return await _drive(problem, broker, conductor, pool, launches, Access(), out, tap)
+            tap = WireTap(broker.address, run, broker.access(INSPECTOR))
+        return await _drive(problem, broker, conductor, pool, launches, out, tap)
     except RunFailed as exc:
         console.print(f"[red]run failed:[/red] {exc}")
         return 1
@@ -225,7 +319,6 @@ async def _drive(
     conductor: Conductor,
     pool: AgentPool | None,
     launches: dict[int, AgentLaunch],
-    access: Access,
     out: Path,
     tap: WireTap | None = None,
 ) -> int:
@@ -238,7 +331,7 @@ async def _drive(
     """
     c = problem.config
     sys_before = await _sys(broker)
-    async with client(broker.address, access) as mqtt, Inbox(mqtt) as inbox:
+    async with client(broker.address, broker.access(ORCHESTRATOR)) as mqtt, Inbox(mqtt) as inbox:
         try:
             async with tap or contextlib.nullcontext():  # the audit's tap, before any agent
                 for topic in conductor.subscriptions:
@@ -257,7 +350,7 @@ async def _drive(
                 "broker": broker.kind,
                 "run": conductor.run,
                 "seed": c.seed,
-                "deliveries": _deliveries(conductor),
+                "orchestrator": _orchestrator(conductor),
             }
             if sys_before is not None and (sys_after := await _sys(broker)) is not None:
                 extra["broker_sys"] = {k: sys_after[k] - sys_before[k] for k in sys_after}
@@ -316,10 +409,18 @@ def _curves(problem: Problem, results: list[SessionResult]) -> list[Curve]:
     return curves
 
 
-def _deliveries(conductor: Conductor) -> dict[str, Any]:
-    """What the orchestrator received and did not use, by reason (agents report theirs)."""
+def _orchestrator(conductor: Conductor) -> dict[str, Any]:
+    """What the orchestrator received and did not use, by reason (agents report theirs in
+    each result's `rejected`), and what it published before Bye."""
     d = conductor.deliveries
-    return {"received": d.received, "used": d.used, "rejected": dict(d.rejected)}
+    return {
+        "received": d.received,
+        "used": d.used,
+        "rejected": dict(d.rejected),
+        "published_bytes": conductor.traffic.bytes["control"],
+        "published_messages": conductor.traffic.messages["control"],
+        "deliveries_of_published": conductor.recipients,
+    }
 
 
 class _Show:
@@ -370,5 +471,5 @@ async def _sys(broker: Broker) -> dict[str, int] | None:
     if broker.kind != "mosquitto":
         return None
     with contextlib.suppress(TimeoutError, aiomqtt.MqttError):
-        return await read_sys_bytes(broker.address)
+        return await read_sys_bytes(broker.address, access=broker.access(ORCHESTRATOR))
     return None

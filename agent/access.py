@@ -3,7 +3,7 @@
 The orchestrator gives each agent process its own `ClientAccess` through the environment
 (`to_env`: PRIVNET_MQTT_USERNAME, PRIVNET_MQTT_PASSWORD, PRIVNET_MQTT_CAFILE, PRIVNET_MQTT_TLS)
 and the agent rebuilds it (`from_env`). This module needs only the standard library and
-aiomqtt, so it can move to agent/ (which must not import broker/) as it is.
+aiomqtt, so agent processes and the broker launcher share it.
 """
 
 from __future__ import annotations
