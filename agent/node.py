@@ -15,6 +15,7 @@ fits the phase; anything else is dropped and counted under exactly one reason
 
 from __future__ import annotations
 
+import builtins
 import hmac
 from collections import Counter
 from collections.abc import Callable
@@ -115,7 +116,7 @@ class Traffic:
     bytes: Counter[str] = field(default_factory=Counter)
     messages: Counter[str] = field(default_factory=Counter)
 
-    def add(self, category: str, topic: str, payload: bytes) -> None:
+    def add(self, category: str, topic: str, payload: builtins.bytes) -> None:  # not the field
         self.bytes[category] += topics.mqtt_publish_size(topic, len(payload), QOS)
         self.messages[category] += 1
 
@@ -205,9 +206,14 @@ class AgentNode:
             deadline = self.session.config.deadline
             if now - self._since >= deadline:
                 core = self.session.core
+                awaited = (  # keyed: only Go is missing, and it is the orchestrator's
+                    "Go from the orchestrator"
+                    if self.phase is Phase.KEYED
+                    else f"agents {core.waiting_for()}"
+                )
                 return self._fail(
                     f"agent {self.me}: nothing received for {deadline:.0f} s in round "
-                    f"{core.round} ({self.phase}); waiting for agents {core.waiting_for()} "
+                    f"{core.round} ({self.phase}); waiting for {awaited} "
                     "(crashed or disconnected?)"
                 )
         elif self.phase in (Phase.REGISTERED, Phase.FINISHED) and now - self._since >= IDLE_TIMEOUT:

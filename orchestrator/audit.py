@@ -262,13 +262,15 @@ class SessionWire:
 
 
 def split_sessions(records: Iterable[WireRecord], run: str, dim: int) -> list[SessionWire]:
-    """Peer traffic between consecutive Go broadcasts, decoded without any key."""
-    go_topic = topics.ctl_down(run, "all")
+    """Peer traffic of each session, decoded without any key. A session begins with its
+    first Setup, not its Go: local-ghp agents agree their keys in between."""
+    down = topics.ctl_down(run, "all").removesuffix("all")
     sessions: list[SessionWire] = []
     for rec in records:
-        if rec.topic == go_topic:
+        if rec.topic.startswith(down):
             with contextlib.suppress(Rejected):  # signed, not secret: anyone can read it
-                if isinstance(wire.decode_signed(rec.payload).msg, control.Go):
+                msg = wire.decode_signed(rec.payload).msg
+                if isinstance(msg, control.Setup) and msg.session >= len(sessions):
                     sessions.append(SessionWire())
             continue
         peer = topics.parse_peer_topic(rec.topic)

@@ -275,10 +275,21 @@ def test_filters_select_exactly_their_topics(run: str, other: str, k: int, j: in
     assert topic_matches_sub(T.inbox_filter(run, k), T.peer_topic(run, j, m)) == (k == j)
     assert topic_matches_sub(T.run_filter(other), T.peer_topic(run, k, m)) == (other == run)
     others = [T.ctl_down(run, m), T.ctl_down(run, "all"), T.ctl_up(run, m), T.telemetry(run, m)]
-    for topic in [*others, T.register_up(run, other), T.register_down(run, other)]:
+    for topic in others:
         assert topic_matches_sub(T.run_filter(run), topic)
         assert T.parse_peer_topic(topic) is None
         assert not topic_matches_sub(T.inbox_filter(run, k), topic)
+    for topic in (T.ctl_up(run, m), T.telemetry(run, m)):
+        assert T.parse_up_topic(topic) == (run, m)
+        assert any(topic_matches_sub(f, topic) for f in T.up_filters(run))
+    for topic in (T.ctl_down(run, m), T.peer_topic(run, k, m)):
+        assert T.parse_up_topic(topic) is None
+        assert not any(topic_matches_sub(f, topic) for f in T.up_filters(run))
+    # privnet's own matcher (the in-memory Router's) agrees with paho's, filter by filter
+    filters = [T.run_filter(run), T.inbox_filter(run, k), *T.up_filters(run), "#", "privnet/+"]
+    for f in filters:
+        for topic in [*others, T.peer_topic(run, j, m), T.peer_topic(other, k, m)]:
+            assert T.matches(f, topic) == topic_matches_sub(f, topic), (f, topic)
 
 
 def test_topic_layout() -> None:
@@ -288,8 +299,7 @@ def test_topic_layout() -> None:
     assert T.ctl_down("r", 0) == "privnet/r/ctl/down/0"
     assert T.ctl_up("r", 4) == "privnet/r/ctl/up/4"
     assert T.telemetry("r", 4) == "privnet/r/telemetry/4"
-    assert T.register_up("r", "n1") == "privnet/r/ctl/up/new/n1"
-    assert T.register_down("r", "n1") == "privnet/r/ctl/down/new/n1"
+    assert T.up_filters("r") == ["privnet/r/ctl/up/+", "privnet/r/telemetry/+"]
     assert T.run_filter("r") == "privnet/r/#"
 
 

@@ -28,7 +28,7 @@ from pwdlib import PasswordHash
 from pwdlib.hashers.argon2 import Argon2Hasher
 
 from agent import topics as T
-from broker.access import ClientAccess
+from agent.access import ClientAccess
 from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, acl_rules
 from broker.launcher import (
     Broker,

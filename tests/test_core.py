@@ -1,15 +1,18 @@
-"""The sans-IO agent core (agent/core.py), driven by the memory router and by hand.
+"""The sans-IO agent core (agent/core.py): whole sessions and single cores.
 
-No sockets: cores run through orchestrator.engines.memory.route (wrapped to log the wire) or
-through `drive` below, a FIFO router like route that can edit, drop or inject messages.
+Whole sessions run on the memory engine (conductor and agent nodes on its one Router, the
+frames the MQTT shells would publish), with observed cores; attacks tamper with, drop or
+inject frames in flight there, and the receiving node must count each bad delivery. Tests
+of one core's logic hand it messages directly.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import pairwise
 from typing import Any
 
@@ -19,15 +22,18 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from agent import keys, rng
+from agent import keys, rng, topics, wire
 from agent.core import AgentCore, Seat, split_senders
 from agent.losses import LeastSquares
 from agent.messages import KeyPlan, KeyShare, Message, Model, Rejected, Report
+from agent.node import AgentNode, Publish
 from agent.spec import STEPS, STRATEGY_STEP, ConfigError, Rekey, Scheme, StepPlan, Strategy
-from orchestrator.engines.memory import build_cores, route
+from agent.wire import Peer
+from orchestrator.engines.memory import Network
 from orchestrator.experiment import topology
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
+from orchestrator.experiment.specs import agent_specs, session_plans
 
 SEED = 7
 ROUNDS = 5
@@ -85,42 +91,132 @@ def assert_same_trajectory(got: np.ndarray, want: np.ndarray, rel: float = REL) 
     assert err <= rel * np.max(np.abs(want)), f"trajectories differ by {err:.3g}"
 
 
-# ---- recording runs through memory.route --------------------------------------------------
-
-
-class Tap:
-    """A core as memory.route sees it, logging every message the core emits."""
-
-    def __init__(self, core: AgentCore, wire: list[Message]) -> None:
-        self.core, self.wire = core, wire
-
-    @property
-    def me(self) -> int:
-        return self.core.me
-
-    @property
-    def done(self) -> bool:
-        return self.core.done
-
-    def start(self) -> list[Message]:
-        return self._log(self.core.start())
-
-    def receive(self, msg: Message) -> list[Message]:
-        return self._log(self.core.receive(msg))
-
-    def _log(self, out: list[Message]) -> list[Message]:
-        self.wire.extend(out)
-        return out
+# ---- whole sessions on the memory engine ----------------------------------------------------
 
 
 @dataclass
-class Trace:
-    """A run's wire, and what each agent kept off it: (agent, round) -> (value, self-term)."""
+class Notes:
+    """What the observed cores of one session noted."""
 
-    cores: list[AgentCore]
-    models: np.ndarray  # (rounds, P, M): w after every round, from the Reports
-    wire: list[Message]
+    # (agent, round) -> (the value it privatized, the self-term it kept)
     kept: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    refused: list[Exception] = field(default_factory=list)  # raised by receive, in order
+
+
+class Observed(AgentCore):
+    """An AgentCore that notes what it privatizes, the self-term it keeps, what it refuses."""
+
+    def __init__(self, *args: Any, notes: Notes) -> None:
+        super().__init__(*args)
+        self.notes = notes
+
+    def _send(self, plan: StepPlan) -> list[Message]:
+        value = self.value.copy()
+        out = super()._send(plan)
+        self.notes.kept[(self.me, self.round)] = (value, self._inbox[self.position][self.me])
+        return out
+
+    def receive(self, msg: Message) -> list[Message]:
+        try:
+            return super().receive(msg)
+        except (Rejected, keys.BadKey) as exc:
+            self.notes.refused.append(exc)
+            raise
+
+
+class Session:
+    """One session on the memory engine: the conductor and a node per agent on one Router,
+    with observed cores; `wire` is every peer message the agents published, as delivered
+    and read by an eavesdropper (edited in flight, if it was; "injected" frames left out)."""
+
+    def __init__(self, problem: Problem, strategy: Strategy, scheme: Scheme) -> None:
+        self.dim = problem.config.dim
+        self.notes = Notes()
+        self.wire: list[Peer] = []
+        self.models = np.zeros(0)
+        plans = session_plans(problem, [(strategy, scheme, 0)])
+        self.network = Network.build(plans, core=partial(Observed, notes=self.notes), tap=self._tap)
+        self.router = self.network.router
+
+    def _tap(self, publisher: str, frame: Publish) -> None:
+        msg = self.peer(frame)
+        if msg is not None:
+            self.wire.append(msg)
+
+    def peer(self, frame: Publish) -> Peer | None:
+        """The peer message an agent published in `frame` (None for anything else)."""
+        if frame.category == "injected" or topics.parse_peer_topic(frame.topic) is None:
+            return None
+        return wire.peek_peer(frame.payload, self.dim)
+
+    @property
+    def nodes(self) -> list[AgentNode]:
+        return self.network.nodes
+
+    def core(self, p: int) -> AgentCore:
+        session = self.nodes[p].session
+        assert session is not None
+        return session.core
+
+    @property
+    def cores(self) -> list[AgentCore]:
+        return [self.core(p) for p in range(len(self.nodes))]
+
+    def play(self) -> np.ndarray:
+        """The session to its end: the true models (rounds, P, M) from the sealed telemetry."""
+        (result,) = self.network.play()
+        self.models = result.models
+        return self.models
+
+    def stall(self) -> None:
+        """Deliver all there is, for a session that cannot finish."""
+        self.network.start()
+        self.router.drain()
+
+    def rejected(self) -> list[dict[str, int]]:
+        """Per node, the deliveries it refused, by reason; every delivery is counted."""
+        parties = [*self.nodes, self.network.conductor]
+        assert [p.deliveries.uncounted for p in parties] == [0] * len(parties)
+        return [dict(node.deliveries.rejected) for node in self.nodes]
+
+    def frame(self, receiver: int, msg: Message) -> bytes:
+        """`msg` as its sender frames it for `receiver`: MACed with their link key (a Report,
+        which no agent sends to a peer, as the plain frame telemetry seals)."""
+        if isinstance(msg, Report):
+            return wire.encode_report(msg)
+        session = self.nodes[receiver].session
+        assert session is not None
+        return wire.encode_peer(msg, session.link_keys[msg.sender])
+
+    def drop(self, lost: Callable[[Peer], bool]) -> None:
+        """Lose every peer frame whose message is `lost` in flight."""
+
+        def edit(publisher: str, frame: Publish) -> Publish | None:
+            msg = self.peer(frame)
+            return None if msg is not None and lost(msg) else frame
+
+        self.router.edit = edit
+
+    def inject_once(
+        self, when: Callable[[Peer, AgentCore], bool], make: Callable[[Peer, AgentCore], Message]
+    ) -> list[int]:
+        """At the first peer frame in flight that `when` matches (given its receiver's core),
+        deliver what `make` builds in its place, as its sender would frame it; the genuine
+        frame comes after all queued so far. Returns the receiver hit, once it is."""
+        hit: list[int] = []
+
+        def edit(publisher: str, frame: Publish) -> Publish:
+            msg = self.peer(frame)
+            if hit or msg is None or not when(msg, core := self.core(msg.receiver)):
+                return frame
+            hit.append(msg.receiver)
+            self.router.inject(frame.topic, frame.payload, publisher)
+            bad = make(msg, core)
+            topic = topics.peer_topic(self.nodes[msg.receiver].run, msg.receiver, bad.sender)
+            return Publish(topic, self.frame(msg.receiver, bad), "injected")
+
+        self.router.edit = edit
+        return hit
 
     def sent(self) -> dict[tuple[int, int, int], np.ndarray]:
         """(sender, receiver, round) -> vector of every Model on the wire."""
@@ -129,84 +225,27 @@ class Trace:
         }
 
 
-def keep_self_terms(core: AgentCore, kept: dict) -> None:
-    """Record the value a core privatizes and the self-term it keeps, before it combines."""
-    send = core._send
-
-    def recording(plan: StepPlan) -> list[Message]:
-        value = core.value.copy()
-        out = send(plan)
-        kept[(core.me, core.round)] = (value, core._inbox[core.position][core.me].copy())
-        return out
-
-    core._send = recording  # type: ignore[method-assign]
+def played(problem: Problem, strategy: Strategy, scheme: Scheme) -> Session:
+    session = Session(problem, strategy, scheme)
+    session.play()
+    return session
 
 
-def trace(problem: Problem, strategy: Strategy, scheme: Scheme) -> Trace:
-    cores = build_cores(problem, strategy, scheme, 0)
-    c = problem.config
-    result = Trace(cores, np.zeros((c.iters, c.agents, c.dim)), [])
-    for core in cores:
-        keep_self_terms(core, result.kept)
-
-    def on_report(report: Report) -> None:
-        result.models[report.round - 1, report.sender] = report.w
-
-    route([Tap(core, result.wire) for core in cores], on_report)  # type: ignore[misc]
-    return result
+# ---- single cores ---------------------------------------------------------------------------
 
 
-# ---- a router that can tamper --------------------------------------------------------------
-
-Edit = Callable[[Message], Message | None]
-Inject = Callable[[Message, AgentCore], list[Message]]
-
-
-@dataclass
-class Outcome:
-    models: np.ndarray
-    rejected: list[str]  # reasons of the injected messages, in order
-
-
-def drive(
-    cores: list[AgentCore], *, edit: Edit | None = None, inject: Inject | None = None
-) -> Outcome:
-    """FIFO delivery like memory.route. `edit` rewrites or drops (None) each message before
-    delivery; `inject` returns bad messages to hand the receiver right after a delivery,
-    each of which must raise Rejected. Stops when the queue is empty, done or not."""
-    spec = cores[0].spec
-    outcome = Outcome(np.zeros((spec.rounds, spec.agents, spec.dim)), [])
-    queue: deque[Message] = deque()
-    for core in cores:
-        queue.extend(core.start())
-    while queue:
-        msg = queue.popleft()
-        if edit is not None and (msg := edit(msg)) is None:
-            continue
-        if isinstance(msg, Report):
-            outcome.models[msg.round - 1, msg.sender] = msg.w
-            continue
-        target = cores[msg.receiver]
-        queue.extend(target.receive(msg))
-        for bad in inject(msg, target) if inject else []:
-            with pytest.raises(Rejected) as info:
-                target.receive(bad)
-            outcome.rejected.append(info.value.reason)
-    return outcome
-
-
-def once(when: Callable[[Message, AgentCore], bool], make: Inject) -> Inject:
-    """An Inject that fires at the first delivery matching `when`."""
-    fired = False
-
-    def inject(msg: Message, core: AgentCore) -> list[Message]:
-        nonlocal fired
-        if fired or not when(msg, core):
-            return []
-        fired = True
-        return make(msg, core)
-
-    return inject
+def cores(problem: Problem, strategy: Strategy, scheme: Scheme) -> list[AgentCore]:
+    """One core per agent with fresh identities, for tests of one core at a time."""
+    specs = agent_specs(problem, strategy, scheme)
+    identities = [keys.Identity.generate() for _ in specs]
+    directory = {p: identity.public for p, identity in enumerate(identities)}
+    data = problem.spec(0)
+    return [
+        AgentCore(
+            s, LeastSquares.from_spec(data, s.agent, s.agents), identities[s.agent], directory
+        )
+        for s in specs
+    ]
 
 
 # ---- construction -------------------------------------------------------------------------
@@ -214,7 +253,7 @@ def once(when: Callable[[Message, AgentCore], bool], make: Inject) -> Inject:
 
 def test_core_rejects_inconsistent_construction() -> None:
     problem = geometric(4)
-    spec = build_cores(problem, Strategy.ATC, Scheme.NONE, 0)[0].spec
+    spec = cores(problem, Strategy.ATC, Scheme.NONE)[0].spec
     loss = LeastSquares(np.ones((3, spec.dim + 1)), np.ones(3), 0.0)
     with pytest.raises(ValueError, match="loss has dim"):
         AgentCore(spec, loss)
@@ -225,7 +264,7 @@ def test_core_rejects_inconsistent_construction() -> None:
 
 def test_scheme_given_as_text_runs_that_scheme() -> None:
     """A spec built with "none" must not fall through to ghp's noisy branch."""
-    core = build_cores(geometric(4), Strategy.ATC, Scheme.GHP, 0)[0]
+    core = cores(geometric(4), Strategy.ATC, Scheme.GHP)[0]
     spec = dataclasses.replace(core.spec, scheme="none", rekey="every-round")  # type: ignore[arg-type]
     assert spec.scheme is Scheme.NONE and spec.rekey is Rekey.EVERY_ROUND
     plain = AgentCore(spec, core.loss)
@@ -244,7 +283,7 @@ def test_one_model_per_out_neighbour_and_one_report_per_round(
     strategy: Strategy, scheme: Scheme
 ) -> None:
     problem = geometric(8, iters=3)
-    run = trace(problem, strategy, scheme)
+    run = played(problem, strategy, scheme)
     for core in run.cores:
         assert [p.step for p in core.spec.steps if p.communicates] == [step_of(strategy)]
     models = [m for m in run.wire if isinstance(m, Model)]
@@ -253,9 +292,10 @@ def test_one_model_per_out_neighbour_and_one_report_per_round(
     a = weights(problem, strategy)
     want = {(m, k, i) for k in range(8) for m in senders(a, k) for i in (1, 2, 3)}
     assert per_link.keys() == want and set(per_link.values()) == {1}
-    reports = Counter((r.sender, r.round) for r in run.wire if isinstance(r, Report))
-    assert reports == {(p, i): 1 for p in range(8) for i in (1, 2, 3)}
-    assert all(core.done and not core.counters.rejected for core in run.cores)
+    # Every agent reported every round, once: the conductor refuses a second report.
+    assert run.models.shape == (3, 8, problem.config.dim) and not np.isnan(run.models).any()
+    assert run.rejected() == [{}] * 8 and not run.network.conductor.deliveries.rejected
+    assert all(core.done for core in run.cores)
 
 
 @pytest.mark.parametrize("strategy", list(Strategy))
@@ -264,7 +304,7 @@ def test_start_of_local_ghp_hub_announces_one_key_plan_per_in_neighbour(
 ) -> None:
     problem = problem_on(nx.lollipop_graph(4, 3))  # a clique, then a tail ending in a leaf
     a = weights(problem, strategy)
-    for core in build_cores(problem, strategy, Scheme.LOCAL_GHP, 0):
+    for core in cores(problem, strategy, Scheme.LOCAL_GHP):
         out = core.start()
         assert all(isinstance(m, KeyPlan) for m in out), "no keys or models before the plans"
         assert Counter(m.receiver for m in out) == Counter(senders(a, core.me))
@@ -278,7 +318,7 @@ def test_start_of_local_ghp_hub_announces_one_key_plan_per_in_neighbour(
 def test_start_without_keys_sends_round_one(scheme: Scheme) -> None:
     problem = geometric(6)
     a = weights(problem, Strategy.CONSENSUS)
-    for core in build_cores(problem, Strategy.CONSENSUS, scheme, 0):
+    for core in cores(problem, Strategy.CONSENSUS, scheme):
         out = core.start()
         assert all(isinstance(m, Model) and (m.round, m.step) == (1, 0) for m in out)
         assert sorted(m.receiver for m in out) == [
@@ -316,8 +356,8 @@ def test_local_ghp_masks_cancel_at_every_hub(
     graph: nx.Graph, rule: str, strategy: Strategy
 ) -> None:
     problem = problem_on(graph, rule, iters=3)
-    masked = trace(problem, strategy, Scheme.LOCAL_GHP)
-    clear = trace(problem, strategy, Scheme.NONE)
+    masked = played(problem, strategy, Scheme.LOCAL_GHP)
+    clear = played(problem, strategy, Scheme.NONE)
     got, want = masked.sent(), clear.sent()
     assert got.keys() == want.keys()
     for link, vector in got.items():
@@ -326,9 +366,11 @@ def test_local_ghp_masks_cancel_at_every_hub(
     for k in range(problem.config.agents):
         others = senders(a, k)
         for i in range(1, problem.config.iters + 1):
-            value, own = masked.kept[(k, i)]
+            value, own = masked.notes.kept[(k, i)]
             lhs = a[k, k] * own + sum(a[m, k] * got[(m, k, i)] for m in others)
-            rhs = a[k, k] * clear.kept[(k, i)][1] + sum(a[m, k] * want[(m, k, i)] for m in others)
+            rhs = a[k, k] * clear.notes.kept[(k, i)][1] + sum(
+                a[m, k] * want[(m, k, i)] for m in others
+            )
             scale = a[k, k] * np.linalg.norm(own) + sum(
                 a[m, k] * np.linalg.norm(got[(m, k, i)]) for m in others
             )
@@ -366,12 +408,12 @@ def _noise_table(core: AgentCore, round_: int) -> np.ndarray:
 def test_ghp_noise_is_graph_homomorphic(graph: nx.Graph, rule: str, strategy: Strategy) -> None:
     """sum_p q_p a_mp (message_mp - x_m) = 0 per sender m, with the self-term it keeps."""
     problem = problem_on(graph, rule, iters=3)
-    run = trace(problem, strategy, Scheme.GHP)
+    run = played(problem, strategy, Scheme.GHP)
     got, a, q, c = run.sent(), weights(problem, strategy), problem.q, problem.config
     for m in range(c.agents):
         receivers = senders(a.T, m)
         for i in range(1, c.iters + 1):
-            x, own = run.kept[(m, i)]
+            x, own = run.notes.kept[(m, i)]
             noise = {k: got[(m, k, i)] - x for k in receivers} | {m: own - x}
             residual = sum(q[k] * a[m, k] * g for k, g in noise.items())
             scale = sum(q[k] * a[m, k] * np.linalg.norm(g) for k, g in noise.items())
@@ -389,12 +431,12 @@ def test_ghp_noise_is_graph_homomorphic(graph: nx.Graph, rule: str, strategy: St
 @pytest.mark.parametrize("strategy", list(Strategy))
 def test_random_noise_differs_per_receiver_and_comes_from_rng(strategy: Strategy) -> None:
     problem = geometric(8, iters=3)
-    run = trace(problem, strategy, Scheme.RANDOM)
+    run = played(problem, strategy, Scheme.RANDOM)
     got, a = run.sent(), weights(problem, strategy)
     for m in range(8):
         receivers = senders(a.T, m)
         for i in (1, 2, 3):
-            x, own = run.kept[(m, i)]
+            x, own = run.notes.kept[(m, i)]
             np.testing.assert_array_equal(own, x)  # no noise on the self-term
             table = _noise_table(run.cores[m], i)
             for k in receivers:
@@ -414,28 +456,58 @@ def _slot(msg: Model) -> tuple[int, int]:
     return (msg.round, STEPS.index(msg.step))
 
 
+def _replay(msg: Model, core: AgentCore) -> Model:
+    """A replay of a model that core holds for msg's slot, from another sender."""
+    held = core._inbox[_slot(msg)]
+    sender = min(set(held) - {core.me, msg.sender})
+    return dataclasses.replace(msg, sender=sender, vector=held[sender])
+
+
+# Each made in place of a genuine model that its receiver accepts, so at round msg.round - 1
+# or msg.round, and holding another sender's model for that slot.
 BAD_MODELS: dict[str, Callable[[Model, AgentCore], Message]] = {
     "wrong-receiver": lambda msg, core: dataclasses.replace(
         msg, receiver=(msg.receiver + 1) % core.spec.agents
     ),
     "not-neighbour": lambda msg, core: dataclasses.replace(msg, sender=_stranger(core, msg.step)),
-    "stale": lambda msg, core: dataclasses.replace(msg, round=core.round - 1),
-    "duplicate": lambda msg, core: msg,  # a replay of the message just delivered
-    "ahead": lambda msg, core: dataclasses.replace(msg, round=core.round + 2),
+    "stale": lambda msg, core: dataclasses.replace(msg, round=msg.round - 2),
+    "duplicate": _replay,
+    "ahead": lambda msg, core: dataclasses.replace(msg, round=msg.round + 2),
     "shape": lambda msg, core: dataclasses.replace(msg, vector=np.zeros(core.spec.dim + 1)),
     "non-finite": lambda msg, core: dataclasses.replace(msg, vector=np.full(core.spec.dim, np.nan)),
     "schema": lambda msg, core: Report(sender=msg.sender, round=msg.round, w=msg.vector),
 }
 
 
-def _mid_run(msg: Message, core: AgentCore) -> bool:
-    """A Model of INJECT_ROUND whose slot the receiver still holds (so a replay is a
-    duplicate), at an agent that has a non-neighbour."""
+@pytest.mark.parametrize("reason", list(BAD_MODELS))
+def test_core_itself_rejects_a_bad_model(reason: str) -> None:
+    """The core's own checks, behind the wire's (which catch shape, non-finite, schema and
+    wrong-receiver first): a neighbour's model for round 1, then a bad one made from the
+    model another neighbour is about to send."""
+    problem = geometric()
+    step = step_of(Strategy.ATC)
+    core = next(
+        c
+        for c in cores(problem, Strategy.ATC, Scheme.NONE)
+        if 2 <= len(c.spec.plan(step).senders(c.me)) < c.spec.agents - 1
+    )
+    core.start()
+    first, second = core.spec.plan(step).senders(core.me)[:2]
+    assert core.receive(Model(first, core.me, 1, step, np.ones(core.spec.dim))) == []
+    upcoming = Model(second, core.me, 1, step, np.ones(core.spec.dim))
+    with pytest.raises(Rejected) as info:
+        core.receive(BAD_MODELS[reason](upcoming, core))
+    assert info.value.reason == reason
+
+
+def _mid_run(msg: Peer, core: AgentCore) -> bool:
+    """A Model of INJECT_ROUND, at an agent that has a non-neighbour and holds another
+    sender's model for that slot (to replay)."""
     return (
         isinstance(msg, Model)
         and msg.round == INJECT_ROUND
-        and core.position <= _slot(msg)
         and len(core.spec.plan(msg.step).weights_in) < core.spec.agents
+        and bool(set(core._inbox.get(_slot(msg), {})) - {core.me})
     )
 
 
@@ -443,52 +515,44 @@ def _mid_run(msg: Message, core: AgentCore) -> bool:
 @pytest.mark.parametrize("reason", list(BAD_MODELS))
 def test_bad_model_is_rejected_counted_and_harmless(reason: str, scheme: Scheme) -> None:
     problem = geometric()
-    clean = drive(build_cores(problem, Strategy.ATC, scheme, 0))
-    cores = build_cores(problem, Strategy.ATC, scheme, 0)
-    hit: list[int] = []
-
-    def make(msg: Message, core: AgentCore) -> list[Message]:
-        hit.append(core.me)
-        return [BAD_MODELS[reason](msg, core)]  # type: ignore[arg-type]
-
-    outcome = drive(cores, inject=once(_mid_run, make))
-    assert outcome.rejected == [reason]
-    assert [c.counters.rejected for c in cores] == [
-        {reason: 1} if c.me in hit else {} for c in cores
-    ]
-    assert all(c.done for c in cores)
+    clean = played(problem, Strategy.ATC, scheme).models
+    run = Session(problem, Strategy.ATC, scheme)
+    hit = run.inject_once(_mid_run, BAD_MODELS[reason])  # type: ignore[arg-type]
+    models = run.play()
+    assert len(hit) == 1
+    assert run.rejected() == [{reason: 1} if p in hit else {} for p in range(10)]
+    assert all(c.done for c in run.cores)
     if scheme is Scheme.RANDOM:
-        np.testing.assert_array_equal(outcome.models, clean.models)
+        np.testing.assert_array_equal(models, clean)
     else:
-        assert_same_trajectory(outcome.models, clean.models)
+        assert_same_trajectory(models, clean)
 
 
 # ---- 6. key agreement -----------------------------------------------------------------------
 
 
-def _relayed(msg: Message) -> bool:
+def _relayed(msg: Peer) -> bool:
     return isinstance(msg, KeyShare) and msg.sender == msg.hub != msg.owner
 
 
 class KeySwap:
-    """Hub `hub` replaces every key it relays with one of its own (a man in the middle)."""
+    """Hub `hub` forges every key it relays (a man in the middle): its own ephemeral key,
+    re-signed by itself or under the owner's signature; the genuine share follows it."""
 
-    def __init__(self, cores: list[AgentCore], hub: int, resign: bool) -> None:
-        self.cores, self.hub, self.resign = cores, hub, resign
+    def __init__(self, run: Session, hub: int, resign: bool) -> None:
+        self.run, self.hub, self.resign = run, hub, resign
         self.swapped: list[KeyShare] = []
 
-    def __call__(self, msg: Message) -> Message | None:
-        if not (_relayed(msg) and msg.sender == self.hub):
-            return msg
-        assert isinstance(msg, KeyShare)
+    def __call__(self, publisher: str, frame: Publish) -> Publish:
+        msg = self.run.peer(frame)
+        if not (isinstance(msg, KeyShare) and _relayed(msg) and msg.sender == self.hub):
+            return frame
         evil = keys.Ephemeral.generate()
         signature = msg.signature
         if self.resign:
-            hub = self.cores[self.hub]
-            assert hub.identity is not None
             signature = keys.sign_share(
-                hub.identity,
-                hub.spec.session,
+                self.run.nodes[self.hub].identity,
+                self.run.core(self.hub).spec.session,
                 msg.owner,
                 msg.hub,
                 msg.partner,
@@ -497,46 +561,68 @@ class KeySwap:
                 evil,
             )
         self.swapped.append(msg)
-        return dataclasses.replace(msg, public=evil.public, signature=signature)
+        self.run.router.inject(frame.topic, frame.payload)
+        forged = dataclasses.replace(msg, public=evil.public, signature=signature)
+        return dataclasses.replace(frame, payload=self.run.frame(msg.partner, forged))
 
 
 @pytest.mark.parametrize("resign", [True, False], ids=["re-signed", "owner-signature"])
-def test_hub_that_swaps_a_relayed_key_is_caught_by_the_partner(resign: bool) -> None:
+def test_hub_that_swaps_a_relayed_key_is_caught_counted_and_harmless(resign: bool) -> None:
+    """The partner refuses the forged key ("bad-key") without storing it, so the genuine
+    share, which comes after it, still completes the pair and the run goes on."""
     problem = geometric()
-    cores = build_cores(problem, Strategy.ATC, Scheme.LOCAL_GHP, 0)
+    clean = played(problem, Strategy.ATC, Scheme.NONE).models
     a = weights(problem, Strategy.ATC)
     hub = next(k for k in range(10) if len(senders(a, k)) >= 2)
-    swap = KeySwap(cores, hub, resign)
-    with pytest.raises(keys.BadKey) as info:
-        drive(cores, edit=swap)
-    first = swap.swapped[0]
-    who = f"key of agent {first.owner} relayed by hub {hub} for agent {first.partner}"
-    assert who in str(info.value) and "signature" in str(info.value)
-    assert not cores[first.partner].counters.rejected  # an attack stops the run, not a count
+    run = Session(problem, Strategy.ATC, Scheme.LOCAL_GHP)
+    swap = KeySwap(run, hub, resign)
+    run.router.edit = swap
+    models = run.play()
+    assert swap.swapped
+    forged = Counter(msg.partner for msg in swap.swapped)
+    assert run.rejected() == [{"bad-key": forged[p]} if p in forged else {} for p in range(10)]
+    assert len(run.notes.refused) == len(swap.swapped)
+    for msg, refusal in zip(swap.swapped, run.notes.refused, strict=True):
+        who = f"key of agent {msg.owner} relayed by hub {hub} for agent {msg.partner}"
+        assert isinstance(refusal, keys.BadKey)
+        assert who in str(refusal) and "signature" in str(refusal)
+    assert_same_trajectory(models, clean)
 
 
 def _partners(core: AgentCore, hub: int, step: int) -> tuple[int, ...]:
     return core._seats[(hub, step)].partners
 
 
-def _foreign_share(cores: list[AgentCore], msg: KeyShare, core: AgentCore) -> KeyShare:
+def _foreign_share(run: Session, msg: KeyShare, core: AgentCore) -> KeyShare:
     """A correctly signed key share from an agent that is not core's partner at msg.hub."""
     x = min(set(range(core.spec.agents)) - {core.me, *_partners(core, msg.hub, msg.step)})
-    assert cores[x].identity is not None
     eph = keys.Ephemeral.generate()
     signature = keys.sign_share(
-        cores[x].identity, core.spec.session, x, msg.hub, core.me, msg.step, msg.epoch, eph
+        run.nodes[x].identity, core.spec.session, x, msg.hub, core.me, msg.step, msg.epoch, eph
     )
     return dataclasses.replace(msg, owner=x, public=eph.public, signature=signature)
 
 
-BAD_SHARES: dict[str, Callable[[list[AgentCore], KeyShare, AgentCore], Message]] = {
+def _held_share(run: Session, core: AgentCore) -> KeyShare | None:
+    """The last key share delivered to core whose key it holds (to replay), if any."""
+    held = [
+        m
+        for m in run.wire
+        if isinstance(m, KeyShare)
+        and m.receiver == m.partner == core.me
+        and (m.epoch, m.hub, m.step, m.owner) in core._partner_keys
+    ]
+    return held[-1] if held else None
+
+
+# Each made in place of a genuine relayed share, as BAD_MODELS are.
+BAD_SHARES: dict[str, Callable[[Session, KeyShare, AgentCore], Message | None]] = {
     "not-neighbour": _foreign_share,
-    "spoofed": lambda cores, msg, core: dataclasses.replace(msg, sender=msg.owner),
-    "duplicate": lambda cores, msg, core: msg,
-    "wrong-receiver": lambda cores, msg, core: dataclasses.replace(msg, receiver=msg.owner),
-    "stale": lambda cores, msg, core: dataclasses.replace(msg, epoch=core.round - 1),
-    "ahead": lambda cores, msg, core: dataclasses.replace(msg, epoch=core.round + 2),
+    "spoofed": lambda run, msg, core: dataclasses.replace(msg, sender=msg.owner),
+    "duplicate": lambda run, msg, core: _held_share(run, core),
+    "wrong-receiver": lambda run, msg, core: dataclasses.replace(msg, receiver=msg.owner),
+    "stale": lambda run, msg, core: dataclasses.replace(msg, epoch=msg.epoch - 2),
+    "ahead": lambda run, msg, core: dataclasses.replace(msg, epoch=msg.epoch + 2),
 }
 
 
@@ -544,55 +630,53 @@ BAD_SHARES: dict[str, Callable[[list[AgentCore], KeyShare, AgentCore], Message]]
 def test_bad_key_share_at_the_partner_is_rejected_and_harmless(reason: str) -> None:
     """Every-round re-keying, so epochs move and a stale epoch exists mid-run."""
     problem = geometric(rekey=Rekey.EVERY_ROUND)
-    clean = drive(build_cores(problem, Strategy.CTA, Scheme.NONE, 0))
-    cores = build_cores(problem, Strategy.CTA, Scheme.LOCAL_GHP, 0)
+    clean = played(problem, Strategy.CTA, Scheme.NONE).models
+    run = Session(problem, Strategy.CTA, Scheme.LOCAL_GHP)
 
-    def when(msg: Message, core: AgentCore) -> bool:
-        # ... and the partner has not finished that round, so a replay is a duplicate
-        return _relayed(msg) and msg.epoch == INJECT_ROUND >= core.round  # type: ignore[union-attr]
+    def when(msg: Peer, core: AgentCore) -> bool:
+        # ... at a partner still in that epoch, that holds a key share to replay
+        return (
+            _relayed(msg)
+            and msg.epoch == INJECT_ROUND >= core.round  # type: ignore[union-attr]
+            and _held_share(run, core) is not None
+        )
 
-    def make(msg: Message, core: AgentCore) -> list[Message]:
-        return [BAD_SHARES[reason](cores, msg, core)]  # type: ignore[arg-type]
-
-    outcome = drive(cores, inject=once(when, make))
-    assert outcome.rejected == [reason]
-    assert sum(sum(c.counters.rejected.values()) for c in cores) == 1
-    assert all(c.done for c in cores)
-    assert_same_trajectory(outcome.models, clean.models)
+    hit = run.inject_once(when, partial(BAD_SHARES[reason], run))  # type: ignore[arg-type]
+    models = run.play()
+    assert run.rejected() == [{reason: 1} if p in hit else {} for p in range(10)]
+    assert len(hit) == 1 and all(c.done for c in run.cores)
+    assert_same_trajectory(models, clean)
 
 
 def test_hub_refuses_to_relay_for_agents_it_did_not_pair() -> None:
     problem = geometric()
-    cores = build_cores(problem, Strategy.ATC, Scheme.LOCAL_GHP, 0)
-    clean = drive(build_cores(problem, Strategy.ATC, Scheme.NONE, 0))
+    clean = played(problem, Strategy.ATC, Scheme.NONE).models
+    run = Session(problem, Strategy.ATC, Scheme.LOCAL_GHP)
 
-    def when(msg: Message, core: AgentCore) -> bool:
+    def when(msg: Peer, core: AgentCore) -> bool:
         return isinstance(msg, KeyShare) and msg.receiver == msg.hub != msg.owner
 
-    def make(msg: Message, hub: AgentCore) -> list[Message]:
+    def make(msg: Peer, hub: AgentCore) -> Message:
         share: KeyShare = msg  # type: ignore[assignment]
-        owner = cores[share.owner]
-        paired = _partners(owner, hub.me, share.step)
+        paired = _partners(run.core(share.owner), hub.me, share.step)
         unpaired = min(set(range(10)) - {share.owner, hub.me, *paired})
-        assert owner.identity is not None
         eph = keys.Ephemeral.generate()
         signature = keys.sign_share(
-            owner.identity,
-            owner.spec.session,
-            owner.me,
+            run.nodes[share.owner].identity,
+            hub.spec.session,
+            share.owner,
             hub.me,
             unpaired,
             share.step,
             share.epoch,
             eph,
         )
-        return [
-            dataclasses.replace(share, partner=unpaired, public=eph.public, signature=signature)
-        ]
+        return dataclasses.replace(share, partner=unpaired, public=eph.public, signature=signature)
 
-    outcome = drive(cores, inject=once(when, make))
-    assert outcome.rejected == ["not-neighbour"]
-    assert_same_trajectory(outcome.models, clean.models)
+    hit = run.inject_once(when, make)
+    models = run.play()
+    assert run.rejected() == [{"not-neighbour": 1} if p in hit else {} for p in range(10)]
+    assert_same_trajectory(models, clean)
 
 
 def _distinct_partners(problem: Problem, strategy: Strategy, p: int) -> set[int]:
@@ -619,16 +703,15 @@ def _relays(problem: Problem, strategy: Strategy, k: int) -> int:
 @pytest.mark.parametrize("rekey", list(Rekey))
 def test_rekey_counts_agreements_and_keeps_the_trajectory(graph: nx.Graph, rekey: Rekey) -> None:
     problem = problem_on(graph, rekey=rekey)
-    clean = drive(build_cores(problem, Strategy.ATC, Scheme.NONE, 0))
-    cores = build_cores(problem, Strategy.ATC, Scheme.LOCAL_GHP, 0)
-    outcome = drive(cores)
+    clean = played(problem, Strategy.ATC, Scheme.NONE).models
+    run = played(problem, Strategy.ATC, Scheme.LOCAL_GHP)
     epochs = ROUNDS if rekey is Rekey.EVERY_ROUND else 1
-    for core in cores:
+    for core in run.cores:
         assert core.counters.agreements == epochs * len(
             _distinct_partners(problem, Strategy.ATC, core.me)
         )
         assert core.counters.relayed == epochs * _relays(problem, Strategy.ATC, core.me)
-    assert_same_trajectory(outcome.models, clean.models)
+    assert_same_trajectory(run.models, clean)
 
 
 # ---- 7. waiting_for --------------------------------------------------------------------------
@@ -636,31 +719,27 @@ def test_rekey_counts_agreements_and_keeps_the_trajectory(graph: nx.Graph, rekey
 
 def test_waiting_for_names_the_silent_neighbour() -> None:
     problem = geometric()
-    cores = build_cores(problem, Strategy.ATC, Scheme.NONE, 0)
+    run = Session(problem, Strategy.ATC, Scheme.NONE)
     a = weights(problem, Strategy.ATC)
     silent = 0
-
-    def edit(msg: Message) -> Message | None:
-        return None if isinstance(msg, Model) and msg.sender == silent and msg.round >= 2 else msg
-
-    drive(cores, edit=edit)
+    run.drop(lambda msg: isinstance(msg, Model) and msg.sender == silent and msg.round >= 2)
+    run.stall()
     listeners = [k for k in range(10) if k != silent and a[silent, k] > 0]
     assert listeners
     for k in listeners:
-        assert not cores[k].done and cores[k].position == (2, STEPS.index(2))
-        assert cores[k].waiting_for() == [silent]
+        core = run.core(k)
+        assert not core.done and core.position == (2, STEPS.index(2))
+        assert core.waiting_for() == [silent]
 
 
 def test_waiting_for_names_the_partner_whose_key_never_came() -> None:
     problem = geometric()
-    cores = build_cores(problem, Strategy.ATC, Scheme.LOCAL_GHP, 0)
+    run = Session(problem, Strategy.ATC, Scheme.LOCAL_GHP)
     silent = 0
-
-    def edit(msg: Message) -> Message | None:
-        return None if isinstance(msg, KeyShare) and msg.owner == silent else msg
-
-    drive(cores, edit=edit)
+    run.drop(lambda msg: isinstance(msg, KeyShare) and msg.owner == silent)
+    run.stall()
     partners = {p for p in range(10) if silent in _distinct_partners(problem, Strategy.ATC, p)}
     assert partners
     for p in partners:
-        assert cores[p].round == 1 and silent in cores[p].waiting_for()
+        core = run.core(p)
+        assert core.round == 1 and silent in core.waiting_for()

@@ -136,8 +136,10 @@ def compose_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeRun
         build = _run([*base, "build"], env, BUILD_TIMEOUT)
         build_s = time.perf_counter() - start
         assert build.returncode == 0, f"image build failed:\n{build.stdout[-4000:]}"
-        created = _run([*base, "up", "--no-start"], env, 300)  # the bridge, to tap it first
-        assert created.returncode == 0, f"`up --no-start` failed:\n{created.stdout[-4000:]}"
+        # The one-shot secrets service first: it creates the bridge, to tap it before the run
+        # (`up --no-start` would wait forever for a dependency that must complete).
+        created = _run([*base, "up", "--no-color", "secrets"], env, 300)
+        assert created.returncode == 0, f"`up secrets` failed:\n{created.stdout[-4000:]}"
         pcap = tmp_path_factory.mktemp("capture") / "bridge.pcap" if capture_tools() else None
         capture = tcpdump(pcap, 1883, _bridge(project)) if pcap else contextlib.nullcontext()
         start = time.perf_counter()

@@ -20,6 +20,8 @@ from agent import keys, wire
 from agent.control import (
     Abort,
     Bye,
+    Config,
+    Control,
     Failed,
     Finished,
     Go,
@@ -40,6 +42,9 @@ DIM = 2
 SESSION = bytes.fromhex("00112233445566778899aabbccddeeff")
 Edit = Callable[[dict[Any, Any]], None]
 FUZZ = settings(derandomize=True, max_examples=150, deadline=None)
+RUN = "paper-regression"
+SIGNER = keys.Identity.generate()  # the run's orchestrator (or an agent's identity)
+OTHER_SIGNER = keys.Identity.generate()
 
 
 def decode(data: bytes, **overrides: Any) -> Any:
@@ -124,21 +129,43 @@ def problem() -> RegressionSpec:
     )
 
 
-def setup() -> Setup:
+def config() -> Config:
     directory = {PEER: bytes(range(64)), 11: bytes(range(64, 128))}
-    return Setup(agent_spec(), problem(), directory, deadline=1.7e9 + 0.125, telemetry=True)
+    return Config(agent_spec(), problem(), directory, deadline=1.7e9 + 0.125, telemetry=True)
 
 
 # ---- crafting payloads ----
 
 
 def frame(
-    name: str, body: Any, *, key: bytes | None = KEY, version: Any = 1, raw_body: bool = False
+    name: str,
+    body: Any,
+    *,
+    key: bytes | None = KEY,
+    version: Any = 1,
+    raw_body: bool = False,
+    mac: bytes | None = None,
 ) -> bytes:
-    """A frame with arbitrary contents, MACed with `key` (or no MAC) like a real sender would."""
+    """A frame with arbitrary contents, MACed with `key` (or no MAC) like a real sender would;
+    `mac` puts those bytes in the MAC slot instead (a signature, right or wrong)."""
     packed = body if raw_body else msgpack.packb(body)
-    mac = b"" if key is None else hmac.new(key, name.encode() + packed, "sha256").digest()[:16]
+    if mac is None:
+        mac = b"" if key is None else hmac.new(key, name.encode() + packed, "sha256").digest()[:16]
     return msgpack.packb([version, name, packed, mac])
+
+
+def signed(
+    name: str,
+    body: Any,
+    *,
+    raw_body: bool = False,
+    version: Any = 1,
+    signer: keys.Identity = SIGNER,
+) -> bytes:
+    """A control frame with arbitrary contents, validly signed as `encode_signed` signs."""
+    packed = body if raw_body else msgpack.packb(body)
+    statement = wire.SIGN_TAG + name.encode() + b"\0" + packed
+    return frame(name, packed, raw_body=True, version=version, mac=signer.sign(statement))
 
 
 def split(data: bytes) -> tuple[str, dict[Any, Any], bytes]:
@@ -153,6 +180,13 @@ def edited(data: bytes, edit: Edit, key: bytes | None = KEY) -> bytes:
     return frame(name, body, key=key)
 
 
+def resigned(data: bytes, edit: Edit) -> bytes:
+    """The signed control frame `data` with its body changed by `edit`, signed again."""
+    name, body, _ = split(data)
+    edit(body)
+    return signed(name, body)
+
+
 def set_in(path: tuple[Any, ...], value: Any) -> Edit:
     def edit(body: dict[Any, Any]) -> None:
         target = body
@@ -165,6 +199,10 @@ def set_in(path: tuple[Any, ...], value: Any) -> Edit:
 
 def drop(key: str) -> Edit:
     return lambda body: body.pop(key)
+
+
+def drop_in(outer: str, key: str) -> Edit:
+    return lambda body: body[outer].pop(key)
 
 
 GOOD = wire.encode_peer(model(), KEY)
@@ -232,76 +270,172 @@ def test_any_float_array_is_sent_as_little_endian_float64() -> None:
     assert back.vector.flags.writeable
 
 
-@pytest.mark.parametrize(
-    "msg",
-    [
-        Hello(nonce=bytes(16), identity=bytes(range(64)), requested_id=None),
-        Hello(nonce=bytes(16), identity=bytes(range(64)), requested_id=12),
-        Welcome(nonce=bytes(range(16)), agent=12, run="paper-regression", orchestrator_key=KEY),
-        Ready(agent=12),
-        Go(),
-        Bye(),
-        Abort(reason="agent 4 failed: out of memory"),
-        Telemetry(agent=12, round=999, sealed=bytes(range(200))),
-        Finished(
-            agent=12,
-            rejected={"bad-mac": 2, "stale": 0},
-            bytes={"model": 123456, "keys": 789, "control": 10, "telemetry": 2**40},
-            messages={"model": 3000},
-            wall=12.345678901234567,
-        ),
-        Finished(agent=0, rejected={}, bytes={}, messages={}, wall=0.0),
-        Failed(agent=12, reason="broker went away"),
-    ],
+CONTROL_MESSAGES: list[Control] = [
+    Hello(agent=12, identity=bytes(range(64)), proof=bytes(range(32))),
+    Welcome(agent=12),
+    Setup(agent=12, session=2**64 - 1, sealed=bytes(range(200))),
+    Ready(agent=12, session=0),
+    Go(session=3),
+    Bye(),
+    Abort(reason="agent 4 failed: out of memory"),
+    Telemetry(agent=12, session=1, round=999, sealed=bytes(range(200))),
+    Finished(
+        agent=12,
+        session=4,
+        rejected={"bad-mac": 2, "stale": 0},
+        bytes={"model": 123456, "keys": 789, "control": 10, "telemetry": 2**40},
+        messages={"model": 3000},
+        wall=12.345678901234567,
+    ),
+    Finished(agent=0, session=0, rejected={}, bytes={}, messages={}, wall=0.0),
+    Failed(agent=12, reason="broker went away"),
+]
+
+
+def open_signed(data: bytes, signer: keys.Identity = SIGNER) -> wire.SignedFrame:
+    """Decode and verify, as the conductor and the nodes do."""
+    got = wire.decode_signed(data)
+    got.verify(signer.public, "the signer")
+    return got
+
+
+@pytest.mark.parametrize("msg", CONTROL_MESSAGES, ids=lambda m: type(m).__name__)
+def test_signed_roundtrip(msg: Control) -> None:
+    got = open_signed(wire.encode_signed(msg, RUN, 2**64 - 1, SIGNER))
+    assert (got.run, got.seq, bits(got.msg)) == (RUN, 2**64 - 1, bits(msg))
+    assert len(got.signature) == wire.SIGNATURE_BYTES
+
+
+@pytest.mark.parametrize("msg", CONTROL_MESSAGES, ids=lambda m: type(m).__name__)
+def test_signed_frame_signed_by_another_key_fails_verify(msg: Control) -> None:
+    got = wire.decode_signed(wire.encode_signed(msg, RUN, 1, OTHER_SIGNER))
+    with pytest.raises(Rejected) as caught:
+        got.verify(SIGNER.public, "the run's orchestrator")
+    assert caught.value.reason == "bad-signature"
+    assert f"{type(msg).__name__} is not signed by the run's orchestrator" in caught.value.detail
+
+
+TAMPERINGS = [
+    pytest.param(set_in(("run",), "other-run"), id="run"),
+    pytest.param(set_in(("seq",), 8), id="seq"),
+    pytest.param(set_in(("msg", "agent"), 3), id="agent"),
+    pytest.param(set_in(("msg", "reason"), "broker went away!"), id="reason"),
+]
+
+
+@pytest.mark.parametrize("edit", TAMPERINGS)
+def test_signature_covers_run_sequence_number_and_message(edit: Edit) -> None:
+    """Any edit of the signed body under the old signature: decodes, then fails verify."""
+    good = wire.encode_signed(Failed(12, "broker went away"), RUN, 7, SIGNER)
+    name, body, signature = split(good)
+    edit(body)
+    tampered = wire.decode_signed(frame(name, body, mac=signature))
+    assert (tampered.run, tampered.seq, tampered.msg) != (RUN, 7, Failed(12, "broker went away"))
+    with pytest.raises(Rejected, match="bad-signature"):
+        tampered.verify(SIGNER.public, "agent 12")
+
+
+control_ids = st.integers(0, wire.ID_LIMIT - 1)
+counts = st.integers(0, wire.COUNT_LIMIT - 1)
+texts = st.text(max_size=50)
+blobs = st.binary(max_size=100)
+tallies = st.dictionaries(st.text(max_size=12), counts, max_size=4)
+finite = st.floats(allow_nan=False, allow_infinity=False)
+control_messages = st.one_of(
+    st.builds(
+        Hello, control_ids, st.binary(min_size=64, max_size=64), st.binary(min_size=32, max_size=32)
+    ),
+    st.builds(Welcome, control_ids),
+    st.builds(Setup, control_ids, counts, blobs),
+    st.builds(Ready, control_ids, counts),
+    st.builds(Go, counts),
+    st.just(Bye()),
+    st.builds(Abort, texts),
+    st.builds(Telemetry, control_ids, counts, counts, blobs),
+    st.builds(Finished, control_ids, counts, tallies, tallies, tallies, finite),
+    st.builds(Failed, control_ids, texts),
 )
-def test_control_roundtrip(msg: Any) -> None:
-    assert bits(wire.decode_control(wire.encode_control(msg))) == bits(msg)
+run_names = st.text(min_size=1, max_size=64)
 
 
-def test_setup_roundtrip_is_exact() -> None:
-    msg = setup()
-    back = wire.decode_control(wire.encode_control(msg))
+@FUZZ
+@given(control_messages, run_names, counts)
+def test_any_signed_frame_roundtrips_bit_exact(msg: Control, run: str, seq: int) -> None:
+    got = open_signed(wire.encode_signed(msg, run, seq, SIGNER))
+    assert (got.run, got.seq, bits(got.msg)) == (run, seq, bits(msg))
+
+
+@FUZZ
+@given(control_messages, st.data())
+def test_any_single_bit_flip_is_refused(msg: Control, data: st.DataObject) -> None:
+    """Flip one bit anywhere in a signed frame: decoding or the signature check refuses it."""
+    good = bytearray(wire.encode_signed(msg, RUN, 3, SIGNER))
+    bit = data.draw(st.integers(0, 8 * len(good) - 1))
+    good[bit // 8] ^= 1 << (bit % 8)
+    with pytest.raises(Rejected) as caught:
+        open_signed(bytes(good))
+    assert caught.value.reason in REASONS
+
+
+def test_config_roundtrip_is_exact() -> None:
+    msg = config()
+    back = wire.decode_config(wire.encode_config(msg))
     assert back == msg
     assert bits(back) == bits(msg)  # floats bit-exact, -0.0 and subnormals included
     assert isinstance(back.spec.scheme, Scheme) and isinstance(back.spec.rekey, Rekey)
     assert all(type(k) is int for plan in back.spec.steps for k in plan.weights_in)
 
 
-def test_setup_roundtrip_with_batch_and_defaults() -> None:
+def test_config_roundtrip_with_batch_and_defaults() -> None:
     msg = dataclasses.replace(
-        setup(),
+        config(),
         spec=dataclasses.replace(agent_spec(), w0=(), rekey=Rekey.ONCE, scheme=Scheme.GHP),
         problem=dataclasses.replace(problem(), batch=10),
         telemetry=False,
     )
-    assert bits(wire.decode_control(wire.encode_control(msg))) == bits(msg)
+    assert bits(wire.decode_config(wire.encode_config(msg))) == bits(msg)
+
+
+def test_setup_carries_a_sealed_config() -> None:
+    """Setup seals the Config to the agent's static key: only that key and context open it."""
+    agent = keys.Identity.generate()
+    context = b"privnet/setup/run/5/0"
+    sealed = keys.seal(agent.public.static, wire.encode_config(config()), context)
+    got = open_signed(wire.encode_signed(Setup(ME, 0, sealed), RUN, 1, SIGNER)).msg
+    assert isinstance(got, Setup) and wire.encode_config(config()) not in got.sealed
+    back = wire.decode_config(keys.open_sealed(agent.static, got.sealed, context))
+    assert bits(back) == bits(config())
+    for wrong_key, wrong_context in [(OTHER_SIGNER.static, context), (agent.static, b"x")]:
+        with pytest.raises(keys.BadKey):
+            keys.open_sealed(wrong_key, got.sealed, wrong_context)
 
 
 def test_telemetry_carries_a_sealed_report() -> None:
-    orchestrator = keys.Identity.generate()
     report = Report(sender=12, round=41, w=np.array([0.5, -0.0]))
     context = SESSION + b"telemetry/12/41"
-    sealed = keys.seal(orchestrator.public.static, wire.encode_report(report), context)
-    got = wire.decode_control(wire.encode_control(Telemetry(12, 41, sealed)))
+    sealed = keys.seal(SIGNER.public.static, wire.encode_reports([report]), context)
+    got = open_signed(wire.encode_signed(Telemetry(12, 0, 41, sealed), RUN, 1, SIGNER)).msg
     assert isinstance(got, Telemetry)
-    back = wire.decode_report(keys.open_sealed(orchestrator.static, got.sealed, context), DIM)
-    assert bits(back) == bits(report)
+    back = wire.decode_reports(keys.open_sealed(SIGNER.static, got.sealed, context), DIM)
+    assert bits(back) == bits([report])
 
 
 def test_encoders_refuse_the_wrong_kind_of_message() -> None:
     with pytest.raises(TypeError, match="peer frame cannot carry a Hello"):
-        wire.encode_peer(Hello(bytes(16), bytes(64), None), KEY)  # type: ignore[arg-type]
+        wire.encode_peer(CONTROL_MESSAGES[0], KEY)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="control frame cannot carry a Model"):
-        wire.encode_control(model())  # type: ignore[arg-type]
+        wire.encode_signed(model(), RUN, 1, SIGNER)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="control frame cannot carry a Config"):
+        wire.encode_signed(config(), RUN, 1, SIGNER)  # type: ignore[arg-type]
 
 
 def test_category() -> None:
     assert wire.category(model()) == "model"
     assert wire.category(KeyPlan(PEER, ME, 1, 1, ())) == "keys"
     assert wire.category(key_share()) == "keys"
-    assert wire.category(Telemetry(1, 2, b"")) == "telemetry"
+    assert wire.category(Telemetry(1, 0, 2, b"")) == "telemetry"
     assert wire.category(Report(1, 2, np.zeros(2))) == "telemetry"
-    assert {wire.category(m) for m in (Go(), Ready(1), setup(), Abort("x"))} == {"control"}
+    assert {wire.category(m) for m in (Go(0), Ready(1, 0), config(), Abort("x"))} == {"control"}
 
 
 def test_model_size_for_m_2() -> None:
@@ -427,97 +561,156 @@ def test_key_share_rejects_wrong_key_lengths(key: str, size: int) -> None:
         decode(edited(good, set_in((key,), bytes(size))))
 
 
+GO = wire.encode_signed(Go(1), RUN, 9, SIGNER)
+
+
+def envelope(msg: dict[str, Any], run: Any = RUN, seq: Any = 9) -> dict[str, Any]:
+    """The signed body of a control frame around message fields `msg`."""
+    return {"run": run, "seq": seq, "msg": msg}
+
+
+def with_signature(size: int) -> bytes:
+    name, body, _ = split(GO)
+    return frame(name, body, mac=bytes(size))
+
+
 CONTROL_REJECTIONS: list[tuple[str, bytes, str]] = [
     ("oversized", bytes(wire.MAX_CONTROL_BYTES + 1), "limit is 1048576"),
-    ("malformed", wire.encode_control(Go())[:-1], "not valid msgpack"),
-    ("version", frame("go", {}, key=None, version=3), "wire version 3"),
-    ("schema", frame("model", {}, key=None), "unknown control message type 'model'"),
-    ("schema", frame("go", {}, key=KEY), "empty MAC"),
-    ("schema", frame("go", {"x": 1}, key=None), "go: unknown field 'x' (fields are none)"),
+    ("malformed", GO[:-1], "not valid msgpack"),
+    ("malformed", msgpack.packb([1, "go", b"\x80"]), "[version: int, type: str, body: bin"),
+    ("malformed", signed("go", b"\xc1", raw_body=True), "go body is not valid msgpack"),
+    ("version", signed("go", envelope({"session": 1}), version=3), "wire version 3"),
+    ("schema", signed("model", {}), "unknown control message type 'model'"),
+    ("schema", signed("config", {}), "unknown control message type 'config'"),
+    ("schema", signed("nope", envelope({})), "unknown control message type 'nope'"),
+    ("bad-signature", with_signature(0), "a 64-byte signature, this one 0 bytes"),
+    ("bad-signature", with_signature(16), "this one 16 bytes"),  # a peer MAC
+    ("bad-signature", with_signature(65), "this one 65 bytes"),
+    ("bad-signature", frame("go", envelope({"session": 1}), key=KEY), "this one 16 bytes"),
+    ("schema", signed("go", {"run": RUN, "msg": {"session": 1}}), "missing field 'seq'"),
+    ("schema", signed("go", envelope({"session": 1}) | {"x": 1}), "unknown field 'x'"),
+    ("schema", signed("go", envelope({"session": 1}, run=b"r")), "go.run: expected a string"),
+    ("schema", signed("go", envelope({"session": 1}, seq=-1)), "go.seq: expected an integer"),
+    ("schema", signed("go", envelope({"session": 1}, seq=1.0)), "go.seq"),
+    ("schema", signed("go", envelope({})), "go.msg: missing field 'session'"),
+    ("schema", signed("go", envelope({"session": -1})), "go.msg.session"),
+    ("schema", signed("bye", envelope({"x": 1})), "bye.msg: unknown field 'x' (fields are none)"),
+    ("schema", signed("welcome", envelope({"agent": 2**32})), "welcome.msg.agent"),
+    ("schema", signed("ready", envelope({"agent": True, "session": 0})), "ready.msg.agent"),
+    ("schema", signed("setup", envelope({"agent": 1, "session": 0, "sealed": "x"})), "sealed"),
+    ("schema", signed("abort", envelope({"reason": 7})), "abort.msg.reason: expected a string"),
+    ("schema", signed("failed", envelope({"agent": 1})), "failed.msg: missing field 'reason'"),
     (
         "schema",
-        edited(wire.encode_control(Hello(bytes(16), bytes(64), None)), drop("nonce"), None),
-        "missing field 'nonce'",
+        resigned(wire.encode_signed(CONTROL_MESSAGES[0], RUN, 1, SIGNER), drop_in("msg", "proof")),
+        "hello.msg: missing field 'proof'",
     ),
     (
         "schema",
-        edited(
-            wire.encode_control(Hello(bytes(16), bytes(64), 1)),
-            set_in(("identity",), bytes(32)),
-            None,
+        resigned(
+            wire.encode_signed(CONTROL_MESSAGES[0], RUN, 1, SIGNER),
+            set_in(("msg", "identity"), bytes(32)),
         ),
-        "hello.identity: expected 64 bytes",
-    ),
-    ("schema", edited(wire.encode_control(Ready(1)), set_in(("agent",), -2), None), "ready.agent"),
-    (
-        "schema",
-        edited(wire.encode_control(Telemetry(1, 2, b"x")), set_in(("i",), -1), None),
-        "telemetry.i",
+        "hello.msg.identity: expected 64 bytes",
     ),
     (
         "schema",
-        edited(
-            wire.encode_control(Finished(1, {"a": 1}, {}, {}, 1.0)),
-            set_in(("rejected", "a"), -1),
-            None,
+        resigned(
+            wire.encode_signed(CONTROL_MESSAGES[0], RUN, 1, SIGNER),
+            set_in(("msg", "proof"), bytes(31)),
         ),
-        "finished.rejected['a']",
+        "hello.msg.proof: expected 32 bytes",
     ),
     (
         "schema",
-        edited(wire.encode_control(Finished(1, {}, {}, {}, 1.0)), set_in(("bytes",), {1: 2}), None),
-        "finished.bytes key: expected a string",
+        resigned(
+            wire.encode_signed(Telemetry(1, 0, 2, b"x"), RUN, 1, SIGNER), set_in(("msg", "i"), -1)
+        ),
+        "telemetry.msg.i",
     ),
-    ("non-finite", wire.encode_control(Finished(1, {}, {}, {}, math.inf)), "finished.wall is inf"),
+    (
+        "schema",
+        resigned(
+            wire.encode_signed(Finished(1, 0, {"a": 1}, {}, {}, 1.0), RUN, 1, SIGNER),
+            set_in(("msg", "rejected", "a"), -1),
+        ),
+        "finished.msg.rejected['a']",
+    ),
+    (
+        "schema",
+        resigned(
+            wire.encode_signed(Finished(1, 0, {}, {}, {}, 1.0), RUN, 1, SIGNER),
+            set_in(("msg", "bytes"), {1: 2}),
+        ),
+        "finished.msg.bytes key: expected a string",
+    ),
+    (
+        "non-finite",
+        wire.encode_signed(Finished(1, 0, {}, {}, {}, math.inf), RUN, 1, SIGNER),
+        "finished.msg.wall is inf",
+    ),
 ]
 
-SETUP = wire.encode_control(setup())
-SETUP_REJECTIONS: list[tuple[Edit, str, str]] = [
+CONFIG = wire.encode_config(config())
+CONFIG_REJECTIONS: list[tuple[Edit, str, str]] = [
     (set_in(("spec", "scheme"), "laplace"), "schema", "one of none, random, ghp, local-ghp"),
-    (set_in(("spec", "rekey"), 1), "schema", "setup.spec.rekey"),
+    (set_in(("spec", "rekey"), 1), "schema", "config.spec.rekey"),
     (set_in(("spec", "noise_key"), [1, 2**64 - 1, 3]), "schema", "a list of 2"),
-    (set_in(("spec", "noise_key"), [-1, 2]), "schema", "setup.spec.noise_key[0]"),
+    (set_in(("spec", "noise_key"), [-1, 2]), "schema", "config.spec.noise_key[0]"),
     (set_in(("spec", "steps", 1, "weights_in", 11), 0.5), "schema", "sum to"),
     (set_in(("spec", "steps", 1, "weights_in", "11"), 0.5), "schema", "weights_in key"),
     (set_in(("spec", "steps", 1, "weights_in", 11), 1), "schema", "expected a float64"),
     (set_in(("spec", "steps", 0, "step"), 0), "schema", "steps must be given in order"),
-    (set_in(("spec", "mu"), math.nan), "non-finite", "setup.spec.mu is nan"),
+    (set_in(("spec", "mu"), math.nan), "non-finite", "config.spec.mu is nan"),
     (set_in(("spec", "mu"), -0.4), "schema", "mu must be a positive number"),
     (set_in(("spec", "w0"), [0.0]), "schema", "w0 has 1 entries"),
-    (set_in(("spec", "session"), "abc"), "schema", "setup.spec.session: expected bytes"),
+    (set_in(("spec", "session"), "abc"), "schema", "config.spec.session: expected bytes"),
     (set_in(("problem", "dim"), 3), "schema", "r_u must be 3 x 3"),
     (set_in(("problem", "r_u", 1), [1.0]), "schema", "r_u must be 2 x 2"),
     (set_in(("problem", "noise_var", 0), -1.0), "schema", "must be >= 0"),
     (set_in(("problem", "noise_var"), [1.0]), "schema", "one per agent (30)"),
-    (set_in(("problem", "batch"), 0), "schema", "setup.problem.batch"),
-    (set_in(("problem", "w_star", 0), math.inf), "non-finite", "setup.problem.w_star[0] is inf"),
-    (set_in(("directory", 11), bytes(63)), "schema", "setup.directory[11]: expected 64 bytes"),
-    (set_in(("deadline",), 5), "schema", "setup.deadline: expected a float64"),
-    (set_in(("telemetry",), 1), "schema", "setup.telemetry: expected true or false"),
+    (set_in(("problem", "batch"), 0), "schema", "config.problem.batch"),
+    (set_in(("problem", "w_star", 0), math.inf), "non-finite", "config.problem.w_star[0] is inf"),
+    (set_in(("directory", 11), bytes(63)), "schema", "config.directory[11]: expected 64 bytes"),
+    (set_in(("deadline",), 5), "schema", "config.deadline: expected a float64"),
+    (set_in(("telemetry",), 1), "schema", "config.telemetry: expected true or false"),
 ]
 
 
 @pytest.mark.parametrize(("reason", "data", "detail"), CONTROL_REJECTIONS, ids=_ids)
 def test_control_rejections(reason: str, data: bytes, detail: str) -> None:
     with pytest.raises(Rejected) as caught:
-        wire.decode_control(data)
+        wire.decode_signed(data)
     assert caught.value.reason == reason
     assert detail in caught.value.detail
 
 
-@pytest.mark.parametrize(("edit", "reason", "detail"), SETUP_REJECTIONS, ids=_ids)
-def test_setup_rejections(edit: Edit, reason: str, detail: str) -> None:
+def test_control_frames_may_be_held_to_a_smaller_limit() -> None:
+    with pytest.raises(Rejected, match=f"oversized: control message is {len(GO)} bytes"):
+        wire.decode_signed(GO, max_size=len(GO) - 1)
+    assert wire.decode_signed(GO, max_size=len(GO)).msg == Go(1)
+
+
+@pytest.mark.parametrize(("edit", "reason", "detail"), CONFIG_REJECTIONS, ids=_ids)
+def test_config_rejections(edit: Edit, reason: str, detail: str) -> None:
     with pytest.raises(Rejected) as caught:
-        wire.decode_control(edited(SETUP, edit, key=None))
+        wire.decode_config(edited(CONFIG, edit, key=None))
     assert caught.value.reason == reason
     assert detail in caught.value.detail
 
 
-def test_setup_problem_must_match_the_spec_dimension() -> None:
+def test_config_problem_must_match_the_spec_dimension() -> None:
     other = dataclasses.replace(problem(), dim=3, w_star=(0.0,) * 3, r_u=((1.0,) * 3,) * 3)
-    data = wire.encode_control(dataclasses.replace(setup(), problem=other))
-    with pytest.raises(Rejected, match=r"schema: setup: problem\.dim 3 differs from spec\.dim 2"):
-        wire.decode_control(data)
+    data = wire.encode_config(dataclasses.replace(config(), problem=other))
+    with pytest.raises(Rejected, match=r"schema: config: problem\.dim 3 differs from spec\.dim 2"):
+        wire.decode_config(data)
+
+
+def test_config_is_not_a_control_frame_nor_a_control_frame_a_config() -> None:
+    with pytest.raises(Rejected, match="unknown control message type 'config'"):
+        wire.decode_signed(CONFIG)
+    with pytest.raises(Rejected, match="unknown config type 'go'"):
+        wire.decode_config(GO)
 
 
 def test_report_rejections() -> None:
@@ -565,6 +758,7 @@ NAMES = [
     "telemetry",
     "finished",
     "failed",
+    "config",
     "nope",
 ]
 
@@ -573,7 +767,8 @@ def decode_everywhere(data: bytes) -> None:
     """Feed `data` to every decoder: each may return a message or raise Rejected, nothing else."""
     decoders: list[Callable[[], object]] = [
         lambda: decode(data, link_keys={PEER: KEY, 4: KEY}),
-        lambda: wire.decode_control(data),
+        lambda: wire.decode_signed(data).verify(SIGNER.public, "the signer"),
+        lambda: wire.decode_config(data),
         lambda: wire.decode_report(data, DIM),
     ]
     for run in decoders:
@@ -594,6 +789,7 @@ REASONS = {
     "spoofed",
     "wrong-receiver",
     "bad-mac",
+    "bad-signature",
 }
 
 
@@ -609,20 +805,37 @@ def test_fuzz_random_msgpack(obj: Any) -> None:
     decode_everywhere(msgpack.packb(obj))
 
 
+SEALS: dict[str, dict[str, Any]] = {
+    "mac": {"key": KEY},  # peer frames
+    "none": {"key": None},  # reports and configs
+    "signature": {"mac": bytes(wire.SIGNATURE_BYTES)},  # control frames (a wrong signature)
+}
+
+
 @FUZZ
-@given(st.sampled_from(NAMES), objects, st.sampled_from([KEY, None]))
-def test_fuzz_random_bodies_in_valid_frames(name: str, body: Any, key: bytes | None) -> None:
+@given(st.sampled_from(NAMES), objects, st.sampled_from(sorted(SEALS)))
+def test_fuzz_random_bodies_in_valid_frames(name: str, body: Any, seal: str) -> None:
     """Version-1 frames of every type with arbitrary bodies, so the fuzz reaches the schema."""
-    decode_everywhere(frame(name, body, key=key))
+    decode_everywhere(frame(name, body, **SEALS[seal]))
+
+
+@FUZZ
+@given(st.sampled_from(NAMES[4:]), objects, run_names, counts)
+def test_fuzz_random_messages_in_validly_signed_envelopes(
+    name: str, msg: Any, run: str, seq: int
+) -> None:
+    """Right signature, right envelope, arbitrary message: only the message schema stands."""
+    decode_everywhere(signed(name, envelope(msg, run, seq)))
 
 
 VALID = [
     GOOD,
     wire.encode_peer(KeyPlan(PEER, ME, 1, 1, (2, 4)), KEY),
     wire.encode_peer(key_share(), KEY),
-    SETUP,
-    wire.encode_control(Finished(1, {"a": 1}, {}, {}, 1.0)),
-    wire.encode_control(Hello(bytes(16), bytes(64), 3)),
+    CONFIG,
+    wire.encode_signed(Finished(1, 0, {"a": 1}, {}, {}, 1.0), RUN, 1, SIGNER),
+    wire.encode_signed(CONTROL_MESSAGES[0], RUN, 2, SIGNER),
+    wire.encode_signed(Setup(1, 0, bytes(80)), RUN, 3, SIGNER),
     wire.encode_report(Report(PEER, 2, np.array([1.0, 2.0]))),
 ]
 
@@ -643,7 +856,8 @@ def paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
 def test_fuzz_mutated_valid_bodies(
     good: bytes, data: st.DataObject, value: Any, delete: bool
 ) -> None:
-    """Near-valid bodies, correctly MACed, so the fuzz reaches the deep checks too."""
+    """Near-valid bodies, correctly MACed (or with a signature of the right length), so the
+    fuzz reaches the deep checks too."""
     name, body, mac = split(good)
     path = data.draw(st.sampled_from(paths(body)))
     target = body
@@ -653,7 +867,8 @@ def test_fuzz_mutated_valid_bodies(
         del target[path[-1]]
     else:
         target[path[-1]] = value
-    decode_everywhere(frame(name, body, key=KEY if mac else None))
+    seal = {"mac": mac} if len(mac) == wire.SIGNATURE_BYTES else {"key": KEY if mac else None}
+    decode_everywhere(frame(name, body, **seal))
 
 
 def test_fuzz_deep_nesting_and_huge_declared_lengths() -> None:

@@ -218,6 +218,8 @@ def prepare(
 
     write_private(out / "run.json", run_secrets.to_json())
     write_launches(out / "agents", run_secrets.launches(broker, access))
+    for p in run_secrets.tokens:  # an agent's password travels only in its launch file
+        (out / "users" / f"{p}.env").unlink(missing_ok=True)
     if client_uid is not None:
         for path in [out / "run.json", out / "agents", *(out / "agents").iterdir()]:
             os.chown(path, client_uid, client_uid)

@@ -1,0 +1,256 @@
+"""A memory-engine run under a test's control, shared by test_node and test_conductor.
+
+`Harness` wraps `orchestrator.engines.memory.Network` (conductor + nodes on one `Router`)
+with a fake clock, a record of every frame delivered, one-shot hooks that fire when the
+run reaches a state (so a frame can be delivered in an exact phase), frames held back and
+released later, and builders for control frames signed by anyone, for any run.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from agent import control, keys, topics, wire
+from agent.core import AgentCore
+from agent.node import AgentNode, Output, Publish
+from agent.spec import Scheme, Strategy
+from orchestrator.conductor import Conductor, SessionResult, Stage
+from orchestrator.engines.memory import CONDUCTOR, Network
+from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.problem import Problem
+from orchestrator.experiment.specs import session_plans
+
+RUN = "test-run"
+# Seed 34 draws a sparse geometric graph on 10 agents (degrees 1 to 4, two leaves), as in
+# test_memory: local-ghp's pairs and its single-neighbour fallback both occur.
+AGENTS, ROUNDS, SEED = 10, 3, 34
+RTOL = 1e-9  # relative to the largest model entry: local-ghp masks cancel to ~1e-16
+FRESH = 10**9  # sequence numbers above anything a run uses
+CONTROL_TYPES = {t.__name__.lower() for t in (*control.Up.__args__, *control.Down.__args__)}
+Session = tuple[Strategy, Scheme]
+Party = AgentNode | Conductor
+
+
+@functools.cache
+def problem(rounds: int = ROUNDS) -> Problem:
+    return Problem.build(ExperimentConfig(agents=AGENTS, iters=rounds, repeats=1, seed=SEED))
+
+
+class Clock:
+    """Time that moves only when a test moves it."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+Predicate = Callable[[], bool]
+Action = Callable[[], None]
+Hold = Callable[[str, Publish], bool]
+
+
+@dataclass
+class Harness:
+    net: Network
+    clock: Clock
+    sent: list[tuple[str, Publish]] = field(default_factory=list)  # delivered, in order
+    held: list[tuple[str, Publish]] = field(default_factory=list)
+    hold: Hold | None = None  # frames it selects wait in `held` until `release`
+    hooks: list[tuple[Predicate, Action]] = field(default_factory=list)
+    fired: int = 0
+    in_flight: Publish | None = None  # the frame about to be delivered, while hooks run
+    decoded: list[tuple[Publish, control.Control]] = field(default_factory=list)  # control
+    _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(FRESH))
+
+    @classmethod
+    def build(
+        cls,
+        sessions: Iterable[Session] = ((Strategy.ATC, Scheme.LOCAL_GHP),),
+        *,
+        rounds: int = ROUNDS,
+        telemetry: bool = True,
+        deadline: float = 30.0,
+        core: Callable[..., AgentCore] = AgentCore,
+    ) -> Harness:
+        plans = session_plans(problem(rounds), [(s, sc, 0) for s, sc in sessions])
+        net = Network.build(plans, core=core, deadline=deadline, telemetry=telemetry, run=RUN)
+        harness = cls(net, Clock())
+        net.router.clock = harness.clock
+        net.router.edit = harness._edit
+        return harness
+
+    # ---- the parties --------------------------------------------------------------------
+
+    @property
+    def conductor(self) -> Conductor:
+        return self.net.conductor
+
+    @property
+    def nodes(self) -> list[AgentNode]:
+        return self.net.nodes
+
+    def parties(self) -> list[Party]:
+        return [self.conductor, *self.nodes]
+
+    # ---- running ------------------------------------------------------------------------
+
+    def start(self) -> Harness:
+        self.net.start()
+        self.net.router.drain()
+        return self
+
+    def finish(self) -> list[SessionResult]:
+        """Release what was held, play to the end and say Bye."""
+        self.release()
+        assert self.conductor.stage is Stage.DONE, self.conductor.failure
+        self._hooks()  # the last chance to act while the conductor is done
+        self.net.router.send(CONDUCTOR, self.conductor.bye())
+        self.net.router.drain()
+        return self.conductor.results
+
+    def play(self) -> list[SessionResult]:
+        return self.start().finish()
+
+    def when(self, ready: Predicate, action: Action) -> None:
+        """Run `action` once, before the first delivery at which `ready()` holds."""
+        self.hooks.append((ready, action))
+
+    def release(self) -> None:
+        self.hold = None
+        held, self.held = self.held, []
+        for publisher, frame in held:
+            self.net.router.inject(frame.topic, frame.payload, publisher)
+        self.net.router.drain()
+
+    def _hooks(self) -> None:
+        for hook in list(self.hooks):
+            ready, action = hook
+            if ready():
+                self.hooks.remove(hook)
+                self.fired += 1
+                action()
+
+    def _edit(self, publisher: str, frame: Publish) -> Publish | None:
+        self.in_flight = frame
+        self._hooks()
+        if self.hold is not None and self.hold(publisher, frame):
+            self.held.append((publisher, frame))
+            return None
+        self.sent.append((publisher, frame))
+        if frame.category in ("control", "telemetry"):
+            self.decoded.append((frame, wire.decode_signed(frame.payload).msg))
+        return frame
+
+    def strike(
+        self, party: Party, ready: Predicate, frame: Callable[[], tuple[str, bytes]], reason: str
+    ) -> None:
+        """Play a run in which `frame()` reaches `party` once, as soon as `ready()` holds:
+        nothing comes out, the party's phase stays, `reason` is counted once, and that is
+        the only rejection anywhere; the models are a clean run's."""
+
+        def hit() -> None:
+            phase, before = _phase(party), Counter(party.deliveries.rejected)
+            assert self.deliver(party, *frame()) == Output()
+            assert _phase(party) is phase
+            assert party.deliveries.rejected - before == Counter({reason: 1})
+
+        self.when(ready, hit)
+        results = self.play()
+        assert self.fired == 1
+        assert self.rejected() == Counter({reason: 1})
+        self.assert_all_counted()
+        assert_same_models(results, clean())
+
+    def deliver(self, party: Party, topic: str, payload: bytes) -> Output:
+        """Straight to `party`, bypassing the router (the exact phase a hook found)."""
+        return party.receive(topic, payload, self.clock())
+
+    # ---- frames -------------------------------------------------------------------------
+
+    def down(
+        self,
+        msg: control.Control,
+        to: int | Literal["all"] = "all",
+        *,
+        seq: int | None = None,
+        run: str = RUN,
+        signer: keys.Identity | None = None,
+    ) -> tuple[str, bytes]:
+        """A downward frame, signed by the orchestrator unless `signer` says otherwise."""
+        signer = signer or self.conductor.identity
+        seq = next(self._seq) if seq is None else seq
+        return topics.ctl_down(RUN, to), wire.encode_signed(msg, run, seq, signer)
+
+    def up(
+        self,
+        msg: control.Control,
+        agent: int,
+        *,
+        seq: int | None = None,
+        run: str = RUN,
+        signer: keys.Identity | None = None,
+        topic: str | None = None,
+    ) -> tuple[str, bytes]:
+        """An upward frame on agent `agent`'s topic, signed by its identity unless told."""
+        signer = signer or self.nodes[agent].identity
+        seq = next(self._seq) if seq is None else seq
+        kind = topics.telemetry if isinstance(msg, control.Telemetry) else topics.ctl_up
+        topic = topic or kind(RUN, agent)
+        return topic, wire.encode_signed(msg, run, seq, signer)
+
+    def recorded(self, kind: type, topic: str | None = None) -> list[Publish]:
+        """Control frames of type `kind` delivered so far (on `topic`, if given)."""
+        return [
+            frame
+            for frame, msg in self.decoded
+            if isinstance(msg, kind) and (topic is None or frame.topic == topic)
+        ]
+
+    def peer_frames(self) -> list[Publish]:
+        return [frame for _, frame in self.sent if frame.category in ("model", "keys")]
+
+    # ---- what came out ------------------------------------------------------------------
+
+    def rejected(self) -> Counter[str]:
+        """Every party's rejections, summed."""
+        total: Counter[str] = Counter()
+        for party in self.parties():
+            total += party.deliveries.rejected
+        return total
+
+    def assert_all_counted(self) -> None:
+        for party in self.parties():
+            assert party.deliveries.uncounted == 0, (party, party.deliveries)
+
+
+def _phase(party: Party) -> object:
+    return party.stage if isinstance(party, Conductor) else party.phase
+
+
+def assert_same_models(got: list[SessionResult], want: list[SessionResult]) -> None:
+    """Session by session, every agent's model after every round, to RTOL of the largest."""
+    assert len(got) == len(want)
+    for mine, theirs in zip(got, want, strict=True):
+        assert mine.models.shape == theirs.models.shape
+        assert not np.isnan(mine.models).any()
+        gap = np.max(np.abs(mine.models - theirs.models))
+        assert gap <= RTOL * np.max(np.abs(theirs.models)), (mine.label, gap)
+
+
+@functools.cache
+def _clean(sessions: tuple[Session, ...]) -> list[SessionResult]:
+    return Harness.build(sessions).play()
+
+
+def clean(sessions: Iterable[Session] = ((Strategy.ATC, Scheme.LOCAL_GHP),)) -> list[SessionResult]:
+    """The results of an untouched run of `sessions` (fresh keys, same seed)."""
+    return _clean(tuple(sessions))

@@ -1,0 +1,256 @@
+"""Attacks on a real run (real broker with the run's credentials and ACL, real processes).
+
+- An outsider holding agent 3's broker credentials forges every control frame type and
+  replays the genuine frames agent 3 can read, on every topic agent 3 may write: the run's
+  result does not change, each frame is counted under a reason, no telemetry goes astray.
+- 10,000 hostile frames into the agents' inboxes during a run: no crash, identical MSD,
+  every delivery counted.
+- A passive recording of a whole run (every packet, Setups included) lets an eavesdropper
+  who knows the code and the public configuration rebuild no model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import secrets
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiomqtt
+import numpy as np
+import pytest
+
+from agent import control, keys, topics, wire
+from agent.messages import Model, Rejected
+from broker.credentials import INSPECTOR
+from broker.launcher import Broker, launch
+from orchestrator import audit
+from orchestrator.cli import main
+from orchestrator.engines.memory import run_once
+from orchestrator.engines.net import RunSecrets
+from orchestrator.experiment.problem import Problem
+from orchestrator.report import load_summary, read_metrics
+
+pytestmark = pytest.mark.net
+
+PRIVNET = [sys.executable, "-m", "orchestrator.cli", "run"]
+ATTACKER = 3
+REL = 1e-9
+
+
+@dataclasses.dataclass
+class Prepared:
+    broker: Broker
+    run: str
+    run_json: Path
+    secrets: RunSecrets
+
+    def client(self, user: str) -> aiomqtt.Client:
+        return aiomqtt.Client(**self.broker.connect_options(user))
+
+    def privnet(self, out: Path, *flags: str) -> subprocess.Popen[bytes]:
+        err = (out / "privnet.err").open("w")
+        return subprocess.Popen(
+            [
+                *PRIVNET,
+                *flags,
+                "--broker",
+                str(self.broker.address),
+                "--prepared",
+                str(self.run_json),
+                "--out",
+                str(out),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+
+
+@contextlib.asynccontextmanager
+async def prepared(kind: str, run: str, agents: int, out: Path) -> AsyncIterator[Prepared]:
+    run_secrets = RunSecrets.generate(run, agents)
+    run_json = out / "run.json"
+    run_json.write_text(run_secrets.to_json())
+    async with launch(kind, credentials=run_secrets.credentials) as broker:
+        yield Prepared(broker, run, run_json, run_secrets)
+
+
+async def wait_until_running(operator: aiomqtt.Client, run: str, rounds: int) -> None:
+    """Until some agent's telemetry says it is `rounds` rounds in."""
+    await operator.subscribe(f"{topics.PREFIX}/{run}/telemetry/+", qos=1)
+    async for message in operator.messages:
+        frame = wire.decode_signed(bytes(message.payload))  # type: ignore[arg-type]
+        if isinstance(frame.msg, control.Telemetry) and frame.msg.round >= rounds:
+            return
+
+
+def assert_same_as_memory(out: Path, flags: list[str]) -> None:
+    clean = out / "memory"
+    assert main(["simulate", "--engine", "memory", *flags, "--out", str(clean)]) == 0
+    got, want = read_metrics(out / "metrics.csv"), read_metrics(clean / "metrics.csv")
+    assert got.keys() == want.keys()
+    for key in want:
+        np.testing.assert_allclose(got[key][0], want[key][0], rtol=REL, err_msg=str(key))
+        np.testing.assert_allclose(got[key][1], want[key][1], rtol=REL, err_msg=str(key))
+
+
+def rejected_by_agents(summary: dict[str, Any]) -> int:
+    return sum(sum(r["rejected"].values()) for r in summary["results"])
+
+
+# ---- an outsider with agent 3's credentials -----------------------------------------------
+
+FORGE = ["--agents", "6", "--iters", "300", "--seed", "7", "--strategy", "atc"]
+
+
+def forged_frames(run: str, agents: int) -> list[bytes]:
+    """Every control frame type, signed by a key that is not the run's."""
+    stranger = keys.Identity.generate()
+    identity = stranger.public.to_bytes()
+    messages: list[control.Control] = [
+        control.Hello(ATTACKER, identity, bytes(32)),
+        control.Ready(ATTACKER, 0),
+        control.Telemetry(ATTACKER, 0, 5, keys.seal(stranger.public.static, b"x", b"y")),
+        control.Finished(ATTACKER, 0, {}, {}, {}, 0.0),
+        control.Failed(ATTACKER, "forged"),
+        control.Welcome(ATTACKER),
+        control.Setup(ATTACKER, 1, bytes(64)),
+        control.Go(0),
+        control.Abort("forged"),
+        control.Bye(),
+    ]
+    other_run = [wire.encode_signed(m, f"{run}-other", 10**6, stranger) for m in messages[:3]]
+    return [wire.encode_signed(m, run, 10**6, stranger) for m in messages] + other_run
+
+
+async def capture_down(client: aiomqtt.Client, run: str, into: list[bytes]) -> None:
+    """What agent 3's credentials may read of the orchestrator's frames: to replay them."""
+    await client.subscribe(topics.ctl_down(run, ATTACKER), qos=1)
+    await client.subscribe(topics.ctl_down(run, "all"), qos=1)
+    async for message in client.messages:
+        into.append(bytes(message.payload))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["mosquitto", "embedded"])
+async def test_agent3_credentials_forge_every_control_frame(kind: str, tmp_path: Path) -> None:
+    run = f"forge-{kind}"
+    flags = [*FORGE, "--scheme", "local-ghp"]
+    async with prepared(kind, run, 6, tmp_path) as setup, setup.client(str(ATTACKER)) as spy:
+        genuine: list[bytes] = []
+        listening = asyncio.create_task(capture_down(spy, run, genuine))
+        privnet = setup.privnet(tmp_path, *flags)
+        try:
+            async with setup.client(INSPECTOR) as operator, asyncio.timeout(60):
+                await wait_until_running(operator, run, 20)
+            listening.cancel()
+            frames = forged_frames(run, 6) + genuine
+            writable = [topics.ctl_up(run, ATTACKER), topics.telemetry(run, ATTACKER)]
+            inboxes = [topics.peer_topic(run, k, ATTACKER) for k in range(6) if k != ATTACKER]
+            for topic in writable + inboxes:
+                await asyncio.gather(*(spy.publish(topic, f, qos=1) for f in frames))
+            # Where agent 3 may not write: the broker drops these (never delivered).
+            for topic in (topics.ctl_down(run, "all"), topics.ctl_up(run, 4)):
+                await spy.publish(topic, frames[0], qos=1)
+            code = await asyncio.to_thread(privnet.wait, 120)
+        finally:
+            if privnet.poll() is None:
+                privnet.kill()
+    assert code == 0, (tmp_path / "privnet.err").read_text()
+    assert genuine, "agent 3's credentials read no orchestrator frame to replay"
+    summary = load_summary(tmp_path / "summary.json")
+    orchestrator = summary["config"]["orchestrator"]
+    sent_up = 2 * len(frames)
+    assert orchestrator["received"] - orchestrator["used"] == sent_up
+    assert sum(orchestrator["rejected"].values()) == sent_up
+    assert "bad-seal" not in orchestrator["rejected"]  # no telemetry it could not open
+    assert rejected_by_agents(summary) == len(inboxes) * len(frames)
+    assert_same_as_memory(tmp_path, flags)
+
+
+# ---- 10,000 hostile frames ------------------------------------------------------------------
+
+FLOOD = ["--agents", "6", "--iters", "2500", "--seed", "8", "--strategy", "atc", "--scheme", "ghp"]
+HOSTILE = 10_000
+
+
+def hostile(run: str, n: int, rng: np.random.Generator) -> list[tuple[str, bytes]]:
+    """Junk of every kind agent 3 can put in the other agents' inboxes."""
+    out = []
+    for i in range(n):
+        k = int(rng.choice([p for p in range(6) if p != ATTACKER]))
+        kind = i % 4
+        if kind == 0:
+            payload = rng.bytes(int(rng.integers(1, 200)))
+        elif kind == 1:
+            payload = wire.encode_peer(
+                Model(ATTACKER, k, i, 2, np.array([np.nan, 1.0])), secrets.token_bytes(32)
+            )
+        elif kind == 2:
+            payload = b"\x94\x01\xa5model\xc4\x00\xc4\x00"  # a frame with an empty body
+        else:
+            payload = bytes(wire.MAX_PEER_BYTES + 1)
+        out.append((topics.peer_topic(run, k, ATTACKER), payload))
+    return out
+
+
+async def test_ten_thousand_hostile_frames_change_nothing(tmp_path: Path) -> None:
+    run = "flood"
+    async with prepared("mosquitto", run, 6, tmp_path) as setup:
+        privnet = setup.privnet(tmp_path, *FLOOD)
+        try:
+            async with setup.client(INSPECTOR) as operator, asyncio.timeout(60):
+                await wait_until_running(operator, run, 10)
+            async with setup.client(str(ATTACKER)) as attacker:
+                frames = hostile(run, HOSTILE, np.random.default_rng(0))
+                for start in range(0, HOSTILE, 500):
+                    batch = frames[start : start + 500]
+                    await asyncio.gather(*(attacker.publish(t, p, qos=1) for t, p in batch))
+            code = await asyncio.to_thread(privnet.wait, 300)
+        finally:
+            if privnet.poll() is None:
+                privnet.kill()
+    assert code == 0, (tmp_path / "privnet.err").read_text()
+    summary = load_summary(tmp_path / "summary.json")
+    (result,) = summary["results"]
+    assert rejected_by_agents(summary) == HOSTILE, result["rejected"]
+    assert set(result["rejected"]) <= {"malformed", "schema", "bad-mac", "oversized"}
+    assert_same_as_memory(tmp_path, FLOOD)
+
+
+# ---- a passive eavesdropper ----------------------------------------------------------------
+
+
+def test_passive_recording_rebuilds_no_model(tmp_path: Path) -> None:
+    """A default-style run (secret seed) recorded whole; the eavesdropper knows the code and
+    every setting but the seed. It can read every envelope, open no Setup, and no simulation
+    with a guessed seed comes anywhere near the true trajectory."""
+    out = tmp_path / "run"
+    flags = ["--agents", "8", "--iters", "40", "--broker", "mosquitto", "--audit", "--out"]
+    assert main(["run", *flags, str(out)]) == 0
+    recording = audit.load_recording(out)
+    (truth,) = audit.load_telemetry(out) or [None]
+    assert truth is not None and not np.isnan(truth).any()
+    eavesdropper = keys.Identity.generate()
+    setups = 0
+    for record in recording.records:
+        if topics.parse_peer_topic(record.topic) is not None:
+            continue
+        frame = wire.decode_signed(record.payload)  # envelopes are signed, not secret
+        if isinstance(frame.msg, control.Setup):
+            setups += 1
+            with pytest.raises(Rejected):
+                wire.decode_config(frame.msg.sealed)
+            with pytest.raises(keys.BadKey):
+                keys.open_sealed(eavesdropper.static, frame.msg.sealed, b"")
+    assert setups == 8
+    public = dataclasses.replace(recording.config, seed=0)
+    scale = float(np.max(np.abs(truth)))
+    for guess in [1, *range(2, 12)]:  # the old default seed, and a few more
+        problem = Problem.build(dataclasses.replace(public, seed=guess))
+        models = run_once(problem, public.strategies[0], public.schemes[0], 0)
+        assert np.max(np.abs(models - truth)) > 0.05 * scale, f"seed {guess} rebuilds the run"

@@ -1,0 +1,571 @@
+"""The conductor (orchestrator/conductor.py), driven directly and with 10 nodes in memory.
+
+Whole runs through the in-memory router must equal the oracle (the paper's recursion in
+numpy) for every strategy x scheme, with every delivery counted. Every bad upward frame
+must be dropped, counted under one specific reason and change nothing; the deadlines
+hold against junk, which never extends them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from runs import (
+    AGENTS,
+    CONTROL_TYPES,
+    ROUNDS,
+    RUN,
+    Harness,
+    assert_same_models,
+    problem,
+)
+
+from agent import control, keys, topics, wire
+from agent.messages import Report
+from agent.node import Output, Phase, Publish, hello_proof, telemetry_context
+from agent.spec import Scheme, Strategy
+from orchestrator.conductor import REGISTER_DEADLINE, Conductor, SessionPlan, Stage
+from orchestrator.engines.memory import CONDUCTOR, RunFailed
+from orchestrator.engines.oracle import run_oracle
+from orchestrator.experiment.problem import msd
+from orchestrator.experiment.specs import session_plans
+
+TARGET = 1  # the agent whose frames are forged: a leaf, neither first nor last to report
+OTHER = 2  # the agent a spoofed frame names
+STRANGER = keys.Identity.generate()
+OTHER_RUN = "other-run"
+ORACLE_ROUNDS = 10
+DIM = 2
+Frame = tuple[str, bytes]
+Predicate = Callable[[Harness], bool]
+
+
+# ---- whole runs -----------------------------------------------------------------------------
+
+
+def msd_curves(models: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    p = problem(ORACLE_ROUNDS)
+    pairs = [msd(w, p.w_opt[0], p.q) for w in models]
+    return np.array([c for c, _ in pairs]), np.array([a for _, a in pairs])
+
+
+EVERY_SESSION = [(s, sc) for s in Strategy for sc in Scheme]
+
+
+@pytest.fixture(scope="module")
+def every_session() -> Harness:
+    """One run of every strategy x scheme as 12 sessions of one conductor and 10 nodes."""
+    h = Harness.build(EVERY_SESSION, rounds=ORACLE_ROUNDS)
+    h.play()
+    return h
+
+
+def test_a_whole_run_equals_the_oracle_for_every_strategy_and_scheme(
+    every_session: Harness,
+) -> None:
+    results = every_session.conductor.results
+    assert [r.label for r in results] == [f"{s}/{sc}/0" for s, sc in EVERY_SESSION]
+    for (strategy, scheme), result in zip(EVERY_SESSION, results, strict=True):
+        (curve,) = run_oracle(problem(ORACLE_ROUNDS), [strategy], [scheme])
+        centroid, average = msd_curves(result.models)
+        np.testing.assert_allclose(centroid, curve.msd_centroid[0], rtol=1e-9, err_msg=result.label)
+        np.testing.assert_allclose(average, curve.msd_avg[0], rtol=1e-9, err_msg=result.label)
+
+
+def test_a_whole_run_counts_every_delivery_and_leaves_nothing_behind(
+    every_session: Harness,
+) -> None:
+    h = every_session
+    h.assert_all_counted()
+    assert h.rejected() == Counter()
+    assert h.conductor.stage is Stage.CLOSED and h.conductor.next_tick() is None
+    assert all(n.phase is Phase.CLOSED for n in h.nodes)
+    assert len(h.recorded(control.Hello)) == AGENTS  # nobody registered twice
+    assert len(h.recorded(control.Go)) == len(EVERY_SESSION)
+    for result in h.conductor.results:
+        assert sorted(result.finished) == list(range(AGENTS))
+        assert result.totals("messages")["model"] > 0 and result.wall == 0.0  # fake clock
+    mine = [f for p, f in h.sent if p == CONDUCTOR]
+    assert h.conductor.traffic.messages == Counter(control=len(mine))
+    assert h.conductor.traffic.bytes == Counter(
+        control=sum(topics.mqtt_publish_size(f.topic, len(f.payload), 1) for f in mine)
+    )
+    broadcast = topics.ctl_down(RUN, "all")
+    assert h.conductor.recipients == sum(AGENTS if f.topic == broadcast else 1 for f in mine)
+
+
+def test_local_ghp_equals_none_and_each_session_equals_a_run_of_its_own(
+    every_session: Harness,
+) -> None:
+    by_label = {r.label: r for r in every_session.conductor.results}
+    for strategy in Strategy:
+        none, local = by_label[f"{strategy}/none/0"], by_label[f"{strategy}/local-ghp/0"]
+        assert_same_models([local], [none])
+    alone = Harness.build([(Strategy.CTA, Scheme.RANDOM)], rounds=ORACLE_ROUNDS).play()
+    np.testing.assert_array_equal(alone[0].models, by_label["cta/random/0"].models)
+
+
+# ---- attacks on the conductor ---------------------------------------------------------------
+
+
+def stage_is(stage: Stage) -> Predicate:
+    return lambda h: h.conductor.stage is stage
+
+
+def sent_by_target(kind: type, stage: Stage) -> Predicate:
+    """The target's genuine `kind` has been delivered and the conductor is still in `stage`."""
+    topic = topics.telemetry if kind is control.Telemetry else topics.ctl_up
+
+    def ready(h: Harness) -> bool:
+        return h.conductor.stage is stage and bool(h.recorded(kind, topic(RUN, TARGET)))
+
+    return ready
+
+
+def before_hello(h: Harness) -> bool:
+    return h.conductor.stage is Stage.REGISTERING and TARGET not in h.conductor.registered
+
+
+def registered(h: Harness) -> bool:
+    return h.conductor.stage is Stage.REGISTERING and TARGET in h.conductor.registered
+
+
+def up(make: Callable[[Harness], control.Control], **options: object) -> Callable[..., Frame]:
+    return lambda h: h.up(make(h), TARGET, **options)  # type: ignore[arg-type]
+
+
+def const(msg: control.Control) -> Callable[[Harness], control.Control]:
+    return lambda _: msg
+
+
+def replay(kind: type) -> Callable[[Harness], Frame]:
+    topic = topics.telemetry if kind is control.Telemetry else topics.ctl_up
+
+    def build(h: Harness) -> Frame:
+        return topic(RUN, TARGET), h.recorded(kind, topic(RUN, TARGET))[-1].payload
+
+    return build
+
+
+def hello(
+    identity: keys.Identity | None = None, token: bytes | None = None, agent: int = TARGET
+) -> Callable[[Harness], control.Hello]:
+    """A Hello with `identity` (the target's) and a proof made with `token` (its own)."""
+
+    def make(h: Harness) -> control.Hello:
+        public = (identity or h.nodes[agent].identity).public.to_bytes()
+        proof = hello_proof(token or h.conductor.tokens[agent], RUN, agent, public)
+        return control.Hello(agent, public, proof)
+
+    return make
+
+
+def telemetry(
+    rounds: tuple[int, ...] = (1,),
+    *,
+    sender: int = TARGET,
+    dim: int = DIM,
+    context_round: int | None = None,
+) -> Callable[[Harness], control.Telemetry]:
+    """Telemetry of the target, sealed to the orchestrator, with whatever reports we like."""
+
+    def make(h: Harness) -> control.Telemetry:
+        reports = [Report(sender, i, np.full(dim, 0.5)) for i in rounds]
+        last = rounds[-1]
+        context = telemetry_context(
+            RUN, TARGET, 0, last if context_round is None else context_round
+        )
+        sealed = keys.seal(
+            h.conductor.identity.public.static, wire.encode_reports(reports), context
+        )
+        return control.Telemetry(TARGET, 0, last, sealed)
+
+    return make
+
+
+def topic_only(topic: str, payload: bytes = b"") -> Callable[[Harness], Frame]:
+    return lambda _: (topic, payload)
+
+
+@dataclass(frozen=True)
+class Attack:
+    name: str
+    when: Predicate
+    frame: Callable[[Harness], Frame]
+    reason: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def again(kind: type, make: Callable[[Harness], control.Control], stage: Stage) -> list[Attack]:
+    """Once the target's genuine `kind` is in: the same bytes again (a replay), and a fresh
+    frame saying the same again (a duplicate)."""
+    name, sent = kind.__name__.lower(), sent_by_target(kind, stage)
+    return [
+        Attack(f"{name}-replayed", sent, replay(kind), "replay"),
+        Attack(f"{name}-twice", sent, up(make), "duplicate"),
+    ]
+
+
+READY, FINISHED = control.Ready(TARGET, 0), control.Finished(TARGET, 0, {}, {}, {}, 0.0)
+FAILED = control.Failed(TARGET, "forged")
+CONFIGURING, RUNNING = stage_is(Stage.CONFIGURING), stage_is(Stage.RUNNING)
+
+ATTACKS = [
+    # Hello
+    Attack("hello-forged", before_hello, up(hello(), signer=STRANGER), "bad-signature"),
+    Attack(
+        "hello-bad-proof",
+        before_hello,
+        up(hello(STRANGER, bytes(32)), signer=STRANGER),
+        "bad-proof",
+    ),
+    Attack("hello-other-run", before_hello, up(hello(), run=OTHER_RUN), "wrong-run"),
+    Attack("hello-spoofed", before_hello, up(hello(agent=OTHER)), "spoofed"),
+    Attack(
+        "hello-unknown-agent",
+        before_hello,
+        up(hello(), topic=topics.ctl_up(RUN, AGENTS)),
+        "unknown-sender",
+    ),
+    Attack("hello-replayed", registered, replay(control.Hello), "duplicate"),
+    Attack(
+        "hello-another-identity",
+        registered,
+        up(hello(STRANGER), signer=STRANGER),
+        "identity-change",
+    ),
+    Attack("hello-while-running", RUNNING, replay(control.Hello), "duplicate"),
+    # Ready
+    Attack("ready-unregistered", before_hello, up(const(READY)), "unregistered"),
+    Attack("ready-forged", CONFIGURING, up(const(READY), signer=STRANGER), "bad-signature"),
+    Attack("ready-other-run", CONFIGURING, up(const(READY), run=OTHER_RUN), "wrong-run"),
+    Attack("ready-spoofed", CONFIGURING, up(const(control.Ready(OTHER, 0))), "spoofed"),
+    *again(control.Ready, const(READY), Stage.CONFIGURING),
+    Attack("ready-other-session", CONFIGURING, up(const(control.Ready(TARGET, 1))), "out-of-phase"),
+    Attack("ready-while-running", RUNNING, up(const(READY)), "out-of-phase"),
+    # Telemetry
+    Attack("telemetry-before-go", CONFIGURING, up(telemetry()), "out-of-phase"),
+    Attack("telemetry-unregistered", before_hello, up(telemetry()), "unregistered"),
+    Attack("telemetry-forged", RUNNING, up(telemetry(), signer=STRANGER), "bad-signature"),
+    Attack("telemetry-other-run", RUNNING, up(telemetry(), run=OTHER_RUN), "wrong-run"),
+    Attack(
+        "telemetry-spoofed",
+        RUNNING,
+        up(telemetry(), topic=topics.telemetry(RUN, OTHER)),
+        "spoofed",
+    ),
+    Attack(
+        "telemetry-bad-seal",
+        RUNNING,
+        up(const(control.Telemetry(TARGET, 0, 1, bytes(100)))),
+        "bad-seal",
+    ),
+    Attack(
+        "telemetry-sealed-for-another-round", RUNNING, up(telemetry(context_round=2)), "bad-seal"
+    ),
+    Attack("telemetry-of-another-agent", RUNNING, up(telemetry(sender=OTHER)), "schema"),
+    Attack("telemetry-round-0", RUNNING, up(telemetry((0,))), "schema"),
+    Attack("telemetry-beyond-the-rounds", RUNNING, up(telemetry((ROUNDS + 1,))), "schema"),
+    Attack("telemetry-wrong-dimension", RUNNING, up(telemetry(dim=3)), "shape"),
+    Attack(
+        "telemetry-other-session",
+        RUNNING,
+        up(lambda h: control.Telemetry(TARGET, 1, 1, telemetry()(h).sealed)),
+        "out-of-phase",
+    ),
+    *again(control.Telemetry, telemetry(), Stage.RUNNING),
+    # Finished
+    Attack("finished-before-go", CONFIGURING, up(const(FINISHED)), "out-of-phase"),
+    Attack("finished-unregistered", before_hello, up(const(FINISHED)), "unregistered"),
+    Attack(
+        "finished-spoofed",
+        RUNNING,
+        up(const(control.Finished(OTHER, 0, {}, {}, {}, 0.0))),
+        "spoofed",
+    ),
+    Attack("finished-forged", RUNNING, up(const(FINISHED), signer=STRANGER), "bad-signature"),
+    Attack("finished-other-run", RUNNING, up(const(FINISHED), run=OTHER_RUN), "wrong-run"),
+    Attack(
+        "finished-other-session",
+        RUNNING,
+        up(const(control.Finished(TARGET, 1, {}, {}, {}, 0.0))),
+        "out-of-phase",
+    ),
+    *again(control.Finished, const(FINISHED), Stage.RUNNING),
+    Attack("finished-when-done", stage_is(Stage.DONE), up(const(FINISHED)), "out-of-phase"),
+    # Failed (obeyed in any stage when genuine, so only frames that are not)
+    Attack("failed-unregistered", before_hello, up(const(FAILED)), "unregistered"),
+    Attack("failed-forged", RUNNING, up(const(FAILED), signer=STRANGER), "bad-signature"),
+    Attack("failed-other-run", RUNNING, up(const(FAILED), run=OTHER_RUN), "wrong-run"),
+    Attack("failed-spoofed", RUNNING, up(const(control.Failed(OTHER, "x"))), "spoofed"),
+    Attack("failed-old-sequence-number", RUNNING, up(const(FAILED), seq=1), "replay"),
+    # downward messages have no business on the upward topics
+    Attack("welcome-upward", registered, up(const(control.Welcome(TARGET))), "out-of-phase"),
+    Attack("go-upward", RUNNING, up(const(control.Go(0))), "spoofed"),
+    Attack("setup-upward", CONFIGURING, up(const(control.Setup(TARGET, 0, b""))), "out-of-phase"),
+    Attack(
+        "abort-upward",
+        RUNNING,
+        up(const(control.Abort("x")), signer=STRANGER),
+        "spoofed",
+    ),
+    Attack("bye-upward", RUNNING, up(const(control.Bye())), "spoofed"),
+    # junk
+    Attack("malformed", RUNNING, topic_only(topics.ctl_up(RUN, TARGET), b"\xc1"), "malformed"),
+    Attack(
+        "oversized",
+        RUNNING,
+        topic_only(topics.telemetry(RUN, TARGET), bytes(wire.MAX_CONTROL_BYTES + 1)),
+        "oversized",
+    ),
+    Attack("other-runs-topic", RUNNING, topic_only(topics.ctl_up(OTHER_RUN, 0)), "wrong-topic"),
+    Attack("a-peer-topic", RUNNING, topic_only(topics.peer_topic(RUN, 1, 0)), "wrong-topic"),
+]
+
+
+@pytest.mark.parametrize("attack", ATTACKS, ids=str)
+def test_a_bad_upward_frame_is_dropped_counted_and_changes_nothing(attack: Attack) -> None:
+    h = Harness.build()
+    h.strike(h.conductor, lambda: attack.when(h), lambda: attack.frame(h), attack.reason)
+
+
+def test_every_control_type_is_attacked() -> None:
+    assert {a.name.split("-")[0] for a in ATTACKS} >= CONTROL_TYPES
+
+
+# ---- deadlines ------------------------------------------------------------------------------
+
+
+def plans(sessions: int = 1) -> list[SessionPlan]:
+    return session_plans(problem(), [(Strategy.ATC, Scheme.NONE, r) for r in range(sessions)])
+
+
+def conductor(**options: object) -> tuple[Conductor, dict[int, bytes], keys.Identity]:
+    tokens = {p: bytes([p]) * 32 for p in range(AGENTS)}
+    identity = keys.Identity.generate()
+    return Conductor(RUN, identity, tokens, plans(), **options), tokens, identity  # type: ignore[arg-type]
+
+
+def signed_hello(agent: int, token: bytes, identity: keys.Identity, seq: int = 1) -> Frame:
+    public = identity.public.to_bytes()
+    msg = control.Hello(agent, public, hello_proof(token, RUN, agent, public))
+    return topics.ctl_up(RUN, agent), wire.encode_signed(msg, RUN, seq, identity)
+
+
+def test_the_registration_deadline_holds_whatever_junk_arrives() -> None:
+    """Nine agents register; junk keeps coming (sybil Hellos, forgeries, garbage), none of
+    it moves the deadline: at 60 s the conductor fails, naming the missing agent."""
+    c, tokens, _ = conductor(register_deadline=60.0)
+    assert c.start(100.0) == Output() and c.next_tick() == 160.0
+    for agent in range(AGENTS - 1):
+        out = c.receive(*signed_hello(agent, tokens[agent], keys.Identity.generate()), 100.0)
+        assert [m.topic for m in out.publish] == [topics.ctl_down(RUN, agent)]
+    missing = AGENTS - 1
+    sybil = keys.Identity.generate()
+    junk = [
+        signed_hello(missing, bytes(32), sybil),  # no launch token
+        signed_hello(AGENTS, bytes(32), sybil),  # no such agent
+        signed_hello(0, tokens[0], sybil),  # somebody else's identity
+        (topics.ctl_up(RUN, missing), b"\x00" * 50),
+        (topics.ctl_up(RUN, missing), wire.encode_signed(control.Ready(missing, 0), RUN, 2, sybil)),
+    ]
+    t = 100.0
+    while t < 160.0:
+        for frame in junk:
+            assert c.receive(*frame, t) == Output()
+        assert c.tick(t) == Output() and c.next_tick() == 160.0
+        t += 0.5
+    out = c.tick(160.0)
+    assert c.stage is Stage.FAILED and f"agents [{missing}] never registered" in c.failure
+    (abort,) = out.publish
+    assert abort.topic == topics.ctl_down(RUN, "all")
+    signed = wire.decode_signed(abort.payload)
+    signed.verify(c.identity.public, "the orchestrator")
+    assert (
+        isinstance(signed.msg, control.Abort)
+        and "registration closed after 60 s" in signed.msg.reason
+    )
+    assert c.deliveries.rejected == Counter(
+        {
+            "bad-proof": 120,
+            "unknown-sender": 120,
+            "identity-change": 120,
+            "malformed": 120,
+            "unregistered": 120,
+        }
+    )
+    assert c.receive(*junk[0], 161.0) == Output() and c.deliveries.rejected["closed"] == 1
+    assert c.deliveries.uncounted == 0 and c.next_tick() is None and c.tick(1e9) == Output()
+
+
+def test_registration_has_a_default_deadline() -> None:
+    c, _, _ = conductor()
+    c.start(0.0)
+    assert c.next_tick() == REGISTER_DEADLINE
+    assert c.tick(REGISTER_DEADLINE - 1) == Output() and c.stage is Stage.REGISTERING
+
+
+def holding(kind: type | tuple[type, ...], agent: int) -> Callable[[str, Publish], bool]:
+    """Hold back `agent`'s upward frames of type `kind`."""
+    mine = (topics.ctl_up(RUN, agent), topics.telemetry(RUN, agent))
+    return lambda _, f: f.topic in mine and isinstance(wire.decode_signed(f.payload).msg, kind)
+
+
+@pytest.mark.parametrize(
+    ("kind", "stage", "says"),
+    [
+        (control.Ready, Stage.CONFIGURING, "waiting for Ready of agents [3] (atc/none/0)"),
+        (control.Finished, Stage.RUNNING, "running round 4 (atc/none/0); slowest agents: [3]"),
+        (
+            (control.Telemetry, control.Finished),
+            Stage.RUNNING,
+            "running round 1 (atc/none/0); slowest agents: [3]",
+        ),
+    ],
+)
+def test_a_silent_session_fails_at_its_deadline_naming_who_is_awaited(
+    kind: type | tuple[type, ...], stage: Stage, says: str
+) -> None:
+    """Agent 3's frame never arrives: junk does not move the deadline, a genuine frame of
+    anybody does, and at the deadline the conductor aborts the run naming who it awaits."""
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)], deadline=30.0)
+    h.hold = holding(kind, 3)
+    h.start()
+    c = h.conductor
+    assert c.stage is stage and 1 <= len(h.held) <= 2
+    deadline = c.next_tick()
+    assert deadline == h.clock.now + 30.0
+    assert c.receive(topics.ctl_up(RUN, 3), b"junk", deadline - 1) == Output()
+    assert c.tick(deadline - 0.5) == Output() and c.next_tick() == deadline
+    out = c.tick(deadline)
+    assert c.stage is Stage.FAILED and says in c.failure
+    assert "nothing heard for 30 s" in c.failure
+    h.net.router.send("orchestrator", out)
+    h.net.router.drain()
+    assert all(n.phase is Phase.FAILED for n in h.nodes)
+    assert h.conductor.rounds_done == (ROUNDS if kind is control.Finished else 0)
+    with pytest.raises(RunFailed, match="nothing heard for 30 s"):
+        h.net.play()
+
+
+def test_a_genuine_frame_moves_the_session_deadline() -> None:
+    """Ready of agents 3 and 4 held back: 3's arrives 10 s later and moves the deadline."""
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)], deadline=30.0)
+    three, four = holding(control.Ready, 3), holding(control.Ready, 4)
+    h.hold = lambda publisher, frame: three(publisher, frame) or four(publisher, frame)
+    h.start()
+    c = h.conductor
+    first = c.next_tick()
+    assert first == h.clock.now + 30.0 and len(h.held) == 2
+    h.clock.now += 10.0
+    (_, ready), h.held = h.held[0], h.held[1:]
+    assert h.deliver(c, ready.topic, ready.payload) == Output()
+    assert c.stage is Stage.CONFIGURING and c.next_tick() == first + 10.0
+    h.finish()
+    assert c.stage is Stage.CLOSED
+    h.assert_all_counted()
+
+
+def test_missing_telemetry_fails_the_session() -> None:
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)])
+    h.hold = holding(control.Telemetry, 3)
+    h.start()
+    c = h.conductor
+    assert c.stage is Stage.FAILED
+    assert "telemetry incomplete: missing (round-1, agent) [[0, 3], [1, 3], [2, 3]]" in c.failure
+    assert all(n.phase is Phase.FAILED for n in h.nodes)
+
+
+def test_without_telemetry_the_run_completes_with_no_models() -> None:
+    h = Harness.build([(Strategy.ATC, Scheme.GHP)], telemetry=False)
+    (result,) = h.play()
+    assert np.isnan(result.models).all() and sorted(result.finished) == list(range(AGENTS))
+    assert not h.recorded(control.Telemetry)
+    h.assert_all_counted()
+
+
+# ---- failures and the end of a run ------------------------------------------------------------
+
+
+def test_an_agent_that_fails_stops_the_run() -> None:
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)])
+    h.when(
+        lambda: h.nodes[5].phase is Phase.RUNNING,
+        lambda: h.net.router.send("agent-5", h.nodes[5].fail("disk full")),
+    )
+    h.start()
+    c = h.conductor
+    assert c.stage is Stage.FAILED and c.failure == "agent 5 failed: disk full"
+    assert c.next_tick() is None and c.current is not None
+    assert all(n.phase is Phase.FAILED for n in h.nodes)
+    assert all("aborted by the orchestrator: agent 5 failed" in n.failure for n in h.nodes[:5])
+    h.assert_all_counted()
+    with pytest.raises(RuntimeError, match="bye in stage failed"):
+        c.bye()
+
+
+def test_abort_stops_every_node_once() -> None:
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)])
+    h.when(
+        lambda: h.conductor.stage is Stage.RUNNING,
+        lambda: h.net.router.send("orchestrator", h.conductor.abort("Ctrl-C")),
+    )
+    h.start()
+    assert h.fired == 1 and h.conductor.failure == "Ctrl-C"
+    assert all(n.failure == "aborted by the orchestrator: Ctrl-C" for n in h.nodes)
+    assert h.conductor.abort("again") == Output()
+    h.assert_all_counted()
+
+
+def test_after_bye_everything_is_counted_as_closed() -> None:
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)])
+    h.play()
+    c = h.conductor
+    assert c.stage is Stage.CLOSED and c.current is None and c.rounds_done == ROUNDS
+    assert c.subscriptions == [f"privnet/{RUN}/ctl/up/+", f"privnet/{RUN}/telemetry/+"]
+    for node in h.nodes:
+        assert c.receive(*h.up(control.Failed(node.me, "late"), node.me), 0.0) == Output()
+    assert c.deliveries.rejected == Counter({"closed": AGENTS})
+    assert c.deliveries.uncounted == 0 and c.abort("late") == Output()
+
+
+def test_bye_only_when_every_session_is_done() -> None:
+    c, _, _ = conductor()
+    with pytest.raises(RuntimeError, match="bye in stage registering"):
+        c.bye()
+
+
+def test_a_run_needs_sessions_with_one_spec_per_agent() -> None:
+    tokens = {p: bytes(32) for p in range(AGENTS)}
+    identity = keys.Identity.generate()
+    with pytest.raises(ValueError, match="at least one session"):
+        Conductor(RUN, identity, tokens, [])
+    with pytest.raises(ValueError, match=f"one spec per agent 0..{AGENTS}"):
+        Conductor(RUN, identity, {**tokens, AGENTS: bytes(32)}, plans())
+
+
+UP_TOPICS = [
+    topics.ctl_up(RUN, 0),
+    topics.telemetry(RUN, 0),
+    topics.ctl_up(RUN, AGENTS),
+    topics.ctl_down(RUN, "all"),
+]
+
+
+@settings(derandomize=True, max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(UP_TOPICS), st.binary(max_size=200)), max_size=20))
+def test_any_delivery_is_counted_and_never_raises(deliveries: list[Frame]) -> None:
+    c, _, _ = conductor(register_deadline=60.0)
+    c.start(0.0)
+    for topic, payload in deliveries:
+        assert c.receive(topic, payload, 1.0) == Output()
+    assert c.deliveries.rejected.total() == c.deliveries.received == len(deliveries)
+    assert c.stage is Stage.REGISTERING and c.next_tick() == 60.0

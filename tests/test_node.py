@@ -1,0 +1,627 @@
+"""The agent node (agent/node.py), driven directly and through the in-memory router.
+
+No broker, no processes, no asyncio: a fake clock moves time, `runs.Harness` delivers
+attack frames in the exact phase they target. Every bad control frame must be dropped,
+counted under one specific reason, and change nothing: the run's models stay those of a
+clean run (to runs.RTOL; local-ghp masks differ run to run but cancel).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tracemalloc
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from runs import CONTROL_TYPES, RUN, Harness, assert_same_models, clean
+
+from agent import control, keys, topics, wire
+from agent.messages import KeyShare
+from agent.node import (
+    EARLY_BYTES,
+    EARLY_COUNT,
+    HELLO_EVERY,
+    IDLE_TIMEOUT,
+    REGISTER_TIMEOUT,
+    AgentNode,
+    Event,
+    Launch,
+    Output,
+    Phase,
+    Publish,
+    hello_proof,
+    setup_context,
+)
+from agent.spec import Scheme, Strategy
+from orchestrator.conductor import Stage
+
+TARGET = 0  # the node under attack: a hub with four neighbours (seed 34's graph)
+STRANGER = keys.Identity.generate()  # signs forgeries
+OTHER_RUN = "other-run"
+Frame = tuple[str, bytes]
+FUZZ = settings(derandomize=True, max_examples=100, deadline=None)
+
+
+# ---- building frames for the target -------------------------------------------------------
+
+
+def config_for(h: Harness, agent: int, **changes: object) -> control.Config:
+    """The Config the conductor would seal for `agent` in session 0."""
+    plan = h.conductor.plans[0]
+    directory = {m: node.identity.public.to_bytes() for m, node in enumerate(h.nodes)}
+    config = control.Config(plan.specs[agent], plan.problem, directory, h.conductor.deadline, True)
+    return dataclasses.replace(config, **changes)  # type: ignore[arg-type]
+
+
+def setup(
+    h: Harness,
+    *,
+    agent: int = TARGET,
+    session: int = 0,
+    config: control.Config | None = None,
+    seal_to: int = TARGET,
+    context: int = 0,
+) -> control.Setup:
+    """A Setup whose Config is sealed the way the conductor seals it, unless told otherwise."""
+    plain = wire.encode_config(config or config_for(h, seal_to))
+    recipient = h.nodes[seal_to].identity.public.static
+    sealed = keys.seal(recipient, plain, setup_context(RUN, seal_to, context))
+    return control.Setup(agent, session, sealed)
+
+
+def replay(kind: type, to: int | str = TARGET) -> Callable[[Harness], Frame]:
+    """The last genuine frame of type `kind` the conductor sent, again."""
+
+    def build(h: Harness) -> Frame:
+        topic = topics.ctl_down(RUN, to)  # type: ignore[arg-type]
+        return topic, h.recorded(kind, topic)[-1].payload
+
+    return build
+
+
+def down(make: Callable[[Harness], control.Control], **options: object) -> Callable[..., Frame]:
+    return lambda h: h.down(make(h), TARGET, **options)  # type: ignore[arg-type]
+
+
+def const(msg: control.Control) -> Callable[[Harness], control.Control]:
+    return lambda _: msg
+
+
+def raw(topic: str, payload: bytes) -> Callable[[Harness], Frame]:
+    return lambda _: (topic, payload)
+
+
+@dataclass(frozen=True)
+class Attack:
+    name: str
+    phase: Phase  # of the target when the frame arrives
+    frame: Callable[[Harness], Frame]
+    reason: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+WELCOME, GO, BYE = const(control.Welcome(TARGET)), const(control.Go(0)), const(control.Bye())
+ABORT = const(control.Abort("forged"))
+BAD_IDENTITY = STRANGER.public.signing + bytes(32)  # a low-order X25519 key: no link key
+
+ATTACKS = [
+    # Welcome
+    Attack("welcome-forged", Phase.REGISTERING, down(WELCOME, signer=STRANGER), "bad-signature"),
+    Attack("welcome-other-run", Phase.REGISTERING, down(WELCOME, run=OTHER_RUN), "wrong-run"),
+    Attack(
+        "welcome-for-agent-1", Phase.REGISTERING, down(const(control.Welcome(1))), "out-of-phase"
+    ),
+    Attack("welcome-twice", Phase.REGISTERED, down(WELCOME), "out-of-phase"),
+    Attack("welcome-replayed", Phase.REGISTERED, replay(control.Welcome), "replay"),
+    Attack("welcome-while-running", Phase.RUNNING, down(WELCOME), "out-of-phase"),
+    # Setup
+    Attack("setup-forged", Phase.REGISTERED, down(setup, signer=STRANGER), "bad-signature"),
+    Attack("setup-other-run", Phase.REGISTERED, down(setup, run=OTHER_RUN), "wrong-run"),
+    Attack("setup-before-welcome", Phase.REGISTERING, down(setup), "out-of-phase"),
+    Attack(
+        "setup-for-agent-1", Phase.REGISTERED, down(lambda h: setup(h, agent=1)), "out-of-phase"
+    ),
+    Attack(
+        "setup-bad-seal",
+        Phase.REGISTERED,
+        down(const(control.Setup(TARGET, 0, bytes(200)))),
+        "bad-seal",
+    ),
+    Attack(
+        "setup-sealed-to-agent-1", Phase.REGISTERED, down(lambda h: setup(h, seal_to=1)), "bad-seal"
+    ),
+    Attack(
+        "setup-sealed-for-session-1",
+        Phase.REGISTERED,
+        down(lambda h: setup(h, context=1)),
+        "bad-seal",
+    ),
+    Attack(
+        "setup-config-of-agent-1",
+        Phase.REGISTERED,
+        down(lambda h: setup(h, config=config_for(h, 1))),
+        "schema",
+    ),
+    Attack(
+        "setup-bad-directory-key",
+        Phase.REGISTERED,
+        down(lambda h: setup(h, config=config_for(h, TARGET, directory={5: BAD_IDENTITY}))),
+        "bad-key",
+    ),
+    Attack("setup-replayed", Phase.KEYED, replay(control.Setup), "replay"),
+    Attack("setup-while-configured", Phase.CONFIGURED, down(setup), "out-of-phase"),
+    Attack(
+        "setup-while-running", Phase.RUNNING, down(lambda h: setup(h, session=1)), "out-of-phase"
+    ),
+    Attack("setup-for-a-played-session", Phase.FINISHED, down(setup), "replay"),
+    # Go
+    Attack("go-forged", Phase.KEYED, down(GO, signer=STRANGER), "bad-signature"),
+    Attack("go-other-run", Phase.KEYED, down(GO, run=OTHER_RUN), "wrong-run"),
+    Attack("go-before-setup", Phase.REGISTERED, down(GO), "out-of-phase"),
+    Attack("go-before-keyed", Phase.CONFIGURED, down(GO), "out-of-phase"),
+    Attack("go-other-session", Phase.KEYED, down(const(control.Go(1))), "out-of-phase"),
+    Attack("go-replayed", Phase.RUNNING, replay(control.Go, "all"), "replay"),
+    Attack("go-when-finished", Phase.FINISHED, down(GO), "out-of-phase"),
+    # Abort (obeyed in any phase when genuine, so only frames that are not)
+    Attack("abort-forged", Phase.RUNNING, down(ABORT, signer=STRANGER), "bad-signature"),
+    Attack("abort-forged-early", Phase.REGISTERING, down(ABORT, signer=STRANGER), "bad-signature"),
+    Attack("abort-other-run", Phase.RUNNING, down(ABORT, run=OTHER_RUN), "wrong-run"),
+    Attack("abort-old-sequence-number", Phase.RUNNING, down(ABORT, seq=1), "replay"),
+    # Bye
+    Attack("bye-forged", Phase.FINISHED, down(BYE, signer=STRANGER), "bad-signature"),
+    Attack("bye-other-run", Phase.FINISHED, down(BYE, run=OTHER_RUN), "wrong-run"),
+    Attack("bye-old-sequence-number", Phase.FINISHED, down(BYE, seq=1), "replay"),
+    Attack("bye-while-configured", Phase.CONFIGURED, down(BYE), "out-of-phase"),
+    Attack("bye-while-keyed", Phase.KEYED, down(BYE), "out-of-phase"),
+    Attack("bye-while-running", Phase.RUNNING, down(BYE), "out-of-phase"),
+    # upward messages have no business on a node's control topics
+    Attack(
+        "hello-signed-by-the-agent",
+        Phase.REGISTERING,
+        lambda h: h.up(
+            control.Hello(TARGET, bytes(64), bytes(32)), TARGET, topic=topics.ctl_down(RUN, TARGET)
+        ),
+        "bad-signature",
+    ),
+    Attack("ready-downward", Phase.KEYED, down(const(control.Ready(TARGET, 0))), "out-of-phase"),
+    Attack("failed-downward", Phase.RUNNING, down(const(control.Failed(1, "x"))), "out-of-phase"),
+    Attack(
+        "finished-downward",
+        Phase.RUNNING,
+        down(const(control.Finished(TARGET, 0, {}, {}, {}, 1.0))),
+        "out-of-phase",
+    ),
+    Attack(
+        "telemetry-downward",
+        Phase.RUNNING,
+        down(const(control.Telemetry(TARGET, 0, 1, bytes(60)))),
+        "out-of-phase",
+    ),
+    # junk
+    Attack("malformed", Phase.RUNNING, raw(topics.ctl_down(RUN, "all"), b"\xc1"), "malformed"),
+    Attack(
+        "oversized",
+        Phase.RUNNING,
+        raw(topics.ctl_down(RUN, TARGET), bytes(wire.MAX_CONTROL_BYTES + 1)),
+        "oversized",
+    ),
+    Attack("other-agents-topic", Phase.RUNNING, raw(topics.ctl_down(RUN, 1), b""), "wrong-topic"),
+    Attack(
+        "peer-topic-of-another-run",
+        Phase.RUNNING,
+        raw(topics.peer_topic(OTHER_RUN, TARGET, 2), b""),
+        "wrong-topic",
+    ),
+    Attack(
+        "peer-topic-of-another-receiver",
+        Phase.RUNNING,
+        raw(topics.peer_topic(RUN, 1, 2), b""),
+        "wrong-topic",
+    ),
+]
+
+
+@pytest.mark.parametrize("attack", ATTACKS, ids=str)
+def test_a_bad_control_frame_is_dropped_counted_and_changes_nothing(attack: Attack) -> None:
+    h = Harness.build()
+    node = h.nodes[TARGET]
+    h.strike(node, lambda: node.phase is attack.phase, lambda: attack.frame(h), attack.reason)
+
+
+def test_every_control_type_is_attacked() -> None:
+    assert {a.name.split("-")[0] for a in ATTACKS} >= CONTROL_TYPES
+
+
+def test_a_flood_of_every_attack_through_the_router_changes_nothing() -> None:
+    """Each phase's attack frames, ten times over, injected when the target enters it and
+    routed like a broker would: the broadcast ones reach every node; all are counted, and
+    the result is a clean run's."""
+    h = Harness.build()
+    node = h.nodes[TARGET]
+    phases: list[Phase] = []
+    routed = 0
+
+    def inject_all() -> None:
+        nonlocal routed
+        phases.append(node.phase)
+        for attack in ATTACKS * 10:
+            if attack.phase is node.phase:
+                topic, payload = attack.frame(h)
+                h.net.router.inject(topic, payload)
+                routed += any(topics.matches(s, topic) for s in node.subscriptions)
+        if node.phase is not Phase.FINISHED:
+            h.when(lambda: node.phase is not phases[-1], inject_all)
+
+    h.when(lambda: True, inject_all)
+    results = h.play()
+    assert phases == list(Phase)[:6]  # registering ... finished
+    assert node.rejected.total() == routed >= 10 * (len(ATTACKS) - 3)
+    h.assert_all_counted()
+    assert_same_models(results, clean())
+
+
+# ---- time: Hello, registration, silence, idleness -------------------------------------------
+
+
+def bare_node(agent: int = TARGET) -> tuple[AgentNode, keys.Identity, bytes]:
+    """A node with nobody around it: (node, the orchestrator's identity, launch token)."""
+    orchestrator, token = keys.Identity.generate(), bytes(range(32))
+    launch = Launch(RUN, agent, orchestrator.public, token)
+    return AgentNode(launch, keys.Identity.generate()), orchestrator, token
+
+
+def upward(node: AgentNode, out: Output) -> list[control.Control]:
+    """The messages in `out`, each checked to be signed by the node's identity."""
+    msgs = []
+    for frame in out.publish:
+        assert frame.topic in (topics.ctl_up(RUN, node.me), topics.telemetry(RUN, node.me))
+        signed = wire.decode_signed(frame.payload)
+        signed.verify(node.identity.public, "the node")
+        assert signed.run == RUN
+        msgs.append(signed.msg)
+    return msgs
+
+
+def test_hello_is_sent_at_start_and_every_hello_every_until_welcome() -> None:
+    node, orchestrator, token = bare_node()
+    (hello,) = upward(node, node.start(50.0))
+    identity = node.identity.public.to_bytes()
+    assert hello == control.Hello(TARGET, identity, hello_proof(token, RUN, TARGET, identity))
+    assert node.next_tick() == 50.0 + HELLO_EVERY
+    assert node.tick(50.0 + HELLO_EVERY - 0.01) == Output()
+    assert upward(node, node.tick(50.0 + HELLO_EVERY)) == [hello]
+    assert node.next_tick() == 50.0 + 2 * HELLO_EVERY
+    welcome = wire.encode_signed(control.Welcome(TARGET), RUN, 1, orchestrator)
+    out = node.receive(topics.ctl_down(RUN, TARGET), welcome, 53.0)
+    assert out == Output(events=[Event("registered")]) and node.phase is Phase.REGISTERED
+    assert node.tick(50.0 + 3 * HELLO_EVERY) == Output()  # no more Hello
+    assert node.next_tick() == 53.0 + IDLE_TIMEOUT
+
+
+def test_registration_times_out_without_telling_anybody() -> None:
+    node, _, _ = bare_node()
+    node.start(0.0)
+    for t in range(2, int(REGISTER_TIMEOUT), 2):
+        assert len(node.tick(float(t)).publish) == 1  # a Hello
+    assert node.next_tick() == REGISTER_TIMEOUT
+    out = node.tick(REGISTER_TIMEOUT)
+    assert out.publish == [] and [e.kind for e in out.events] == ["failed"]
+    assert "no answer to registration within 120 s" in node.failure
+    assert node.phase is Phase.FAILED and node.done and node.next_tick() is None
+    assert node.tick(1e9) == Output() and node.fail("again") == Output()
+    assert node.receive(topics.ctl_down(RUN, "all"), b"", 1e9) == Output()
+    assert node.rejected == Counter({"closed": 1}) and node.deliveries.uncounted == 0
+
+
+@pytest.mark.parametrize("phase", [Phase.REGISTERED, Phase.FINISHED])
+def test_an_idle_node_leaves_and_says_why(phase: Phase) -> None:
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)])
+    if phase is Phase.REGISTERED:
+        h.hold = lambda _, frame: is_setup(frame)
+    h.start()
+    node = h.nodes[TARGET]
+    assert node.phase is phase
+    since = h.clock.now
+    assert node.next_tick() == since + IDLE_TIMEOUT
+    assert node.tick(since + IDLE_TIMEOUT - 1) == Output()
+    out = node.tick(since + IDLE_TIMEOUT)
+    (failed,) = upward(node, out)
+    assert isinstance(failed, control.Failed) and "no word from the orchestrator" in failed.reason
+    assert node.phase is Phase.FAILED and out.events[0].kind == "failed"
+
+
+def is_setup(frame: Publish, to: int | str = TARGET) -> bool:
+    topic = topics.ctl_down(RUN, to)  # type: ignore[arg-type]
+    return frame.topic == topic and isinstance(wire.decode_signed(frame.payload).msg, control.Setup)
+
+
+def hold_peer_frames_to(agent: int, categories: tuple[str, ...]) -> Callable[[str, Publish], bool]:
+    inbox = topics.inbox_filter(RUN, agent)
+    return lambda _, f: f.category in categories and topics.matches(inbox, f.topic)
+
+
+@pytest.mark.parametrize(
+    ("held", "phase"), [(("keys",), Phase.CONFIGURED), (("model",), Phase.RUNNING)]
+)
+def test_a_silent_session_fails_naming_who_is_awaited(held: tuple[str, ...], phase: Phase) -> None:
+    """Nothing reaches the target: at the deadline it fails, names its silent neighbours,
+    tells the conductor, which aborts every other node."""
+    h = Harness.build(deadline=30.0)
+    h.hold = hold_peer_frames_to(TARGET, held)
+    h.start()
+    node = h.nodes[TARGET]
+    assert node.phase is phase
+    deadline = node.next_tick()
+    assert deadline == h.clock.now + 30.0
+    assert node.tick(deadline - 0.5) == Output()
+    out = node.tick(deadline)
+    (failed,) = upward(node, out)
+    assert isinstance(failed, control.Failed)
+    waiting = node.session.core.waiting_for() if node.session else []
+    assert waiting and set(waiting) <= {2, 6, 7, 9}  # the target's neighbours
+    assert f"nothing received for 30 s in round 1 ({phase}); waiting for agents {waiting}" in (
+        failed.reason
+    )
+    aborted = h.conductor.receive(out.publish[0].topic, out.publish[0].payload, deadline)
+    assert h.conductor.stage is Stage.FAILED and "agent 0 failed" in h.conductor.failure
+    (abort,) = aborted.publish
+    for other in h.nodes[1:]:
+        assert h.deliver(other, abort.topic, abort.payload).publish == []  # told, not telling
+        assert other.phase is Phase.FAILED and "aborted by the orchestrator" in other.failure
+    late = len(h.held)
+    h.release()  # what was held now finds closed nodes
+    assert node.rejected["closed"] == late > 0
+    h.assert_all_counted()
+
+
+def test_a_keyed_node_waiting_for_go_names_the_orchestrator() -> None:
+    """Agent 3's Ready never reaches the conductor, so no Go: the keyed target gives up at
+    its deadline and says it waited for the orchestrator, not for any agent."""
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)], deadline=30.0)
+    h.hold = lambda _, f: (
+        f.topic == topics.ctl_up(RUN, 3)
+        and isinstance(wire.decode_signed(f.payload).msg, control.Ready)
+    )
+    h.start()
+    node = h.nodes[TARGET]
+    assert node.phase is Phase.KEYED and node.next_tick() == h.clock.now + 30.0
+    (failed,) = upward(node, node.tick(h.clock.now + 30.0))
+    assert isinstance(failed, control.Failed)
+    assert "in round 1 (keyed); waiting for Go from the orchestrator" in failed.reason
+
+
+def test_activity_moves_the_session_deadline() -> None:
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)])
+    h.hold = hold_peer_frames_to(TARGET, ("model",))
+    h.start()
+    node = h.nodes[TARGET]
+    first = node.next_tick()
+    assert first is not None
+    h.clock.now += 20.0
+    h.hold = None
+    held, h.held = h.held[:1], h.held[1:]  # one neighbour's model arrives, 20 s later
+    for _, frame in held:
+        h.deliver(node, frame.topic, frame.payload)
+    assert node.next_tick() == first + 20.0
+    h.clock.now += 1.0
+    assert h.finish()[0].models.shape[0] == 3
+    h.assert_all_counted()
+
+
+def test_the_shell_may_give_up() -> None:
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)]).start()
+    node = h.nodes[TARGET]
+    (failed,) = upward(node, node.fail("lost the broker"))
+    assert failed == control.Failed(TARGET, "lost the broker") and node.phase is Phase.FAILED
+
+
+# ---- resources: the early buffer, relays, bad key shares --------------------------------------
+
+
+def peer_junk(n: int, size: int) -> list[bytes]:
+    """`n` distinct payloads of `size` bytes each (none of them a valid frame)."""
+    return [n_.to_bytes(4, "big") + bytes(size - 4) for n_ in range(n)]
+
+
+def test_the_early_buffer_is_bounded_in_count() -> None:
+    node, _, _ = bare_node()
+    node.start(0.0)
+    topic = topics.peer_topic(RUN, TARGET, 3)
+    for payload in peer_junk(EARLY_COUNT + 100, 8):
+        assert node.receive(topic, payload, 1.0) == Output()
+    assert node.rejected == Counter({"overflow": 100})
+    assert node.deliveries.uncounted == 0
+    node.fail("test over")  # the buffered frames will never be used: counted as such
+    assert node.rejected == Counter({"overflow": 100, "no-session": EARLY_COUNT})
+    assert node.deliveries.received == EARLY_COUNT + 100 and node.deliveries.uncounted == 0
+
+
+def test_the_early_buffer_is_bounded_in_bytes_and_memory_stays_bounded() -> None:
+    node, _, _ = bare_node()
+    node.start(0.0)
+    topic, mib = topics.peer_topic(RUN, TARGET, 3), 1 << 20
+    flood = 3 * EARLY_BYTES // mib  # 48 MiB offered, one MiB at a time
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(flood):
+            node.receive(topic, n.to_bytes(4, "big") + bytes(mib - 4), 1.0)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    kept = EARLY_BYTES // mib
+    assert node.rejected == Counter({"overflow": flood - kept})
+    assert grown <= EARLY_BYTES + mib  # what the buffer may hold, and no more
+    assert node.deliveries.uncounted == 0
+
+
+def test_early_frames_are_replayed_into_the_session_and_each_counted() -> None:
+    """Setup held back from the target: its neighbours' key plans wait in the early buffer
+    with junk injected beside them; once configured, the genuine ones are used, the junk
+    counted under its own reasons, and the run is a clean run."""
+    h = Harness.build()
+    h.hold = lambda _, frame: is_setup(frame)
+    h.start()
+    node = h.nodes[TARGET]
+    assert node.phase is Phase.REGISTERED
+    inbox = topics.peer_topic(RUN, TARGET, 2)
+    junk = {
+        b"\xc1": "malformed",
+        wire.encode_peer(KeyShare(2, 0, 2, 0, 6, 0, 0, bytes(32), bytes(64)), bytes(32)): "bad-mac",
+    }
+    for payload in junk:
+        assert h.deliver(node, inbox, payload) == Output()
+    assert node.rejected == Counter() and node.deliveries.uncounted == 0
+    results = h.finish()
+    assert node.rejected == Counter(junk.values())
+    h.assert_all_counted()
+    assert_same_models(results, clean())
+
+
+def shares_to(h: Harness, hub: int) -> list[Publish]:
+    """Genuine key shares an owner sent to `hub` for a partner of its."""
+    found = []
+    for frame in h.peer_frames():
+        if frame.category == "keys" and topics.matches(topics.inbox_filter(RUN, hub), frame.topic):
+            msg = wire.peek_peer(frame.payload, 2)
+            if isinstance(msg, KeyShare) and msg.sender == msg.owner and msg.partner != hub:
+                found.append(frame)
+    return found
+
+
+def test_a_hub_relays_each_key_share_once() -> None:
+    """Each genuine share sent to the hub, replayed 50 times while it runs: still one
+    relay per share, the replays counted at the hub."""
+    h = Harness.build()
+    hub = h.nodes[TARGET]
+    replays = 50
+
+    def replay_shares() -> None:
+        for share in shares_to(h, TARGET):
+            for _ in range(replays):
+                h.net.router.inject(share.topic, share.payload)
+
+    h.when(lambda: hub.phase is Phase.RUNNING, replay_shares)
+    results = h.play()
+    shares = shares_to(h, TARGET)
+    assert len(shares) == 8  # pairs (2, 6), (2, 9), (7, 6), (7, 9): both ways
+    assert hub.session is not None
+    assert hub.session.core.counters.relayed == len(shares)
+    assert hub.rejected == Counter({"duplicate": replays * len(shares)})
+    h.assert_all_counted()
+    assert_same_models(results, clean())
+
+
+def relayed_share(frame: Publish | None) -> KeyShare | None:
+    """The key share in `frame` if it is one the target relays as hub (sender != owner)."""
+    if frame is None or frame.category != "keys" or not frame.topic.endswith(f"/from/{TARGET}"):
+        return None
+    msg = wire.peek_peer(frame.payload, 2)
+    return msg if isinstance(msg, KeyShare) and msg.owner != TARGET else None
+
+
+def test_a_bad_key_share_from_one_neighbour_is_counted_and_the_run_goes_on() -> None:
+    """Just before the hub's relay reaches the partner, a copy with another ephemeral key
+    arrives (MACed right on the hub's link, so only the owner's signature tells): counted
+    bad-key; the genuine share behind it completes the pair and the run is a clean run."""
+    h = Harness.build()
+    victims: list[int] = []
+
+    def tamper() -> None:
+        assert h.in_flight is not None
+        share = relayed_share(h.in_flight)
+        assert share is not None
+        partner = h.nodes[share.receiver]
+        assert partner.session is not None
+        forged = dataclasses.replace(share, public=keys.Ephemeral.generate().public)
+        payload = wire.encode_peer(forged, partner.session.link_keys[TARGET])
+        assert h.deliver(partner, h.in_flight.topic, payload) == Output()
+        victims.append(share.receiver)
+
+    h.when(lambda: relayed_share(h.in_flight) is not None, tamper)
+    results = h.play()
+    assert h.fired == 1
+    assert h.nodes[victims[0]].rejected == Counter({"bad-key": 1})
+    assert h.rejected() == Counter({"bad-key": 1})
+    h.assert_all_counted()
+    assert_same_models(results, clean())
+
+
+# ---- the node's own output --------------------------------------------------------------------
+
+
+def test_a_clean_run_counts_every_delivery_and_reports_its_traffic() -> None:
+    """Finished tells the exact MQTT bytes and messages the node published, by category
+    (its Hellos charged to the first session), itself included."""
+    h = Harness.build()
+    results = h.play()
+    h.assert_all_counted()
+    assert h.rejected() == Counter()
+    for node in h.nodes:
+        assert node.phase is Phase.CLOSED and node.done and node.next_tick() is None
+        assert node.deliveries.received == node.deliveries.used > 0
+    sent = [f for p, f in h.sent if p == f"agent-{TARGET}"]
+    finished = results[0].finished[TARGET]
+    assert finished.messages == Counter(f.category for f in sent)
+    size: Counter[str] = Counter()
+    for f in sent:
+        size[f.category] += topics.mqtt_publish_size(f.topic, len(f.payload), 1)
+    assert finished.bytes == size
+    assert node_subscriptions_are_its_own(h.nodes[TARGET])
+
+
+def node_subscriptions_are_its_own(node: AgentNode) -> bool:
+    return node.subscriptions == [
+        f"privnet/{RUN}/to/{node.me}/from/+",
+        f"privnet/{RUN}/ctl/down/{node.me}",
+        f"privnet/{RUN}/ctl/down/all",
+    ]
+
+
+def test_without_telemetry_no_model_leaves_the_node() -> None:
+    h = Harness.build([(Strategy.ATC, Scheme.GHP)], telemetry=False)
+    h.start()
+    assert not [f for _, f in h.sent if f.category == "telemetry"]
+    assert h.conductor.stage is Stage.DONE
+    assert all(n.w is not None for n in h.nodes) and bare_node()[0].w is None
+
+
+def test_control_junk_never_raises_and_never_moves_the_node() -> None:
+    node, orchestrator, _ = bare_node()
+    node.start(0.0)
+    junk = [b"", b"\x00", msgpack.packb([1, "go", b"", b""]), bytes(100)]
+    for payload in junk:
+        assert node.receive(topics.ctl_down(RUN, "all"), payload, 1.0) == Output()
+    forged = wire.encode_signed(control.Welcome(TARGET), RUN, 1, STRANGER)
+    assert node.receive(topics.ctl_down(RUN, TARGET), forged, 1.0) == Output()
+    assert node.rejected == Counter({"malformed": len(junk), "bad-signature": 1})
+    assert node.phase is Phase.REGISTERING and node.deliveries.uncounted == 0
+    genuine = wire.encode_signed(control.Welcome(TARGET), RUN, 1, orchestrator)
+    assert node.receive(topics.ctl_down(RUN, TARGET), genuine, 1.0).events == [Event("registered")]
+
+
+NODE_TOPICS = [
+    topics.ctl_down(RUN, "all"),
+    topics.ctl_down(RUN, TARGET),
+    topics.peer_topic(RUN, TARGET, 3),
+    topics.ctl_up(RUN, TARGET),
+]
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.sampled_from(NODE_TOPICS), st.binary(max_size=200)), max_size=20))
+def test_any_delivery_is_used_or_counted_and_never_raises(deliveries: list[Frame]) -> None:
+    node, _, _ = bare_node()
+    node.start(0.0)
+    for topic, payload in deliveries:
+        assert node.receive(topic, payload, 1.0).publish == []
+    assert node.deliveries.uncounted == 0 and node.phase is Phase.REGISTERING
+    node.fail("test over")
+    assert node.deliveries.received == len(deliveries) == node.rejected.total()
