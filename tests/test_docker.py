@@ -9,6 +9,7 @@ failure (and PRIVNET_REQUIRE_PCAP=1 a missing tcpdump or tshark).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiomqtt
 import numpy as np
 import pytest
 from conftest import capture_tools, tcpdump
@@ -67,6 +69,7 @@ class ComposeRun:
     outputs: Path
     agent_exit_codes: list[int]
     pcap: Path | None  # the compose bridge, captured during `up` (None without tcpdump)
+    logins: dict[str, bool]  # who the compose broker let in, tried after the run
 
 
 def _run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -136,9 +139,8 @@ def compose_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeRun
         build = _run([*base, "build"], env, BUILD_TIMEOUT)
         build_s = time.perf_counter() - start
         assert build.returncode == 0, f"image build failed:\n{build.stdout[-4000:]}"
-        # The one-shot secrets service first: it creates the bridge, to tap it before the run
-        # (`up --no-start` would wait forever for a dependency that must complete).
-        created = _run([*base, "up", "--no-color", "secrets"], env, 300)
+        # The secrets service first: it creates the bridge, to tap it before the run.
+        created = _run([*base, "up", "--detach", "secrets"], env, 300)
         assert created.returncode == 0, f"`up secrets` failed:\n{created.stdout[-4000:]}"
         pcap = tmp_path_factory.mktemp("capture") / "bridge.pcap" if capture_tools() else None
         capture = tcpdump(pcap, 1883, _bridge(project)) if pcap else contextlib.nullcontext()
@@ -150,9 +152,42 @@ def compose_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeRun
         up_s = time.perf_counter() - start
         print(f"compose: build {build_s:.1f} s, up ({AGENTS} agents, {ITERS} rounds) {up_s:.1f} s")
         codes = _agent_exit_codes(project)
-        yield ComposeRun(up.returncode, up.stdout, outputs / "compose", codes, pcap)
+        logins = _try_logins(base, env, project)
+        yield ComposeRun(up.returncode, up.stdout, outputs / "compose", codes, pcap, logins)
     finally:
         _tear_down(base, env, project)
+
+
+def _try_logins(base: list[str], env: dict[str, str], project: str) -> dict[str, bool]:
+    """The broker again (fresh secrets), reached from the host over the bridge: who gets in."""
+    assert _run([*base, "up", "--detach", "broker"], env, 300).returncode == 0
+    name = f"{project}_broker_1"
+    address = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
+    host = subprocess.run(
+        ["docker", "inspect", "--format", address, name], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    secret = _run([*base, "exec", "-T", "secrets", "cat", "/privnet/users/inspector.env"], env, 60)
+    inspector = dict(line.split("=", 1) for line in secret.stdout.split())
+
+    def login(**auth: str) -> bool:
+        async def connect() -> None:
+            async with aiomqtt.Client(host, 1883, timeout=10, **auth):
+                pass
+
+        try:
+            asyncio.run(connect())
+        except aiomqtt.MqttError:
+            return False
+        return True
+
+    return {
+        "anonymous": login(),
+        "wrong password": login(username="inspector", password="guess"),
+        "inspector": login(
+            username=inspector["PRIVNET_MQTT_USERNAME"],
+            password=inspector["PRIVNET_MQTT_PASSWORD"],
+        ),
+    }
 
 
 def _networks(project: str) -> list[str]:
@@ -199,6 +234,11 @@ def test_compose_run_completes(compose_run: ComposeRun) -> None:
     # The operator sees the results in `up`'s own output: they are written before Bye, and
     # the first agent to leave ends compose's log stream.
     assert "wrote /app/runs/compose/summary.json" in compose_run.log, tail
+
+
+def test_compose_broker_refuses_anonymous_clients(compose_run: ComposeRun) -> None:
+    """Compose runs with the run's credentials and ACL too: only known users get in."""
+    assert compose_run.logins == {"anonymous": False, "wrong password": False, "inspector": True}
 
 
 def test_compose_msd_equals_memory_engine(compose_run: ComposeRun, tmp_path: Path) -> None:
