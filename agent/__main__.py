@@ -9,13 +9,12 @@ first unclaimed launch file in DIR (docker-compose replicas, which share one vol
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
 from pathlib import Path
 
-from agent.mqtt import AgentLaunch, run_agent
+from agent.mqtt import AgentLaunch, run, run_agent
 
 
 def claim(directory: Path) -> AgentLaunch:
@@ -61,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(),
         format=f"%(asctime)s agent[{launch.agent}] %(levelname)s %(message)s",
     )
-    return asyncio.run(run_agent(broker, node_launch, access))
+    return run(run_agent(broker, node_launch, access))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,12 @@ from agent.core import AgentCore
 from agent.losses import LeastSquares
 from agent.messages import Message, Rejected, Report
 
-QOS = 1  # at-least-once: a lost model would stall the round; the core drops duplicates
+QOS = 1  # control, keys and telemetry: at-least-once; the node and core drop duplicates
+# Models go at most once: on a live TCP connection the broker loses none, and a lost
+# connection ends the agent anyway (no session resumes), so a PUBACK per model buys nothing
+# but two packets per edge per round. A round whose models did not all arrive is redone under
+# the next membership view (DESIGN: Membership and faults), never repaired by a resend.
+QOS_OF = {"model": 0, "keys": QOS, "telemetry": QOS, "control": QOS}
 HELLO_EVERY = 2.0  # seconds between Hellos until Welcome: the orchestrator may subscribe late
 REGISTER_TIMEOUT = 120.0
 IDLE_TIMEOUT = 600.0  # between sessions: an orchestrator gone this long is not coming back
@@ -86,6 +91,10 @@ class Publish:
     payload: bytes
     category: str  # model, keys, telemetry or control: the byte-accounting bucket
 
+    @property
+    def qos(self) -> int:
+        return QOS_OF.get(self.category, QOS)
+
 
 @dataclass(frozen=True, slots=True)
 class Event:
@@ -117,7 +126,9 @@ class Traffic:
     messages: Counter[str] = field(default_factory=Counter)
 
     def add(self, category: str, topic: str, payload: builtins.bytes) -> None:  # not the field
-        self.bytes[category] += topics.mqtt_publish_size(topic, len(payload), QOS)
+        self.bytes[category] += topics.mqtt_publish_size(
+            topic, len(payload), QOS_OF.get(category, QOS)
+        )
         self.messages[category] += 1
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import secrets
 import signal
 import sys
@@ -129,6 +128,7 @@ def reproduce(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from agent.mqtt import run as run_loop
     from orchestrator.engines.net import run_network
 
     # The seed determines every agent's data: unless the operator picks one, it is a
@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     )
     config = experiment(args, base)
     out = out_dir(args, config, "run")
-    return asyncio.run(run_network(config, args, out))
+    return run_loop(run_network(config, args, out))
 
 
 def prepare(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ import pytest
 from agent import topics, wire
 from agent.control import Telemetry
 from agent.messages import Model
+from agent.node import QOS_OF
 from broker.credentials import INSPECTOR
 from broker.launcher import Broker, launch
 from orchestrator.cli import main
@@ -101,12 +102,13 @@ def not_counted_by_agents(summary: dict[str, Any]) -> tuple[int, int]:
 def test_agent_byte_counts_match_mosquitto_sys(net_run: Callable[[str], Path]) -> None:
     """$SYS bytes_received = what the agents count (every PUBLISH of theirs, Hellos charged
     to the first session) + what the orchestrator publishes + a PUBACK per QoS-1 delivery
-    (an agent's message has exactly one subscriber) + per-client bookkeeping."""
+    (an agent's message has exactly one subscriber; models go at QoS 0, without one) +
+    per-client bookkeeping."""
     summary = load_summary(net_run("mosquitto") / "summary.json")
     received = summary["config"]["broker_sys"]["bytes_received"]
     results = summary["results"]
     sent = sum(sum(r["bytes"].values()) for r in results)
-    messages = sum(sum(r["messages"].values()) for r in results)
+    messages = sum(n for r in results for c, n in r["messages"].items() if QOS_OF[c])  # QoS 1
     others, deliveries = not_counted_by_agents(summary)
     explained = sent + others + PUBACK * (messages + deliveries)
     clients = summary["config"]["agents"] + 3  # the orchestrator and two $SYS readers

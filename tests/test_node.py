@@ -572,7 +572,7 @@ def test_a_clean_run_counts_every_delivery_and_reports_its_traffic() -> None:
     assert finished.messages == Counter(f.category for f in sent)
     size: Counter[str] = Counter()
     for f in sent:
-        size[f.category] += topics.mqtt_publish_size(f.topic, len(f.payload), 1)
+        size[f.category] += topics.mqtt_publish_size(f.topic, len(f.payload), f.qos)
     assert finished.bytes == size
     assert node_subscriptions_are_its_own(h.nodes[TARGET])
 

@@ -30,8 +30,7 @@ from rich.progress import Progress, TaskID
 
 from agent import keys
 from agent.access import ClientAccess
-from agent.inbox import Inbox
-from agent.mqtt import QOS, AgentLaunch, client, publish, pump
+from agent.mqtt import QOS, AgentLaunch, Connection, MqttError, client, publish, pump
 from agent.node import Output
 from agent.spec import ConfigError
 from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, write_private
@@ -333,15 +332,15 @@ async def _drive(
     """
     c = problem.config
     sys_before = await _sys(broker)
-    async with client(broker.address, broker.access(ORCHESTRATOR)) as mqtt, Inbox(mqtt) as inbox:
+    async with client(broker.address, broker.access(ORCHESTRATOR)) as mqtt:
         try:
             async with tap or contextlib.nullcontext():  # the audit's tap, before any agent
                 for topic in conductor.subscriptions:
                     await mqtt.subscribe(topic, qos=QOS)
-                await publish(mqtt, conductor.start(time.monotonic()))
+                publish(mqtt, conductor.start(time.monotonic()))
                 if pool is not None:
                     pool.start(launches)
-                await _conduct(mqtt, inbox, conductor, pool, problem)
+                await _conduct(mqtt, conductor, pool, problem)
                 if tap is not None:  # the sealed telemetry validates the audit's truth
                     tap.telemetry += [r.models for r in conductor.results]
             # The run is complete. Under compose the first agent to leave stops every
@@ -359,17 +358,16 @@ async def _drive(
             # Off the loop, which keeps answering the broker's keepalives meanwhile: the
             # audit replays the whole run for its ground truth.
             code = await asyncio.to_thread(_outputs, out, problem, curves, extra, tap)
-            await publish(mqtt, conductor.bye())
+            publish(mqtt, conductor.bye())
         except BaseException as exc:  # Ctrl-C included: tell the agents before tearing down
-            with contextlib.suppress(aiomqtt.MqttError):
-                await publish(mqtt, conductor.abort(f"orchestrator stopped: {type(exc).__name__}"))
+            with contextlib.suppress(MqttError):
+                publish(mqtt, conductor.abort(f"orchestrator stopped: {type(exc).__name__}"))
             raise
     return code
 
 
 async def _conduct(
-    mqtt: aiomqtt.Client,
-    inbox: Inbox,
+    mqtt: Connection,
     conductor: Conductor,
     pool: AgentPool | None,
     problem: Problem,
@@ -392,9 +390,9 @@ async def _conduct(
             show.update()
 
         try:
-            await pump(mqtt, inbox, conductor, until, on_output, every=POLL)
+            await pump(mqtt, conductor, until, on_output, every=POLL)
         except RunFailed as exc:
-            await publish(mqtt, conductor.abort(str(exc)))
+            publish(mqtt, conductor.abort(str(exc)))
             raise
     if conductor.stage is Stage.FAILED:
         raise RunFailed(conductor.failure)
