@@ -282,8 +282,8 @@ async def run_agent(broker: BrokerAddress, launch: Launch, access: ClientAccess)
     node = AgentNode(launch, keys.Identity.generate())
     try:
         async with client(broker, access) as mqtt:
-            for topic in node.subscriptions:
-                await mqtt.subscribe(topic, qos=QOS)
+            for topic, qos in node.subscription_qos.items():
+                await mqtt.subscribe(topic, qos)
             publish(mqtt, node.start(time.monotonic()))
             await pump(mqtt, node, lambda: node.done, lambda out: _log(out, node.me))
     except (MqttError, TimeoutError) as exc:

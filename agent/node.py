@@ -29,12 +29,15 @@ from agent.core import AgentCore
 from agent.losses import LeastSquares
 from agent.messages import Message, Rejected, Report
 
-QOS = 1  # control, keys and telemetry: at-least-once; the node and core drop duplicates
-# Models go at most once: on a live TCP connection the broker loses none, and a lost
-# connection ends the agent anyway (no session resumes), so a PUBACK per model buys nothing
-# but two packets per edge per round. A round whose models did not all arrive is redone under
-# the next membership view (DESIGN: Membership and faults), never repaired by a resend.
-QOS_OF = {"model": 0, "keys": QOS, "telemetry": QOS, "control": QOS}
+QOS = 1  # the control plane (control, telemetry): at-least-once; duplicates are dropped
+# The peer plane (models, key shares) goes at most once: on a live TCP connection the broker
+# loses none, and a lost connection ends the agent anyway (no session resumes), so a PUBACK
+# per frame buys nothing but two packets per edge per round. Agents subscribe to their inbox
+# at QoS 0 too: a broker that delivers at the subscription's QoS (amqtt) then sends no QoS-1
+# copies either. A round whose frames did not all arrive is redone under the next membership
+# view (DESIGN: Membership and faults), never repaired by a resend.
+PEER_QOS = 0
+QOS_OF = {"model": PEER_QOS, "keys": PEER_QOS, "telemetry": QOS, "control": QOS}
 HELLO_EVERY = 2.0  # seconds between Hellos until Welcome: the orchestrator may subscribe late
 REGISTER_TIMEOUT = 120.0
 IDLE_TIMEOUT = 600.0  # between sessions: an orchestrator gone this long is not coming back
@@ -191,6 +194,12 @@ class AgentNode:
             topics.ctl_down(self.run, self.me),
             topics.ctl_down(self.run, "all"),
         ]
+
+    @property
+    def subscription_qos(self) -> dict[str, int]:
+        """The QoS of each subscription: the peer inbox at PEER_QOS, control at QOS."""
+        inbox, *control_topics = self.subscriptions
+        return {inbox: PEER_QOS, **{t: QOS for t in control_topics}}
 
     @property
     def done(self) -> bool:

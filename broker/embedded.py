@@ -25,6 +25,7 @@ from amqtt.adapters import StreamReaderAdapter, StreamWriterAdapter
 from amqtt.broker import Broker
 from amqtt.errors import BrokerError
 
+from agent.mqtt import run as loop_run
 from agent.topics import MAX_PACKET_SIZE
 
 log = logging.getLogger("privnet.broker")
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
             certfile=args.certfile,
             keyfile=args.keyfile,
         )
-        asyncio.run(serve(config, args.max_packet_size))
+        loop_run(serve(config, args.max_packet_size))
     except (BrokerError, ValueError, OSError) as exc:
         sys.exit(f"embedded broker on {args.host}:{args.port} failed: {exc}")
 

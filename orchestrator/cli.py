@@ -196,6 +196,13 @@ def overhead(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench(args: argparse.Namespace) -> int:
+    """rounds/s of privnet against its transport's ceiling and the memory engine."""
+    from orchestrator.bench import bench as measure
+
+    return measure(args)
+
+
 def _yes_no(text: str) -> bool:
     answers = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}
     try:
@@ -302,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, help="output directory (default runs/overhead-<time>)")
     p.set_defaults(func=overhead)
+
+    from orchestrator.bench import add_parser as add_bench
+
+    add_bench(sub, bench)
 
     args = parser.parse_args(argv)
     # `docker stop` and friends send SIGTERM: clean up as for Ctrl-C.
