@@ -124,6 +124,10 @@ class Machine(Protocol):
     def receive(self, topic: str, payload: bytes, now: float) -> Output: ...
     def tick(self, now: float) -> Output: ...
     def next_tick(self) -> float | None: ...
+    def unsubscribed(self, topic: str, now: float) -> Output: ...
+
+
+SETTLE = 0.05  # after an UNSUBACK: quiet this long means every earlier frame is delivered
 
 
 async def publish(client: aiomqtt.Client, out: Output) -> None:
@@ -159,9 +163,39 @@ async def pump(
         wake = machine.next_tick()
         if wake is not None and clock() >= wake:
             out += machine.tick(clock())
-        await publish(client, out)
-        if on_output is not None:
-            on_output(out)
+        await _apply(client, inbox, machine, out, on_output)
+
+
+async def _apply(
+    client: aiomqtt.Client,
+    inbox: Inbox,
+    machine: Machine,
+    out: Output,
+    on_output: Callable[[Output], None] | None,
+) -> None:
+    """Publish, unsubscribe and report what a machine returned; unsubscribing first lets
+    every frame that came before the broker's UNSUBACK through, so the machine sees it."""
+    await publish(client, out)
+    if on_output is not None:
+        on_output(out)
+    for topic in out.unsubscribe:
+        await client.unsubscribe(topic)
+        while True:
+            try:
+                message = await inbox.get(SETTLE)
+            except TimeoutError:
+                break
+            payload = message.payload if isinstance(message.payload, bytes) else b""
+            await _apply(
+                client,
+                inbox,
+                machine,
+                machine.receive(message.topic.value, payload, time.monotonic()),
+                on_output,
+            )
+        await _apply(
+            client, inbox, machine, machine.unsubscribed(topic, time.monotonic()), on_output
+        )
 
 
 def _log(out: Output, me: int) -> None:
