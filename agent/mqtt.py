@@ -121,7 +121,7 @@ class AgentLaunch:
 class Machine(Protocol):
     """A sans-IO party: the agent node or the orchestrator's conductor."""
 
-    def receive(self, topic: str, payload: bytes, now: float) -> Output: ...
+    def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output: ...
     def tick(self, now: float) -> Output: ...
     def next_tick(self) -> float | None: ...
     def unsubscribed(self, topic: str, now: float) -> Output: ...
@@ -159,7 +159,7 @@ async def pump(
             out = Output()
         else:
             payload = message.payload if isinstance(message.payload, bytes) else b""
-            out = machine.receive(message.topic.value, payload, clock())
+            out = machine.receive(message.topic.value, payload, clock(), message.retain)
         wake = machine.next_tick()
         if wake is not None and clock() >= wake:
             out += machine.tick(clock())
@@ -190,7 +190,7 @@ async def _apply(
                 client,
                 inbox,
                 machine,
-                machine.receive(message.topic.value, payload, time.monotonic()),
+                machine.receive(message.topic.value, payload, time.monotonic(), message.retain),
                 on_output,
             )
         await _apply(

@@ -242,13 +242,17 @@ class AgentNode:
             return self._since + self.session.config.deadline
         return self._since + IDLE_TIMEOUT
 
-    def receive(self, topic: str, payload: bytes, now: float) -> Output:
-        """One delivery: used, or dropped and counted under exactly one reason."""
+    def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output:
+        """One delivery: used, or dropped and counted under exactly one reason.
+
+        privnet publishes nothing retained, so a retained frame is someone else's."""
         self.deliveries.received += 1
         if self.done:
             self._count("closed")
             return Output()
         try:
+            if retained:
+                raise Rejected("retained", f"a retained frame on {topic!r}")
             peer = topics.parse_peer_topic(topic)
             if peer is not None:
                 out = self._on_peer(peer, payload, now)

@@ -172,10 +172,13 @@ class Conductor:
             return self._since + self.deadline
         return None
 
-    def receive(self, topic: str, payload: bytes, now: float) -> Output:
-        """One delivery: used, or dropped and counted under exactly one reason."""
+    def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output:
+        """One delivery: used, or dropped and counted under exactly one reason (a retained
+        frame is nobody's of this run: privnet publishes nothing retained)."""
         self.deliveries.received += 1
         try:
+            if retained:
+                raise Rejected("retained", f"a retained frame on {topic!r}")
             out = self._receive(topic, payload, now)
         except Rejected as exc:
             self.deliveries.rejected[exc.reason] += 1

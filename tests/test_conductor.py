@@ -577,3 +577,11 @@ def test_any_delivery_is_counted_and_never_raises(deliveries: list[Frame]) -> No
         assert c.receive(topic, payload, 1.0) == Output()
     assert c.deliveries.rejected.total() == c.deliveries.received == len(deliveries)
     assert c.stage is Stage.REGISTERING and c.next_tick() == 60.0
+
+
+def test_a_retained_frame_is_counted_never_used() -> None:
+    h = Harness.build()
+    topic, payload = h.up(hello()(h), TARGET)
+    assert h.conductor.receive(topic, payload, 0.0, retained=True) == Output()
+    assert h.conductor.registered == {}
+    assert h.conductor.deliveries.rejected == Counter({"retained": 1})

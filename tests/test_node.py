@@ -647,3 +647,14 @@ def test_any_delivery_is_used_or_counted_and_never_raises(deliveries: list[Frame
     assert node.deliveries.uncounted == 0 and node.phase is Phase.REGISTERING
     node.fail("test over")
     assert node.deliveries.received == len(deliveries) == node.rejected.total()
+
+
+def test_a_retained_frame_is_counted_never_used() -> None:
+    """privnet publishes nothing retained: a retained frame (an old run's, an attacker's
+    left on a topic) is dropped, whatever it holds."""
+    h = Harness.build()
+    node = h.nodes[TARGET]
+    welcome = h.down(control.Welcome(TARGET), TARGET)
+    assert node.receive(*welcome, 0.0, retained=True) == Output()
+    assert node.phase is Phase.REGISTERING
+    assert node.rejected == Counter({"retained": 1}) and node.deliveries.uncounted == 0
