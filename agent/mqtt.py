@@ -86,11 +86,12 @@ class Connection:
         self._client.set_config({"reconnect_retries": 0})
         self._client.on_message = self._on_message
         self._client.on_disconnect = self._on_disconnect
-        self._client.on_subscribe = self._on_subscribe
+        self._client.on_subscribe = self._on_ack
+        self._client.on_unsubscribe = self._on_ack
         if access.username is not None:
             self._client.set_auth_credentials(access.username, access.password)
-        self._queue: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue()
-        self._subacks: dict[int, asyncio.Future[None]] = {}
+        self._queue: asyncio.Queue[tuple[str, bytes, bool] | None] = asyncio.Queue()
+        self._acks: dict[int, asyncio.Future[None]] = {}  # SUBACKs and UNSUBACKs by mid
         self._lost: str | None = None
         self._closing = False
 
@@ -121,20 +122,20 @@ class Connection:
         with contextlib.suppress(Exception):
             await self._client.disconnect()
 
-    def _on_message(self, _c: Any, topic: str, payload: bytes, _qos: int, _props: Any) -> int:
-        self._queue.put_nowait((topic, payload))
+    def _on_message(self, _c: Any, topic: str, payload: bytes, _qos: int, props: Any) -> int:
+        self._queue.put_nowait((topic, payload, bool(props.get("retain"))))
         return 0  # PUBACK: success
 
     def _on_disconnect(self, _c: Any, _packet: Any, exc: BaseException | None = None) -> None:
         if not self._closing and self._lost is None:
             self._lost = f"connection to the broker at {self.broker} ended ({exc or 'closed'})"
             self._queue.put_nowait(None)
-        for waiter in self._subacks.values():
+        for waiter in self._acks.values():
             if not waiter.done():
-                waiter.set_exception(MqttError("connection lost before SUBACK"))
+                waiter.set_exception(MqttError("connection lost before an acknowledgement"))
 
-    def _on_subscribe(self, _c: Any, mid: int, _granted: Any, _props: Any) -> None:
-        waiter = self._subacks.pop(mid, None)
+    def _on_ack(self, _c: Any, mid: int, *_rest: Any) -> None:
+        waiter = self._acks.pop(mid, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
@@ -142,8 +143,15 @@ class Connection:
         """Subscribe and wait for the SUBACK."""
         self._check()
         waiter = asyncio.get_running_loop().create_future()
-        mid = self._client.subscribe(topic, qos=qos)
-        self._subacks[mid] = waiter
+        self._acks[self._client.subscribe(topic, qos=qos)] = waiter
+        async with asyncio.timeout(timeout):
+            await waiter
+
+    async def unsubscribe(self, topic: str, timeout: float = 10.0) -> None:
+        """Unsubscribe and wait for the UNSUBACK."""
+        self._check()
+        waiter = asyncio.get_running_loop().create_future()
+        self._acks[self._client.unsubscribe(topic)] = waiter
         async with asyncio.timeout(timeout):
             await waiter
 
@@ -156,8 +164,8 @@ class Connection:
         if self._lost is not None or not self._client.is_connected:
             raise MqttError(self._lost or f"not connected to the broker at {self.broker}")
 
-    async def get(self, timeout: float | None = None) -> tuple[str, bytes]:
-        """The next (topic, payload); TimeoutError after `timeout` s; MqttError if the
+    async def get(self, timeout: float | None = None) -> tuple[str, bytes, bool]:
+        """The next (topic, payload, retained); TimeoutError after `timeout` s; MqttError if the
         connection died."""
         if self._queue.empty():
             async with asyncio.timeout(timeout):
@@ -230,9 +238,13 @@ class AgentLaunch:
 class Machine(Protocol):
     """A sans-IO party: the agent node or the orchestrator's conductor."""
 
-    def receive(self, topic: str, payload: bytes, now: float) -> Output: ...
+    def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output: ...
     def tick(self, now: float) -> Output: ...
     def next_tick(self) -> float | None: ...
+    def unsubscribed(self, topic: str, now: float) -> Output: ...
+
+
+SETTLE = 0.05  # after an UNSUBACK: quiet this long means every earlier frame is delivered
 
 
 def publish(client: Connection, out: Output) -> None:
@@ -258,17 +270,38 @@ async def pump(
         wake = machine.next_tick()
         waits = [w for w in (None if wake is None else wake - clock(), every) if w is not None]
         try:
-            topic, payload = await client.get(max(0.0, min(waits)) if waits else None)
+            topic, payload, retained = await client.get(max(0.0, min(waits)) if waits else None)
         except TimeoutError:
             out = Output()
         else:
-            out = machine.receive(topic, payload, clock())
+            out = machine.receive(topic, payload, clock(), retained)
         wake = machine.next_tick()
         if wake is not None and clock() >= wake:
             out += machine.tick(clock())
-        publish(client, out)
-        if on_output is not None:
-            on_output(out)
+        await _apply(client, machine, out, on_output)
+
+
+async def _apply(
+    client: Connection,
+    machine: Machine,
+    out: Output,
+    on_output: Callable[[Output], None] | None,
+) -> None:
+    """Publish, unsubscribe and report what a machine returned; unsubscribing first lets
+    every frame that came before the broker's UNSUBACK through, so the machine sees it."""
+    publish(client, out)
+    if on_output is not None:
+        on_output(out)
+    for topic in out.unsubscribe:
+        await client.unsubscribe(topic)
+        while True:
+            try:
+                got, payload, retained = await client.get(SETTLE)
+            except TimeoutError:
+                break
+            now = time.monotonic()
+            await _apply(client, machine, machine.receive(got, payload, now, retained), on_output)
+        await _apply(client, machine, machine.unsubscribed(topic, time.monotonic()), on_output)
 
 
 def _log(out: Output, me: int) -> None:
