@@ -274,10 +274,10 @@ class AgentCore:
     def _share_keys(self) -> list[Message]:
         """Send this epoch's signed ephemeral key to every partner, via the hub."""
         epoch = self._epoch(self.round)
-        needed = {(k, p.step) for p in self.spec.steps for k in p.receivers(self.me)}
-        if self.spec.scheme is not Scheme.LOCAL_GHP:
+        if self.spec.scheme is not Scheme.LOCAL_GHP or epoch in self._shared_sent:
             return []
-        if epoch in self._shared_sent or not needed <= self._seats.keys():
+        needed = {(k, p.step) for p in self.spec.steps for k in p.receivers(self.me)}
+        if not needed <= self._seats.keys():
             return []  # already sent, or still waiting for a hub's plan
         assert self.identity is not None
         eph = self._ephemeral.setdefault(epoch, keys.Ephemeral.generate())
@@ -434,7 +434,7 @@ class AgentCore:
     def _accept_model(self, msg: Model) -> None:
         self._check_receiver(msg.receiver)
         plan = self._plan_of(msg.step)
-        if msg.sender not in plan.senders(self.me):
+        if msg.sender == self.me or msg.sender not in plan.weights_in:  # plan.senders(me)
             raise Rejected(
                 "not-neighbour", f"agent {msg.sender} is not an in-neighbour at step {msg.step}"
             )

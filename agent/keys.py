@@ -9,6 +9,7 @@ Pure functions, no I/O.
 
 from __future__ import annotations
 
+import hmac
 import math
 import os
 import struct
@@ -80,6 +81,15 @@ def _exchange(private: X25519PrivateKey, peer_public: bytes, what: str) -> bytes
 
 def _hkdf(secret: bytes, salt: bytes | None, info: bytes) -> bytes:
     return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=salt, info=info).derive(secret)
+
+
+def _hkdf_fast(secret: bytes, salt: bytes, info: bytes) -> bytes:
+    """The very bytes `_hkdf` derives (RFC 5869 extract, then one SHA-256 block of expand),
+    from the standard library's one-shot HMAC: the masks derive a key per pair and round,
+    and cryptography's HKDF object costs more than the two HMACs it computes. Nothing is
+    cached, so forgetting an epoch's secrets (every-round re-keying) still forgets all."""
+    prk = hmac.digest(salt, secret, "sha256")
+    return hmac.digest(prk, info + b"\x01", "sha256")
 
 
 def _pack(fields: struct.Struct, names: str, *values: int) -> bytes:
@@ -249,7 +259,7 @@ def pair_stream(
         raise ValueError(f"dim must be >= 1, got {dim}")
     names = "hub, min(pair), max(pair), round, step"
     fields = _pack(_MASK_FIELDS, names, hub, first, second, round_, step)
-    key = _hkdf(secret, session, MASK_TAG + fields)
+    key = _hkdf_fast(secret, session, MASK_TAG + fields)
     # A zero nonce is safe only because this key is used once: it is unique per
     # (secret, session, hub, pair, round, step), and nothing else is ever encrypted with it.
     stream = Cipher(algorithms.ChaCha20(key, _ZERO_NONCE), mode=None).encryptor()

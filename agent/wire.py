@@ -270,10 +270,10 @@ def _fields(value: Any, fields: tuple[_Field, ...], where: str) -> dict[str, Any
     """Decode a map that must hold exactly `fields`, as keyword arguments by field name."""
     if type(value) is not dict:
         raise _schema(where, "a map", value)
-    keys = [f.key for f in fields]
-    missing = [k for k in keys if k not in value]
-    extra = [k for k in value if k not in keys]
-    if missing or extra:
+    if len(value) != len(fields) or any(f.key not in value for f in fields):
+        keys = [f.key for f in fields]
+        missing = [k for k in keys if k not in value]
+        extra = [k for k in value if k not in keys]
         problems = [f"missing field {k!r}" for k in missing] + [
             f"unknown field {_SHOW.repr(k)}" for k in extra
         ]
@@ -535,7 +535,7 @@ _CATEGORY = {
 
 
 def _mac(link_key: bytes, name: str, body: bytes) -> bytes:
-    return hmac.new(link_key, name.encode() + body, "sha256").digest()[:MAC_BYTES]
+    return hmac.digest(link_key, name.encode() + body, "sha256")[:MAC_BYTES]  # one-shot C path
 
 
 def _frame(schema: _Schema, msg: Any, link_key: bytes | None) -> bytes:
