@@ -1,4 +1,4 @@
-"""The agent's MQTT shell: moves bytes between aiomqtt and the node, and time into it.
+"""The agent's MQTT shell: moves bytes between gmqtt and the node, and time into it.
 
 Every rule lives in `agent.node.AgentNode`; `pump` only delivers what arrives, calls
 `tick` when the node asks, and publishes what it returns. The orchestrator's shell runs
@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import asdict, dataclass
@@ -24,7 +25,7 @@ from gmqtt.mqtt.constants import MQTTv311
 
 from agent import keys
 from agent.access import ClientAccess
-from agent.node import QOS, AgentNode, Launch, Output, Phase
+from agent.node import PEER_QOS, QOS, AgentNode, Launch, Output, Phase, Unsubscribe
 
 log = logging.getLogger("privnet.agent")
 _GMQTT_LOG = logging.getLogger("privnet.gmqtt")
@@ -244,7 +245,8 @@ class Machine(Protocol):
     def unsubscribed(self, topic: str, now: float) -> Output: ...
 
 
-SETTLE = 0.05  # after an UNSUBACK: quiet this long means every earlier frame is delivered
+PROBE = b"privnet/probe\0"  # never a frame: frames are msgpack arrays
+PROBE_TIMEOUT = 30.0
 
 
 def publish(client: Connection, out: Output) -> None:
@@ -287,21 +289,39 @@ async def _apply(
     out: Output,
     on_output: Callable[[Output], None] | None,
 ) -> None:
-    """Publish, unsubscribe and report what a machine returned; unsubscribing first lets
-    every frame that came before the broker's UNSUBACK through, so the machine sees it."""
+    """Publish, unsubscribe and report what a machine returned."""
     publish(client, out)
     if on_output is not None:
         on_output(out)
-    for topic in out.unsubscribe:
-        await client.unsubscribe(topic)
-        while True:
-            try:
-                got, payload, retained = await client.get(SETTLE)
-            except TimeoutError:
-                break
-            now = time.monotonic()
-            await _apply(client, machine, machine.receive(got, payload, now, retained), on_output)
-        await _apply(client, machine, machine.unsubscribed(topic, time.monotonic()), on_output)
+    for stop in out.unsubscribe:
+        await _drain_and_stop(client, machine, stop, on_output)
+
+
+async def _drain_and_stop(
+    client: Connection,
+    machine: Machine,
+    stop: Unsubscribe,
+    on_output: Callable[[Output], None] | None,
+) -> None:
+    """Stop reading `stop.pattern` only once every frame the broker queued for it is in.
+
+    A broker may deliver queued frames after its UNSUBACK, so: subscribe to the probe topic
+    alone, drop the pattern, publish a probe there, and deliver everything until the probe
+    comes back: the broker's queue for this client is first in, first out. The probe takes
+    the peer plane's QoS, the very path of the frames it flushes."""
+    nonce = PROBE + secrets.token_bytes(16)
+    await client.subscribe(stop.probe, PEER_QOS)
+    await client.unsubscribe(stop.pattern)
+    client.publish(stop.probe, nonce, PEER_QOS)
+    while True:
+        topic, payload, retained = await client.get(PROBE_TIMEOUT)
+        if topic == stop.probe and payload == nonce:
+            break
+        await _apply(
+            client, machine, machine.receive(topic, payload, time.monotonic(), retained), on_output
+        )
+    await client.unsubscribe(stop.probe)
+    await _apply(client, machine, machine.unsubscribed(stop.pattern, time.monotonic()), on_output)
 
 
 def _log(out: Output, me: int) -> None:

@@ -111,11 +111,20 @@ class Event:
     detail: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class Unsubscribe:
+    """Stop reading `pattern`; `probe` is a topic the party may both write and read under it,
+    with which a shell can tell that everything queued before has been delivered."""
+
+    pattern: str
+    probe: str
+
+
 @dataclass
 class Output:
     publish: list[Publish] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
-    unsubscribe: list[str] = field(default_factory=list)  # then call `unsubscribed`
+    unsubscribe: list[Unsubscribe] = field(default_factory=list)  # then `unsubscribed`
 
     def __iadd__(self, other: Output) -> Output:
         self.publish += other.publish
@@ -331,7 +340,8 @@ class AgentNode:
                 return self._fail(f"aborted by the orchestrator: {reason}", tell=False)
             case control.Close() if self._is(Phase.FINISHED):
                 self.phase = Phase.LEAVING
-                return Output(unsubscribe=[self.subscriptions[0]])
+                inbox, probe = self.subscriptions[0], topics.peer_topic(self.run, self.me, self.me)
+                return Output(unsubscribe=[Unsubscribe(inbox, probe)])
             case control.Bye() if self._is(Phase.LEFT):
                 self.phase = Phase.CLOSED
                 return Output(events=[Event("closed")])

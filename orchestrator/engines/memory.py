@@ -68,7 +68,7 @@ class Router:
     def send(self, publisher: str, out: Output) -> None:
         """Queue what `publisher` published; note what happened to it."""
         self._queue.extend((publisher, frame) for frame in out.publish)
-        self._queue.extend((publisher, _Unsubscribe(topic)) for topic in out.unsubscribe)
+        self._queue.extend((publisher, _Unsubscribe(u.pattern)) for u in out.unsubscribe)
         self.events += [(publisher, event) for event in out.events]
 
     def inject(self, topic: str, payload: bytes, publisher: str = "outsider") -> None:

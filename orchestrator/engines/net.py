@@ -308,6 +308,15 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
     except RunFailed as exc:
         console.print(f"[red]run failed:[/red] {exc}")
         return 1
+    except (MqttError, aiomqtt.MqttError) as exc:  # ours, or the tap's and $SYS reader's
+        hint = (
+            "; a broker someone else runs needs this run's users: write them with "
+            "`privnet prepare` and pass --prepared"
+            if broker.kind == "external"
+            else ""
+        )
+        console.print(f"[red]run failed:[/red] the broker at {broker.address}: {exc}{hint}")
+        return 1
     finally:
         if pool is not None:
             pool.stop()
