@@ -373,10 +373,12 @@ class AgentNode:
             raise Rejected("schema", f"Config for agent {spec.agent} sealed to agent {self.me}")
         try:
             directory = {m: keys.PublicIdentity.from_bytes(b) for m, b in config.directory.items()}
+            if missing := sorted(spec.neighbours - directory.keys()):
+                raise keys.BadKey(f"no identity key for neighbours {missing}")
             link_keys = {
                 m: keys.link_key(self.identity, pub, spec.session, self.me, m)
                 for m, pub in directory.items()
-                if m != self.me
+                if m in spec.neighbours  # peer frames travel only between neighbours
             }
         except keys.BadKey as exc:
             raise Rejected("bad-key", f"Config directory: {exc}") from exc

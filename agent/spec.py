@@ -6,6 +6,7 @@ sees the whole graph. Everything here is plain data and checks itself on constru
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -105,6 +106,12 @@ class AgentSpec:
 
     def plan(self, step: int) -> StepPlan:
         return self.steps[STEPS.index(step)]
+
+    @functools.cached_property
+    def neighbours(self) -> frozenset[int]:
+        """Everyone this agent exchanges peer frames with at some step (itself excluded)."""
+        linked = {m for plan in self.steps for m in (*plan.weights_in, *plan.weights_out)}
+        return frozenset(linked - {self.agent})
 
 
 def _check_plan(spec: AgentSpec, plan: StepPlan) -> None:

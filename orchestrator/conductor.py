@@ -335,9 +335,16 @@ class Conductor:
         self._ready, self._finished = set(), {}
         self.models = np.full((plan.rounds, self.agents, plan.dim), np.nan)
         self.counts = np.zeros(self.agents, dtype=np.int64)
-        directory = {m: a.identity.to_bytes() for m, a in self.registered.items()}
+        identities = {m: a.identity.to_bytes() for m, a in self.registered.items()}
+        near = {spec.agent: spec.neighbours for spec in plan.specs}
         out = Output(events=[Event("configuring", plan.label)])
         for spec in plan.specs:
+            # Whom this agent may meet: its neighbours (link keys) and theirs (local-ghp
+            # partners, whose signed key shares it verifies); not the whole network, which
+            # would make every Setup, and the link keys agreed, grow with P.
+            mine = near[spec.agent]
+            reach = {spec.agent, *mine}.union(*(near[k] for k in mine))
+            directory = {m: identities[m] for m in sorted(reach)}
             config = control.Config(spec, plan.problem, directory, self.deadline, self.telemetry)
             sealed = keys.seal(
                 self.registered[spec.agent].identity.static,

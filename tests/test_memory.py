@@ -90,3 +90,32 @@ def test_minibatch_memory_matches_oracle() -> None:
     full = by_label(run_oracle(problem(strategies=(Strategy.ATC,))))
     key = (Strategy.ATC.value, Scheme.NONE.value)
     assert relative_gap(memory[key].msd_avg, full[key].msd_avg) > DISTINCT
+
+
+def test_router_filters_match_like_mqtt() -> None:
+    """The router's level index delivers exactly what MQTT filter matching says, in
+    subscription order, once per subscriber, and forgets an unsubscribed filter."""
+    import itertools
+
+    from agent import topics
+    from orchestrator.engines.memory import _Filters
+
+    levels = ["a", "b", "+", "#"]
+    patterns = ["/".join(p) for n in (1, 2, 3) for p in itertools.product(levels, repeat=n)]
+    patterns = [p for p in patterns if "#" not in p[:-1]]
+    names = {p: f"c{i % 7}" for i, p in enumerate(patterns)}
+    index = _Filters()
+    for p in patterns:
+        index.add(p, names[p], names[p])  # type: ignore[arg-type]
+    for n in (1, 2, 3, 4):
+        for t in itertools.product(["a", "b", "c"], repeat=n):
+            topic = "/".join(t)
+            want: dict[str, str] = {}
+            for p in patterns:
+                if topics.matches(p, topic):
+                    want.setdefault(names[p], names[p])
+            assert [name for name, _ in index.match(topic)] == list(want), topic
+    assert index.remove("a/#", names["a/#"]) == names["a/#"]
+    assert names["a/#"] not in dict(index.match("a/b/c")) or any(
+        topics.matches(p, "a/b/c") and names[p] == names["a/#"] for p in patterns if p != "a/#"
+    )
