@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent import rng
-from agent.losses import LeastSquares
+from agent.losses import make_loss
 from agent.spec import ConfigError, Scheme, Strategy
 from orchestrator.engines.oracle import run_oracle, scheme_noise
 from orchestrator.experiment import topology
@@ -84,7 +84,7 @@ def reference_run(
     """Centroid and average MSD (T,) of one repeat and one scheme, the slow and obvious way."""
     c = problem.config
     key = rng.run_key(c.seed, repeat)
-    losses = [LeastSquares.from_spec(problem.spec(repeat), p, c.agents) for p in range(c.agents)]
+    losses = [make_loss(problem.spec(repeat), p, c.agents) for p in range(c.agents)]
     a0, a1, a2 = problem.matrices(strategy)
     lane = Scheme.NONE if scheme is Scheme.LOCAL_GHP else scheme  # its masks cancel exactly
     w = np.zeros((c.agents, c.dim))

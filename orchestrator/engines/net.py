@@ -37,6 +37,7 @@ from agent.spec import ConfigError
 from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, write_private
 from broker.launcher import Broker, launch, read_sys_bytes, write_compose_files
 from orchestrator.conductor import Conductor, SessionResult, Stage
+from orchestrator.engines import memory
 from orchestrator.engines.memory import RunFailed
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem, msd
@@ -229,11 +230,6 @@ def prepare(
 def curve_of(problem: Problem, strategy: str, scheme: str, results: list[SessionResult]) -> Curve:
     """MSD over repeats plus what the wire cost, from the sessions of one strategy x scheme."""
     c = problem.config
-    cent = np.zeros((len(results), c.iters))
-    avg = np.zeros((len(results), c.iters))
-    for r, result in enumerate(results):
-        for i in range(c.iters):
-            cent[r, i], avg[r, i] = msd(result.models[i], problem.w_opt[r], problem.q)
     wall = sum(res.wall for res in results)
     traffic = _sum_dicts(res.totals("bytes") for res in results)
     messages = _sum_dicts(res.totals("messages") for res in results)
@@ -248,7 +244,8 @@ def curve_of(problem: Problem, strategy: str, scheme: str, results: list[Session
         "bytes_per_round_by_category": per_round,
         "wall_s": wall,
     }
-    return Curve(strategy, scheme, cent, avg, rounds / max(wall, 1e-9), extra)
+    models = [res.models for res in results]
+    return memory.curve_of(problem, strategy, scheme, models, rounds / max(wall, 1e-9), extra)
 
 
 def _sum_dicts(dicts: Iterable[dict[str, int]]) -> dict[str, int]:

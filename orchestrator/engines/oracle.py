@@ -26,12 +26,13 @@ from dataclasses import dataclass
 from time import perf_counter
 
 import numpy as np
+from scipy.special import expit
 
 from agent import rng
-from agent.losses import regression_data
+from agent.losses import classification_data, regression_data
 from agent.spec import ConfigError, Scheme, Strategy
 from orchestrator.experiment.problem import Problem
-from orchestrator.report import Curve
+from orchestrator.report import TEST_ERRORS, Curve
 
 CHUNK = 100  # rounds of noise and minibatch indices drawn at once; bounds memory
 
@@ -61,15 +62,18 @@ def run_oracle(
     strategies = _choices(config.strategies if strategies is None else strategies, Strategy)
     schemes = _choices(config.schemes if schemes is None else schemes, Scheme)
     lanes = tuple(dict.fromkeys(_LANE[s] for s in schemes))
-    grads = _minibatch(problem) if _batch(problem) else _full_batch(problem)
+    grads = _gradients(problem)
     curves: list[Curve] = []
     for strategy in strategies:
         start = perf_counter()
-        centroid, avg = _run_strategy(problem, strategy, lanes, grads)
+        centroid, avg, errors = _run_strategy(problem, strategy, lanes, grads)
         rate = config.iters * config.repeats / (perf_counter() - start)
         for scheme in schemes:
             s = lanes.index(_LANE[scheme])
-            curves.append(Curve(strategy.value, scheme.value, centroid[s], avg[s], rate))
+            series = {name: e[s] for name, e in errors.items()}
+            curves.append(
+                Curve(strategy.value, scheme.value, centroid[s], avg[s], rate, {}, series)
+            )
         if progress is not None:
             progress(1)
     return curves
@@ -193,7 +197,38 @@ class _Minibatch:
         return grad.swapaxes(-1, -2)
 
 
-_Gradients = _FullBatch | _Minibatch
+class _Logistic:
+    """Full-batch gradients of 1/N sum_n ln(1 + exp(-y_n h_n^T w)) + rho ||w||^2 for every
+    agent and repeat at once, written here from the formula, not taken from agent.losses."""
+
+    def __init__(self, problem: Problem) -> None:
+        config = problem.config
+        if _batch(problem):
+            raise ConfigError("the oracle runs classification with full batches only; drop --batch")
+        data = [
+            [classification_data(problem.spec(r), p) for r in range(config.repeats)]
+            for p in range(config.agents)
+        ]
+        self.x = np.array([[xy[0] for xy in row] for row in data])  # (P, R, N, M)
+        self.y = np.array([[xy[1] for xy in row] for row in data])[..., None]  # (P, R, N, 1)
+        self.rho = config.rho
+
+    def load(self, first_round: int, rounds: int) -> None:
+        """Nothing is drawn per round with exact gradients."""
+
+    def __call__(self, phi: np.ndarray, t: int) -> np.ndarray:
+        margins = self.y * (self.x @ phi.swapaxes(-1, -2))  # (P, R, N, S)
+        coeff = -self.y * expit(-margins) / self.x.shape[2]
+        return (self.x.swapaxes(-1, -2) @ coeff).swapaxes(-1, -2) + 2.0 * self.rho * phi
+
+
+_Gradients = _FullBatch | _Minibatch | _Logistic
+
+
+def _gradients(problem: Problem) -> _Gradients:
+    if problem.classifies:
+        return _Logistic(problem)
+    return _minibatch(problem) if _batch(problem) else _full_batch(problem)
 
 
 def _batch(problem: Problem) -> int | None:
@@ -224,8 +259,9 @@ def _minibatch(problem: Problem) -> _Minibatch:
 
 def _run_strategy(
     problem: Problem, strategy: Strategy, lanes: tuple[Scheme, ...], grads: _Gradients
-) -> tuple[np.ndarray, np.ndarray]:
-    """Centroid and average MSD, each (S, R, T), of every lane and repeat of one strategy."""
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Centroid and average MSD, each (S, R, T), of every lane and repeat of one strategy,
+    and for classification the two testing errors, each (S, R, T)."""
     config = problem.config
     agents, repeats, dim, iters = config.agents, config.repeats, config.dim, config.iters
     matrices = problem.matrices(strategy)
@@ -235,6 +271,7 @@ def _run_strategy(
     keys = [rng.run_key(config.seed, r) for r in range(repeats)]
     centroid = np.empty((len(lanes), repeats, iters))
     avg = np.empty_like(centroid)
+    errors = {name: np.empty_like(centroid) for name in TEST_ERRORS} if problem.classifies else {}
     w = np.zeros((agents, repeats, len(lanes), dim))
     with np.errstate(over="ignore", invalid="ignore"):  # divergence is reported once, below
         for first in range(1, iters + 1, CHUNK):
@@ -252,6 +289,9 @@ def _run_strategy(
                 history[t] = w
             window = slice(first - 1, first - 1 + rounds)
             centroid[..., window], avg[..., window] = _msd(history, problem.q, problem.w_opt)
+            tested = problem.test_errors(history)  # each (rounds, R, S)
+            for name, values in zip(errors, tested or (), strict=True):
+                errors[name][..., window] = values.transpose(2, 1, 0)
     if not np.all(np.isfinite(avg)):
         warnings.warn(
             f"{strategy}: the models diverged (MSD overflowed) with mu = {config.mu}; "
@@ -259,7 +299,7 @@ def _run_strategy(
             RuntimeWarning,
             stacklevel=3,
         )
-    return centroid, avg
+    return centroid, avg, errors
 
 
 def _msd(history: np.ndarray, q: np.ndarray, w_opt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
