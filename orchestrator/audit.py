@@ -28,7 +28,7 @@ import subprocess
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -44,9 +44,10 @@ from scipy import stats
 from agent import control, topics, wire
 from agent.access import ClientAccess
 from agent.core import AgentCore, split_senders
+from agent.losses import Loss
 from agent.messages import KeyPlan, KeyShare, Message, Rejected
 from agent.mqtt import BrokerAddress
-from agent.spec import STRATEGY_STEP, Scheme, StepPlan, Strategy
+from agent.spec import STRATEGY_STEP, AgentSpec, Scheme, StepPlan, Strategy
 from orchestrator.engines.memory import Network
 from orchestrator.experiment import config as configuration
 from orchestrator.experiment.config import ExperimentConfig
@@ -221,10 +222,18 @@ def read_pcap(path: Path, port: int) -> list[WireRecord]:
 
 
 class _Witness(AgentCore):
-    """An AgentCore that notes the clear value behind every model it is about to send."""
+    """An AgentCore that notes the clear value behind every model it is about to send;
+    given `losses`, agent p runs losses[p] instead of the one its Config describes."""
 
-    def __init__(self, *args: Any, clear: dict[tuple[int, int, int], np.ndarray]) -> None:
-        super().__init__(*args)
+    def __init__(
+        self,
+        spec: AgentSpec,
+        loss: Loss,
+        *args: Any,
+        clear: dict[tuple[int, int, int], np.ndarray],
+        losses: Sequence[Loss] | None = None,
+    ) -> None:
+        super().__init__(spec, loss if losses is None else losses[spec.agent], *args)
         self.clear = clear
 
     def _send(self, plan: StepPlan) -> list[Message]:
@@ -240,11 +249,19 @@ class Replay:
     models: np.ndarray  # (iters, P, M)
 
 
-def replay(problem: Problem, strategy: Strategy, scheme: Scheme, repeat: int = 0) -> Replay:
-    """The session on the memory engine (the whole protocol), witnesses for cores."""
+def replay(
+    problem: Problem,
+    strategy: Strategy,
+    scheme: Scheme,
+    repeat: int = 0,
+    *,
+    losses: Sequence[Loss] | None = None,
+) -> Replay:
+    """The session on the memory engine (the whole protocol), witnesses for cores;
+    `losses` (one per agent) replace the problem's, e.g. losses written by hand."""
     clear: dict[tuple[int, int, int], np.ndarray] = {}
     plans = session_plans(problem, [(strategy, scheme, repeat)])
-    network = Network.build(plans, core=partial(_Witness, clear=clear))
+    network = Network.build(plans, core=partial(_Witness, clear=clear, losses=losses))
     return Replay(clear, network.play()[0].models)
 
 

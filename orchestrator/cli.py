@@ -47,6 +47,19 @@ def _experiment_flags(parser: argparse.ArgumentParser) -> None:
         help="data, graph and noise seed; `random` (or empty): a secret one, kept in summary.json",
     )
     parser.add_argument("--out", type=Path, help="output directory (default runs/<name>-<time>)")
+    parser.add_argument(
+        "--account",
+        action="store_true",
+        help="account epsilon(i) per agent from twin runs on D and D' (`privacy` in summary.json)",
+    )
+    parser.add_argument(
+        "--neighbour-agent",
+        dest="neighbour",
+        type=int,
+        default=0,
+        metavar="P",
+        help="the agent whose data D' replaces (default 0)",
+    )
 
 
 OVERRIDES = (
@@ -108,7 +121,8 @@ def simulate(
         f"{engine} engine: {len(curves)} curves x {config.repeats} repeats x "
         f"{config.iters} iterations in {wall:.2f} s"
     )
-    finish(out, config, problem, curves, engine, {"wall_s": wall})
+    neighbour = args.neighbour if args.account else None
+    finish(out, config, problem, curves, engine, {"wall_s": wall}, neighbour)
     return 0
 
 

@@ -476,7 +476,15 @@ def finish(
     curves: list[Curve],
     engine: str,
     extra: dict[str, Any] | None = None,
+    neighbour: int | None = None,
 ) -> None:
+    """Write and show the results; with `neighbour`, account privacy first (--account)."""
+    if neighbour is not None:
+        from orchestrator.privacy import accountant
+
+        with console.status(f"accounting: twin runs with agent {neighbour}'s data replaced"):
+            for curve in curves:
+                accountant.attach(curve, problem, neighbour)
     summary = write_outputs(
         out,
         {**config.to_dict(), **(extra or {})},
@@ -487,6 +495,9 @@ def finish(
     )
     table_console().print(results_table(summary["results"]))
     console.print(f"wrote {out}/summary.json, metrics.csv, msd.png, topology.png")
+    if neighbour is not None:
+        accountant.plot_epsilon(curves, out / "epsilon.png", neighbour)
+        table_console().print(accountant.epsilon_table(summary["results"]))
 
 
 def progress_bar() -> Progress:

@@ -302,7 +302,8 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
             from orchestrator.audit import WireTap  # scipy & co. only when auditing
 
             tap = WireTap(broker.address, run, broker.access(INSPECTOR))
-        return await _drive(problem, broker, conductor, pool, launches, out, tap)
+        neighbour = args.neighbour if args.account else None  # --account
+        return await _drive(problem, broker, conductor, pool, launches, out, tap, neighbour)
     except RunFailed as exc:
         console.print(f"[red]run failed:[/red] {exc}")
         return 1
@@ -320,9 +321,10 @@ async def _drive(
     launches: dict[int, AgentLaunch],
     out: Path,
     tap: WireTap | None = None,
+    neighbour: int | None = None,
 ) -> int:
-    """Register, run every session, write the outputs (and the audit), then dismiss the
-    agents; the exit code.
+    """Register, run every session, write the outputs (privacy accounted with `neighbour`,
+    and the audit), then dismiss the agents; the exit code.
 
     Outputs come before Bye: under `docker compose up --exit-code-from orchestrator` the
     first agent to exit stops every container and ends the log stream, and the operator
@@ -355,7 +357,7 @@ async def _drive(
                 extra["broker_sys"] = {k: sys_after[k] - sys_before[k] for k in sys_after}
             # Off the loop, which keeps answering the broker's keepalives meanwhile: the
             # audit replays the whole run for its ground truth.
-            code = await asyncio.to_thread(_outputs, out, problem, curves, extra, tap)
+            code = await asyncio.to_thread(_outputs, out, problem, curves, extra, tap, neighbour)
             await publish(mqtt, conductor.bye())
         except BaseException as exc:  # Ctrl-C included: tell the agents before tearing down
             with contextlib.suppress(aiomqtt.MqttError):
@@ -459,10 +461,16 @@ class _Show:
 
 
 def _outputs(
-    out: Path, problem: Problem, curves: list[Curve], extra: dict[str, Any], tap: WireTap | None
+    out: Path,
+    problem: Problem,
+    curves: list[Curve],
+    extra: dict[str, Any],
+    tap: WireTap | None,
+    neighbour: int | None = None,
 ) -> int:
-    """Write the run's outputs, and audit its wire when it was tapped; the exit code."""
-    finish(out, problem.config, problem, curves, "net", extra)
+    """Write the run's outputs (privacy accounted with `neighbour`), and audit its wire when
+    it was tapped; the exit code."""
+    finish(out, problem.config, problem, curves, "net", extra, neighbour)
     if tap is None:
         return 0
     from orchestrator.audit import show_audit
