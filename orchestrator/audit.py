@@ -29,7 +29,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -47,6 +47,7 @@ from agent.core import AgentCore, split_senders
 from agent.losses import Loss
 from agent.messages import KeyPlan, KeyShare, Message, Rejected
 from agent.mqtt import BrokerAddress
+from agent.node import Publish
 from agent.spec import STRATEGY_STEP, AgentSpec, Scheme, StepPlan, Strategy
 from orchestrator.engines.memory import Network
 from orchestrator.experiment import config as configuration
@@ -243,10 +244,12 @@ class _Witness(AgentCore):
 
 @dataclass
 class Replay:
-    """A memory-engine run: clear values (sender, round, step) and the true models."""
+    """A memory-engine run: clear values (sender, round, step), the true models and the
+    model messages on its wire, as an eavesdropper decodes them."""
 
     clear: dict[tuple[int, int, int], np.ndarray]
     models: np.ndarray  # (iters, P, M)
+    wire: SessionWire
 
 
 def replay(
@@ -256,13 +259,23 @@ def replay(
     repeat: int = 0,
     *,
     losses: Sequence[Loss] | None = None,
+    noise_key: tuple[int, int] | None = None,
 ) -> Replay:
     """The session on the memory engine (the whole protocol), witnesses for cores;
-    `losses` (one per agent) replace the problem's, e.g. losses written by hand."""
+    `losses` (one per agent) replace the problem's, e.g. losses written by hand, and
+    `noise_key` the run's (same data, fresh noise: the dp-audit's trials)."""
     clear: dict[tuple[int, int, int], np.ndarray] = {}
-    plans = session_plans(problem, [(strategy, scheme, repeat)])
-    network = Network.build(plans, core=partial(_Witness, clear=clear, losses=losses))
-    return Replay(clear, network.play()[0].models)
+    (plan,) = session_plans(problem, [(strategy, scheme, repeat)])
+    if noise_key is not None:
+        plan = replace(plan, specs=[replace(s, noise_key=noise_key) for s in plan.specs])
+    seen = SessionWire()
+
+    def tap(_publisher: str, frame: Publish) -> None:
+        if topics.parse_peer_topic(frame.topic) is not None:
+            _add(seen, frame.payload, problem.config.dim)
+
+    network = Network.build([plan], core=partial(_Witness, clear=clear, losses=losses), tap=tap)
+    return Replay(clear, network.play()[0].models, seen)
 
 
 # ---- sessions on the wire ---------------------------------------------------------------------

@@ -210,6 +210,32 @@ def overhead(args: argparse.Namespace) -> int:
     return 0
 
 
+def dp_audit(args: argparse.Namespace) -> int:
+    """Empirical lower bounds on epsilon for each scheme, against the accountant's claim."""
+    import json
+
+    from orchestrator.privacy import dpaudit
+
+    base = ExperimentConfig(
+        name="dp-audit", agents=10, iters=1, sigma_g2=0.01, strategies=(Strategy.ATC,), repeats=1
+    )
+    config = experiment(args, base)
+    problem = Problem.build(config)
+    out = out_dir(args, config, "dp-audit")
+    records = []
+    for strategy in config.strategies:
+        for scheme in config.schemes:
+            with console.status(f"dp-audit {strategy}/{scheme}: {args.trials} trials on D and D'"):
+                records += dpaudit.dp_audit(
+                    problem, strategy, scheme, args.neighbour, args.trials, config.seed
+                )
+    report = {"config": config.to_dict(), "confidence": dpaudit.CONFIDENCE, "audits": records}
+    (out / "dp_audit.json").write_text(json.dumps(report, indent=2) + "\n")
+    table_console().print(dpaudit.audit_table(records))
+    console.print(f"wrote {out}/dp_audit.json")
+    return 0 if all(r["consistent"] for r in records) else 1
+
+
 def _yes_no(text: str) -> bool:
     answers = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}
     try:
@@ -307,6 +333,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--broker-uid", type=int, help="owner of broker/ (1883 in eclipse-mosquitto)")
     p.add_argument("--client-uid", type=int, help="owner of the clients' files (1000: privnet)")
     p.set_defaults(func=prepare)
+
+    p = sub.add_parser(
+        "dp-audit", help="empirical epsilon lower bounds (many short trials on D and D')"
+    )
+    _experiment_flags(p)
+    p.add_argument("--trials", type=int, default=1000, help="trials per dataset (D and D')")
+    p.set_defaults(func=dp_audit)
 
     p = sub.add_parser("overhead", help="what each privacy scheme costs on the wire")
     p.add_argument("--agents", type=int, default=30)
