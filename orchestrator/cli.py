@@ -214,7 +214,7 @@ def dp_audit(args: argparse.Namespace) -> int:
     """Empirical lower bounds on epsilon for each scheme, against the accountant's claim."""
     import json
 
-    from orchestrator.privacy import dpaudit
+    from orchestrator.privacy import dpaudit, sampler
 
     base = ExperimentConfig(
         name="dp-audit", agents=10, iters=1, sigma_g2=0.01, strategies=(Strategy.ATC,), repeats=1
@@ -229,9 +229,16 @@ def dp_audit(args: argparse.Namespace) -> int:
                 records += dpaudit.dp_audit(
                     problem, strategy, scheme, args.neighbour, args.trials, config.seed
                 )
-    report = {"config": config.to_dict(), "confidence": dpaudit.CONFIDENCE, "audits": records}
+    samplers = sampler.sampler_report(config.sigma_g)
+    report = {
+        "config": config.to_dict(),
+        "confidence": dpaudit.CONFIDENCE,
+        "audits": records,
+        "sampler_leak": samplers,
+    }
     (out / "dp_audit.json").write_text(json.dumps(report, indent=2) + "\n")
     table_console().print(dpaudit.audit_table(records))
+    table_console().print(dpaudit.sampler_table(samplers))
     console.print(f"wrote {out}/dp_audit.json")
     return 0 if all(r["consistent"] for r in records) else 1
 

@@ -7,7 +7,10 @@ in the differences, and with kappa = 1 - mu H, dc = c_0 - c_0':
     s_i = w_p,i - w'_p,i = dc (1 - kappa^i) / H       (both agents, A averages)
     psi_0,i - psi'_0,i = kappa s_(i-1) + 2 mu dc,    psi_1,i - psi'_1,i = kappa s_(i-1)
     Delta(i) = sqrt(2) |s_i|;  eps_p(i) = sqrt(2) / sigma_g * sum_(j<=i) |psi_p,j - psi'_p,j|
-(random: one receiver per agent, so one release of psi_p per round).
+(random: one receiver per agent, so one release of psi_p per round). The schemes release
+values rounded to the noise grid (agent.rng.snap), which the closed form ignores: each
+round moves the differences by at most a grid step, and the contraction kappa keeps the
+sum of those moves under GRID_SLACK grid steps.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import math
 import numpy as np
 import pytest
 
+from agent import rng
 from agent.losses import LeastSquares
 from agent.spec import Scheme, Strategy
 from orchestrator.cli import main
@@ -27,6 +31,7 @@ from orchestrator.privacy.accountant import account
 
 MU, RHO, SIGMA_G2, ITERS = 0.1, 0.01, 0.25, 40
 C, C_TWIN = (1.5, -0.5), 0.25
+GRID_SLACK = 10
 
 
 def hand_losses(c0: float) -> list[LeastSquares]:
@@ -54,13 +59,16 @@ def test_accountant_matches_the_closed_form(two_agents: Problem, scheme: Scheme)
     i = np.arange(1, ITERS + 1)
     s = dc * (1 - kappa**i) / h
     s_before = np.concatenate([[0.0], s[:-1]])
-    np.testing.assert_allclose(acc.delta, math.sqrt(2) * np.abs(s), rtol=1e-10)
+    slack = GRID_SLACK * rng.grid(math.sqrt(SIGMA_G2))
+    assert slack < 1e-5 * abs(s[-1])
+    np.testing.assert_allclose(acc.delta, math.sqrt(2) * np.abs(s), rtol=0, atol=2 * slack)
     scale = math.sqrt(2) / math.sqrt(SIGMA_G2)
     eps0 = scale * np.cumsum(np.abs(kappa * s_before + 2 * MU * dc))
     eps1 = scale * np.cumsum(np.abs(kappa * s_before))
-    np.testing.assert_allclose(acc.epsilon[:, 0], eps0, rtol=1e-10)
-    np.testing.assert_allclose(acc.epsilon[:, 1], eps1, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(acc.epsilon_network, eps0 + eps1, rtol=1e-10)
+    budget = scale * slack * i  # the slack, every round
+    np.testing.assert_array_less(np.abs(acc.epsilon[:, 0] - eps0), budget)
+    np.testing.assert_array_less(np.abs(acc.epsilon[:, 1] - eps1), budget)
+    np.testing.assert_allclose(acc.epsilon_network, acc.epsilon.sum(axis=1), rtol=1e-12)
     # At most linear growth: the per-round increments settle to a constant, and eps(i)
     # stays under i times the largest increment.
     steps = np.diff(acc.epsilon[:, 0], prepend=0.0)
@@ -72,8 +80,9 @@ def test_accountant_matches_the_closed_form(two_agents: Problem, scheme: Scheme)
 def test_local_ghp_is_finite_per_link_and_infinite_for_the_wire(two_agents: Problem) -> None:
     ours = account(two_agents, Strategy.ATC, Scheme.LOCAL_GHP, neighbour=0, losses=HAND)
     random = account(two_agents, Strategy.ATC, Scheme.RANDOM, neighbour=0, losses=HAND)
-    # One link out of each agent, mask scale b / a_pk with a_pk = 1/2: half random's epsilon.
-    np.testing.assert_allclose(ours.epsilon, 0.5 * random.epsilon, rtol=1e-9)
+    # One link out of each agent, mask scale b / a_pk with a_pk = 1/2: half random's epsilon
+    # (up to random's rounding to the noise grid, which local-ghp does not do).
+    np.testing.assert_allclose(ours.epsilon, 0.5 * random.epsilon, rtol=1e-5)
     assert np.isinf(ours.epsilon_network[-1])
 
 

@@ -63,6 +63,8 @@ def reference_combine(
         ).reshape(agents, dim)
         for m in range(agents)
     ]
+    if scheme in (Scheme.RANDOM, Scheme.GHP):
+        x = rng.snap(x, sigma_g)  # released on the noise grid
     out = np.zeros_like(x)
     for p in range(agents):
         for m in range(agents):
@@ -197,7 +199,7 @@ def test_ghp_noise_cancels_in_the_centroid(agents: int, seed: int, rule: str) ->
     assert np.max(np.abs(q @ ghp)) <= 1e-12 * np.max(np.abs(table))
     assert np.max(np.abs(q @ random)) > 1e-6  # edge noise does not cancel
     key = rng.run_key(seed)
-    plain = reference_combine(a, x, Scheme.NONE, key, 2, 1, 1.0)
+    plain = reference_combine(a, rng.snap(x, 1.0), Scheme.NONE, key, 2, 1, 1.0)
     private = reference_combine(a, x, Scheme.GHP, key, 2, 1, 1.0)
     assert np.max(np.abs(q @ (private - plain))) <= 1e-12 * np.max(np.abs(private - plain))
 

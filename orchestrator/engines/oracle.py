@@ -11,6 +11,7 @@ noise table G of step j and round i (row m: what sender m draws, laid out (P, M)
     none:      C(x)_p = sum_m a_mp x_m
     random:    C(x)_p = sum_m a_mp x_m + sum_{m != p} a_mp G[m, p]
     ghp:       C(x)_p = sum_m a_mp x_m + sum_{m != p} a_mp g_m - (1 - a_pp) g_p,  g_m = G[m, m]
+               (random and ghp: x rounded to the noise grid first, agent.rng.snap)
     local-ghp: its pairwise masks cancel exactly at every hub, so the recursion is `none`
                and is computed as `none`.
 Repeats and schemes run side by side in one state array of shape (P, R, S, M), so each
@@ -273,6 +274,12 @@ def _run_strategy(
     avg = np.empty_like(centroid)
     errors = {name: np.empty_like(centroid) for name in TEST_ERRORS} if problem.classifies else {}
     w = np.zeros((agents, repeats, len(lanes), dim))
+    noisy_lane = np.array([lane is not Scheme.NONE for lane in lanes])[:, None]
+
+    def snapped(x: np.ndarray) -> np.ndarray:
+        """random and ghp combine their values rounded to the noise grid (rng.snap)."""
+        return np.where(noisy_lane, rng.snap(x, config.sigma_g), x)
+
     with np.errstate(over="ignore", invalid="ignore"):  # divergence is reported once, below
         for first in range(1, iters + 1, CHUNK):
             rounds = min(CHUNK, iters + 1 - first)
@@ -283,9 +290,9 @@ def _run_strategy(
             }
             history = np.empty((rounds, *w.shape))
             for t in range(rounds):
-                phi = _apply(combines, noise, 1, w, t)
-                psi = _apply(combines, noise, 0, phi, t) - config.mu * grads(phi, t)
-                w = _apply(combines, noise, 2, psi, t)
+                phi = _apply(combines, noise, 1, w, t, snapped)
+                psi = _apply(combines, noise, 0, phi, t, snapped) - config.mu * grads(phi, t)
+                w = _apply(combines, noise, 2, psi, t, snapped)
                 history[t] = w
             window = slice(first - 1, first - 1 + rounds)
             centroid[..., window], avg[..., window] = _msd(history, problem.q, problem.w_opt)
@@ -316,12 +323,13 @@ def _apply(
     step: int,
     x: np.ndarray,
     t: int,
+    snapped: Callable[[np.ndarray], np.ndarray],
 ) -> np.ndarray:
     """Combine step `step` of round t of the chunk; an identity step returns x itself."""
     if step not in combines:
         return x
     table = noise[step]
-    return combines[step](x, None if table is None else table[t])
+    return combines[step](x, None) if table is None else combines[step](snapped(x), table[t])
 
 
 def _noise(
