@@ -568,8 +568,11 @@ class Audit:
     noise: dict[str, np.ndarray]  # per private session, the KS samples / b (for the plot)
 
 
-def audit(recording: Recording, telemetry: list[np.ndarray] | None, source: str) -> Audit:
-    """Audit every session found on the wire of a recorded run."""
+def audit(
+    recording: Recording, telemetry: list[np.ndarray] | None, source: str, attack: bool = False
+) -> Audit:
+    """Audit every session found on the wire of a recorded run; with `attack`, also try to
+    reconstruct every agent's trajectory and local minimizer from it (orchestrator.attack)."""
     c = recording.config
     problem = Problem.build(c)
     planned = session_list(c)
@@ -578,13 +581,19 @@ def audit(recording: Recording, telemetry: list[np.ndarray] | None, source: str)
         raise AuditError(f"no session of run {recording.run!r} on the wire ({source})")
     if len(found) > len(planned):
         raise AuditError(f"{len(found)} sessions on the wire, the config plans {len(planned)}")
-    sessions, plotted = [], {}
+    sessions, plotted, attempts = [], {}, []
     b = c.sigma_g / math.sqrt(2)
     for s, ((strategy, scheme, repeat), seen) in enumerate(zip(planned, found, strict=False)):
         truth = replay(problem, strategy, scheme, repeat)
         told = telemetry[s] if telemetry is not None and s < len(telemetry) else None
         result, noise = audit_session(problem, strategy, scheme, repeat, seen, truth, told)
         sessions.append(result)
+        if attack:
+            from orchestrator.attack import attack_session
+
+            attempts.append(
+                attack_session(problem, strategy, scheme, repeat, seen.models, truth.clear)
+            )
         if noise.samples.size and b > 0:
             plotted[f"{strategy}/{scheme} r{repeat}: p = {_fmt(result['noise']['p_value'])}"] = (
                 noise.samples / b
@@ -599,6 +608,12 @@ def audit(recording: Recording, telemetry: list[np.ndarray] | None, source: str)
         "sigma_g": c.sigma_g,
         "sessions": sessions,
     }
+    if attack:
+        report["reconstruction"] = {
+            "sessions": attempts,
+            "breaks": sorted({a["scheme"] for a in attempts if a["broken"]}),
+            "does_not_break": sorted({a["scheme"] for a in attempts if not a["broken"]}),
+        }
     return Audit(report, plotted)
 
 
@@ -654,7 +669,9 @@ def plot_noise(noise: dict[str, np.ndarray], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def inspect(run_dir: Path, pcap: Path | None = None, port: int | None = None) -> dict[str, Any]:
+def inspect(
+    run_dir: Path, pcap: Path | None = None, port: int | None = None, attack: bool = False
+) -> dict[str, Any]:
     """Audit a recorded run (live tap, or a pcap); write audit[-pcap].json and .png."""
     recording = load_recording(run_dir)
     source = "live MQTT tap"
@@ -662,24 +679,30 @@ def inspect(run_dir: Path, pcap: Path | None = None, port: int | None = None) ->
         port = port or BrokerAddress.parse(recording.broker).port
         recording.records = read_pcap(pcap, port)
         source = f"pcap {pcap.name}, port {port}"
-    result = audit(recording, load_telemetry(run_dir), source)
+    result = audit(recording, load_telemetry(run_dir), source, attack)
     stem = "audit" if pcap is None else "audit-pcap"
     (run_dir / f"{stem}.json").write_text(json.dumps(result.report, indent=2) + "\n")
     plot_noise(result.noise, run_dir / f"{stem}.png")
     return result.report
 
 
-def show_audit(run_dir: Path, pcap: Path | None = None, port: int | None = None) -> int:
+def show_audit(
+    run_dir: Path, pcap: Path | None = None, port: int | None = None, attack: bool = False
+) -> int:
     """`privnet inspect`: audit, print the table, say where the files are; exit code."""
     from rich.console import Console
 
     err = Console(stderr=True)
     try:
-        report = inspect(run_dir, pcap, port)
+        report = inspect(run_dir, pcap, port, attack)
     except AuditError as exc:
         err.print(f"[red]audit failed:[/red] {exc}")
         return 1
     table_console().print(audit_table(report))
+    if attack:
+        from orchestrator.attack import attack_table
+
+        table_console().print(attack_table(report["reconstruction"]["sessions"]))
     for s in report["sessions"]:
         for hub in s["hub_learns"]["fallback_hubs"]:
             err.print(

@@ -180,7 +180,7 @@ def inspect(args: argparse.Namespace) -> int:
     """Audit the wire of a `privnet run --audit` (its live recording, or a pcap of it)."""
     from orchestrator.audit import show_audit
 
-    return show_audit(args.run, args.pcap, args.port)
+    return show_audit(args.run, args.pcap, args.port, args.attack)
 
 
 def overhead(args: argparse.Namespace) -> int:
@@ -325,6 +325,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run", type=Path, required=True, help="the run's --out directory")
     p.add_argument("--pcap", type=Path, help="audit this capture of the broker port instead")
     p.add_argument("--port", type=int, help="broker port in the pcap (default: the run's)")
+    p.add_argument(
+        "--attack",
+        action="store_true",
+        help="also reconstruct every agent's models and local minimizer from the wire",
+    )
     p.set_defaults(func=inspect)
 
     p = sub.add_parser(

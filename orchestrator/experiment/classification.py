@@ -45,13 +45,18 @@ def draw_problem(config: ExperimentConfig, repeat: int, neighbour: int) -> Class
 def global_minimizer(spec: ClassificationSpec, agents: int) -> np.ndarray:
     """argmin of 1/P sum_p J_p: Newton's method on the pooled data (equal N per agent)."""
     parts = [classification_data(spec, p) for p in range(agents)]
-    x = np.vstack([h for h, _ in parts])
-    y = np.concatenate([t for _, t in parts])
-    w = np.zeros(spec.dim)
+    return minimizer(
+        np.vstack([h for h, _ in parts]), np.concatenate([t for _, t in parts]), spec.rho
+    )
+
+
+def minimizer(x: np.ndarray, y: np.ndarray, rho: float) -> np.ndarray:
+    """argmin 1/N sum ln(1 + exp(-y h^T w)) + rho ||w||^2 by Newton's method."""
+    w = np.zeros(x.shape[1])
     for _ in range(50):
         s = expit(-y * (x @ w))
-        grad = -(x.T @ (y * s)) / len(y) + 2 * spec.rho * w
-        hess = (x.T * (s * (1 - s))) @ x / len(y) + 2 * spec.rho * np.eye(spec.dim)
+        grad = -(x.T @ (y * s)) / len(y) + 2 * rho * w
+        hess = (x.T * (s * (1 - s))) @ x / len(y) + 2 * rho * np.eye(x.shape[1])
         step = np.linalg.solve(hess, grad)
         w -= step
         if np.linalg.norm(step) < NEWTON_TOL:
