@@ -189,6 +189,7 @@ def attack_table(records: list[dict[str, Any]]) -> Table:
     for name in (
         "session",
         "recovered",
+        "pinned",
         "traj. err (median)",
         "traj. err (max)",
         "argmin J_p err (median)",

@@ -1,5 +1,5 @@
 """dp-audit: Clopper-Pearson, and the audit's verdicts on a 10-agent regression (one
-round, the paper's sigma_g^2 = 0.01, 300 trials per dataset; the CLI default is 1000)."""
+round, the paper's sigma_g^2 = 0.01, 200 trials per dataset; the CLI default is 1000)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 from orchestrator.privacy.dpaudit import attack, clopper_pearson, dp_audit, epsilon_lower_bound
 
-TRIALS = 300
+TRIALS = 200
 
 
 def test_clopper_pearson_edges_and_a_known_value() -> None:

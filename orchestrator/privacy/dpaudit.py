@@ -199,16 +199,17 @@ def dp_audit(
     """One record per attacker view: eps_LB with its intervals, and the claimed eps."""
     on_d, on_twin, claimed = run_trials(problem, strategy, scheme, agent, trials, seed)
     records = []
-    for view in on_d:
-        result = attack(on_d[view], on_twin[view], view)
-        hub_view = view.startswith("hub")
-        claim = math.inf if hub_view or scheme is Scheme.NONE else float(claimed.max())
+    for view in views_for(problem, scheme, strategy, agent):
+        result = attack(on_d[str(view)], on_twin[str(view)], str(view))
+        hub_view = view.kind == "hub"
+        claimed_view = claimed * _share(problem, strategy, agent, view)
+        claim = math.inf if hub_view or scheme is Scheme.NONE else float(claimed_view.max())
         records.append(
             {
                 "strategy": str(strategy),
                 "scheme": str(scheme),
                 "agent": agent,
-                "view": view,
+                "view": str(view),
                 "rounds": problem.config.iters,
                 "trials_per_dataset": trials,
                 "held_out_per_dataset": result.trials,
@@ -219,13 +220,21 @@ def dp_audit(
                 "epsilon_hat": result.epsilon_hat,
                 "epsilon_lb": result.epsilon_lb,
                 "epsilon_claimed": claim if math.isfinite(claim) else INFINITE,
-                "epsilon_claimed_range": [float(claimed.min()), float(claimed.max())]
+                "epsilon_claimed_range": [float(claimed_view.min()), float(claimed_view.max())]
                 if not hub_view and scheme is not Scheme.NONE
                 else None,
                 "consistent": result.epsilon_lb <= claim,
             }
         )
     return records
+
+
+def _share(problem: Problem, strategy: Strategy, agent: int, view: View) -> float:
+    """The part of the links-out epsilon one link carries: a_pk / sum_k a_pk (local-ghp)."""
+    if view.kind != "one-link":
+        return 1.0
+    a = next(m for m in problem.matrices(strategy) if not np.array_equal(m, np.eye(len(m))))
+    return float(a[agent, view.hub] / (a[agent].sum() - a[agent, agent]))
 
 
 def audit_table(records: list[dict[str, Any]]) -> Table:
