@@ -14,7 +14,8 @@ from enum import IntEnum
 
 import numpy as np
 
-_TWO_M53 = 2.0**-53
+UNIFORM_BITS = 52  # k + 1/2 is exact in a double only for k < 2^52
+_STEP = 2.0**-UNIFORM_BITS
 
 
 class Domain(IntEnum):
@@ -71,8 +72,9 @@ def raw_block(
 
 
 def uniforms(raw: np.ndarray) -> np.ndarray:
-    """Map 64-bit words to doubles strictly inside (0, 1) (53-bit midpoints)."""
-    return ((raw >> np.uint64(11)).astype(np.float64) + 0.5) * _TWO_M53
+    """Map 64-bit words to doubles strictly inside (0, 1): midpoints (k + 1/2) 2^-52 of the
+    top 52 bits. (With 53 bits, k + 1/2 rounds to 2^53 for the top k: u = 1, infinite noise.)"""
+    return ((raw >> np.uint64(64 - UNIFORM_BITS)).astype(np.float64) + 0.5) * _STEP
 
 
 GRID_BITS = 20  # the noise grid is the power of two 2^-20 below the Laplace scale
@@ -105,9 +107,9 @@ def snap(x: np.ndarray, sigma_g: float) -> np.ndarray:
 def laplace(u: np.ndarray, sigma_g: float) -> np.ndarray:
     """Laplace noise on the grid (a discretized Laplace, as OpenDP releases it).
 
-    snap(x) + laplace(u) is a grid point, and every grid point within ~22 scales of x is
+    snap(x) + laplace(u) is a grid point, and every grid point within ~21 scales of x is
     reachable from any x, so the float leak of `float_laplace` is gone; beyond that the
-    53-bit uniforms thin out (probability e^-22 ~ 3e-10, a delta). The rounding adds
+    52-bit uniforms thin out (probability e^-21 ~ 8e-10, a delta). The rounding adds
     variance grid^2 / 12 <= 2^-40 b^2: nothing measurable.
     """
     step = grid(sigma_g)

@@ -1,11 +1,11 @@
 """Does the Laplace sampler leak through its floating-point outputs? (Mironov, CCS 2012)
 
-A release is y = x + noise, noise drawn from a 53-bit uniform u = (k + 1/2) 2^-53. With
-the plain inverse CDF (agent.rng.float_laplace) the outputs are a sparse, uneven subset
+A release is y = x + noise, the noise drawn from u = (k + 1/2) 2^-52 (agent.rng.uniforms).
+With the plain inverse CDF (agent.rng.float_laplace) the outputs are a sparse, uneven subset
 of the doubles, so y is often a double that x = 0 can never produce: seeing it proves
 x != 0, an infinite privacy loss. `impossible_fraction` measures how often that happens
 for x = `shift`, with an exact membership test: a release is monotone in k, so a binary
-search over the 2^53 inputs finds whether some k gives y exactly.
+search over the 2^52 inputs finds whether some k gives y exactly.
 privnet releases snap(x) + laplace(u) (both on a power-of-two grid), which it checks too.
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 
 from agent import rng
 
-K_BITS = 53
+K_BITS = rng.UNIFORM_BITS
 Release = Callable[[float, np.ndarray, float], np.ndarray]  # (x, k, sigma_g) -> y
 
 
@@ -41,16 +41,15 @@ RELEASES: dict[str, Release] = {"float inverse CDF": float_release, "grid": grid
 
 
 def in_image(y: np.ndarray, release: Release, sigma_g: float) -> np.ndarray:
-    """Whether each y is exactly release(0, k) for some 53-bit input k."""
+    """Whether each y is exactly release(0, k) for some input k of rng.uniforms."""
     lo = np.zeros(y.shape, dtype=np.uint64)
     hi = np.full(y.shape, (1 << K_BITS) - 1, dtype=np.uint64)
-    with np.errstate(divide="ignore"):  # the largest k rounds u to 1: an infinite release
-        while np.any(lo < hi):  # smallest k with release(0, k) >= y (non-decreasing in k)
-            mid = lo + (hi - lo) // np.uint64(2)
-            below = release(0.0, mid, sigma_g) < y
-            lo = np.where(below, mid + np.uint64(1), lo)
-            hi = np.where(below, hi, mid)
-        return release(0.0, lo, sigma_g) == y
+    while np.any(lo < hi):  # smallest k with release(0, k) >= y (non-decreasing in k)
+        mid = lo + (hi - lo) // np.uint64(2)
+        below = release(0.0, mid, sigma_g) < y
+        lo = np.where(below, mid + np.uint64(1), lo)
+        hi = np.where(below, hi, mid)
+    return release(0.0, lo, sigma_g) == y
 
 
 def impossible_fraction(
@@ -64,7 +63,7 @@ def impossible_fraction(
 
 def first_hole(sigma_g: float) -> float:
     """|noise| / b beyond which the grid sampler skips grid points: there the spacing of
-    its 53-bit outputs, 2 b e^(|z|/b) 2^-53, exceeds the grid. A release whose x moved by
+    its outputs, 2 b e^(|z|/b) 2^-52, exceeds the grid. A release whose x moved by
     Delta reaches past it with probability e^-(hole - Delta/b) / 2: the delta of the
     (eps, delta) guarantee (3.7e-8 for Delta = 5 b at the default grid)."""
     b = sigma_g / math.sqrt(2.0)
