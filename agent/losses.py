@@ -12,7 +12,7 @@ data model: the neighbouring dataset D' of the paper's Definition DP, for the ac
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -86,13 +86,13 @@ def regression_data(spec: RegressionSpec, agent: int) -> tuple[np.ndarray, np.nd
     return u, d
 
 
-class LeastSquares:
-    """J_p(w) = 1/N sum (d - u^T w)^2 + rho ||w||^2; full batch or per-round minibatches."""
+class _Samples:
+    """What every loss holds: its samples, rho, and which of them a round's gradient uses."""
 
     def __init__(
         self,
-        u: np.ndarray,
-        d: np.ndarray,
+        x: np.ndarray,
+        y: np.ndarray,
         rho: float,
         *,
         batch: int | None = None,
@@ -100,10 +100,25 @@ class LeastSquares:
         agent: int = 0,
         agents: int = 1,
     ) -> None:
-        self.dim = u.shape[1]
-        self.u, self.d, self.rho = u, d, rho
-        self.batch = batch if batch and batch < len(d) else None
+        self.dim = x.shape[1]
+        self.x, self.y, self.rho = x, y, rho
+        self.batch = batch if batch and batch < len(y) else None
         self.key, self.agent, self.agents = key, agent, agents
+
+    def sample(self, round_: int) -> tuple[np.ndarray, np.ndarray]:
+        """This round's minibatch (the same in every engine)."""
+        assert self.batch is not None
+        idx = batch_indices(self.key, round_, self.agent, self.agents, self.batch, len(self.y))
+        return self.x[idx], self.y[idx]
+
+
+class LeastSquares(_Samples):
+    """J_p(w) = 1/N sum (d - u^T w)^2 + rho ||w||^2; full batch or per-round minibatches.
+
+    Samples: x = u (N, M) regressors, y = d (N,) targets."""
+
+    def __init__(self, u: np.ndarray, d: np.ndarray, rho: float, **batching: Any) -> None:
+        super().__init__(u, d, rho, **batching)
         n = len(d)
         # Full batch: precomputed moments, so the gradient is one small matvec.
         self.hessian = 2.0 * (u.T @ u / n + rho * np.eye(self.dim))
@@ -112,8 +127,7 @@ class LeastSquares:
     def grad(self, w: np.ndarray, round_: int) -> np.ndarray:
         if self.batch is None:
             return self.hessian @ w - self.r
-        idx = batch_indices(self.key, round_, self.agent, self.agents, self.batch, len(self.d))
-        u, d = self.u[idx], self.d[idx]
+        u, d = self.sample(round_)
         return 2.0 * (u.T @ (u @ w - d) / self.batch + self.rho * w)
 
 
@@ -147,30 +161,13 @@ def classification_data(spec: ClassificationSpec, agent: int) -> tuple[np.ndarra
     return x, data.y_train[rows]
 
 
-class Logistic:
-    """J_p(w) = 1/N sum ln(1 + exp(-y h^T w)) + rho ||w||^2 (the paper's section V-B)."""
+class Logistic(_Samples):
+    """J_p(w) = 1/N sum ln(1 + exp(-y h^T w)) + rho ||w||^2 (the paper's section V-B).
 
-    def __init__(
-        self,
-        x: np.ndarray,
-        y: np.ndarray,
-        rho: float,
-        *,
-        batch: int | None = None,
-        key: tuple[int, int] = (0, 0),
-        agent: int = 0,
-        agents: int = 1,
-    ) -> None:
-        self.dim = x.shape[1]
-        self.x, self.y, self.rho = x, y, rho
-        self.batch = batch if batch and batch < len(y) else None
-        self.key, self.agent, self.agents = key, agent, agents
+    Samples: x = h (N, M) features, y (N,) labels in {-1, +1}."""
 
     def grad(self, w: np.ndarray, round_: int) -> np.ndarray:
-        x, y = self.x, self.y
-        if self.batch is not None:
-            idx = batch_indices(self.key, round_, self.agent, self.agents, self.batch, len(y))
-            x, y = x[idx], y[idx]
+        x, y = (self.x, self.y) if self.batch is None else self.sample(round_)
         # d/dw ln(1 + e^{-y h^T w}) = -y h sigmoid(-y h^T w), sigmoid written overflow-free.
         weight = -y * _sigmoid(-y * (x @ w))
         return x.T @ weight / len(y) + 2.0 * self.rho * w

@@ -27,6 +27,7 @@ from scipy.linalg import lstsq, null_space
 from agent.spec import Scheme, Strategy
 from orchestrator.experiment import classification
 from orchestrator.experiment.problem import Problem
+from orchestrator.report import titled_table
 
 Seen = Mapping[tuple[int, int, int, int], np.ndarray]  # (sender, receiver, round, step)
 RECOVERED = 1e-9  # relative error below which a trajectory counts as recovered exactly
@@ -179,23 +180,25 @@ def pinned_directions(problem: Problem, strategy: Strategy, scheme: Scheme) -> i
     """How many of the P unknowns per step the exact hub sums fix (local-ghp; else 0)."""
     if scheme is not Scheme.LOCAL_GHP:
         return 0
-    a = next(m for m in problem.matrices(strategy) if not np.array_equal(m, np.eye(len(m))))
+    a = problem.A  # the matrix of the communicating step, for every strategy
     b = a.T - np.diag(np.diag(a))
     return int(np.linalg.matrix_rank(b[(b > 0).sum(axis=1) >= 2]))
 
 
 def attack_table(records: list[dict[str, Any]]) -> Table:
-    table = Table(title="reconstruction attack: an eavesdropper with the whole wire and A")
-    for name in (
-        "session",
-        "recovered",
-        "pinned",
-        "traj. err (median)",
-        "traj. err (max)",
-        "argmin J_p err (median)",
-        "broken",
-    ):
-        table.add_column(name, justify="left" if name == "session" else "right")
+    table = titled_table(
+        "reconstruction attack: an eavesdropper with the whole wire and A",
+        (
+            "session",
+            "recovered",
+            "pinned",
+            "traj. err (median)",
+            "traj. err (max)",
+            "argmin J_p err (median)",
+            "broken",
+        ),
+        left=1,
+    )
     for r in records:
         table.add_row(
             f"{r['strategy']}/{r['scheme']} r{r['repeat']}",

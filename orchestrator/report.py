@@ -259,17 +259,7 @@ def plot_msd(curves: list[Curve], path: Path, title: str | None = None) -> None:
     axes[0, 0].margins(x=0)
     if title:
         fig.suptitle(title, fontsize=14)
-    # One legend for all panels, below them, so it can never hide a curve.
-    order = _ordered(lines, SCHEME_ORDER)
-    fig.legend(
-        [lines[s] for s in order],
-        [lines[s].get_label() for s in order],
-        loc="outside lower center",
-        ncols=len(order),
-        fontsize=11,
-        handlelength=3,
-        frameon=False,
-    )
+    _legend(fig, lines, fontsize=11, handlelength=3)
     fig.savefig(path, dpi=DPI)
 
 
@@ -300,6 +290,12 @@ def plot_test_error(curves: list[Curve], path: Path) -> None:
     for ax in axes[-1]:
         ax.set_xlabel("iteration $i$")
     axes[0, 0].margins(x=0)
+    _legend(fig, lines)
+    fig.savefig(path, dpi=DPI)
+
+
+def _legend(fig: Figure, lines: dict[str, Line2D], **style: Any) -> None:
+    """One legend for all panels, below them, so it can never hide a curve."""
     order = _ordered(lines, SCHEME_ORDER)
     fig.legend(
         [lines[s] for s in order],
@@ -307,8 +303,8 @@ def plot_test_error(curves: list[Curve], path: Path) -> None:
         loc="outside lower center",
         ncols=len(order),
         frameon=False,
+        **style,
     )
-    fig.savefig(path, dpi=DPI)
 
 
 def _plot_panel(ax: Axes, curves: list[Curve], attr: str) -> dict[str, Line2D]:
@@ -373,6 +369,14 @@ def plot_topology(graph: nx.Graph, path: Path, q: np.ndarray | None = None) -> N
 def _text_color(rgba: np.ndarray) -> str:
     """Black on light nodes, white on dark ones (relative luminance, sRGB weights)."""
     return "black" if 0.2126 * rgba[0] + 0.7152 * rgba[1] + 0.0722 * rgba[2] > 0.5 else "white"
+
+
+def titled_table(title: str, columns: Iterable[str], left: int = 1) -> Table:
+    """A table whose first `left` columns are names (left) and the rest numbers (right)."""
+    table = Table(title=title)
+    for n, name in enumerate(columns):
+        table.add_column(name, justify="left" if n < left else "right")
+    return table
 
 
 def results_table(records: list[dict[str, Any]]) -> Table:

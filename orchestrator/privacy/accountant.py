@@ -41,7 +41,7 @@ from agent.losses import Loss
 from agent.spec import Scheme, Strategy
 from orchestrator.experiment.problem import Problem
 from orchestrator.experiment.specs import agent_specs
-from orchestrator.report import DPI, SCHEME_ORDER, SCHEME_STYLE, Curve
+from orchestrator.report import DPI, SCHEME_ORDER, SCHEME_STYLE, Curve, titled_table
 
 INFINITE = "inf"  # how summary.json spells an infinite epsilon (strict JSON has no inf)
 
@@ -236,17 +236,19 @@ def plot_epsilon(curves: list[Curve], path: Path, neighbour: int) -> None:
 
 def epsilon_table(records: list[dict[str, Any]]) -> Table:
     """Final epsilon per strategy x scheme: the changed agent, the worst agent, the wire."""
-    table = Table(title="Privacy accounted (epsilon at the last round; inf = no privacy)")
-    for name in (
-        "strategy",
-        "scheme",
-        "neighbour",
-        "eps (neighbour)",
-        "eps (max agent)",
-        "eps (whole wire)",
-        "paper's eq. (eps)",
-    ):
-        table.add_column(name, justify="left" if name in ("strategy", "scheme") else "right")
+    table = titled_table(
+        "Privacy accounted (epsilon at the last round; inf = no privacy)",
+        (
+            "strategy",
+            "scheme",
+            "neighbour",
+            "eps (neighbour)",
+            "eps (max agent)",
+            "eps (whole wire)",
+            "paper's eq. (eps)",
+        ),
+        left=2,
+    )
     for r in records:
         privacy = r.get("privacy")
         if privacy is None:

@@ -34,6 +34,7 @@ from agent import rng
 from agent.spec import Scheme, Strategy
 from orchestrator.experiment.problem import Problem
 from orchestrator.privacy.accountant import INFINITE, releases
+from orchestrator.report import titled_table
 
 CONFIDENCE = 0.95
 Seen = Mapping[tuple[int, int, int, int], np.ndarray]  # (sender, receiver, round, step)
@@ -60,7 +61,7 @@ def views_for(problem: Problem, scheme: Scheme, strategy: Strategy, agent: int) 
 
 def _largest_hub(problem: Problem, strategy: Strategy, agent: int) -> int:
     """The neighbour that weighs the agent most (its masks are the smallest there)."""
-    a = next(m for m in problem.matrices(strategy) if not np.array_equal(m, np.eye(len(m))))
+    a = problem.A  # the matrix of the communicating step, for every strategy
     row = a[agent].copy()
     row[agent] = 0.0
     return int(np.argmax(row))
@@ -233,24 +234,26 @@ def _share(problem: Problem, strategy: Strategy, agent: int, view: View) -> floa
     """The part of the links-out epsilon one link carries: a_pk / sum_k a_pk (local-ghp)."""
     if view.kind != "one-link":
         return 1.0
-    a = next(m for m in problem.matrices(strategy) if not np.array_equal(m, np.eye(len(m))))
+    a = problem.A  # the matrix of the communicating step, for every strategy
     return float(a[agent, view.hub] / (a[agent].sum() - a[agent, agent]))
 
 
 def audit_table(records: list[dict[str, Any]]) -> Table:
-    table = Table(title="dp-audit: empirical lower bound vs claimed epsilon (95% Clopper-Pearson)")
-    for name in (
-        "scheme",
-        "attacker",
-        "trials",
-        "FP",
-        "FN",
-        "eps_hat",
-        "eps_LB",
-        "eps claimed",
-        "ok",
-    ):
-        table.add_column(name, justify="left" if name in ("scheme", "attacker") else "right")
+    table = titled_table(
+        "dp-audit: empirical lower bound vs claimed epsilon (95% Clopper-Pearson)",
+        (
+            "scheme",
+            "attacker",
+            "trials",
+            "FP",
+            "FN",
+            "eps_hat",
+            "eps_LB",
+            "eps claimed",
+            "ok",
+        ),
+        left=2,
+    )
     for r in records:
         claim = r["epsilon_claimed"]
         table.add_row(
@@ -269,12 +272,12 @@ def audit_table(records: list[dict[str, Any]]) -> Table:
 
 def sampler_table(report: dict[str, Any]) -> Table:
     """Mironov's test: releases for x = shift that x = 0 cannot produce (0 = no leak)."""
-    table = Table(
-        title="Laplace sampler leak: releases impossible under x = 0 "
-        f"(the grid thins out beyond {report['first_hole_scales']:.1f} scales)"
+    table = titled_table(
+        "Laplace sampler leak: releases impossible under x = 0 "
+        f"(the grid thins out beyond {report['first_hole_scales']:.1f} scales)",
+        ("sampler", "shift (scales b)", "draws", "impossible"),
+        left=1,
     )
-    for name in ("sampler", "shift (scales b)", "draws", "impossible"):
-        table.add_column(name, justify="left" if name == "sampler" else "right")
     for r in report["releases"]:
         table.add_row(
             r["sampler"],
