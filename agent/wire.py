@@ -33,7 +33,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from agent import keys
+from agent import datasets, keys
 from agent.control import (
     Abort,
     Bye,
@@ -377,6 +377,11 @@ def _check_problem(problem: RegressionSpec) -> None:
 
 
 def _check_classification(problem: ClassificationSpec) -> None:
+    if problem.dataset not in datasets.DATASETS:
+        raise ConfigError(
+            f"dataset {problem.dataset!r} is not shipped with this agent "
+            f"({', '.join(datasets.DATASETS)}); update the agent or pick a shipped dataset"
+        )
     if any(v < 0 for v in problem.feature_noise):
         raise ConfigError("feature_noise holds standard deviations, which must be >= 0")
 

@@ -3,12 +3,15 @@ the three engines' agreement (memory vs the oracle's independently written logis
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from agent import datasets, wire
 from agent.control import Config
 from agent.losses import ClassificationSpec, Logistic, classification_data, make_loss
+from agent.messages import Rejected
 from orchestrator.engines.memory import run_memory
 from orchestrator.engines.oracle import run_oracle
 from orchestrator.experiment import config as configuration
@@ -72,6 +75,9 @@ def test_the_config_carries_a_classification_problem() -> None:
     config = Config(spec, problem.spec(0), {}, deadline=1.0, telemetry=True)
     back = wire.decode_config(wire.encode_config(config))
     assert back.problem == config.problem
+    unknown = dataclasses.replace(config, problem=dataclasses.replace(config.problem, dataset="x"))
+    with pytest.raises(Rejected, match="dataset 'x' is not shipped"):
+        wire.decode_config(wire.encode_config(unknown))
 
 
 def test_memory_engine_matches_the_oracle_on_classification() -> None:

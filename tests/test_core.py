@@ -241,9 +241,7 @@ def cores(problem: Problem, strategy: Strategy, scheme: Scheme) -> list[AgentCor
     directory = {p: identity.public for p, identity in enumerate(identities)}
     data = problem.spec(0)
     return [
-        AgentCore(
-            s, make_loss(data, s.agent, s.agents), identities[s.agent], directory
-        )
+        AgentCore(s, make_loss(data, s.agent, s.agents), identities[s.agent], directory)
         for s in specs
     ]
 
