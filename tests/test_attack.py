@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.messages import Model
 from agent.spec import Scheme, Strategy
 from orchestrator.attack import attack_session, reconstruct
 from orchestrator.audit import replay
@@ -17,10 +16,7 @@ from orchestrator.experiment.problem import Problem
 
 def wire_of(problem: Problem, scheme: Scheme):
     run = replay(problem, Strategy.ATC, scheme, 0)
-    seen = {
-        (m.sender, m.receiver, m.round, m.step): m.vector for m in run.wire if isinstance(m, Model)
-    }
-    return seen, run.clear
+    return run.wire.models, run.clear
 
 
 @pytest.fixture(scope="module")
