@@ -95,11 +95,13 @@ def clopper_pearson(
 
 def epsilon_lower_bound(fpr_hi: float, fnr_hi: float) -> float:
     """eps_LB from upper bounds on the two error rates (delta = 0); 0 when uninformative."""
-    bounds = [
-        math.log((1 - fnr_hi) / fpr_hi) if fpr_hi > 0 and fnr_hi < 1 else 0.0,
-        math.log((1 - fpr_hi) / fnr_hi) if fnr_hi > 0 and fpr_hi < 1 else 0.0,
-    ]
-    return max(0.0, *bounds)
+    return max(_bound(fpr_hi, fnr_hi, way) for way in (0, 1))
+
+
+def _bound(fpr_hi: float, fnr_hi: float, way: int) -> float:
+    """One of the two ratios DP bounds: TPR / FPR (way 0) or TNR / FNR (way 1)."""
+    a, b = (fnr_hi, fpr_hi) if way == 0 else (fpr_hi, fnr_hi)
+    return max(0.0, math.log((1 - a) / b)) if b > 0 and a < 1 else 0.0
 
 
 def _scores(views: np.ndarray, mean_d: np.ndarray, mean_twin: np.ndarray, scale: np.ndarray):
@@ -124,7 +126,7 @@ def attack(on_d: np.ndarray, on_twin: np.ndarray, view: str) -> AttackResult:
     half = len(on_d) // 2
     fit_d, fit_twin, test_d, test_twin = on_d[:half], on_twin[:half], on_d[half:], on_twin[half:]
     mean_d, mean_twin = np.median(fit_d, axis=0), np.median(fit_twin, axis=0)
-    spread = np.concatenate([fit_d - mean_d, fit_twin - mean_twin]).__abs__().mean(axis=0)
+    spread = np.abs(np.concatenate([fit_d - mean_d, fit_twin - mean_twin])).mean(axis=0)
     scale = np.maximum(spread, 1e-12 * (1 + np.abs(mean_d)))  # none: no noise at all
     fit_d, fit_twin, s_d, s_twin = (
         _scores(v, mean_d, mean_twin, scale) for v in (fit_d, fit_twin, test_d, test_twin)
@@ -133,18 +135,19 @@ def attack(on_d: np.ndarray, on_twin: np.ndarray, view: str) -> AttackResult:
     # and the float rounding of those ties would otherwise pass for evidence.
     unit = 1e-9 * max(np.abs(fit_d).max(), np.abs(fit_twin).max(), 1e-300)
     fit_d, fit_twin, s_d, s_twin = (np.rint(v / unit) for v in (fit_d, fit_twin, s_d, s_twin))
-    threshold = _best_threshold(fit_d, fit_twin)
+    threshold, way = _best_threshold(fit_d, fit_twin)
     n = len(s_d)
     fp, fn = int(np.sum(s_twin > threshold)), int(np.sum(s_d <= threshold))
     fpr, fnr = clopper_pearson(fp, n), clopper_pearson(fn, n)
     floor = 1 / n
-    hat = epsilon_lower_bound(max(fp / n, floor), max(fn / n, floor))
-    return AttackResult(view, n, fp, fn, fpr, fnr, hat, epsilon_lower_bound(fpr[1], fnr[1]))
+    hat = _bound(max(fp / n, floor), max(fn / n, floor), way)
+    return AttackResult(view, n, fp, fn, fpr, fnr, hat, _bound(fpr[1], fnr[1], way))
 
 
-def _best_threshold(s_d: np.ndarray, s_twin: np.ndarray) -> float:
-    """The threshold (call D when score > it) whose Clopper-Pearson eps_LB on the fitted
-    half is largest: a point estimate would favour far tails, where a few counts decide."""
+def _best_threshold(s_d: np.ndarray, s_twin: np.ndarray) -> tuple[float, int]:
+    """The threshold (call D when score > it) and the ratio (`_bound`'s way) whose
+    Clopper-Pearson eps_LB on the fitted half is largest: a point estimate would favour
+    far tails, where a few counts decide. Both are fixed before the held-out half is seen."""
     n = len(s_d)
     values = np.unique(np.concatenate([s_d, s_twin]))
     # Midway between observed scores, so a tie on the fitted half does not sit on its edge.
@@ -154,8 +157,10 @@ def _best_threshold(s_d: np.ndarray, s_twin: np.ndarray) -> float:
     tail = (1 - CONFIDENCE) / 2
     fpr_hi = np.where(fp == n, 1.0, stats.beta.ppf(1 - tail, fp + 1, np.maximum(n - fp, 1)))
     fnr_hi = np.where(fn == n, 1.0, stats.beta.ppf(1 - tail, fn + 1, np.maximum(n - fn, 1)))
-    bounds = [epsilon_lower_bound(a, b) for a, b in zip(fpr_hi, fnr_hi, strict=True)]
-    return float(candidates[int(np.argmax(bounds))])
+    pairs = zip(fpr_hi, fnr_hi, strict=True)
+    bounds = np.array([[_bound(a, b, way) for way in (0, 1)] for a, b in pairs])
+    best, way = np.unravel_index(int(np.argmax(bounds)), bounds.shape)
+    return float(candidates[best]), int(way)
 
 
 def run_trials(
