@@ -172,7 +172,15 @@ def attack_session(
         record["minimizer_rel_error"] = [float(e) for e in rel]
         record["minimizer_rel_error_median"] = float(np.nanmedian(rel))
     record["pinned_directions"] = pinned_directions(problem, strategy, scheme)
-    record["broken"] = record["agents_recovered"] == c.agents
+    recovered = record["agents_recovered"]
+    record["broken"] = recovered == c.agents
+    record["verdict"] = (
+        "broken"
+        if record["broken"]
+        else f"partly broken: {recovered} of {c.agents} agents"
+        if recovered
+        else "not broken"
+    )
     return record
 
 
@@ -195,7 +203,7 @@ def attack_table(records: list[dict[str, Any]]) -> Table:
             "traj. err (median)",
             "traj. err (max)",
             "argmin J_p err (median)",
-            "broken",
+            "verdict",
         ),
         left=1,
     )
@@ -207,6 +215,6 @@ def attack_table(records: list[dict[str, Any]]) -> Table:
             f"{r['trajectory_rel_error_median']:.3g}",
             f"{r['trajectory_rel_error_max']:.3g}",
             f"{r['minimizer_rel_error_median']:.3g}" if "minimizer_rel_error_median" in r else "–",
-            "YES" if r["broken"] else "no",
+            r["verdict"],
         )
     return table

@@ -612,7 +612,10 @@ def audit(
         report["reconstruction"] = {
             "sessions": attempts,
             "breaks": sorted({a["scheme"] for a in attempts if a["broken"]}),
-            "does_not_break": sorted({a["scheme"] for a in attempts if not a["broken"]}),
+            "breaks_partly": sorted(
+                {a["scheme"] for a in attempts if not a["broken"] and a["agents_recovered"]}
+            ),
+            "does_not_break": sorted({a["scheme"] for a in attempts if not a["agents_recovered"]}),
         }
     return Audit(report, plotted)
 

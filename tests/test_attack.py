@@ -62,3 +62,4 @@ def test_local_ghp_falls_on_a_complete_graph() -> None:
     record = attack_session(problem, Strategy.ATC, Scheme.LOCAL_GHP, 0, seen, clear)
     assert record["pinned_directions"] == 5
     assert record["broken"] and record["trajectory_rel_error_max"] < 1e-9
+    assert record["verdict"] == "broken"
