@@ -166,7 +166,8 @@ HOLDS_AGAINST = {
     Scheme.LOCAL_GHP: (
         "an eavesdropper on the links out of the agent only; not a hub (it learns its "
         "weighted sum exactly), not the whole wire (it can form the hub sums), not two "
-        "colluding partners (they know the pair's mask)"
+        "colluding partners (they know the pair's mask); and in exact arithmetic only: "
+        "its masks, divided by a_pk, are off the noise grid and leak low-order bits"
     ),
 }
 
