@@ -24,7 +24,7 @@ from typing import Literal
 import numpy as np
 
 from agent import control, keys, topics, wire
-from agent.losses import RegressionSpec
+from agent.losses import ProblemSpec
 from agent.messages import Rejected
 from agent.node import (
     Deliveries,
@@ -57,7 +57,7 @@ class SessionPlan:
 
     label: str
     specs: list[AgentSpec]
-    problem: RegressionSpec
+    problem: ProblemSpec
 
     @property
     def rounds(self) -> int:
