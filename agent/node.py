@@ -27,7 +27,7 @@ import numpy as np
 
 from agent import control, keys, topics, wire
 from agent.core import AgentCore
-from agent.losses import LeastSquares
+from agent.losses import make_loss
 from agent.messages import Message, Rejected, Report
 
 QOS = 1  # the control plane (control, telemetry): at-least-once; duplicates are dropped
@@ -382,7 +382,7 @@ class AgentNode:
             }
         except keys.BadKey as exc:
             raise Rejected("bad-key", f"Config directory: {exc}") from exc
-        loss = LeastSquares.from_spec(config.problem, spec.agent, spec.agents)
+        loss = make_loss(config.problem, spec.agent, spec.agents)
         core = self._core_type(spec, loss, self.identity, directory)
         first, self._registration = self._registration, Traffic()
         self.session = _Session(setup.session, config, core, link_keys, traffic=first)

@@ -36,6 +36,7 @@ from agent.spec import ConfigError
 from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, write_private
 from broker.launcher import Broker, launch, read_sys_bytes, write_compose_files
 from orchestrator.conductor import Conductor, SessionResult, Stage
+from orchestrator.engines import memory
 from orchestrator.engines.memory import RunFailed
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem, msd
@@ -228,11 +229,6 @@ def prepare(
 def curve_of(problem: Problem, strategy: str, scheme: str, results: list[SessionResult]) -> Curve:
     """MSD over repeats plus what the wire cost, from the sessions of one strategy x scheme."""
     c = problem.config
-    cent = np.zeros((len(results), c.iters))
-    avg = np.zeros((len(results), c.iters))
-    for r, result in enumerate(results):
-        for i in range(c.iters):
-            cent[r, i], avg[r, i] = msd(result.models[i], problem.w_opt[r], problem.q)
     wall = sum(res.wall for res in results)
     traffic = _sum_dicts(res.totals("bytes") for res in results)
     messages = _sum_dicts(res.totals("messages") for res in results)
@@ -247,7 +243,8 @@ def curve_of(problem: Problem, strategy: str, scheme: str, results: list[Session
         "bytes_per_round_by_category": per_round,
         "wall_s": wall,
     }
-    return Curve(strategy, scheme, cent, avg, rounds / max(wall, 1e-9), extra)
+    models = [res.models for res in results]
+    return memory.curve_of(problem, strategy, scheme, models, rounds / max(wall, 1e-9), extra)
 
 
 def _sum_dicts(dicts: Iterable[dict[str, int]]) -> dict[str, int]:
@@ -304,7 +301,8 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
             from orchestrator.audit import WireTap  # scipy & co. only when auditing
 
             tap = WireTap(broker.address, run, broker.access(INSPECTOR))
-        return await _drive(problem, broker, conductor, pool, launches, out, tap)
+        neighbour = args.neighbour if args.account else None  # --account
+        return await _drive(problem, broker, conductor, pool, launches, out, tap, neighbour)
     except RunFailed as exc:
         console.print(f"[red]run failed:[/red] {exc}")
         return 1
@@ -331,9 +329,10 @@ async def _drive(
     launches: dict[int, AgentLaunch],
     out: Path,
     tap: WireTap | None = None,
+    neighbour: int | None = None,
 ) -> int:
-    """Register, run every session, write the outputs (and the audit), then dismiss the
-    agents; the exit code.
+    """Register, run every session, write the outputs (privacy accounted with `neighbour`,
+    and the audit), then dismiss the agents; the exit code.
 
     Outputs come before Bye: under `docker compose up --exit-code-from orchestrator` the
     first agent to exit stops every container and ends the log stream, and the operator
@@ -366,7 +365,7 @@ async def _drive(
                 extra["broker_sys"] = {k: sys_after[k] - sys_before[k] for k in sys_after}
             # Off the loop, which keeps answering the broker's keepalives meanwhile: the
             # audit replays the whole run for its ground truth.
-            code = await asyncio.to_thread(_outputs, out, problem, curves, extra, tap)
+            code = await asyncio.to_thread(_outputs, out, problem, curves, extra, tap, neighbour)
             publish(mqtt, conductor.bye())
         except BaseException as exc:  # Ctrl-C included: tell the agents before tearing down
             with contextlib.suppress(MqttError):
@@ -469,10 +468,16 @@ class _Show:
 
 
 def _outputs(
-    out: Path, problem: Problem, curves: list[Curve], extra: dict[str, Any], tap: WireTap | None
+    out: Path,
+    problem: Problem,
+    curves: list[Curve],
+    extra: dict[str, Any],
+    tap: WireTap | None,
+    neighbour: int | None = None,
 ) -> int:
-    """Write the run's outputs, and audit its wire when it was tapped; the exit code."""
-    finish(out, problem.config, problem, curves, "net", extra)
+    """Write the run's outputs (privacy accounted with `neighbour`), and audit its wire when
+    it was tapped; the exit code."""
+    finish(out, problem.config, problem, curves, "net", extra, neighbour)
     if tap is None:
         return 0
     from orchestrator.audit import show_audit
