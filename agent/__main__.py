@@ -2,7 +2,9 @@
 
 What the agent needs to join a run (broker, run name, its id, the orchestrator's public
 key, its launch token, broker credentials) comes out of band: the JSON launch that
-`privnet run` writes, in $PRIVNET_LAUNCH or a file (`--launch`). `--claim DIR` takes the
+`privnet run` writes, in $PRIVNET_LAUNCH or a file (`--launch`). $PRIVNET_LAUNCHES (a JSON
+list, `privnet run --agents-per-process K`) runs several agents in this one process, each
+with its own MQTT client, credentials, identity and node. `--claim DIR` takes the
 first unclaimed launch file in DIR (docker-compose replicas, which share one volume).
 """
 
@@ -14,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from agent.mqtt import AgentLaunch, run, run_agent
+from agent.mqtt import AgentLaunch, run, run_agent, run_agents
 
 
 def claim(directory: Path) -> AgentLaunch:
@@ -42,6 +44,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default=os.environ.get("PRIVNET_LOG", "WARNING"))
     args = parser.parse_args(argv)
     try:
+        group = AgentLaunch.group_from_env() if args.claim is args.launch is None else None
+        if group is not None:  # --agents-per-process: several agents, one process
+            for each in group:
+                each.parts()
+            ids = [each.agent for each in group]
+            logging.basicConfig(
+                level=args.log_level.upper(),
+                format=f"%(asctime)s agents[{ids[0]}-{ids[-1]}] %(levelname)s %(message)s",
+            )
+            return run(run_agents(group))
         if args.claim is not None:
             launch = claim(args.claim)
         elif args.launch is not None:

@@ -203,9 +203,30 @@ class AgentLaunch:
     ca_file: str | None = None  # the run's CA certificate (PEM): the broker is verified
 
     ENV = "PRIVNET_LAUNCH"  # the whole launch as JSON, in one variable
+    GROUP_ENV = "PRIVNET_LAUNCHES"  # several agents in one process: a JSON list of launches
 
     def to_env(self) -> dict[str, str]:
         return {self.ENV: json.dumps(asdict(self))}
+
+    @classmethod
+    def group_env(cls, launches: list[AgentLaunch]) -> dict[str, str]:
+        return {cls.GROUP_ENV: json.dumps([asdict(a) for a in launches])}
+
+    @classmethod
+    def group_from_env(cls, env: Mapping[str, str] = os.environ) -> list[AgentLaunch] | None:
+        text = env.get(cls.GROUP_ENV)
+        if text is None:
+            return None
+        try:
+            items = json.loads(text)
+            if not isinstance(items, list) or not items:
+                raise ValueError("not a non-empty list")
+        except ValueError as exc:
+            raise ValueError(f"${cls.GROUP_ENV} is not a list of launches: {exc}") from None
+        return [
+            cls.from_json(json.dumps(item), f"${cls.GROUP_ENV}[{n}]")
+            for n, item in enumerate(items)
+        ]
 
     @classmethod
     def from_json(cls, text: str, where: str) -> AgentLaunch:
@@ -328,6 +349,13 @@ def _log(out: Output, me: int) -> None:
     for event in out.events:
         level = logging.ERROR if event.kind == "failed" else logging.INFO
         log.log(level, "agent %s %s %s", me, event.kind, event.detail)
+
+
+async def run_agents(launches: list[AgentLaunch]) -> int:
+    """Several agents in one process and one event loop, each with its own connection,
+    credentials, identity and node; the worst exit code."""
+    codes = await asyncio.gather(*(run_agent(*launch.parts()) for launch in launches))
+    return max(codes)
 
 
 async def run_agent(broker: BrokerAddress, launch: Launch, access: ClientAccess) -> int:

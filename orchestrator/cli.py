@@ -313,6 +313,14 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds of silence before a run is declared failed",
     )
     p.add_argument(
+        "--agents-per-process",
+        type=int,
+        default=1,
+        metavar="K",
+        help="run K agents in each agent process (each its own MQTT client, credentials, "
+        "identity and node); default 1, one process per agent",
+    )
+    p.add_argument(
         "--no-telemetry",
         action="store_true",
         help="agents send no per-round models (no MSD; bytes only)",

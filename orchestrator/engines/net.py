@@ -51,38 +51,58 @@ POLL = 0.5  # how often child processes are checked while waiting
 
 
 class AgentPool:
-    """Local agent processes, one per id, each in its own process group."""
+    """Local agent processes, each in its own process group: one agent per process by
+    default, or `per_process` consecutive agents sharing one (each still its own MQTT
+    client, credentials, identity and node; `python -m agent` with $PRIVNET_LAUNCHES)."""
 
-    def __init__(self, logs: Path) -> None:
-        self.logs = logs
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+    def __init__(self, logs: Path, per_process: int = 1) -> None:
+        if per_process < 1:
+            raise ConfigError(f"--agents-per-process must be >= 1, got {per_process}")
+        self.logs, self.per_process = logs, per_process
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}  # first agent id -> its process
+        self.groups: dict[int, list[int]] = {}  # first agent id -> the agents it runs
 
     def start(self, launches: dict[int, AgentLaunch]) -> None:
-        """One `python -m agent` per launch; the launch goes in its environment."""
+        """One `python -m agent` per group of launches; the launches go in its environment."""
         self.logs.mkdir(parents=True, exist_ok=True)
-        for p, agent_launch in launches.items():
-            env = {**os.environ, "PYTHONUNBUFFERED": "1", **agent_launch.to_env()}
-            with open(self.logs / f"agent-{p}.log", "wb") as log:
-                self.procs[p] = subprocess.Popen(
-                    [sys.executable, "-m", "agent", "--id", str(p)],
+        ids = sorted(launches)
+        for at in range(0, len(ids), self.per_process):
+            group = ids[at : at + self.per_process]
+            first = group[0]
+            if len(group) == 1:
+                env, label = launches[first].to_env(), ["--id", str(first)]
+            else:
+                env, label = AgentLaunch.group_env([launches[p] for p in group]), []
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
+            self.groups[first] = group
+            with open(self._log(first), "wb") as log:
+                self.procs[first] = subprocess.Popen(
+                    [sys.executable, "-m", "agent", *label],
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=env,
                     start_new_session=True,
                 )
 
+    def _log(self, first: int) -> Path:
+        group = self.groups.get(first, [first])
+        name = f"agent-{first}" if len(group) == 1 else f"agents-{first}-{group[-1]}"
+        return self.logs / f"{name}.log"
+
     def check(self) -> None:
         """Raise RunFailed if an agent died while the run still needs it."""
         for p, proc in self.procs.items():
             code = proc.poll()
             if code is not None:
+                who = self.groups.get(p, [p])
+                what = f"agent {p}" if len(who) == 1 else f"agents {who[0]}-{who[-1]}"
                 raise RunFailed(
-                    f"agent {p} (pid {proc.pid}) exited with code {code} before the run "
+                    f"{what} (pid {proc.pid}) exited with code {code} before the run "
                     f"ended{self.log_tail(p)}"
                 )
 
     def log_tail(self, p: int, lines: int = 3) -> str:
-        path = self.logs / f"agent-{p}.log"
+        path = self._log(p)
         if not path.exists():
             return ""
         text = path.read_text(errors="replace").strip().splitlines()[-lines:]
@@ -295,7 +315,7 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
         if args.external_agents and args.prepared is None:
             write_launches(args.launch_dir or out / "launch", launches)
         if not args.external_agents:
-            pool = AgentPool(out / "logs")
+            pool = AgentPool(out / "logs", getattr(args, "agents_per_process", 1))
         tap = None
         if args.audit:
             from orchestrator.audit import WireTap  # scipy & co. only when auditing
