@@ -361,15 +361,31 @@ def _check_primitive(a: np.ndarray) -> None:
         )
 
 
+DENSE_PERRON = 2000  # agents; above, a sparse solve (dense least squares is O(P^3))
+
+
+def _unit(n: int) -> np.ndarray:
+    e = np.zeros(n)
+    e[-1] = 1.0
+    return e
+
+
 def perron(a: np.ndarray) -> np.ndarray:
     """q with A q = q, q > 0, sum(q) = 1: the weights of the network centroid w_c."""
     validate(a)
     a = np.asarray(a, dtype=float)
     agents = a.shape[0]
-    system = np.vstack([a - np.eye(agents), np.ones((1, agents))])
-    rhs = np.zeros(agents + 1)
-    rhs[-1] = 1.0
-    q = np.linalg.lstsq(system, rhs, rcond=None)[0]
+    if agents > DENSE_PERRON:  # (A - I) q = 0 with sum(q) = 1 in place of one row: sparse
+        from scipy.sparse import csr_matrix, vstack
+        from scipy.sparse.linalg import spsolve
+
+        rows = csr_matrix(a)[:-1] - csr_matrix(np.eye(agents)[:-1])
+        q = spsolve(vstack([rows, csr_matrix(np.ones((1, agents)))]).tocsc(), _unit(agents))
+    else:
+        system = np.vstack([a - np.eye(agents), np.ones((1, agents))])
+        rhs = np.zeros(agents + 1)
+        rhs[-1] = 1.0
+        q = np.linalg.lstsq(system, rhs, rcond=None)[0]
     for _ in range(3):  # polish: each step keeps q a fixed point and removes rounding drift
         q = a @ q
         q /= q.sum()
