@@ -116,7 +116,7 @@ async def _ceiling_clients(
             for k in out[p]:
                 conn.publish(topics.peer_topic(RUN, k, p), head + payload, PEER_QOS)
             while got[r] < expected[p]:
-                _, data = await conn.get(60.0)
+                _, data, _ = await conn.get(60.0)
                 got[int.from_bytes(data[:4], "big")] += 1
 
     await asyncio.gather(*(agent(p) for p in ids))
@@ -138,7 +138,7 @@ def ceiling(
     broker = launch(broker_kind, credentials=credentials)
     broker.start()
     try:
-        ctx = mp.get_context("spawn")
+        ctx = mp.get_context("fork")  # no event loop runs here yet; children start their own
         go, result = ctx.Event(), ctx.Queue()
         procs, readies = [], []
         for w in range(workers):
@@ -417,7 +417,7 @@ def plot(rows: list[Row], path: Path, meta: dict[str, Any]) -> None:
         for r in rows
     ]
     colours = {"ceiling": "#999999", "privnet": "#1f77b4", "memory": "#2ca02c"}
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows)), 4.5))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(rows)), 4.8))
     bars = ax.bar(range(len(rows)), [r.rounds_per_s for r in rows])
     for bar_, r in zip(bars, rows, strict=True):
         bar_.set_color(colours[r.kind])
