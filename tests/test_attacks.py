@@ -146,8 +146,8 @@ async def test_agent3_credentials_forge_every_control_frame(kind: str, tmp_path:
 
 # ---- 10,000 hostile frames ------------------------------------------------------------------
 
-FLOOD = ["--agents", "6", "--iters", "2500", "--seed", "8", "--strategy", "atc", "--scheme", "ghp"]
-HOSTILE = 10_000
+FLOOD = ["--agents", "6", "--iters", "12000", "--seed", "8", "--strategy", "atc", "--scheme", "ghp"]
+HOSTILE = 10_000  # the run must outlast the flood: at QoS 0 agents run ~10x faster than at first
 
 
 def hostile(run: str, n: int, rng: np.random.Generator) -> list[tuple[str, bytes]]:
@@ -190,7 +190,14 @@ async def test_ten_thousand_hostile_frames_change_nothing(tmp_path: Path) -> Non
     summary = load_summary(tmp_path / "summary.json")
     (result,) = summary["results"]
     assert rejected_by_agents(summary) == HOSTILE, result["rejected"]
-    assert set(result["rejected"]) <= {"malformed", "schema", "bad-mac", "oversized"}
+    # a frame on the topic of a non-neighbour finds no link key: unknown-sender
+    assert set(result["rejected"]) <= {
+        "malformed",
+        "schema",
+        "bad-mac",
+        "oversized",
+        "unknown-sender",
+    }
     assert_same_as_memory(tmp_path, FLOOD)
 
 
