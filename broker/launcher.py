@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from types import TracebackType
 from typing import Literal, Self
@@ -31,7 +32,7 @@ from agent.topics import run_filter
 Kind = Literal["mosquitto", "embedded", "external"]
 KINDS = ("auto", "mosquitto", "embedded")
 ORCHESTRATOR_USER = "orchestrator"
-BASE_CONFIG = Path(__file__).with_name("mosquitto.conf")
+BASE_CONFIG = resources.files("broker") / "mosquitto.conf"  # package data
 SYS_TOPICS = {
     "$SYS/broker/bytes/received": "bytes_received",
     "$SYS/broker/bytes/sent": "bytes_sent",

@@ -22,11 +22,13 @@ from orchestrator.experiment.topology import RULES, TOPOLOGIES
 from orchestrator.report import Curve, results_table, table_console, write_outputs
 
 console = Console(stderr=True)
-EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 
 
 def _experiment_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="TOML experiment file (see experiments/)")
+    parser.add_argument(
+        "--config",
+        help="a TOML experiment file, or a shipped preset: " + ", ".join(configuration.presets()),
+    )
     parser.add_argument(
         "--strategy", dest="strategies", help="consensus|cta|atc|all or a comma list"
     )
@@ -160,7 +162,7 @@ def _engine(name: str) -> Callable[..., list[Curve]]:
 
 def reproduce(args: argparse.Namespace) -> int:
     """The paper's preset on the vectorized oracle: 20 repeats, 3 strategies, 4 schemes."""
-    base = configuration.load(EXPERIMENTS / "paper-regression.toml")
+    base = configuration.load("paper-regression")
     return simulate(args, base, engine="oracle")
 
 
