@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 import tomllib
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
+from enum import StrEnum
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from agent.spec import ConfigError, Rekey, Scheme, Strategy
 
@@ -70,21 +72,24 @@ class ExperimentConfig:
         return data
 
 
+E = TypeVar("E", bound=StrEnum)
 _FIELDS = {f.name for f in fields(ExperimentConfig)}
 
 
-def parse_choices(value: str | list[str] | tuple[str, ...], kind: type) -> tuple:
-    """'all', one name, a comma list or a list -> a tuple of enum members."""
+def parse_choices(value: str | Iterable[str], kind: type[E]) -> tuple[E, ...]:
+    """'all', one name, a comma list or a list (of names or members) -> a tuple of members."""
     names = value.split(",") if isinstance(value, str) else list(value)
+    what = kind.__name__.lower()
     if names == ["all"]:
         return tuple(kind)
     try:
-        return tuple(kind(n.strip()) for n in names)
+        chosen = tuple(kind(n.strip()) for n in names)
     except ValueError:
         valid = ", ".join(str(k) for k in kind)
-        raise ConfigError(
-            f"unknown {kind.__name__.lower()} in {value!r}; choose from: {valid}, all"
-        ) from None
+        raise ConfigError(f"unknown {what} in {value!r}; choose from: {valid}, all") from None
+    if not chosen:
+        raise ConfigError(f"choose at least one {what}")
+    return chosen
 
 
 def with_overrides(config: ExperimentConfig, overrides: dict[str, Any]) -> ExperimentConfig:
