@@ -244,6 +244,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="do not spawn agents; wait for --agents of them to register (docker)",
     )
+    p.add_argument(
+        "--runtime",
+        choices=("local", "docker"),
+        default="local",
+        help="local: agents as processes here; docker: broker and agents in containers "
+        "(privnet[docker]), with NIC byte counts",
+    )
+    p.add_argument(
+        "--image",
+        help="--runtime docker: the agents' image (default: built from the checkout, "
+        "else privnet:<version>)",
+    )
     p.add_argument("--run-name", help="topic namespace privnet/<run>/ (default: random)")
     p.add_argument(
         "--deadline",

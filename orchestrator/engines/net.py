@@ -8,15 +8,10 @@ on success, on failure and on Ctrl-C.
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import aiomqtt
 import numpy as np
@@ -25,17 +20,14 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from agent import control, keys, topics, wire
 from agent.inbox import Inbox
 from agent.messages import Rejected
-from agent.mqtt import QOS, BrokerAddress, telemetry_context
+from agent.mqtt import QOS, telemetry_context
 from agent.spec import Scheme, Strategy
+from orchestrator.engines.launch import Launcher, RunFailed
 from orchestrator.experiment.problem import Problem
 from orchestrator.experiment.specs import agent_specs
 
 DEFAULT_DEADLINE = 30.0
 POLL = 0.5  # how often child processes are checked while waiting
-
-
-class RunFailed(Exception):
-    """The networked run cannot complete; the message names the agent and the cause."""
 
 
 @dataclass
@@ -59,69 +51,6 @@ class SessionResult:
         return total
 
 
-class AgentPool:
-    """Local agent processes, one per id, each in its own process group."""
-
-    def __init__(self, broker: BrokerAddress, run: str, agents: int, logs: Path) -> None:
-        self.broker, self.run, self.agents, self.logs = broker, run, agents, logs
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
-
-    def start(self) -> None:
-        self.logs.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        for p in range(self.agents):
-            with open(self.logs / f"agent-{p}.log", "wb") as log:
-                self.procs[p] = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "agent",
-                        "--broker",
-                        str(self.broker),
-                        "--run",
-                        self.run,
-                        "--id",
-                        str(p),
-                    ],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,
-                )
-
-    def check(self, finished: set[int] = frozenset()) -> None:
-        """Raise RunFailed if an agent died before saying Finished."""
-        for p, proc in self.procs.items():
-            code = proc.poll()
-            if code is not None and (code != 0 or p not in finished):
-                tail = self.log_tail(p)
-                raise RunFailed(
-                    f"agent {p} (pid {proc.pid}) exited with code {code} before the run ended{tail}"
-                )
-
-    def log_tail(self, p: int, lines: int = 3) -> str:
-        path = self.logs / f"agent-{p}.log"
-        if not path.exists():
-            return ""
-        text = path.read_text(errors="replace").strip().splitlines()[-lines:]
-        return "; its log ends: " + " | ".join(text) if text else ""
-
-    def stop(self, grace: float = 3.0) -> None:
-        """Wait briefly for clean exits, then terminate and kill whatever is left."""
-        deadline = time.monotonic() + grace
-        for proc in self.procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(max(0.0, deadline - time.monotonic()))
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            alive = [p for p in self.procs.values() if p.poll() is None]
-            for proc in alive:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, sig)
-            for proc in alive:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(2.0)
-
-
 @dataclass
 class Orchestrator:
     """Drives sessions over one MQTT connection."""
@@ -129,7 +58,7 @@ class Orchestrator:
     client: aiomqtt.Client
     run: str
     agents: int
-    pool: AgentPool | None = None
+    pool: Launcher | None = None
     deadline: float = DEFAULT_DEADLINE
     telemetry: bool = True
     key: X25519PrivateKey = field(default_factory=X25519PrivateKey.generate)

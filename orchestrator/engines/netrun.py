@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 import signal
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,15 +18,25 @@ import numpy as np
 from rich.console import Console
 from rich.progress import Progress, TaskID
 
+from agent.spec import ConfigError
 from broker.launcher import Broker, launch, read_sys_bytes
 from orchestrator.cli import finish, progress_bar
-from orchestrator.engines.net import AgentPool, Orchestrator, RunFailed, SessionResult, new_run_name
+from orchestrator.engines.launch import (
+    AgentLaunch,
+    Launcher,
+    LocalLauncher,
+    RunFailed,
+    agent_launches,
+)
+from orchestrator.engines.net import Orchestrator, SessionResult, new_run_name
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem, msd
 from orchestrator.report import Curve
 
 if TYPE_CHECKING:
+    from agent.mqtt import BrokerAddress
     from orchestrator.audit import WireTap
+    from orchestrator.engines.docker import DockerBroker, NicMeter
 
 console = Console(stderr=True)
 
@@ -62,6 +74,30 @@ def _sum_dicts(dicts) -> dict[str, int]:
     return total
 
 
+@dataclass
+class Runtime:
+    """Where the broker and the agents run: this machine, or containers (--runtime docker)."""
+
+    broker: Broker | DockerBroker
+    launcher: Launcher | None  # None: external agents register by themselves
+    meter: NicMeter | None = None  # NIC byte counts, where the agents have interfaces of their own
+    agent_broker: BrokerAddress | None = None  # where agents reach the broker, if not .address
+
+
+def _runtime(args: argparse.Namespace, run: str, logs: Path) -> Runtime:
+    if args.runtime == "local":
+        return Runtime(launch(args.broker), None if args.external_agents else LocalLauncher(logs))
+    if args.broker != "auto" or args.external_agents:
+        raise ConfigError(
+            "--runtime docker starts its own broker and agent containers: "
+            "drop --broker and --external-agents"
+        )
+    from orchestrator.engines.docker import DockerAgents, DockerBroker, NicMeter
+
+    broker = DockerBroker(run, logs, image=args.image)
+    return Runtime(broker, DockerAgents(broker), NicMeter(broker), broker.agent_address)
+
+
 async def run_network(config: ExperimentConfig, args: argparse.Namespace, out: Path) -> int:
     previous = signal.getsignal(signal.SIGTERM)
     try:
@@ -73,20 +109,19 @@ async def run_network(config: ExperimentConfig, args: argparse.Namespace, out: P
 async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: Path) -> int:
     problem = Problem.build(config)
     run = args.run_name or new_run_name()
-    broker = launch(args.broker)
-    pool: AgentPool | None = None
+    runtime = _runtime(args, run, out / "logs")
+    broker, pool = runtime.broker, runtime.launcher
     try:
         broker.start()
         where = "external agents" if args.external_agents else f"agent logs in {out}/logs"
         console.print(f"broker: {broker.kind} at {broker.address}; run {run}; {where}")
-        if not args.external_agents:
-            pool = AgentPool(broker.address, run, config.agents, out / "logs")
+        launches = agent_launches(runtime.agent_broker or broker.address, run, config.agents)
         tap = None
         if args.audit:
             from orchestrator.audit import WireTap  # scipy & co. only when auditing
 
             tap = WireTap(broker.address, run)
-        return await _drive(problem, broker, run, pool, args, out, tap)
+        return await _drive(problem, broker, run, pool, args, out, tap, launches, runtime.meter)
     except RunFailed as exc:
         console.print(f"[red]run failed:[/red] {exc}")
         return 1
@@ -98,12 +133,14 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
 
 async def _drive(
     problem: Problem,
-    broker: Broker,
+    broker: Broker | DockerBroker,
     run: str,
-    pool: AgentPool | None,
+    pool: Launcher | None,
     args: argparse.Namespace,
     out: Path,
     tap: WireTap | None = None,
+    launches: Sequence[AgentLaunch] = (),
+    meter: NicMeter | None = None,
 ) -> int:
     """Register, run every session, write the outputs (and the audit), then dismiss the
     agents; the exit code.
@@ -123,12 +160,12 @@ async def _drive(
             async with tap or contextlib.nullcontext():  # the audit's tap, before any agent
                 await orch.subscribe()
                 if pool is not None:
-                    pool.start()
+                    pool.start(launches)
                 started = time.perf_counter()
                 await orch.register()
                 took = time.perf_counter() - started
                 console.print(f"{c.agents} agents registered in {took:.1f} s")
-                curves = await _sessions(problem, orch, tap)
+                curves = await _sessions(problem, orch, tap, meter)
             # The run is complete. Under compose the first agent to leave stops every
             # container: a SIGTERM from here on must not cut the outputs short.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -160,7 +197,9 @@ def _outputs(
     return show_audit(out)
 
 
-async def _sessions(problem: Problem, orch: Orchestrator, tap: WireTap | None) -> list[Curve]:
+async def _sessions(
+    problem: Problem, orch: Orchestrator, tap: WireTap | None, meter: NicMeter | None = None
+) -> list[Curve]:
     c = problem.config
     curves = []
     with progress_bar() as bar:
@@ -170,10 +209,13 @@ async def _sessions(problem: Problem, orch: Orchestrator, tap: WireTap | None) -
                 results = []
                 for repeat in range(c.repeats):
                     show = partial(_show, bar, task, problem, repeat, time.perf_counter())
-                    results.append(await orch.session(problem, strategy, scheme, repeat, show))
+                    async with meter or contextlib.nullcontext():  # NIC bytes of the session
+                        results.append(await orch.session(problem, strategy, scheme, repeat, show))
                     if tap is not None:  # the sealed telemetry validates the audit's truth
                         tap.telemetry.append(results[-1].models)
                 curves.append(curve_of(problem, str(strategy), str(scheme), results))
+                if meter is not None:
+                    curves[-1].extra.update(meter.take(c.iters * c.repeats))
     return curves
 
 
@@ -195,7 +237,7 @@ def _show(
     bar.update(task, completed=repeat * problem.config.iters + rounds, status=status)
 
 
-async def _sys(broker: Broker) -> dict[str, int] | None:
+async def _sys(broker: Broker | DockerBroker) -> dict[str, int] | None:
     if broker.kind != "mosquitto":
         return None
     with contextlib.suppress(TimeoutError, aiomqtt.MqttError):
