@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import signal
 import sys
 import time
@@ -194,19 +195,43 @@ def overhead(args: argparse.Namespace) -> int:
             f"unknown topologies {unknown}; choose from "
             + ", ".join(t for t in TOPOLOGIES if t != "file")
         )
+    out = args.out or Path("runs") / f"overhead-{time.strftime('%Y%m%d-%H%M%S')}"
+    nic = None
+    if args.runtime == "docker":
+        nic = {}
+        for topology in topologies:
+            for rekey in Rekey:
+                schemes = "all" if rekey is Rekey.ONCE else str(Scheme.LOCAL_GHP)
+                nic.update(_docker_nic(args, topology, schemes, rekey, out))
     with progress_bar() as bar:
-        task = bar.add_task("overhead", total=5 * len(topologies), status="")
+        task = bar.add_task("overhead", total=len(cost.runs()) * len(topologies), status="")
         rows = cost.overhead(
             base,
             Strategy(args.strategy),
             topologies,
             lambda name: bar.update(task, advance=1, status=name),
+            nic,
         )
-    out = args.out or Path("runs") / f"overhead-{time.strftime('%Y%m%d-%H%M%S')}"
     cost.write_overhead(rows, out)
     table_console().print(cost.overhead_table(rows))
     console.print(f"wrote {out}/overhead.json and overhead.png")
     return 0
+
+
+def _docker_nic(
+    args: argparse.Namespace, topology: str, schemes: str, rekey: Rekey, out: Path
+) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """`privnet run --runtime docker` of one topology's schemes: each one's NIC figures."""
+    where = out / f"docker-{topology}-{rekey}"
+    flags = ["--agents", str(args.agents), "--iters", str(args.iters), "--seed", str(args.seed)]
+    flags += ["--strategy", args.strategy, "--scheme", schemes, "--rekey", str(rekey)]
+    flags += ["--topology", topology, "--repeats", "1", "--out", str(where)]
+    image = ["--image", args.image] if args.image else []
+    code = main(["run", "--runtime", "docker", *image, *flags])
+    if code != 0:
+        raise ConfigError(f"the docker run for the NIC column failed (exit {code}); see {where}")
+    results = json.loads((where / "summary.json").read_text())["results"]
+    return {(topology, r["scheme"], str(rekey)): r["nic"] for r in results}
 
 
 def _yes_no(text: str) -> bool:
@@ -292,6 +317,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--topologies", default="ring,geometric,complete")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, help="output directory (default runs/overhead-<time>)")
+    p.add_argument(
+        "--runtime",
+        choices=("none", "docker"),
+        default="none",
+        help="docker: also run every row on containers and add its NIC bytes per round",
+    )
+    p.add_argument("--image", help="--runtime docker: the agents' image (as for run)")
     p.set_defaults(func=overhead)
 
     args = parser.parse_args(argv)

@@ -121,3 +121,21 @@ def test_nothing_left_on_interrupt_or_failure(client: Any, tmp_path: Path, how: 
         assert proc.returncode == 1, output[-3000:]
         assert "agent 2" in output, output[-3000:]
     assert leftovers(client, run) == ([], []), f"left after {how}:\n{output[-2000:]}"
+
+
+def test_overhead_gains_a_nic_column(client: Any, tmp_path: Path) -> None:
+    """`privnet overhead --runtime docker` runs each row on containers too."""
+    flags = ["--agents", "4", "--iters", "3", "--topologies", "ring", "--out", str(tmp_path)]
+    assert main(["overhead", "--runtime", "docker", *flags]) == 0
+    rows = json.loads((tmp_path / "overhead.json").read_text())["rows"]
+    assert [(r["scheme"], r["rekey"]) for r in rows] == [
+        ("none", "n/a"), ("random", "n/a"), ("ghp", "n/a"),
+        ("local-ghp", "once"), ("local-ghp", "every-round"),
+    ]  # fmt: skip
+    for r in rows:
+        assert r["nic"]["agents_tx_per_round"] >= r["per_round"]["bytes"]["total"] > 0
+    assert rows[0]["nic_ratio_to_none"] == 1.0
+    assert rows[-1]["nic_ratio_to_none"] > rows[0]["nic_ratio_to_none"]  # keys every round
+    for rekey in ("once", "every-round"):
+        run = json.loads((tmp_path / f"docker-ring-{rekey}" / "summary.json").read_text())
+        assert leftovers(client, run["config"]["run"]) == ([], [])

@@ -169,7 +169,7 @@ async def _drive(
             # The run is complete. Under compose the first agent to leave stops every
             # container: a SIGTERM from here on must not cut the outputs short.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            extra: dict[str, Any] = {"broker": broker.kind, "run": run}
+            extra: dict[str, Any] = {"broker": broker.kind, "run": run, "runtime": args.runtime}
             if sys_before is not None and (sys_after := await _sys(broker)) is not None:
                 extra["broker_sys"] = {k: sys_after[k] - sys_before[k] for k in sys_after}
             # Off the loop, which keeps answering the broker's keepalives meanwhile: the
