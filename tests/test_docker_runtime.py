@@ -23,6 +23,7 @@ import pytest
 from conftest import need_docker
 
 from orchestrator.cli import main
+from orchestrator.engines.docker import DockerBroker, NicBytes, NicMeter, nic_of
 from orchestrator.report import read_metrics
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
@@ -37,6 +38,31 @@ def client() -> Any:
     need_docker()
     docker = pytest.importorskip("docker", reason="pip install 'privnet[docker]'")
     return docker.from_env()
+
+
+def test_nic_meter_sums_windows_per_agent(tmp_path: Path) -> None:
+    """No engine needed: the stats answer's counters, and the windows summed into summary.json."""
+    stats = {
+        "networks": {
+            "eth0": {"rx_bytes": 10, "tx_bytes": 20},
+            "eth1": {"rx_bytes": 1, "tx_bytes": 2},
+        }
+    }
+    assert nic_of(stats) == NicBytes(11, 22)
+    assert nic_of({}) == NicBytes(0, 0)  # a container that has stopped
+    meter = NicMeter(DockerBroker("r1", tmp_path))
+    names = ("privnet-r1-agent-0", "privnet-r1-agent-1", "privnet-r1-broker")
+    start = {name: NicBytes(7, 9) for name in names}
+    end = {name: NicBytes(107, 309) for name in names}
+    meter.add((start, {"bytes_received": 1000}), (end, {"bytes_received": 1200}))
+    meter.add((start, {"bytes_received": 1200}), (end, {"bytes_received": 1500}))
+    taken = meter.take(rounds=4)
+    assert taken["broker_sys_rounds"] == {"bytes_received": 500}
+    nic = taken["nic"]
+    assert nic["per_agent"] == {"0": {"rx": 200, "tx": 600}, "1": {"rx": 200, "tx": 600}}
+    assert (nic["agents_tx"], nic["agents_rx"], nic["broker_rx"]) == (1200, 400, 200)
+    assert nic["agents_tx_per_round"] == 300 and nic["agents_total_per_round"] == 400
+    assert meter.take(rounds=1)["nic"]["agents_total"] == 0  # taken windows start afresh
 
 
 def leftovers(client: Any, run: str) -> tuple[list[str], list[str]]:

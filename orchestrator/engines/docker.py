@@ -37,12 +37,12 @@ from rich.console import Console
 from agent.mqtt import BrokerAddress
 from agent.spec import ConfigError
 from broker.launcher import BASE_CONFIG, accepts, read_sys_bytes
-from orchestrator.engines.launch import AGENT_COMMAND, AgentLaunch, RunFailed, log_path, log_tail
+from orchestrator.engines.launch import AGENT_COMMAND, AgentCommand, RunFailed, log_path, log_tail
 
 BROKER_IMAGE = "eclipse-mosquitto:2.0"
 MQTT_PORT = 1883
 RUN_LABEL = "privnet.run"
-ROLE_LABEL = "privnet.role"  # "broker" or "agent"
+ROLE_LABEL = "privnet.role"  # "broker", "agent" or "network"
 AGENT_LABEL = "privnet.agent"
 READY_TIMEOUT = 30.0
 WORKERS = 8  # parallel Docker API calls when starting, reading or removing containers
@@ -293,28 +293,28 @@ class DockerAgents:
         self.started: dict[int, str] = {}  # agent -> container name
         self._stopping = threading.Event()
 
-    def start(self, launches: Sequence[AgentLaunch]) -> None:
+    def start(self, commands: Sequence[AgentCommand]) -> None:
         b = self.broker
 
-        def one(launch: AgentLaunch) -> None:
+        def one(command: AgentCommand) -> None:
             if self._stopping.is_set():
                 return
-            name = f"{b.name}-agent-{launch.agent}"
+            name = f"{b.name}-agent-{command.agent}"
             container = b.client.containers.create(
                 b.image,
-                command=[*AGENT_COMMAND, *launch.args],
-                environment=dict(launch.env),
+                command=[*AGENT_COMMAND, *command.args],
+                environment=dict(command.env),
                 name=name,
                 network=b.name,
-                labels=b.labels("agent", **{AGENT_LABEL: str(launch.agent)}),
+                labels=b.labels("agent", **{AGENT_LABEL: str(command.agent)}),
             )
-            self.started[launch.agent] = name
+            self.started[command.agent] = name
             container.start()
-            b.follow(container, log_path(b.logs, launch.agent))
+            b.follow(container, log_path(b.logs, command.agent))
 
-        status = console.status(f"starting {len(launches)} agent containers")
+        status = console.status(f"starting {len(commands)} agent containers")
         with status, ThreadPoolExecutor(WORKERS) as pool:
-            list(pool.map(one, launches))
+            list(pool.map(one, commands))
 
     def check(self, finished: AbstractSet[int] = frozenset()) -> None:
         """One API call: any container of the run that exited too early, or badly."""
@@ -346,17 +346,20 @@ class DockerAgents:
         self.broker.remove(self.broker.containers("agent"))
 
 
+Reading = tuple[dict[str, NicBytes], dict[str, int]]  # NIC by container name, $SYS counters
+
+
 @dataclass
 class NicMeter:
     """NIC and $SYS byte counts over windows (`async with meter:` around a session: from
     before its Setup to its last Finished); `take` sums the windows since the last take."""
 
     broker: DockerBroker
-    _before: tuple[dict[str, NicBytes], dict[str, int]] | None = None
+    _before: Reading | None = None
     _nic: dict[str, NicBytes] = field(default_factory=dict)
     _sys: dict[str, int] = field(default_factory=dict)
 
-    async def _read(self) -> tuple[dict[str, NicBytes], dict[str, int]]:
+    async def _read(self) -> Reading:
         nic = await asyncio.to_thread(self.broker.nic)
         return nic, await read_sys_bytes(self.broker.address)
 
@@ -367,11 +370,14 @@ class NicMeter:
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if et is not None or self._before is None:
-            return
-        (nic0, sys0), (nic1, sys1) = self._before, await self._read()
-        for name, after in nic1.items():
-            self._nic[name] = self._nic.get(name, ZERO) + (after - nic0.get(name, ZERO))
+        if et is None and self._before is not None:
+            self.add(self._before, await self._read())
+
+    def add(self, before: Reading, after: Reading) -> None:
+        """Count one window: what every counter grew by between two readings."""
+        (nic0, sys0), (nic1, sys1) = before, after
+        for name, counters in nic1.items():
+            self._nic[name] = self._nic.get(name, ZERO) + (counters - nic0.get(name, ZERO))
         for key, value in sys1.items():
             self._sys[key] = self._sys.get(key, 0) + value - sys0.get(key, 0)
 

@@ -31,7 +31,7 @@ class RunFailed(Exception):
 
 
 @dataclass(frozen=True)
-class AgentLaunch:
+class AgentCommand:
     """How to start one agent: `python -m agent *args`, with `env` on top of the launcher's."""
 
     agent: int
@@ -39,10 +39,10 @@ class AgentLaunch:
     env: Mapping[str, str] = field(default_factory=dict)
 
 
-def agent_launches(broker: BrokerAddress, run: str, agents: int) -> list[AgentLaunch]:
+def agent_commands(broker: BrokerAddress, run: str, agents: int) -> list[AgentCommand]:
     """Agents 0..agents-1 of `run`, each told the broker address it can reach."""
     return [
-        AgentLaunch(p, ("--broker", str(broker), "--run", run, "--id", str(p)))
+        AgentCommand(p, ("--broker", str(broker), "--run", run, "--id", str(p)))
         for p in range(agents)
     ]
 
@@ -50,8 +50,8 @@ def agent_launches(broker: BrokerAddress, run: str, agents: int) -> list[AgentLa
 class Launcher(Protocol):
     """Starts agents somewhere, says whether they still live, and always stops them."""
 
-    def start(self, launches: Sequence[AgentLaunch]) -> None:
-        """Start one agent per launch; return once all are started (not yet registered)."""
+    def start(self, commands: Sequence[AgentCommand]) -> None:
+        """Start one agent per command; return once all are started (not yet registered)."""
 
     def check(self, finished: AbstractSet[int] = frozenset()) -> None:
         """Raise RunFailed if an agent ended before saying Finished, or ended badly."""
@@ -83,16 +83,16 @@ class LocalLauncher:
         self.logs, self.grace = logs, grace
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
 
-    def start(self, launches: Sequence[AgentLaunch]) -> None:
+    def start(self, commands: Sequence[AgentCommand]) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
         base = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        for launch in launches:
-            with open(log_path(self.logs, launch.agent), "wb") as log:
-                self.procs[launch.agent] = subprocess.Popen(
-                    [sys.executable, *AGENT_COMMAND[1:], *launch.args],
+        for command in commands:
+            with open(log_path(self.logs, command.agent), "wb") as log:
+                self.procs[command.agent] = subprocess.Popen(
+                    [sys.executable, *AGENT_COMMAND[1:], *command.args],
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    env={**base, **launch.env},
+                    env={**base, **command.env},
                     start_new_session=True,
                 )
 

@@ -22,11 +22,11 @@ from agent.spec import ConfigError
 from broker.launcher import Broker, launch, read_sys_bytes
 from orchestrator.cli import finish, progress_bar
 from orchestrator.engines.launch import (
-    AgentLaunch,
+    AgentCommand,
     Launcher,
     LocalLauncher,
     RunFailed,
-    agent_launches,
+    agent_commands,
 )
 from orchestrator.engines.net import Orchestrator, SessionResult, new_run_name
 from orchestrator.experiment.config import ExperimentConfig
@@ -115,13 +115,13 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
         broker.start()
         where = "external agents" if args.external_agents else f"agent logs in {out}/logs"
         console.print(f"broker: {broker.kind} at {broker.address}; run {run}; {where}")
-        launches = agent_launches(runtime.agent_broker or broker.address, run, config.agents)
+        commands = agent_commands(runtime.agent_broker or broker.address, run, config.agents)
         tap = None
         if args.audit:
             from orchestrator.audit import WireTap  # scipy & co. only when auditing
 
             tap = WireTap(broker.address, run)
-        return await _drive(problem, broker, run, pool, args, out, tap, launches, runtime.meter)
+        return await _drive(problem, broker, run, pool, args, out, tap, commands, runtime.meter)
     except RunFailed as exc:
         console.print(f"[red]run failed:[/red] {exc}")
         return 1
@@ -139,7 +139,7 @@ async def _drive(
     args: argparse.Namespace,
     out: Path,
     tap: WireTap | None = None,
-    launches: Sequence[AgentLaunch] = (),
+    commands: Sequence[AgentCommand] = (),
     meter: NicMeter | None = None,
 ) -> int:
     """Register, run every session, write the outputs (and the audit), then dismiss the
@@ -160,7 +160,7 @@ async def _drive(
             async with tap or contextlib.nullcontext():  # the audit's tap, before any agent
                 await orch.subscribe()
                 if pool is not None:
-                    pool.start(launches)
+                    pool.start(commands)
                 started = time.perf_counter()
                 await orch.register()
                 took = time.perf_counter() - started
