@@ -79,11 +79,14 @@ class LeastSquares:
         return cls(u, d, spec.rho, batch=spec.batch, key=key, agent=agent, agents=agents)
 
     def grad(self, w: np.ndarray, round_: int) -> np.ndarray:
+        g: np.ndarray
         if self.batch is None:
-            return self.hessian @ w - self.r
+            g = self.hessian @ w - self.r
+            return g
         idx = batch_indices(self.key, round_, self.agent, self.agents, self.batch, len(self.d))
         u, d = self.u[idx], self.d[idx]
-        return 2.0 * (u.T @ (u @ w - d) / self.batch + self.rho * w)
+        g = 2.0 * (u.T @ (u @ w - d) / self.batch + self.rho * w)
+        return g
 
 
 def batch_indices(

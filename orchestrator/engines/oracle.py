@@ -29,7 +29,8 @@ import numpy as np
 
 from agent import rng
 from agent.losses import regression_data
-from agent.spec import ConfigError, Scheme, Strategy
+from agent.spec import Scheme, Strategy
+from orchestrator.experiment.config import parse_choices
 from orchestrator.experiment.problem import Problem
 from orchestrator.report import Curve
 
@@ -58,10 +59,11 @@ def run_oracle(
     in that time, so they share the figure.
     """
     config = problem.config
-    strategies = _choices(config.strategies if strategies is None else strategies, Strategy)
-    schemes = _choices(config.schemes if schemes is None else schemes, Scheme)
+    strategies = parse_choices(config.strategies if strategies is None else strategies, Strategy)
+    schemes = parse_choices(config.schemes if schemes is None else schemes, Scheme)
     lanes = tuple(dict.fromkeys(_LANE[s] for s in schemes))
-    grads = _minibatch(problem) if _batch(problem) else _full_batch(problem)
+    batch = _batch(problem)
+    grads = _minibatch(problem, batch) if batch else _full_batch(problem)
     curves: list[Curve] = []
     for strategy in strategies:
         start = perf_counter()
@@ -211,7 +213,7 @@ def _full_batch(problem: Problem) -> _FullBatch:
     return _FullBatch(np.ascontiguousarray(hessian.swapaxes(-1, -2)), r[:, :, None, :])
 
 
-def _minibatch(problem: Problem) -> _Minibatch:
+def _minibatch(problem: Problem, batch: int) -> _Minibatch:
     config = problem.config
     data = [
         [regression_data(problem.spec(r), p) for r in range(config.repeats)]
@@ -219,7 +221,7 @@ def _minibatch(problem: Problem) -> _Minibatch:
     ]
     u = np.array([[ud[0] for ud in row] for row in data])
     d = np.array([[ud[1] for ud in row] for row in data])
-    return _Minibatch(problem, u, d, _batch(problem))
+    return _Minibatch(problem, u, d, batch)
 
 
 def _run_strategy(
@@ -308,15 +310,3 @@ def _noise(
             if lane is not Scheme.NONE:
                 out[:, :, r, s] = combine.noise(lane, table, draw).swapaxes(0, 1)
     return out
-
-
-def _choices(values: Iterable, kind: type) -> tuple:
-    try:
-        chosen = tuple(kind(v) for v in values)
-    except ValueError:
-        valid = ", ".join(str(k) for k in kind)
-        name = kind.__name__.lower()
-        raise ConfigError(f"unknown {name} in {values!r}; choose from: {valid}") from None
-    if not chosen:
-        raise ConfigError(f"choose at least one {kind.__name__.lower()}")
-    return chosen
