@@ -67,6 +67,13 @@ def test_nic_window_per_agent(tmp_path: Path) -> None:
     assert nic["agents_tx_per_round"] == 150 and nic["agents_total_per_round"] == 200
 
 
+@pytest.mark.parametrize("flags", [["--tls"], ["--broker", "embedded"], ["--external-agents"]])
+def test_flags_the_docker_runtime_cannot_honour(flags: list[str], tmp_path: Path) -> None:
+    """A configuration error (exit 2) before anything starts; no engine needed."""
+    run = ["run", "--runtime", "docker", "--agents", "2", "--iters", "1", "--out", str(tmp_path)]
+    assert main([*run, *flags]) == 2
+
+
 async def test_docker_broker_enforces_the_run_credentials(client: Any, tmp_path: Path) -> None:
     """Anonymous and wrong-password clients are refused; the orchestrator's user connects."""
     credentials = Credentials.generate(f"test-{secrets.token_hex(4)}", 2)
