@@ -1,7 +1,8 @@
 """What the orchestrator and an agent say to each other: plain dataclasses, no I/O.
 
 A run goes Hello -> Welcome, then per session Setup -> Ready -> Go -> Telemetry... ->
-Finished, and finally Bye; Abort stops it early, Failed says an agent cannot go on.
+Finished, then Close -> Left, and finally Bye; Abort stops it early, Failed says an agent
+cannot go on.
 Every one of these travels signed (`wire.encode_signed`): downward frames by the run's
 orchestrator key, upward frames by the agent's identity key, each naming the run and
 carrying a sequence number. Whatever determines a model (`Config`) travels sealed to
@@ -62,6 +63,15 @@ class Finished:
 
 
 @dataclass(frozen=True, slots=True)
+class Left:
+    """Answer to Close: the agent reads its inbox no more; what it dropped since its last
+    Finished (so every delivery it ever got is in the run's report)."""
+
+    agent: int
+    rejected: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
 class Failed:
     """The agent cannot go on, and why."""
 
@@ -96,6 +106,11 @@ class Go:
 
 
 @dataclass(frozen=True, slots=True)
+class Close:
+    """Every session is done: stop reading peers and report what is left to report."""
+
+
+@dataclass(frozen=True, slots=True)
 class Abort:
     """Stop now."""
 
@@ -118,6 +133,6 @@ class Config:
     telemetry: bool
 
 
-Up = Hello | Ready | Telemetry | Finished | Failed
-Down = Welcome | Setup | Go | Abort | Bye
+Up = Hello | Ready | Telemetry | Finished | Left | Failed
+Down = Welcome | Setup | Go | Close | Abort | Bye
 Control = Up | Down

@@ -121,9 +121,13 @@ class AgentLaunch:
 class Machine(Protocol):
     """A sans-IO party: the agent node or the orchestrator's conductor."""
 
-    def receive(self, topic: str, payload: bytes, now: float) -> Output: ...
+    def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output: ...
     def tick(self, now: float) -> Output: ...
     def next_tick(self) -> float | None: ...
+    def unsubscribed(self, topic: str, now: float) -> Output: ...
+
+
+SETTLE = 0.05  # after an UNSUBACK: quiet this long means every earlier frame is delivered
 
 
 async def publish(client: aiomqtt.Client, out: Output) -> None:
@@ -155,13 +159,43 @@ async def pump(
             out = Output()
         else:
             payload = message.payload if isinstance(message.payload, bytes) else b""
-            out = machine.receive(message.topic.value, payload, clock())
+            out = machine.receive(message.topic.value, payload, clock(), message.retain)
         wake = machine.next_tick()
         if wake is not None and clock() >= wake:
             out += machine.tick(clock())
-        await publish(client, out)
-        if on_output is not None:
-            on_output(out)
+        await _apply(client, inbox, machine, out, on_output)
+
+
+async def _apply(
+    client: aiomqtt.Client,
+    inbox: Inbox,
+    machine: Machine,
+    out: Output,
+    on_output: Callable[[Output], None] | None,
+) -> None:
+    """Publish, unsubscribe and report what a machine returned; unsubscribing first lets
+    every frame that came before the broker's UNSUBACK through, so the machine sees it."""
+    await publish(client, out)
+    if on_output is not None:
+        on_output(out)
+    for topic in out.unsubscribe:
+        await client.unsubscribe(topic)
+        while True:
+            try:
+                message = await inbox.get(SETTLE)
+            except TimeoutError:
+                break
+            payload = message.payload if isinstance(message.payload, bytes) else b""
+            await _apply(
+                client,
+                inbox,
+                machine,
+                machine.receive(message.topic.value, payload, time.monotonic(), message.retain),
+                on_output,
+            )
+        await _apply(
+            client, inbox, machine, machine.unsubscribed(topic, time.monotonic()), on_output
+        )
 
 
 def _log(out: Output, me: int) -> None:

@@ -6,8 +6,9 @@ touches sockets, clocks or event loops, so the MQTT shell, the in-memory transpo
 the tests drive the very same rules.
 
 Phases: REGISTERING (Hello until Welcome) -> REGISTERED -> [Setup] CONFIGURED -> (keys
-agreed) KEYED -> [Go] RUNNING -> FINISHED -> [Setup] CONFIGURED ... -> [Bye] CLOSED, and
-FAILED from anywhere. A control frame is obeyed only if it is signed by the run's
+agreed) KEYED -> [Go] RUNNING -> FINISHED -> [Setup] CONFIGURED ... -> [Close] LEAVING
+(the shell unsubscribes from the inbox, then calls `unsubscribed`) -> LEFT -> [Bye] CLOSED,
+and FAILED from anywhere. A control frame is obeyed only if it is signed by the run's
 orchestrator key, names this run, carries a sequence number above every one seen, and
 fits the phase; anything else is dropped and counted under exactly one reason
 (`rejected`), and so is every peer message the round logic does not use.
@@ -46,12 +47,15 @@ class Phase(StrEnum):
     KEYED = "keyed"
     RUNNING = "running"
     FINISHED = "finished"
+    LEAVING = "leaving"
+    LEFT = "left"
     FAILED = "failed"
     CLOSED = "closed"
 
 
 WAITING = (Phase.REGISTERING, Phase.REGISTERED, Phase.FINISHED)  # no session: peers wait
 ACTIVE = (Phase.CONFIGURED, Phase.KEYED, Phase.RUNNING)  # a session is configured
+IDLE = (Phase.REGISTERED, Phase.FINISHED, Phase.LEAVING, Phase.LEFT)  # the orchestrator's turn
 
 
 @dataclass(frozen=True)
@@ -99,14 +103,20 @@ class Event:
 class Output:
     publish: list[Publish] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    unsubscribe: list[str] = field(default_factory=list)  # then call `unsubscribed`
 
     def __iadd__(self, other: Output) -> Output:
         self.publish += other.publish
         self.events += other.events
+        self.unsubscribe += other.unsubscribe
         return self
 
     def __add__(self, other: Output) -> Output:
-        return Output(self.publish + other.publish, self.events + other.events)
+        return Output(
+            self.publish + other.publish,
+            self.events + other.events,
+            self.unsubscribe + other.unsubscribe,
+        )
 
 
 @dataclass
@@ -216,7 +226,7 @@ class AgentNode:
                     f"{core.round} ({self.phase}); waiting for {awaited} "
                     "(crashed or disconnected?)"
                 )
-        elif self.phase in (Phase.REGISTERED, Phase.FINISHED) and now - self._since >= IDLE_TIMEOUT:
+        elif self.phase in IDLE and now - self._since >= IDLE_TIMEOUT:
             return self._fail(
                 f"agent {self.me}: no word from the orchestrator for {IDLE_TIMEOUT:.0f} s; leaving"
             )
@@ -232,13 +242,17 @@ class AgentNode:
             return self._since + self.session.config.deadline
         return self._since + IDLE_TIMEOUT
 
-    def receive(self, topic: str, payload: bytes, now: float) -> Output:
-        """One delivery: used, or dropped and counted under exactly one reason."""
+    def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output:
+        """One delivery: used, or dropped and counted under exactly one reason.
+
+        privnet publishes nothing retained, so a retained frame is someone else's."""
         self.deliveries.received += 1
         if self.done:
             self._count("closed")
             return Output()
         try:
+            if retained:
+                raise Rejected("retained", f"a retained frame on {topic!r}")
             peer = topics.parse_peer_topic(topic)
             if peer is not None:
                 out = self._on_peer(peer, payload, now)
@@ -251,6 +265,17 @@ class AgentNode:
             return Output()
         self.deliveries.used += 1
         return out
+
+    def unsubscribed(self, topic: str, now: float) -> Output:
+        """The shell has stopped the inbox (the broker acknowledged, and every frame that
+        came before is delivered): report what is left, so nothing goes unreported."""
+        if self.phase is not Phase.LEAVING or topic != self.subscriptions[0]:
+            raise RuntimeError(f"unsubscribed from {topic!r} in phase {self.phase}")
+        self._drop_early()
+        rejected, self._unreported = self._unreported, Counter()
+        self.phase = Phase.LEFT
+        left = control.Left(self.me, dict(rejected))
+        return Output([self._up(topics.ctl_up(self.run, self.me), left)], [Event("left")])
 
     def fail(self, reason: str) -> Output:
         """The shell gives up (lost broker, signal): tell the orchestrator why, if we can."""
@@ -284,8 +309,10 @@ class AgentNode:
                 return self._go(now)
             case control.Abort(reason=reason):
                 return self._fail(f"aborted by the orchestrator: {reason}", tell=False)
-            case control.Bye() if self._is(*WAITING):
-                self._drop_early()
+            case control.Close() if self._is(Phase.FINISHED):
+                self.phase = Phase.LEAVING
+                return Output(unsubscribe=[self.subscriptions[0]])
+            case control.Bye() if self._is(Phase.LEFT):
                 self.phase = Phase.CLOSED
                 return Output(events=[Event("closed")])
         raise Rejected(

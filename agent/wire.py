@@ -37,12 +37,14 @@ from agent import keys
 from agent.control import (
     Abort,
     Bye,
+    Close,
     Config,
     Control,
     Failed,
     Finished,
     Go,
     Hello,
+    Left,
     Ready,
     Setup,
     Telemetry,
@@ -454,6 +456,8 @@ _CONTROL_SCHEMAS = (
     _Schema("setup", Setup, _named(("agent", _ID), ("session", _SESSION), ("sealed", _BLOB))),
     _Schema("ready", Ready, _named(("agent", _ID), ("session", _SESSION))),
     _Schema("go", Go, _named(("session", _SESSION))),
+    _Schema("close", Close, ()),
+    _Schema("left", Left, _named(("agent", _ID), ("rejected", _COUNTS))),
     _Schema("bye", Bye, ()),
     _Schema("abort", Abort, _named(("reason", _TEXT))),
     _Schema(

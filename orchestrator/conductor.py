@@ -4,8 +4,9 @@ Like the agent node (`agent.node`), it is fed deliveries (`receive`) and time (`
 returns what to publish and what happened; process launching, the broker and the console
 stay outside. Phases: REGISTERING (a Hello from every agent, each proving its launch
 token) -> per session CONFIGURING (sealed Setup out, Ready back) -> RUNNING (Go out,
-sealed telemetry and Finished back) -> DONE (every session played; the caller writes its
-outputs, then `bye`) -> CLOSED, or FAILED from anywhere (an agent failed, or a deadline
+sealed telemetry and Finished back) -> CLOSING (Close out, each agent stops reading peers
+and answers Left with what it dropped since) -> DONE (the caller writes its outputs, then
+`bye`) -> CLOSED, or FAILED from anywhere (an agent failed, or a deadline
 passed: registration has a fixed deadline, a session one of silence).
 
 Identities are pinned at registration: every later upward frame must be signed by the
@@ -44,6 +45,7 @@ class Stage(StrEnum):
     REGISTERING = "registering"
     CONFIGURING = "configuring"
     RUNNING = "running"
+    CLOSING = "closing"
     DONE = "done"
     FAILED = "failed"
     CLOSED = "closed"
@@ -117,6 +119,8 @@ class Conductor:
         self.recipients = 0  # deliveries of what it published (a broadcast reaches everyone)
         self.registered: dict[int, _Agent] = {}
         self.results: list[SessionResult] = []
+        self.left: dict[int, dict[str, int]] = {}  # what each dropped after its last Finished
+        self.left_traffic = Traffic()  # the agents' Left frames
         self.failure = ""
         self.session = -1  # index into plans
         self._seq = 0
@@ -157,19 +161,24 @@ class Conductor:
             )
         if self.stage in (Stage.CONFIGURING, Stage.RUNNING) and now - self._since >= self.deadline:
             return self._fail(f"nothing heard for {self.deadline:.0f} s while {self._waiting()}")
+        if self.stage is Stage.CLOSING and now - self._since >= self.deadline:
+            return self._done()  # the results are complete; a silent agent only costs its Left
         return Output()
 
     def next_tick(self) -> float | None:
         if self.stage is Stage.REGISTERING:
             return self._since + self.register_deadline
-        if self.stage in (Stage.CONFIGURING, Stage.RUNNING):
+        if self.stage in (Stage.CONFIGURING, Stage.RUNNING, Stage.CLOSING):
             return self._since + self.deadline
         return None
 
-    def receive(self, topic: str, payload: bytes, now: float) -> Output:
-        """One delivery: used, or dropped and counted under exactly one reason."""
+    def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output:
+        """One delivery: used, or dropped and counted under exactly one reason (a retained
+        frame is nobody's of this run: privnet publishes nothing retained)."""
         self.deliveries.received += 1
         try:
+            if retained:
+                raise Rejected("retained", f"a retained frame on {topic!r}")
             out = self._receive(topic, payload, now)
         except Rejected as exc:
             self.deliveries.rejected[exc.reason] += 1
@@ -183,6 +192,9 @@ class Conductor:
             raise RuntimeError(f"bye in stage {self.stage}: only once every session is done")
         self.stage = Stage.CLOSED
         return Output([self._down("all", control.Bye())], [Event("closed")])
+
+    def unsubscribed(self, topic: str, now: float) -> Output:
+        raise RuntimeError(f"the conductor never unsubscribes (from {topic!r})")
 
     def abort(self, reason: str) -> Output:
         """Stop every agent now (Ctrl-C, a dead process the caller noticed)."""
@@ -215,6 +227,8 @@ class Conductor:
             raise Rejected("replay", f"agent {agent} already used sequence number {frame.seq}")
         out = self._obey(msg, now)
         pinned.seen.add(frame.seq)
+        if isinstance(msg, control.Left):  # sent after its last Finished: tallied here
+            self.left_traffic.add("control", topic, payload)
         return out
 
     def _hello(self, frame: wire.SignedFrame, hello: control.Hello, now: float) -> Output:
@@ -258,6 +272,11 @@ class Conductor:
                 self._telemetry(msg)
                 self._since = now
                 return Output()
+            case control.Left(agent=agent, rejected=rejected) if self.stage is Stage.CLOSING:
+                if agent in self.left:
+                    raise Rejected("duplicate", f"second Left of agent {agent}")
+                self.left[agent] = rejected
+                return self._done() if len(self.left) == self.agents else Output()
             case control.Finished(agent=agent, session=n) if self._in(Stage.RUNNING, n):
                 if agent in self._finished:
                     raise Rejected("duplicate", f"second Finished of agent {agent}")
@@ -289,6 +308,10 @@ class Conductor:
             self.models[report.round - 1, report.sender] = report.w
             self.counts[report.sender] += 1
 
+    def _done(self) -> Output:
+        self.stage = Stage.DONE
+        return Output(events=[Event("done")])
+
     def _maybe_done(self, now: float) -> Output:
         if len(self._finished) < self.agents:
             return Output()
@@ -305,8 +328,8 @@ class Conductor:
         self.session += 1
         self._since = now
         if self.session == len(self.plans):
-            self.stage = Stage.DONE
-            return Output(events=[Event("done")])
+            self.stage = Stage.CLOSING
+            return Output([self._down("all", control.Close())], [Event("closing")])
         plan = self.plans[self.session]
         self.stage = Stage.CONFIGURING
         self._ready, self._finished = set(), {}

@@ -1,18 +1,21 @@
 """Fixtures shared by the tests that need a real broker or a real packet capture."""
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import NoReturn
 
+import aiomqtt
 import pytest
 
-from broker.launcher import has_mosquitto
+from broker.launcher import Broker, has_mosquitto, launch
+from orchestrator.engines.net import RunSecrets
 
 BROKER_KINDS = ("mosquitto", "embedded")
 
@@ -101,3 +104,31 @@ def tcpdump(pcap: Path, port: int, interface: str = "lo") -> Iterator[None]:
         time.sleep(0.5)  # the last packets of the run
         proc.send_signal(signal.SIGINT)
         proc.wait(10)
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A run whose secrets the test holds: the broker it started, and the run file."""
+
+    broker: Broker
+    run: str
+    run_json: Path
+    secrets: RunSecrets
+
+    def flags(self) -> list[str]:
+        """`privnet run` flags for this broker and these secrets."""
+        return ["--broker", str(self.broker.address), "--prepared", str(self.run_json)]
+
+    def client(self, user: str) -> aiomqtt.Client:
+        """A client logged in as `user` (an agent id, orchestrator or inspector)."""
+        return aiomqtt.Client(**self.broker.connect_options(user))
+
+
+@contextlib.asynccontextmanager
+async def prepared(kind: str, run: str, agents: int, out: Path) -> AsyncIterator[Prepared]:
+    """A broker enforcing the run's credentials, and the run's secrets in a file."""
+    run_secrets = RunSecrets.generate(run, agents)
+    run_json = out / "run.json"
+    run_json.write_text(run_secrets.to_json())
+    async with launch(kind, credentials=run_secrets.credentials) as broker:
+        yield Prepared(broker, run, run_json, run_secrets)

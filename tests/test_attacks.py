@@ -12,27 +12,24 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import secrets
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiomqtt
 import numpy as np
 import pytest
+from conftest import Prepared, prepared
 
 from agent import control, keys, topics, wire
 from agent.messages import Model, Rejected
 from broker.credentials import INSPECTOR
-from broker.launcher import Broker, launch
 from orchestrator import audit
 from orchestrator.cli import main
 from orchestrator.engines.memory import run_once
-from orchestrator.engines.net import RunSecrets
 from orchestrator.experiment.problem import Problem
 from orchestrator.report import load_summary, read_metrics
 
@@ -43,43 +40,6 @@ ATTACKER = 3
 REL = 1e-9
 
 
-@dataclasses.dataclass
-class Prepared:
-    broker: Broker
-    run: str
-    run_json: Path
-    secrets: RunSecrets
-
-    def client(self, user: str) -> aiomqtt.Client:
-        return aiomqtt.Client(**self.broker.connect_options(user))
-
-    def privnet(self, out: Path, *flags: str) -> subprocess.Popen[bytes]:
-        err = (out / "privnet.err").open("w")
-        return subprocess.Popen(
-            [
-                *PRIVNET,
-                *flags,
-                "--broker",
-                str(self.broker.address),
-                "--prepared",
-                str(self.run_json),
-                "--out",
-                str(out),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-        )
-
-
-@contextlib.asynccontextmanager
-async def prepared(kind: str, run: str, agents: int, out: Path) -> AsyncIterator[Prepared]:
-    run_secrets = RunSecrets.generate(run, agents)
-    run_json = out / "run.json"
-    run_json.write_text(run_secrets.to_json())
-    async with launch(kind, credentials=run_secrets.credentials) as broker:
-        yield Prepared(broker, run, run_json, run_secrets)
-
-
 async def wait_until_running(operator: aiomqtt.Client, run: str, rounds: int) -> None:
     """Until some agent's telemetry says it is `rounds` rounds in."""
     await operator.subscribe(f"{topics.PREFIX}/{run}/telemetry/+", qos=1)
@@ -87,6 +47,16 @@ async def wait_until_running(operator: aiomqtt.Client, run: str, rounds: int) ->
         frame = wire.decode_signed(bytes(message.payload))  # type: ignore[arg-type]
         if isinstance(frame.msg, control.Telemetry) and frame.msg.round >= rounds:
             return
+
+
+def start_run(setup: Prepared, out: Path, *flags: str) -> subprocess.Popen[bytes]:
+    """`privnet run` on the prepared broker and secrets, stderr to out/privnet.err."""
+    with (out / "privnet.err").open("w") as err:
+        return subprocess.Popen(
+            [*PRIVNET, *flags, *setup.flags(), "--out", str(out)],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
 
 
 def assert_same_as_memory(out: Path, flags: list[str]) -> None:
@@ -100,7 +70,9 @@ def assert_same_as_memory(out: Path, flags: list[str]) -> None:
 
 
 def rejected_by_agents(summary: dict[str, Any]) -> int:
-    return sum(sum(r["rejected"].values()) for r in summary["results"])
+    """Everything the agents dropped: per session, and after their last Finished."""
+    after = summary["config"]["orchestrator"]["agents_rejected_after_finish"]
+    return sum(sum(r["rejected"].values()) for r in summary["results"]) + sum(after.values())
 
 
 # ---- an outsider with agent 3's credentials -----------------------------------------------
@@ -143,7 +115,7 @@ async def test_agent3_credentials_forge_every_control_frame(kind: str, tmp_path:
     async with prepared(kind, run, 6, tmp_path) as setup, setup.client(str(ATTACKER)) as spy:
         genuine: list[bytes] = []
         listening = asyncio.create_task(capture_down(spy, run, genuine))
-        privnet = setup.privnet(tmp_path, *flags)
+        privnet = start_run(setup, tmp_path, *flags)
         try:
             async with setup.client(INSPECTOR) as operator, asyncio.timeout(60):
                 await wait_until_running(operator, run, 20)
@@ -201,7 +173,7 @@ def hostile(run: str, n: int, rng: np.random.Generator) -> list[tuple[str, bytes
 async def test_ten_thousand_hostile_frames_change_nothing(tmp_path: Path) -> None:
     run = "flood"
     async with prepared("mosquitto", run, 6, tmp_path) as setup:
-        privnet = setup.privnet(tmp_path, *FLOOD)
+        privnet = start_run(setup, tmp_path, *FLOOD)
         try:
             async with setup.client(INSPECTOR) as operator, asyncio.timeout(60):
                 await wait_until_running(operator, run, 10)

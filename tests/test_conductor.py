@@ -215,8 +215,9 @@ def again(kind: type, make: Callable[[Harness], control.Control], stage: Stage) 
 
 
 READY, FINISHED = control.Ready(TARGET, 0), control.Finished(TARGET, 0, {}, {}, {}, 0.0)
-FAILED = control.Failed(TARGET, "forged")
+FAILED, LEFT = control.Failed(TARGET, "forged"), control.Left(TARGET, {})
 CONFIGURING, RUNNING = stage_is(Stage.CONFIGURING), stage_is(Stage.RUNNING)
+CLOSING = stage_is(Stage.CLOSING)
 
 ATTACKS = [
     # Hello
@@ -301,6 +302,12 @@ ATTACKS = [
     ),
     *again(control.Finished, const(FINISHED), Stage.RUNNING),
     Attack("finished-when-done", stage_is(Stage.DONE), up(const(FINISHED)), "out-of-phase"),
+    # Left
+    Attack("left-while-running", RUNNING, up(const(LEFT)), "out-of-phase"),
+    Attack("left-forged", CLOSING, up(const(LEFT), signer=STRANGER), "bad-signature"),
+    Attack("left-other-run", CLOSING, up(const(LEFT), run=OTHER_RUN), "wrong-run"),
+    Attack("left-spoofed", CLOSING, up(const(control.Left(OTHER, {}))), "spoofed"),
+    *again(control.Left, const(LEFT), Stage.CLOSING),
     # Failed (obeyed in any stage when genuine, so only frames that are not)
     Attack("failed-unregistered", before_hello, up(const(FAILED)), "unregistered"),
     Attack("failed-forged", RUNNING, up(const(FAILED), signer=STRANGER), "bad-signature"),
@@ -318,6 +325,7 @@ ATTACKS = [
         "spoofed",
     ),
     Attack("bye-upward", RUNNING, up(const(control.Bye())), "spoofed"),
+    Attack("close-upward", RUNNING, up(const(control.Close())), "spoofed"),
     # junk
     Attack("malformed", RUNNING, topic_only(topics.ctl_up(RUN, TARGET), b"\xc1"), "malformed"),
     Attack(
@@ -569,3 +577,11 @@ def test_any_delivery_is_counted_and_never_raises(deliveries: list[Frame]) -> No
         assert c.receive(topic, payload, 1.0) == Output()
     assert c.deliveries.rejected.total() == c.deliveries.received == len(deliveries)
     assert c.stage is Stage.REGISTERING and c.next_tick() == 60.0
+
+
+def test_a_retained_frame_is_counted_never_used() -> None:
+    h = Harness.build()
+    topic, payload = h.up(hello()(h), TARGET)
+    assert h.conductor.receive(topic, payload, 0.0, retained=True) == Output()
+    assert h.conductor.registered == {}
+    assert h.conductor.deliveries.rejected == Counter({"retained": 1})

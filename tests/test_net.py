@@ -8,7 +8,6 @@ the file fits a CI budget of about three minutes on two cores.
 
 import asyncio
 import contextlib
-import dataclasses
 import os
 import re
 import secrets
@@ -16,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +24,13 @@ import msgpack
 import numpy as np
 import psutil
 import pytest
+from conftest import prepared
 
 from agent import topics, wire
 from agent.control import Telemetry
 from agent.messages import Model
 from broker.credentials import INSPECTOR
-from broker.launcher import Broker, launch
 from orchestrator.cli import main
-from orchestrator.engines.net import RunSecrets
 from orchestrator.report import load_summary, read_metrics
 
 pytestmark = pytest.mark.net
@@ -91,10 +89,12 @@ PER_CLIENT = 256  # CONNECT (14 B), 2-4 SUBSCRIBEs (< 60 B each), DISCONNECT, PI
 
 def not_counted_by_agents(summary: dict[str, Any]) -> tuple[int, int]:
     """PUBLISH bytes and QoS-1 deliveries outside the agents' session counts: what the
-    orchestrator published before the counters were read (Welcome, Setups, Go), as the
-    conductor tallied it, and how many deliveries that made."""
+    orchestrator published before the counters were read (Welcome, Setups, Go, Close), as
+    the conductor tallied it, and how many deliveries that made, plus the agents' Left."""
     orchestrator = summary["config"]["orchestrator"]
-    return orchestrator["published_bytes"], orchestrator["deliveries_of_published"]
+    published = orchestrator["published_bytes"] + orchestrator["agents_left_bytes"]
+    deliveries = orchestrator["deliveries_of_published"] + orchestrator["agents_left_messages"]
+    return published, deliveries
 
 
 @pytest.mark.usefixtures("needs_mosquitto")
@@ -123,31 +123,6 @@ def test_agent_byte_counts_match_mosquitto_sys(net_run: Callable[[str], Path]) -
 
 ATTACK = ["--agents", "6", "--iters", "100", "--seed", "5", "--strategy", "atc", "--scheme", "ghp"]
 EXPECTED_REJECTIONS = {"malformed": 1, "oversized": 1, "bad-mac": 3, "stale": 1, "spoofed": 1}
-
-
-@dataclasses.dataclass
-class Prepared:
-    """A run whose secrets the test holds: the broker it started, and the run file."""
-
-    broker: Broker
-    run_json: Path
-    secrets: RunSecrets
-
-    def flags(self) -> list[str]:
-        return ["--broker", str(self.broker.address), "--prepared", str(self.run_json)]
-
-    def client(self, user: str) -> aiomqtt.Client:
-        return aiomqtt.Client(**self.broker.connect_options(user))
-
-
-@contextlib.asynccontextmanager
-async def prepared(kind: str, run: str, agents: int, out: Path) -> AsyncIterator[Prepared]:
-    """A broker enforcing the run's credentials, and the run's secrets in a file."""
-    run_secrets = RunSecrets.generate(run, agents)
-    run_json = out / "run.json"
-    run_json.write_text(run_secrets.to_json())
-    async with launch(kind, credentials=run_secrets.credentials) as broker:
-        yield Prepared(broker, run_json, run_secrets)
 
 
 def peek(payload: bytes) -> tuple[str, dict[str, Any]]:

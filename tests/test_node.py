@@ -108,6 +108,7 @@ class Attack:
 
 
 WELCOME, GO, BYE = const(control.Welcome(TARGET)), const(control.Go(0)), const(control.Bye())
+CLOSE = const(control.Close())
 ABORT = const(control.Abort("forged"))
 BAD_IDENTITY = STRANGER.public.signing + bytes(32)  # a low-order X25519 key: no link key
 
@@ -181,6 +182,13 @@ ATTACKS = [
     Attack("bye-while-configured", Phase.CONFIGURED, down(BYE), "out-of-phase"),
     Attack("bye-while-keyed", Phase.KEYED, down(BYE), "out-of-phase"),
     Attack("bye-while-running", Phase.RUNNING, down(BYE), "out-of-phase"),
+    Attack("bye-before-close", Phase.FINISHED, down(BYE), "out-of-phase"),
+    # Close
+    Attack("close-forged", Phase.FINISHED, down(CLOSE, signer=STRANGER), "bad-signature"),
+    Attack("close-other-run", Phase.FINISHED, down(CLOSE, run=OTHER_RUN), "wrong-run"),
+    Attack("close-while-running", Phase.RUNNING, down(CLOSE), "out-of-phase"),
+    Attack("close-replayed", Phase.LEFT, replay(control.Close, "all"), "replay"),
+    Attack("close-again", Phase.LEFT, down(CLOSE), "out-of-phase"),
     # upward messages have no business on a node's control topics
     Attack(
         "hello-signed-by-the-agent",
@@ -191,6 +199,7 @@ ATTACKS = [
         "bad-signature",
     ),
     Attack("ready-downward", Phase.KEYED, down(const(control.Ready(TARGET, 0))), "out-of-phase"),
+    Attack("left-downward", Phase.RUNNING, down(const(control.Left(TARGET, {}))), "out-of-phase"),
     Attack("failed-downward", Phase.RUNNING, down(const(control.Failed(1, "x"))), "out-of-phase"),
     Attack(
         "finished-downward",
@@ -256,12 +265,13 @@ def test_a_flood_of_every_attack_through_the_router_changes_nothing() -> None:
                 topic, payload = attack.frame(h)
                 h.net.router.inject(topic, payload)
                 routed += any(topics.matches(s, topic) for s in node.subscriptions)
-        if node.phase is not Phase.FINISHED:
+        if node.phase is not Phase.LEFT:
             h.when(lambda: node.phase is not phases[-1], inject_all)
 
     h.when(lambda: True, inject_all)
     results = h.play()
-    assert phases == list(Phase)[:6]  # registering ... finished
+    # leaving lasts no longer than the Router takes to stop the inbox
+    assert phases == [*list(Phase)[:6], Phase.LEFT]
     assert node.rejected.total() == routed >= 10 * (len(ATTACKS) - 3)
     h.assert_all_counted()
     assert_same_models(results, clean())
@@ -320,11 +330,13 @@ def test_registration_times_out_without_telling_anybody() -> None:
     assert node.rejected == Counter({"closed": 1}) and node.deliveries.uncounted == 0
 
 
-@pytest.mark.parametrize("phase", [Phase.REGISTERED, Phase.FINISHED])
+@pytest.mark.parametrize("phase", [Phase.REGISTERED, Phase.FINISHED, Phase.LEFT])
 def test_an_idle_node_leaves_and_says_why(phase: Phase) -> None:
     h = Harness.build([(Strategy.ATC, Scheme.NONE)])
     if phase is Phase.REGISTERED:
         h.hold = lambda _, frame: is_setup(frame)
+    if phase is Phase.FINISHED:
+        h.hold = lambda _, frame: is_control(frame, control.Close, "all")
     h.start()
     node = h.nodes[TARGET]
     assert node.phase is phase
@@ -337,9 +349,13 @@ def test_an_idle_node_leaves_and_says_why(phase: Phase) -> None:
     assert node.phase is Phase.FAILED and out.events[0].kind == "failed"
 
 
-def is_setup(frame: Publish, to: int | str = TARGET) -> bool:
+def is_control(frame: Publish, kind: type, to: int | str = TARGET) -> bool:
     topic = topics.ctl_down(RUN, to)  # type: ignore[arg-type]
-    return frame.topic == topic and isinstance(wire.decode_signed(frame.payload).msg, control.Setup)
+    return frame.topic == topic and isinstance(wire.decode_signed(frame.payload).msg, kind)
+
+
+def is_setup(frame: Publish, to: int | str = TARGET) -> bool:
+    return is_control(frame, control.Setup, to)
 
 
 def hold_peer_frames_to(agent: int, categories: tuple[str, ...]) -> Callable[[str, Publish], bool]:
@@ -567,7 +583,7 @@ def test_a_clean_run_counts_every_delivery_and_reports_its_traffic() -> None:
     for node in h.nodes:
         assert node.phase is Phase.CLOSED and node.done and node.next_tick() is None
         assert node.deliveries.received == node.deliveries.used > 0
-    sent = [f for p, f in h.sent if p == f"agent-{TARGET}"]
+    sent = [f for p, f in h.sent if p == f"agent-{TARGET}" and not is_left(f)]
     finished = results[0].finished[TARGET]
     assert finished.messages == Counter(f.category for f in sent)
     size: Counter[str] = Counter()
@@ -575,6 +591,12 @@ def test_a_clean_run_counts_every_delivery_and_reports_its_traffic() -> None:
         size[f.category] += topics.mqtt_publish_size(f.topic, len(f.payload), 1)
     assert finished.bytes == size
     assert node_subscriptions_are_its_own(h.nodes[TARGET])
+
+
+def is_left(frame: Publish) -> bool:
+    return frame.category == "control" and isinstance(
+        wire.decode_signed(frame.payload).msg, control.Left
+    )
 
 
 def node_subscriptions_are_its_own(node: AgentNode) -> bool:
@@ -625,3 +647,14 @@ def test_any_delivery_is_used_or_counted_and_never_raises(deliveries: list[Frame
     assert node.deliveries.uncounted == 0 and node.phase is Phase.REGISTERING
     node.fail("test over")
     assert node.deliveries.received == len(deliveries) == node.rejected.total()
+
+
+def test_a_retained_frame_is_counted_never_used() -> None:
+    """privnet publishes nothing retained: a retained frame (an old run's, an attacker's
+    left on a topic) is dropped, whatever it holds."""
+    h = Harness.build()
+    node = h.nodes[TARGET]
+    welcome = h.down(control.Welcome(TARGET), TARGET)
+    assert node.receive(*welcome, 0.0, retained=True) == Output()
+    assert node.phase is Phase.REGISTERING
+    assert node.rejected == Counter({"retained": 1}) and node.deliveries.uncounted == 0

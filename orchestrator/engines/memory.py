@@ -39,6 +39,14 @@ class RunFailed(Exception):
 
 class Endpoint(Protocol):
     def receive(self, topic: str, payload: bytes, now: float) -> Output: ...
+    def unsubscribed(self, topic: str, now: float) -> Output: ...
+
+
+@dataclass(frozen=True)
+class _Unsubscribe:
+    """Queued like a frame: what was published before it still reaches the subscriber."""
+
+    topic: str
 
 
 @dataclass
@@ -51,7 +59,7 @@ class Router:
     events: list[tuple[str, Event]] = field(default_factory=list)
     _subs: list[tuple[str, str, Endpoint]] = field(default_factory=list)
     _routes: dict[str, list[tuple[str, Endpoint]]] = field(default_factory=dict)
-    _queue: deque[tuple[str, Publish]] = field(default_factory=deque)
+    _queue: deque[tuple[str, Publish | _Unsubscribe]] = field(default_factory=deque)
 
     def attach(self, name: str, endpoint: Endpoint, subscriptions: Iterable[str]) -> None:
         self._subs += [(pattern, name, endpoint) for pattern in subscriptions]
@@ -60,6 +68,7 @@ class Router:
     def send(self, publisher: str, out: Output) -> None:
         """Queue what `publisher` published; note what happened to it."""
         self._queue.extend((publisher, frame) for frame in out.publish)
+        self._queue.extend((publisher, _Unsubscribe(topic)) for topic in out.unsubscribe)
         self.events += [(publisher, event) for event in out.events]
 
     def inject(self, topic: str, payload: bytes, publisher: str = "outsider") -> None:
@@ -70,6 +79,9 @@ class Router:
         """Deliver until nothing is left to deliver."""
         while self._queue:
             publisher, sent = self._queue.popleft()
+            if isinstance(sent, _Unsubscribe):
+                self._unsubscribe(publisher, sent.topic)
+                continue
             frame = sent if self.edit is None else self.edit(publisher, sent)
             if frame is None:
                 continue
@@ -77,6 +89,12 @@ class Router:
                 self.tap(publisher, frame)
             for name, endpoint in self._subscribers(frame.topic):
                 self.send(name, endpoint.receive(frame.topic, frame.payload, self.clock()))
+
+    def _unsubscribe(self, name: str, pattern: str) -> None:
+        (endpoint,) = {e for p, n, e in self._subs if n == name and p == pattern}
+        self._subs = [s for s in self._subs if s[:2] != (pattern, name)]
+        self._routes.clear()
+        self.send(name, endpoint.unsubscribed(pattern, self.clock()))
 
     def _subscribers(self, topic: str) -> list[tuple[str, Endpoint]]:
         route = self._routes.get(topic)

@@ -399,6 +399,11 @@ def _orchestrator(conductor: Conductor) -> dict[str, Any]:
         "published_bytes": conductor.traffic.bytes["control"],
         "published_messages": conductor.traffic.messages["control"],
         "deliveries_of_published": conductor.recipients,
+        # what agents dropped after their last Finished, reported when they left
+        "agents_rejected_after_finish": _sum_dicts(conductor.left.values()),
+        "agents_not_left": sorted(set(range(conductor.agents)) - conductor.left.keys()),
+        "agents_left_bytes": conductor.left_traffic.bytes["control"],
+        "agents_left_messages": conductor.left_traffic.messages["control"],
     }
 
 
