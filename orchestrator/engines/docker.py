@@ -140,9 +140,6 @@ class NicBytes:
     def __sub__(self, other: NicBytes) -> NicBytes:
         return NicBytes(self.rx - other.rx, self.tx - other.tx)
 
-    def __add__(self, other: NicBytes) -> NicBytes:
-        return NicBytes(self.rx + other.rx, self.tx + other.tx)
-
 
 ZERO = NicBytes(0, 0)
 
@@ -162,7 +159,7 @@ def broker_files(credentials: Credentials) -> bytes:
     with tempfile.TemporaryDirectory(prefix="privnet-docker-") as tmp:
         directory = Path(tmp)
         settings = mosquitto_settings(directory, credentials, None, at=Path(BROKER_FILES))
-        (directory / "mosquitto.conf").write_text(mosquitto_config("1883", settings))
+        (directory / "mosquitto.conf").write_text(mosquitto_config(str(MQTT_PORT), settings))
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
             for path in sorted(directory.iterdir()):
