@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.losses import RegressionSpec
+from agent.losses import ProblemSpec
 from agent.spec import AgentSpec
 
 # ---- upward: agent -> orchestrator, signed with the agent's identity key ---------------------
@@ -127,7 +127,7 @@ class Config:
     """What Setup seals: everything that determines this agent's models."""
 
     spec: AgentSpec
-    problem: RegressionSpec
+    problem: ProblemSpec
     directory: dict[int, bytes]  # agent id -> PublicIdentity.to_bytes()
     deadline: float
     telemetry: bool

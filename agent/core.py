@@ -220,6 +220,7 @@ class AgentCore:
         if spec.scheme is Scheme.LOCAL_GHP:
             masks = self._masks(plan)
             return {k: x + masks[k] if k in masks else x.copy() for k in targets}
+        x = rng.snap(x, spec.sigma_g)  # released on the noise grid, own term included
         raw = rng.raw_row(
             spec.noise_key,
             rng.Domain.NOISE,

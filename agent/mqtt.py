@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import os
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -22,7 +23,7 @@ import aiomqtt
 from agent import keys, topics
 from agent.access import ClientAccess
 from agent.inbox import Inbox
-from agent.node import QOS, AgentNode, Launch, Output, Phase
+from agent.node import QOS, AgentNode, Launch, Output, Phase, Unsubscribe
 
 log = logging.getLogger("privnet.agent")
 PENDING_CALLS = 1000  # a round publishes to every neighbour at once; aiomqtt warns past 10
@@ -127,7 +128,8 @@ class Machine(Protocol):
     def unsubscribed(self, topic: str, now: float) -> Output: ...
 
 
-SETTLE = 0.05  # after an UNSUBACK: quiet this long means every earlier frame is delivered
+PROBE = b"privnet/probe\0"  # never a frame: frames are msgpack arrays
+PROBE_TIMEOUT = 30.0
 
 
 async def publish(client: aiomqtt.Client, out: Output) -> None:
@@ -173,29 +175,41 @@ async def _apply(
     out: Output,
     on_output: Callable[[Output], None] | None,
 ) -> None:
-    """Publish, unsubscribe and report what a machine returned; unsubscribing first lets
-    every frame that came before the broker's UNSUBACK through, so the machine sees it."""
+    """Publish, unsubscribe and report what a machine returned."""
     await publish(client, out)
     if on_output is not None:
         on_output(out)
-    for topic in out.unsubscribe:
-        await client.unsubscribe(topic)
-        while True:
-            try:
-                message = await inbox.get(SETTLE)
-            except TimeoutError:
-                break
-            payload = message.payload if isinstance(message.payload, bytes) else b""
-            await _apply(
-                client,
-                inbox,
-                machine,
-                machine.receive(message.topic.value, payload, time.monotonic(), message.retain),
-                on_output,
-            )
-        await _apply(
-            client, inbox, machine, machine.unsubscribed(topic, time.monotonic()), on_output
-        )
+    for stop in out.unsubscribe:
+        await _drain_and_stop(client, inbox, machine, stop, on_output)
+
+
+async def _drain_and_stop(
+    client: aiomqtt.Client,
+    inbox: Inbox,
+    machine: Machine,
+    stop: Unsubscribe,
+    on_output: Callable[[Output], None] | None,
+) -> None:
+    """Stop reading `stop.pattern` only once every frame the broker queued for it is in.
+
+    A broker may deliver queued frames after its UNSUBACK, so: subscribe to the probe topic
+    alone, drop the pattern, publish a probe there, and deliver everything until the probe
+    comes back: the broker's queue for this client is first in, first out."""
+    nonce = PROBE + secrets.token_bytes(16)
+    await client.subscribe(stop.probe, qos=QOS)
+    await client.unsubscribe(stop.pattern)
+    await client.publish(stop.probe, nonce, qos=QOS)
+    while True:
+        message = await inbox.get(PROBE_TIMEOUT)
+        payload = message.payload if isinstance(message.payload, bytes) else b""
+        if message.topic.value == stop.probe and payload == nonce:
+            break
+        out = machine.receive(message.topic.value, payload, time.monotonic(), message.retain)
+        await _apply(client, inbox, machine, out, on_output)
+    await client.unsubscribe(stop.probe)
+    await _apply(
+        client, inbox, machine, machine.unsubscribed(stop.pattern, time.monotonic()), on_output
+    )
 
 
 def _log(out: Output, me: int) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 
 from agent import control, keys, topics, wire
 from agent.core import AgentCore
-from agent.losses import LeastSquares
+from agent.losses import make_loss
 from agent.messages import Message, Rejected, Report
 
 QOS = 1  # at-least-once: a lost model would stall the round; the core drops duplicates
@@ -99,11 +99,20 @@ class Event:
     detail: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class Unsubscribe:
+    """Stop reading `pattern`; `probe` is a topic the party may both write and read under it,
+    with which a shell can tell that everything queued before has been delivered."""
+
+    pattern: str
+    probe: str
+
+
 @dataclass
 class Output:
     publish: list[Publish] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
-    unsubscribe: list[str] = field(default_factory=list)  # then call `unsubscribed`
+    unsubscribe: list[Unsubscribe] = field(default_factory=list)  # then `unsubscribed`
 
     def __iadd__(self, other: Output) -> Output:
         self.publish += other.publish
@@ -311,7 +320,8 @@ class AgentNode:
                 return self._fail(f"aborted by the orchestrator: {reason}", tell=False)
             case control.Close() if self._is(Phase.FINISHED):
                 self.phase = Phase.LEAVING
-                return Output(unsubscribe=[self.subscriptions[0]])
+                inbox, probe = self.subscriptions[0], topics.peer_topic(self.run, self.me, self.me)
+                return Output(unsubscribe=[Unsubscribe(inbox, probe)])
             case control.Bye() if self._is(Phase.LEFT):
                 self.phase = Phase.CLOSED
                 return Output(events=[Event("closed")])
@@ -350,7 +360,7 @@ class AgentNode:
             }
         except keys.BadKey as exc:
             raise Rejected("bad-key", f"Config directory: {exc}") from exc
-        loss = LeastSquares.from_spec(config.problem, spec.agent, spec.agents)
+        loss = make_loss(config.problem, spec.agent, spec.agents)
         core = self._core_type(spec, loss, self.identity, directory)
         first, self._registration = self._registration, Traffic()
         self.session = _Session(setup.session, config, core, link_keys, traffic=first)

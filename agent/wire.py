@@ -33,7 +33,7 @@ from typing import Any, TypeVar, cast
 import msgpack
 import numpy as np
 
-from agent import keys
+from agent import datasets, keys
 from agent.control import (
     Abort,
     Bye,
@@ -50,7 +50,7 @@ from agent.control import (
     Telemetry,
     Welcome,
 )
-from agent.losses import RegressionSpec
+from agent.losses import NO_NEIGHBOUR, ClassificationSpec, RegressionSpec
 from agent.messages import KeyPlan, KeyShare, Model, Rejected, Report
 from agent.spec import STEPS, AgentSpec, ConfigError, Rekey, Scheme, StepPlan
 
@@ -303,6 +303,22 @@ def _record(cls: type, fields: tuple[_Field, ...], check: Callable[[Any], None] 
     return _Kind(lambda obj: _encode_fields(obj, fields), decode)
 
 
+def _tagged(options: Mapping[str, tuple[type, _Kind]]) -> _Kind:
+    """One of several record types, sent as [tag, record]."""
+    tags = {cls: tag for tag, (cls, _) in options.items()}
+
+    def encode(obj: Any) -> list[Any]:
+        tag = tags[type(obj)]
+        return [tag, options[tag][1].encode(obj)]
+
+    def decode(value: Any, where: str) -> Any:
+        if type(value) is not list or len(value) != 2 or value[0] not in options:
+            raise _schema(where, f"[kind, record] with kind one of {', '.join(options)}", value)
+        return options[value[0]][1].decode(value[1], f"{where}.{value[0]}")
+
+    return _Kind(encode, decode)
+
+
 def _named(*specs: tuple[str, _Kind]) -> tuple[_Field, ...]:
     return tuple(_Field(name, name, kind) for name, kind in specs)
 
@@ -361,7 +377,19 @@ def _check_problem(problem: RegressionSpec) -> None:
         raise ConfigError("noise_var holds variances, which must be >= 0")
 
 
-_PROBLEM = _record(
+def _check_classification(problem: ClassificationSpec) -> None:
+    if problem.dataset not in datasets.DATASETS:
+        raise ConfigError(
+            f"dataset {problem.dataset!r} is not shipped with this agent "
+            f"({', '.join(datasets.DATASETS)}); update the agent or pick a shipped dataset"
+        )
+    if any(v < 0 for v in problem.feature_noise):
+        raise ConfigError("feature_noise holds standard deviations, which must be >= 0")
+
+
+_NEIGHBOUR = _int(NO_NEIGHBOUR, ID_LIMIT, "an agent id or -1")
+
+_REGRESSION = _record(
     RegressionSpec,
     _named(
         ("dim", _POSITIVE),
@@ -373,8 +401,32 @@ _PROBLEM = _record(
         ("seed", _COUNT),
         ("repeat", _COUNT),
         ("batch", _optional(_POSITIVE)),
+        ("neighbour", _NEIGHBOUR),
     ),
     _check_problem,
+)
+
+_CLASSIFICATION = _record(
+    ClassificationSpec,
+    _named(
+        ("dataset", _TEXT),
+        ("dim", _POSITIVE),
+        ("samples", _COUNT),
+        ("feature_noise", _tuple(_FLOAT)),
+        ("rho", _FLOAT),
+        ("seed", _COUNT),
+        ("repeat", _COUNT),
+        ("batch", _optional(_POSITIVE)),
+        ("neighbour", _NEIGHBOUR),
+    ),
+    _check_classification,
+)
+
+_PROBLEM = _tagged(
+    {
+        "regression": (RegressionSpec, _REGRESSION),
+        "classification": (ClassificationSpec, _CLASSIFICATION),
+    }
 )
 
 
@@ -395,9 +447,10 @@ def _check_config(config: Config) -> None:
     spec, problem = config.spec, config.problem
     if problem.dim != spec.dim:
         raise ConfigError(f"problem.dim {problem.dim} differs from spec.dim {spec.dim}")
-    if len(problem.noise_var) != spec.agents:
+    per_agent = problem.noise_var if isinstance(problem, RegressionSpec) else problem.feature_noise
+    if len(per_agent) != spec.agents:
         raise ConfigError(
-            f"problem.noise_var has {len(problem.noise_var)} entries, one per agent "
+            f"the problem has {len(per_agent)} per-agent noise levels, one per agent "
             f"({spec.agents}) is needed"
         )
 

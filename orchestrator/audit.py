@@ -28,8 +28,8 @@ import subprocess
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -44,9 +44,11 @@ from scipy import stats
 from agent import control, topics, wire
 from agent.access import ClientAccess
 from agent.core import AgentCore, split_senders
+from agent.losses import Loss
 from agent.messages import KeyPlan, KeyShare, Message, Rejected
 from agent.mqtt import BrokerAddress
-from agent.spec import STRATEGY_STEP, Scheme, StepPlan, Strategy
+from agent.node import Publish
+from agent.spec import STRATEGY_STEP, AgentSpec, Scheme, StepPlan, Strategy
 from orchestrator.engines.memory import Network
 from orchestrator.experiment import config as configuration
 from orchestrator.experiment.config import ExperimentConfig
@@ -222,10 +224,18 @@ def read_pcap(path: Path, port: int) -> list[WireRecord]:
 
 
 class _Witness(AgentCore):
-    """An AgentCore that notes the clear value behind every model it is about to send."""
+    """An AgentCore that notes the clear value behind every model it is about to send;
+    given `losses`, agent p runs losses[p] instead of the one its Config describes."""
 
-    def __init__(self, *args: Any, clear: dict[tuple[int, int, int], np.ndarray]) -> None:
-        super().__init__(*args)
+    def __init__(
+        self,
+        spec: AgentSpec,
+        loss: Loss,
+        *args: Any,
+        clear: dict[tuple[int, int, int], np.ndarray],
+        losses: Sequence[Loss] | None = None,
+    ) -> None:
+        super().__init__(spec, loss if losses is None else losses[spec.agent], *args)
         self.clear = clear
 
     def _send(self, plan: StepPlan) -> list[Message]:
@@ -235,18 +245,38 @@ class _Witness(AgentCore):
 
 @dataclass
 class Replay:
-    """A memory-engine run: clear values (sender, round, step) and the true models."""
+    """A memory-engine run: clear values (sender, round, step), the true models and the
+    model messages on its wire, as an eavesdropper decodes them."""
 
     clear: dict[tuple[int, int, int], np.ndarray]
     models: np.ndarray  # (iters, P, M)
+    wire: SessionWire
 
 
-def replay(problem: Problem, strategy: Strategy, scheme: Scheme, repeat: int = 0) -> Replay:
-    """The session on the memory engine (the whole protocol), witnesses for cores."""
+def replay(
+    problem: Problem,
+    strategy: Strategy,
+    scheme: Scheme,
+    repeat: int = 0,
+    *,
+    losses: Sequence[Loss] | None = None,
+    noise_key: tuple[int, int] | None = None,
+) -> Replay:
+    """The session on the memory engine (the whole protocol), witnesses for cores;
+    `losses` (one per agent) replace the problem's, e.g. losses written by hand, and
+    `noise_key` the run's (same data, fresh noise: the dp-audit's trials)."""
     clear: dict[tuple[int, int, int], np.ndarray] = {}
-    plans = session_plans(problem, [(strategy, scheme, repeat)])
-    network = Network.build(plans, core=partial(_Witness, clear=clear))
-    return Replay(clear, network.play()[0].models)
+    (plan,) = session_plans(problem, [(strategy, scheme, repeat)])
+    if noise_key is not None:
+        plan = replace(plan, specs=[replace(s, noise_key=noise_key) for s in plan.specs])
+    seen = SessionWire()
+
+    def tap(_publisher: str, frame: Publish) -> None:
+        if topics.parse_peer_topic(frame.topic) is not None:
+            _add(seen, frame.payload, problem.config.dim)
+
+    network = Network.build([plan], core=partial(_Witness, clear=clear, losses=losses), tap=tap)
+    return Replay(clear, network.play()[0].models, seen)
 
 
 # ---- sessions on the wire ---------------------------------------------------------------------
@@ -540,8 +570,11 @@ class Audit:
     noise: dict[str, np.ndarray]  # per private session, the KS samples / b (for the plot)
 
 
-def audit(recording: Recording, telemetry: list[np.ndarray] | None, source: str) -> Audit:
-    """Audit every session found on the wire of a recorded run."""
+def audit(
+    recording: Recording, telemetry: list[np.ndarray] | None, source: str, attack: bool = False
+) -> Audit:
+    """Audit every session found on the wire of a recorded run; with `attack`, also try to
+    reconstruct every agent's trajectory and local minimizer from it (orchestrator.attack)."""
     c = recording.config
     problem = Problem.build(c)
     planned = session_list(c)
@@ -550,13 +583,19 @@ def audit(recording: Recording, telemetry: list[np.ndarray] | None, source: str)
         raise AuditError(f"no session of run {recording.run!r} on the wire ({source})")
     if len(found) > len(planned):
         raise AuditError(f"{len(found)} sessions on the wire, the config plans {len(planned)}")
-    sessions, plotted = [], {}
+    sessions, plotted, attempts = [], {}, []
     b = c.sigma_g / math.sqrt(2)
     for s, ((strategy, scheme, repeat), seen) in enumerate(zip(planned, found, strict=False)):
         truth = replay(problem, strategy, scheme, repeat)
         told = telemetry[s] if telemetry is not None and s < len(telemetry) else None
         result, noise = audit_session(problem, strategy, scheme, repeat, seen, truth, told)
         sessions.append(result)
+        if attack:
+            from orchestrator.attack import attack_session
+
+            attempts.append(
+                attack_session(problem, strategy, scheme, repeat, seen.models, truth.clear)
+            )
         if noise.samples.size and b > 0:
             plotted[f"{strategy}/{scheme} r{repeat}: p = {_fmt(result['noise']['p_value'])}"] = (
                 noise.samples / b
@@ -571,6 +610,15 @@ def audit(recording: Recording, telemetry: list[np.ndarray] | None, source: str)
         "sigma_g": c.sigma_g,
         "sessions": sessions,
     }
+    if attack:
+        report["reconstruction"] = {
+            "sessions": attempts,
+            "breaks": sorted({a["scheme"] for a in attempts if a["broken"]}),
+            "breaks_partly": sorted(
+                {a["scheme"] for a in attempts if not a["broken"] and a["agents_recovered"]}
+            ),
+            "does_not_break": sorted({a["scheme"] for a in attempts if not a["agents_recovered"]}),
+        }
     return Audit(report, plotted)
 
 
@@ -626,7 +674,9 @@ def plot_noise(noise: dict[str, np.ndarray], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def inspect(run_dir: Path, pcap: Path | None = None, port: int | None = None) -> dict[str, Any]:
+def inspect(
+    run_dir: Path, pcap: Path | None = None, port: int | None = None, attack: bool = False
+) -> dict[str, Any]:
     """Audit a recorded run (live tap, or a pcap); write audit[-pcap].json and .png."""
     recording = load_recording(run_dir)
     source = "live MQTT tap"
@@ -634,24 +684,30 @@ def inspect(run_dir: Path, pcap: Path | None = None, port: int | None = None) ->
         port = port or BrokerAddress.parse(recording.broker).port
         recording.records = read_pcap(pcap, port)
         source = f"pcap {pcap.name}, port {port}"
-    result = audit(recording, load_telemetry(run_dir), source)
+    result = audit(recording, load_telemetry(run_dir), source, attack)
     stem = "audit" if pcap is None else "audit-pcap"
     (run_dir / f"{stem}.json").write_text(json.dumps(result.report, indent=2) + "\n")
     plot_noise(result.noise, run_dir / f"{stem}.png")
     return result.report
 
 
-def show_audit(run_dir: Path, pcap: Path | None = None, port: int | None = None) -> int:
+def show_audit(
+    run_dir: Path, pcap: Path | None = None, port: int | None = None, attack: bool = False
+) -> int:
     """`privnet inspect`: audit, print the table, say where the files are; exit code."""
     from rich.console import Console
 
     err = Console(stderr=True)
     try:
-        report = inspect(run_dir, pcap, port)
+        report = inspect(run_dir, pcap, port, attack)
     except AuditError as exc:
         err.print(f"[red]audit failed:[/red] {exc}")
         return 1
     table_console().print(audit_table(report))
+    if attack:
+        from orchestrator.attack import attack_table
+
+        table_console().print(attack_table(report["reconstruction"]["sessions"]))
     for s in report["sessions"]:
         for hub in s["hub_learns"]["fallback_hubs"]:
             err.print(

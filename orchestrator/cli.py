@@ -50,6 +50,19 @@ def _experiment_flags(parser: argparse.ArgumentParser) -> None:
         help="data, graph and noise seed; `random` (or empty): a secret one, kept in summary.json",
     )
     parser.add_argument("--out", type=Path, help="output directory (default runs/<name>-<time>)")
+    parser.add_argument(
+        "--account",
+        action="store_true",
+        help="account epsilon(i) per agent from twin runs on D and D' (`privacy` in summary.json)",
+    )
+    parser.add_argument(
+        "--neighbour-agent",
+        dest="neighbour",
+        type=int,
+        default=0,
+        metavar="P",
+        help="the agent whose data D' replaces (default 0)",
+    )
 
 
 OVERRIDES = (
@@ -111,7 +124,8 @@ def simulate(
         f"{engine} engine: {len(curves)} curves x {config.repeats} repeats x "
         f"{config.iters} iterations in {wall:.2f} s"
     )
-    finish(out, config, problem, curves, engine, {"wall_s": wall})
+    neighbour = args.neighbour if args.account else None
+    finish(out, config, problem, curves, engine, {"wall_s": wall}, neighbour)
     return 0
 
 
@@ -169,7 +183,7 @@ def inspect(args: argparse.Namespace) -> int:
     """Audit the wire of a `privnet run --audit` (its live recording, or a pcap of it)."""
     from orchestrator.audit import show_audit
 
-    return show_audit(args.run, args.pcap, args.port)
+    return show_audit(args.run, args.pcap, args.port, args.attack)
 
 
 def overhead(args: argparse.Namespace) -> int:
@@ -222,6 +236,37 @@ def _docker_nic(
         raise ConfigError(f"the docker run for the NIC column failed (exit {code}); see {where}")
     nic: dict[str, Any] = json.loads((where / "summary.json").read_text())["config"]["nic"]
     return nic
+
+
+def dp_audit(args: argparse.Namespace) -> int:
+    """Empirical lower bounds on epsilon for each scheme, against the accountant's claim."""
+    from orchestrator.privacy import dpaudit, sampler
+
+    base = ExperimentConfig(
+        name="dp-audit", agents=10, iters=1, sigma_g2=0.01, strategies=(Strategy.ATC,), repeats=1
+    )
+    config = experiment(args, base)
+    problem = Problem.build(config)
+    out = out_dir(args, config, "dp-audit")
+    records = []
+    for strategy in config.strategies:
+        for scheme in config.schemes:
+            with console.status(f"dp-audit {strategy}/{scheme}: {args.trials} trials on D and D'"):
+                records += dpaudit.dp_audit(
+                    problem, strategy, scheme, args.neighbour, args.trials, config.seed
+                )
+    samplers = sampler.sampler_report(config.sigma_g)
+    report = {
+        "config": config.to_dict(),
+        "confidence": dpaudit.CONFIDENCE,
+        "audits": records,
+        "sampler_leak": samplers,
+    }
+    (out / "dp_audit.json").write_text(json.dumps(report, indent=2) + "\n")
+    table_console().print(dpaudit.audit_table(records))
+    table_console().print(dpaudit.sampler_table(samplers))
+    console.print(f"wrote {out}/dp_audit.json")
+    return 0 if all(r["consistent"] for r in records) else 1
 
 
 def _yes_no(text: str) -> bool:
@@ -318,6 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run", type=Path, required=True, help="the run's --out directory")
     p.add_argument("--pcap", type=Path, help="audit this capture of the broker port instead")
     p.add_argument("--port", type=int, help="broker port in the pcap (default: the run's)")
+    p.add_argument(
+        "--attack",
+        action="store_true",
+        help="also reconstruct every agent's models and local minimizer from the wire",
+    )
     p.set_defaults(func=inspect)
 
     p = sub.add_parser(
@@ -333,6 +383,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--broker-uid", type=int, help="owner of broker/ (1883 in eclipse-mosquitto)")
     p.add_argument("--client-uid", type=int, help="owner of the clients' files (1000: privnet)")
     p.set_defaults(func=prepare)
+
+    p = sub.add_parser(
+        "dp-audit", help="empirical epsilon lower bounds (many short trials on D and D')"
+    )
+    _experiment_flags(p)
+    p.add_argument("--trials", type=int, default=1000, help="trials per dataset (D and D')")
+    p.set_defaults(func=dp_audit)
 
     p = sub.add_parser("overhead", help="what each privacy scheme costs on the wire")
     p.add_argument("--agents", type=int, default=30)

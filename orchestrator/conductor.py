@@ -24,7 +24,7 @@ from typing import Literal
 import numpy as np
 
 from agent import control, keys, topics, wire
-from agent.losses import RegressionSpec
+from agent.losses import ProblemSpec
 from agent.messages import Rejected
 from agent.node import (
     Deliveries,
@@ -57,7 +57,7 @@ class SessionPlan:
 
     label: str
     specs: list[AgentSpec]
-    problem: RegressionSpec
+    problem: ProblemSpec
 
     @property
     def rounds(self) -> int:
@@ -233,10 +233,7 @@ class Conductor:
 
     def _hello(self, frame: wire.SignedFrame, hello: control.Hello, now: float) -> Output:
         agent = hello.agent
-        try:
-            identity = keys.PublicIdentity.from_bytes(hello.identity)
-        except keys.BadKey as exc:
-            raise Rejected("bad-key", f"Hello of agent {agent}: {exc}") from exc
+        identity = keys.PublicIdentity.from_bytes(hello.identity)  # 64 bytes: wire-checked
         frame.verify(identity, f"the identity in agent {agent}'s Hello")
         expected = hello_proof(self.tokens[agent], self.run, agent, hello.identity)
         if not hmac.compare_digest(expected, hello.proof):
@@ -246,8 +243,6 @@ class Conductor:
             if pinned.identity != identity:
                 raise Rejected("identity-change", f"agent {agent} registered another identity")
             raise Rejected("duplicate", f"agent {agent} is registered already")
-        if self.stage is not Stage.REGISTERING:
-            raise Rejected("out-of-phase", f"Hello of agent {agent} after registration closed")
         self.registered[agent] = _Agent(identity, {frame.seq})
         out = Output([self._down(agent, control.Welcome(agent))])
         if len(self.registered) == self.agents:

@@ -50,6 +50,7 @@ SCHEME_STYLE: dict[str, dict[str, Any]] = {
     },
 }
 ROWS = (("msd_centroid", "centroid MSD"), ("msd_avg", "avg. individual MSD"))
+TEST_ERRORS = {"test_error_centroid": "centroid", "test_error_avg": "average individual"}
 
 
 PIPED_WIDTH = 160  # columns for tables on a pipe or file, where rich would assume 80
@@ -75,6 +76,9 @@ class Curve:
     msd_avg: np.ndarray  # (repeats, iters), mean_p ||w_p,i - w^o||^2
     rounds_per_s: float
     extra: dict[str, Any] = field(default_factory=dict)  # merged into the result record
+    # More per-round columns of metrics.csv, each (repeats, iters): testing errors, the
+    # accountant's Delta and epsilon.
+    series: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.msd_centroid = np.asarray(self.msd_centroid, dtype=np.float64)
@@ -86,11 +90,12 @@ class Curve:
                     f"{self.strategy}/{self.scheme}: {name} has shape {arr.shape}; "
                     "it must be a non-empty (repeats, iters) array"
                 )
-        if self.msd_centroid.shape != self.msd_avg.shape:
-            raise ValueError(
-                f"{self.strategy}/{self.scheme}: msd_centroid {self.msd_centroid.shape} and "
-                f"msd_avg {self.msd_avg.shape} must have the same (repeats, iters) shape"
-            )
+        for name, arr in [("msd_avg", self.msd_avg), *self.series.items()]:
+            if np.shape(arr) != self.msd_centroid.shape:
+                raise ValueError(
+                    f"{self.strategy}/{self.scheme}: msd_centroid {self.msd_centroid.shape} and "
+                    f"{name} {np.shape(arr)} must have the same (repeats, iters) shape"
+                )
 
     @property
     def key(self) -> tuple[str, str]:
@@ -117,14 +122,27 @@ def steady_state_db(msd: np.ndarray, tail: float = 0.2) -> float:
     return -math.inf if mean == 0 else 10.0 * math.log10(mean)
 
 
+def steady_state(values: np.ndarray, tail: float = 0.2) -> float:
+    """Mean over the last `tail` of iterations and all repeats of a (repeats, iters) series."""
+    count = max(1, round(tail * values.shape[1]))
+    return float(np.asarray(values)[:, -count:].mean())
+
+
 def result_record(curve: Curve, settings: dict[str, Any]) -> dict[str, Any]:
-    """One row of summary.json: who, under which settings, steady-state MSD, speed, costs."""
+    """One row of summary.json: who, under which settings, steady-state MSD (and testing
+    error, for classification), speed, costs."""
+    errors = {
+        f"{name}_pct": 100 * steady_state(curve.series[name])
+        for name in TEST_ERRORS
+        if name in curve.series
+    }
     return {
         "strategy": curve.strategy,
         "scheme": curve.scheme,
         **settings,
         "msd_centroid_db": steady_state_db(curve.msd_centroid),
         "msd_avg_db": steady_state_db(curve.msd_avg),
+        **errors,
         "rounds_per_s": float(curve.rounds_per_s),
         **curve.extra,
     }
@@ -146,24 +164,30 @@ def write_outputs(
     (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     write_metrics(out / "metrics.csv", curves)
     plot_msd(curves, out / "msd.png")
+    if any(TEST_ERRORS.keys() <= c.series.keys() for c in curves):
+        plot_test_error(curves, out / "testing_error.png")
     if graph is not None:
         plot_topology(graph, out / "topology.png", q)
     return summary
 
 
 def write_metrics(path: Path, curves: list[Curve]) -> None:
-    """One row per strategy, scheme, repeat and (1-based) iteration; floats repr-exact."""
+    """One row per strategy, scheme, repeat and (1-based) iteration; floats repr-exact.
+
+    The curves' series (testing errors, Delta, epsilon) follow the MSD columns; a curve
+    without one leaves its cells empty.
+    """
     _check_unique(curves)
+    more = sorted({name for c in curves for name in c.series})
     with Path(path).open("w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(METRICS_HEADER)
+        writer.writerow(METRICS_HEADER + tuple(more))
         for c in curves:
-            pairs = zip(c.msd_centroid.tolist(), c.msd_avg.tolist(), strict=True)
-            for r, (cens, avgs) in enumerate(pairs):
-                writer.writerows(
-                    (c.strategy, c.scheme, r, i, repr(cen), repr(avg))
-                    for i, (cen, avg) in enumerate(zip(cens, avgs, strict=True), start=1)
-                )
+            columns = [c.msd_centroid, c.msd_avg] + [c.series.get(name) for name in more]
+            for r in range(c.msd_centroid.shape[0]):
+                for i in range(c.msd_centroid.shape[1]):
+                    cells = ("" if col is None else repr(float(col[r, i])) for col in columns)
+                    writer.writerow((c.strategy, c.scheme, r, i + 1, *cells))
 
 
 def read_metrics(path: Path) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
@@ -172,14 +196,12 @@ def read_metrics(path: Path) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarr
     with Path(path).open(newline="") as fh:
         reader = csv.reader(fh)
         header = tuple(next(reader, ()))
-        if header != METRICS_HEADER:
-            raise ValueError(f"{path}: header is {header}, expected {METRICS_HEADER}")
+        if header[: len(METRICS_HEADER)] != METRICS_HEADER:
+            raise ValueError(f"{path}: header is {header}, expected {METRICS_HEADER} first")
         for line, row in enumerate(reader, start=2):
-            if len(row) != len(METRICS_HEADER):
-                raise ValueError(
-                    f"{path}:{line}: {len(row)} fields, expected {len(METRICS_HEADER)}"
-                )
-            strategy, scheme, rep, it, cen, avg = row
+            if len(row) != len(header):
+                raise ValueError(f"{path}:{line}: {len(row)} fields, expected {len(header)}")
+            strategy, scheme, rep, it, cen, avg = row[: len(METRICS_HEADER)]
             try:
                 cell, values = (int(rep), int(it) - 1), (float(cen), float(avg))
             except ValueError as err:
@@ -237,18 +259,52 @@ def plot_msd(curves: list[Curve], path: Path, title: str | None = None) -> None:
     axes[0, 0].margins(x=0)
     if title:
         fig.suptitle(title, fontsize=14)
-    # One legend for all panels, below them, so it can never hide a curve.
+    _legend(fig, lines, fontsize=11, handlelength=3)
+    fig.savefig(path, dpi=DPI)
+
+
+def plot_test_error(curves: list[Curve], path: Path) -> None:
+    """The paper's Fig. TE: centroid and average individual testing error (%), a row per
+    strategy; curves are averaged over repeats."""
+    with_errors = [c for c in curves if TEST_ERRORS.keys() <= c.series.keys()]
+    strategies = _ordered({c.strategy for c in with_errors}, STRATEGY_ORDER)
+    fig = Figure(figsize=(11, 4.2 * len(strategies) + 0.6), dpi=DPI, layout="constrained")
+    axes = fig.subplots(len(strategies), 2, sharex=True, sharey=True, squeeze=False)
+    lines: dict[str, Line2D] = {}
+    for row, strategy in enumerate(strategies):
+        by_scheme = {c.scheme: c for c in with_errors if c.strategy == strategy}
+        for col, (name, what) in enumerate(TEST_ERRORS.items()):
+            ax = axes[row, col]
+            letter = chr(ord("a") + 2 * row + col)
+            ax.set_title(
+                f"({letter}) {STRATEGY_TITLE.get(strategy, strategy)}: {what} testing error"
+            )
+            for z, scheme in enumerate(_ordered(by_scheme, SCHEME_ORDER)):
+                err = 100 * by_scheme[scheme].series[name].mean(axis=0)
+                style = SCHEME_STYLE.get(scheme, {"label": scheme})
+                iters = np.arange(1, len(err) + 1)
+                (lines[scheme],) = ax.plot(iters, err, zorder=2 + z, **style)
+            ax.grid(True, alpha=0.3)
+            ax.tick_params(labelleft=True)
+        axes[row, 0].set_ylabel("testing error (%)")
+    for ax in axes[-1]:
+        ax.set_xlabel("iteration $i$")
+    axes[0, 0].margins(x=0)
+    _legend(fig, lines)
+    fig.savefig(path, dpi=DPI)
+
+
+def _legend(fig: Figure, lines: dict[str, Line2D], **style: Any) -> None:
+    """One legend for all panels, below them, so it can never hide a curve."""
     order = _ordered(lines, SCHEME_ORDER)
     fig.legend(
         [lines[s] for s in order],
         [str(lines[s].get_label()) for s in order],
         loc="outside lower center",
         ncols=len(order),
-        fontsize=11,
-        handlelength=3,
         frameon=False,
+        **style,
     )
-    fig.savefig(path, dpi=DPI)
 
 
 def _plot_panel(ax: Axes, curves: list[Curve], attr: str) -> dict[str, Line2D]:
@@ -315,6 +371,14 @@ def plot_topology(graph: nx.Graph, path: Path, q: np.ndarray | None = None) -> N
 def _text_color(rgba: np.ndarray) -> str:
     """Black on light nodes, white on dark ones (relative luminance, sRGB weights)."""
     return "black" if 0.2126 * rgba[0] + 0.7152 * rgba[1] + 0.0722 * rgba[2] > 0.5 else "white"
+
+
+def titled_table(title: str, columns: Iterable[str], left: int = 1) -> Table:
+    """A table whose first `left` columns are names (left) and the rest numbers (right)."""
+    table = Table(title=title)
+    for n, name in enumerate(columns):
+        table.add_column(name, justify="left" if n < left else "right")
+    return table
 
 
 def results_table(records: list[dict[str, Any]]) -> Table:
@@ -418,7 +482,15 @@ def finish(
     curves: list[Curve],
     engine: str,
     extra: dict[str, Any] | None = None,
+    neighbour: int | None = None,
 ) -> None:
+    """Write and show the results; with `neighbour`, account privacy first (--account)."""
+    if neighbour is not None:
+        from orchestrator.privacy import accountant
+
+        with console.status(f"accounting: twin runs with agent {neighbour}'s data replaced"):
+            for curve in curves:
+                accountant.attach(curve, problem, neighbour)
     summary = write_outputs(
         out,
         {**config.to_dict(), **(extra or {})},
@@ -429,6 +501,9 @@ def finish(
     )
     table_console().print(results_table(summary["results"]))
     console.print(f"wrote {out}/summary.json, metrics.csv, msd.png, topology.png")
+    if neighbour is not None:
+        accountant.plot_epsilon(curves, out / "epsilon.png", neighbour)
+        table_console().print(accountant.epsilon_table(summary["results"]))
 
 
 def progress_bar() -> Progress:

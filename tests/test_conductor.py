@@ -28,7 +28,7 @@ from runs import (
 
 from agent import control, keys, topics, wire
 from agent.messages import Report
-from agent.node import Output, Phase, Publish, hello_proof, telemetry_context
+from agent.node import Event, Output, Phase, Publish, hello_proof, telemetry_context
 from agent.spec import Scheme, Strategy
 from orchestrator.conductor import REGISTER_DEADLINE, Conductor, SessionPlan, Stage
 from orchestrator.engines.memory import CONDUCTOR, RunFailed
@@ -585,3 +585,23 @@ def test_a_retained_frame_is_counted_never_used() -> None:
     assert h.conductor.receive(topic, payload, 0.0, retained=True) == Output()
     assert h.conductor.registered == {}
     assert h.conductor.deliveries.rejected == Counter({"retained": 1})
+
+
+def test_an_agent_silent_after_its_last_finished_costs_only_its_left() -> None:
+    """The results are complete once every Finished is in: a missing Left ends the closing
+    at the deadline, with the run done and the missing agent known."""
+    h = Harness.build()
+    h.hold = lambda publisher, frame: (
+        publisher == f"agent-{TARGET}"
+        and frame.category == ("control")
+        and isinstance(wire.decode_signed(frame.payload).msg, control.Left)
+    )
+    h.start()
+    c = h.conductor
+    assert c.stage is Stage.CLOSING and TARGET not in c.left and len(c.left) == c.agents - 1
+    wake = c.next_tick()
+    assert wake is not None and c.tick(wake - 1) == Output()
+    assert c.tick(wake).events == [Event("done")]
+    assert c.stage is Stage.DONE and len(c.results) == 1
+    with pytest.raises(RuntimeError, match="never unsubscribes"):
+        c.unsubscribed(topics.inbox_filter(RUN, 0), wake)

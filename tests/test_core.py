@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from agent import keys, rng, topics, wire
 from agent.core import AgentCore, Seat, split_senders
-from agent.losses import LeastSquares
+from agent.losses import LeastSquares, make_loss
 from agent.messages import KeyPlan, KeyShare, Message, Model, Rejected, Report
 from agent.node import AgentNode, Publish
 from agent.spec import STEPS, STRATEGY_STEP, ConfigError, Rekey, Scheme, StepPlan, Strategy
@@ -241,9 +241,7 @@ def cores(problem: Problem, strategy: Strategy, scheme: Scheme) -> list[AgentCor
     directory = {p: identity.public for p, identity in enumerate(identities)}
     data = problem.spec(0)
     return [
-        AgentCore(
-            s, LeastSquares.from_spec(data, s.agent, s.agents), identities[s.agent], directory
-        )
+        AgentCore(s, make_loss(data, s.agent, s.agents), identities[s.agent], directory)
         for s in specs
     ]
 
@@ -413,7 +411,9 @@ def test_ghp_noise_is_graph_homomorphic(graph: nx.Graph, rule: str, strategy: St
     for m in range(c.agents):
         receivers = senders(a.T, m)
         for i in range(1, c.iters + 1):
-            x, own = run.notes.kept[(m, i)]
+            value, own = run.notes.kept[(m, i)]
+            x = rng.snap(value, c.sigma_g)  # released on the noise grid
+            np.testing.assert_allclose(x, value, rtol=0, atol=rng.grid(c.sigma_g))
             noise = {k: got[(m, k, i)] - x for k in receivers} | {m: own - x}
             residual = sum(q[k] * a[m, k] * g for k, g in noise.items())
             scale = sum(q[k] * a[m, k] * np.linalg.norm(g) for k, g in noise.items())
@@ -436,7 +436,8 @@ def test_random_noise_differs_per_receiver_and_comes_from_rng(strategy: Strategy
     for m in range(8):
         receivers = senders(a.T, m)
         for i in (1, 2, 3):
-            x, own = run.notes.kept[(m, i)]
+            value, own = run.notes.kept[(m, i)]
+            x = rng.snap(value, problem.config.sigma_g)  # released on the noise grid
             np.testing.assert_array_equal(own, x)  # no noise on the self-term
             table = _noise_table(run.cores[m], i)
             for k in receivers:

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent import rng
-from agent.losses import LeastSquares
+from agent.losses import make_loss
 from agent.spec import ConfigError, Scheme, Strategy
 from orchestrator.engines.oracle import run_oracle, scheme_noise
 from orchestrator.experiment import topology
@@ -63,6 +63,8 @@ def reference_combine(
         ).reshape(agents, dim)
         for m in range(agents)
     ]
+    if scheme in (Scheme.RANDOM, Scheme.GHP):
+        x = rng.snap(x, sigma_g)  # released on the noise grid
     out = np.zeros_like(x)
     for p in range(agents):
         for m in range(agents):
@@ -84,7 +86,7 @@ def reference_run(
     """Centroid and average MSD (T,) of one repeat and one scheme, the slow and obvious way."""
     c = problem.config
     key = rng.run_key(c.seed, repeat)
-    losses = [LeastSquares.from_spec(problem.spec(repeat), p, c.agents) for p in range(c.agents)]
+    losses = [make_loss(problem.spec(repeat), p, c.agents) for p in range(c.agents)]
     a0, a1, a2 = problem.matrices(strategy)
     lane = Scheme.NONE if scheme is Scheme.LOCAL_GHP else scheme  # its masks cancel exactly
     w = np.zeros((c.agents, c.dim))
@@ -197,7 +199,7 @@ def test_ghp_noise_cancels_in_the_centroid(agents: int, seed: int, rule: str) ->
     assert np.max(np.abs(q @ ghp)) <= 1e-12 * np.max(np.abs(table))
     assert np.max(np.abs(q @ random)) > 1e-6  # edge noise does not cancel
     key = rng.run_key(seed)
-    plain = reference_combine(a, x, Scheme.NONE, key, 2, 1, 1.0)
+    plain = reference_combine(a, rng.snap(x, 1.0), Scheme.NONE, key, 2, 1, 1.0)
     private = reference_combine(a, x, Scheme.GHP, key, 2, 1, 1.0)
     assert np.max(np.abs(q @ (private - plain))) <= 1e-12 * np.max(np.abs(private - plain))
 

@@ -26,7 +26,7 @@ from agent.spec import Scheme, Strategy
 from orchestrator.conductor import Conductor, SessionPlan, SessionResult, Stage
 from orchestrator.experiment.problem import Problem, msd
 from orchestrator.experiment.specs import session_plans
-from orchestrator.report import Curve
+from orchestrator.report import TEST_ERRORS, Curve
 
 CONDUCTOR = "orchestrator"
 Tap = Callable[[str, Publish], None]  # (publisher, frame)
@@ -68,7 +68,7 @@ class Router:
     def send(self, publisher: str, out: Output) -> None:
         """Queue what `publisher` published; note what happened to it."""
         self._queue.extend((publisher, frame) for frame in out.publish)
-        self._queue.extend((publisher, _Unsubscribe(topic)) for topic in out.unsubscribe)
+        self._queue.extend((publisher, _Unsubscribe(u.pattern)) for u in out.unsubscribe)
         self.events += [(publisher, event) for event in out.events]
 
     def inject(self, topic: str, payload: bytes, publisher: str = "outsider") -> None:
@@ -183,15 +183,34 @@ def run_memory(
     curves = []
     for strategy in strategies or c.strategies:
         for scheme in schemes or c.schemes:
-            cent = np.zeros((c.repeats, c.iters))
-            avg = np.zeros((c.repeats, c.iters))
             start = time.perf_counter()
+            runs = []
             for r in range(c.repeats):
-                models = run_once(problem, strategy, scheme, r)
-                for i in range(c.iters):
-                    cent[r, i], avg[r, i] = msd(models[i], problem.w_opt[r], problem.q)
+                runs.append(run_once(problem, strategy, scheme, r))
                 if progress:
                     progress(1)
-            wall = time.perf_counter() - start
-            curves.append(Curve(str(strategy), str(scheme), cent, avg, c.iters * c.repeats / wall))
+            rate = c.iters * c.repeats / (time.perf_counter() - start)
+            curves.append(curve_of(problem, str(strategy), str(scheme), runs, rate))
     return curves
+
+
+def curve_of(
+    problem: Problem,
+    strategy: str,
+    scheme: str,
+    runs: list[np.ndarray],
+    rounds_per_s: float,
+    extra: dict | None = None,
+) -> Curve:
+    """MSD (and testing errors, for classification) over repeats of models (T, P, M)."""
+    cent = np.zeros((len(runs), problem.config.iters))
+    avg = np.zeros_like(cent)
+    errors = np.zeros((2, *cent.shape))
+    for r, models in enumerate(runs):
+        for i, w in enumerate(models):
+            cent[r, i], avg[r, i] = msd(w, problem.w_opt[r], problem.q)
+        tested = problem.test_errors(models)
+        if tested is not None:
+            errors[:, r] = tested
+    series = dict(zip(TEST_ERRORS, errors, strict=True)) if problem.classifies else {}
+    return Curve(strategy, scheme, cent, avg, rounds_per_s, extra or {}, series)

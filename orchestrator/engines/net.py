@@ -35,6 +35,7 @@ from agent.spec import ConfigError
 from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, write_private
 from broker.launcher import Broker, launch, read_sys_bytes, write_compose_files
 from orchestrator.conductor import Conductor, SessionResult, Stage
+from orchestrator.engines import memory
 from orchestrator.engines.docker import DockerAgents, DockerBroker, nic_window
 from orchestrator.engines.launch import Launcher, LocalLauncher
 from orchestrator.engines.memory import RunFailed
@@ -175,11 +176,6 @@ def prepare(
 def curve_of(problem: Problem, strategy: str, scheme: str, results: list[SessionResult]) -> Curve:
     """MSD over repeats plus what the wire cost, from the sessions of one strategy x scheme."""
     c = problem.config
-    cent = np.zeros((len(results), c.iters))
-    avg = np.zeros((len(results), c.iters))
-    for r, result in enumerate(results):
-        for i in range(c.iters):
-            cent[r, i], avg[r, i] = msd(result.models[i], problem.w_opt[r], problem.q)
     wall = sum(res.wall for res in results)
     traffic = _sum_dicts(res.totals("bytes") for res in results)
     messages = _sum_dicts(res.totals("messages") for res in results)
@@ -194,7 +190,8 @@ def curve_of(problem: Problem, strategy: str, scheme: str, results: list[Session
         "bytes_per_round_by_category": per_round,
         "wall_s": wall,
     }
-    return Curve(strategy, scheme, cent, avg, rounds / max(wall, 1e-9), extra)
+    models = [res.models for res in results]
+    return memory.curve_of(problem, strategy, scheme, models, rounds / max(wall, 1e-9), extra)
 
 
 def _sum_dicts(dicts: Iterable[dict[str, int]]) -> dict[str, int]:
@@ -247,9 +244,19 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
             from orchestrator.audit import WireTap  # scipy & co. only when auditing
 
             tap = WireTap(broker.address, run, broker.access(INSPECTOR))
-        return await _drive(problem, broker, conductor, pool, launches, out, tap)
+        neighbour = args.neighbour if args.account else None  # --account
+        return await _drive(problem, broker, conductor, pool, launches, out, tap, neighbour)
     except RunFailed as exc:
         console.print(f"[red]run failed:[/red] {exc}")
+        return 1
+    except aiomqtt.MqttError as exc:
+        hint = (
+            "; a broker someone else runs needs this run's users: write them with "
+            "`privnet prepare` and pass --prepared"
+            if broker.kind == "external"
+            else ""
+        )
+        console.print(f"[red]run failed:[/red] the broker at {broker.address}: {exc}{hint}")
         return 1
     finally:
         if pool is not None:
@@ -288,9 +295,10 @@ async def _drive(
     launches: dict[int, AgentLaunch],
     out: Path,
     tap: WireTap | None = None,
+    neighbour: int | None = None,
 ) -> int:
-    """Register, run every session, write the outputs (and the audit), then dismiss the
-    agents; the exit code.
+    """Register, run every session, write the outputs (privacy accounted with `neighbour`,
+    and the audit), then dismiss the agents; the exit code.
 
     Outputs come before Bye: under `docker compose up --exit-code-from orchestrator` the
     first agent to exit stops every container and ends the log stream, and the operator
@@ -332,7 +340,7 @@ async def _drive(
                 extra["nic"] = nic_window(docker, nic_before, nic_after, rounds)
             # Off the loop, which keeps answering the broker's keepalives meanwhile: the
             # audit replays the whole run for its ground truth.
-            code = await asyncio.to_thread(_outputs, out, problem, curves, extra, tap)
+            code = await asyncio.to_thread(_outputs, out, problem, curves, extra, tap, neighbour)
             await publish(mqtt, conductor.bye())
         except BaseException as exc:  # Ctrl-C included: tell the agents before tearing down
             with contextlib.suppress(aiomqtt.MqttError):
@@ -439,10 +447,16 @@ class _Show:
 
 
 def _outputs(
-    out: Path, problem: Problem, curves: list[Curve], extra: dict[str, Any], tap: WireTap | None
+    out: Path,
+    problem: Problem,
+    curves: list[Curve],
+    extra: dict[str, Any],
+    tap: WireTap | None,
+    neighbour: int | None = None,
 ) -> int:
-    """Write the run's outputs, and audit its wire when it was tapped; the exit code."""
-    finish(out, problem.config, problem, curves, "net", extra)
+    """Write the run's outputs (privacy accounted with `neighbour`), and audit its wire when
+    it was tapped; the exit code."""
+    finish(out, problem.config, problem, curves, "net", extra, neighbour)
     if tap is None:
         return 0
     from orchestrator.audit import show_audit

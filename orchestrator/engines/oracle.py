@@ -11,6 +11,7 @@ noise table G of step j and round i (row m: what sender m draws, laid out (P, M)
     none:      C(x)_p = sum_m a_mp x_m
     random:    C(x)_p = sum_m a_mp x_m + sum_{m != p} a_mp G[m, p]
     ghp:       C(x)_p = sum_m a_mp x_m + sum_{m != p} a_mp g_m - (1 - a_pp) g_p,  g_m = G[m, m]
+               (random and ghp: x rounded to the noise grid first, agent.rng.snap)
     local-ghp: its pairwise masks cancel exactly at every hub, so the recursion is `none`
                and is computed as `none`.
 Repeats and schemes run side by side in one state array of shape (P, R, S, M), so each
@@ -26,13 +27,14 @@ from dataclasses import dataclass
 from time import perf_counter
 
 import numpy as np
+from scipy.special import expit
 
 from agent import rng
-from agent.losses import regression_data
-from agent.spec import Scheme, Strategy
+from agent.losses import classification_data, regression_data
+from agent.spec import ConfigError, Scheme, Strategy
 from orchestrator.experiment.config import parse_choices
 from orchestrator.experiment.problem import Problem
-from orchestrator.report import Curve
+from orchestrator.report import TEST_ERRORS, Curve
 
 CHUNK = 100  # rounds of noise and minibatch indices drawn at once; bounds memory
 
@@ -62,16 +64,18 @@ def run_oracle(
     strategies = parse_choices(config.strategies if strategies is None else strategies, Strategy)
     schemes = parse_choices(config.schemes if schemes is None else schemes, Scheme)
     lanes = tuple(dict.fromkeys(_LANE[s] for s in schemes))
-    batch = _batch(problem)
-    grads = _minibatch(problem, batch) if batch else _full_batch(problem)
+    grads = _gradients(problem)
     curves: list[Curve] = []
     for strategy in strategies:
         start = perf_counter()
-        centroid, avg = _run_strategy(problem, strategy, lanes, grads)
+        centroid, avg, errors = _run_strategy(problem, strategy, lanes, grads)
         rate = config.iters * config.repeats / (perf_counter() - start)
         for scheme in schemes:
             s = lanes.index(_LANE[scheme])
-            curves.append(Curve(strategy.value, scheme.value, centroid[s], avg[s], rate))
+            series = {name: e[s] for name, e in errors.items()}
+            curves.append(
+                Curve(strategy.value, scheme.value, centroid[s], avg[s], rate, {}, series)
+            )
         if progress is not None:
             progress(1)
     return curves
@@ -195,7 +199,39 @@ class _Minibatch:
         return grad.swapaxes(-1, -2)
 
 
-_Gradients = _FullBatch | _Minibatch
+class _Logistic:
+    """Full-batch gradients of 1/N sum_n ln(1 + exp(-y_n h_n^T w)) + rho ||w||^2 for every
+    agent and repeat at once, written here from the formula, not taken from agent.losses."""
+
+    def __init__(self, problem: Problem) -> None:
+        config = problem.config
+        if _batch(problem):
+            raise ConfigError("the oracle runs classification with full batches only; drop --batch")
+        data = [
+            [classification_data(problem.classification_spec(r), p) for r in range(config.repeats)]
+            for p in range(config.agents)
+        ]
+        self.x = np.array([[xy[0] for xy in row] for row in data])  # (P, R, N, M)
+        self.y = np.array([[xy[1] for xy in row] for row in data])[..., None]  # (P, R, N, 1)
+        self.rho = config.rho
+
+    def load(self, first_round: int, rounds: int) -> None:
+        """Nothing is drawn per round with exact gradients."""
+
+    def __call__(self, phi: np.ndarray, t: int) -> np.ndarray:
+        margins = self.y * (self.x @ phi.swapaxes(-1, -2))  # (P, R, N, S)
+        coeff = -self.y * expit(-margins) / self.x.shape[2]
+        return (self.x.swapaxes(-1, -2) @ coeff).swapaxes(-1, -2) + 2.0 * self.rho * phi
+
+
+_Gradients = _FullBatch | _Minibatch | _Logistic
+
+
+def _gradients(problem: Problem) -> _Gradients:
+    if problem.classifies:
+        return _Logistic(problem)
+    batch = _batch(problem)
+    return _minibatch(problem, batch) if batch else _full_batch(problem)
 
 
 def _batch(problem: Problem) -> int | None:
@@ -216,7 +252,7 @@ def _full_batch(problem: Problem) -> _FullBatch:
 def _minibatch(problem: Problem, batch: int) -> _Minibatch:
     config = problem.config
     data = [
-        [regression_data(problem.spec(r), p) for r in range(config.repeats)]
+        [regression_data(problem.regression_spec(r), p) for r in range(config.repeats)]
         for p in range(config.agents)
     ]
     u = np.array([[ud[0] for ud in row] for row in data])
@@ -226,8 +262,9 @@ def _minibatch(problem: Problem, batch: int) -> _Minibatch:
 
 def _run_strategy(
     problem: Problem, strategy: Strategy, lanes: tuple[Scheme, ...], grads: _Gradients
-) -> tuple[np.ndarray, np.ndarray]:
-    """Centroid and average MSD, each (S, R, T), of every lane and repeat of one strategy."""
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Centroid and average MSD, each (S, R, T), of every lane and repeat of one strategy,
+    and for classification the two testing errors, each (S, R, T)."""
     config = problem.config
     agents, repeats, dim, iters = config.agents, config.repeats, config.dim, config.iters
     matrices = problem.matrices(strategy)
@@ -237,7 +274,14 @@ def _run_strategy(
     keys = [rng.run_key(config.seed, r) for r in range(repeats)]
     centroid = np.empty((len(lanes), repeats, iters))
     avg = np.empty_like(centroid)
+    errors = {name: np.empty_like(centroid) for name in TEST_ERRORS} if problem.classifies else {}
     w = np.zeros((agents, repeats, len(lanes), dim))
+    noisy_lane = np.array([lane is not Scheme.NONE for lane in lanes])[:, None]
+
+    def snapped(x: np.ndarray) -> np.ndarray:
+        """random and ghp combine their values rounded to the noise grid (rng.snap)."""
+        return np.where(noisy_lane, rng.snap(x, config.sigma_g), x)
+
     with np.errstate(over="ignore", invalid="ignore"):  # divergence is reported once, below
         for first in range(1, iters + 1, CHUNK):
             rounds = min(CHUNK, iters + 1 - first)
@@ -248,12 +292,15 @@ def _run_strategy(
             }
             history = np.empty((rounds, *w.shape))
             for t in range(rounds):
-                phi = _apply(combines, noise, 1, w, t)
-                psi = _apply(combines, noise, 0, phi, t) - config.mu * grads(phi, t)
-                w = _apply(combines, noise, 2, psi, t)
+                phi = _apply(combines, noise, 1, w, t, snapped)
+                psi = _apply(combines, noise, 0, phi, t, snapped) - config.mu * grads(phi, t)
+                w = _apply(combines, noise, 2, psi, t, snapped)
                 history[t] = w
             window = slice(first - 1, first - 1 + rounds)
             centroid[..., window], avg[..., window] = _msd(history, problem.q, problem.w_opt)
+            tested = problem.test_errors(history)  # each (rounds, R, S)
+            for name, values in zip(errors, tested or (), strict=True):
+                errors[name][..., window] = values.transpose(2, 1, 0)
     if not np.all(np.isfinite(avg)):
         warnings.warn(
             f"{strategy}: the models diverged (MSD overflowed) with mu = {config.mu}; "
@@ -261,7 +308,7 @@ def _run_strategy(
             RuntimeWarning,
             stacklevel=3,
         )
-    return centroid, avg
+    return centroid, avg, errors
 
 
 def _msd(history: np.ndarray, q: np.ndarray, w_opt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -278,12 +325,13 @@ def _apply(
     step: int,
     x: np.ndarray,
     t: int,
+    snapped: Callable[[np.ndarray], np.ndarray],
 ) -> np.ndarray:
     """Combine step `step` of round t of the chunk; an identity step returns x itself."""
     if step not in combines:
         return x
     table = noise[step]
-    return combines[step](x, None if table is None else table[t])
+    return combines[step](x, None) if table is None else combines[step](snapped(x), table[t])
 
 
 def _noise(

@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 
 from agent.spec import ConfigError, Rekey, Scheme, Strategy
 
+PROBLEMS = ("regression", "classification")
+
 
 @dataclass(frozen=True)
 class ExperimentConfig:
@@ -37,6 +39,9 @@ class ExperimentConfig:
     rule: str = "metropolis"
     matrix: str | None = None  # a user-given combination matrix (overrides rule)
     rekey: Rekey = Rekey.ONCE
+    problem: str = "regression"  # or "classification" (logistic regression on `dataset`)
+    dataset: str = "adult"
+    feature_noise: float = 0.5  # classification: agent p's feature noise std ~ U[0, this]
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -53,6 +58,11 @@ class ExperimentConfig:
             ),
             (self.rho >= 0, f"rho must be >= 0, got {self.rho}"),
             (self.batch is None or self.batch >= 1, f"batch must be >= 1, got {self.batch}"),
+            (
+                self.problem in PROBLEMS,
+                f"unknown problem {self.problem!r}; choose one of {', '.join(PROBLEMS)}",
+            ),
+            (self.feature_noise >= 0, f"feature_noise must be >= 0, got {self.feature_noise}"),
             (bool(self.strategies), "choose at least one strategy"),
             (bool(self.schemes), "choose at least one scheme"),
         ]

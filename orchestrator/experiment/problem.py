@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
+from typing import TypeVar
 
 import networkx as nx
 import numpy as np
 
-from agent.losses import RegressionSpec
-from agent.spec import Scheme, Strategy
-from orchestrator.experiment import topology
+from agent import datasets
+from agent.losses import NO_NEIGHBOUR, ClassificationSpec, ProblemSpec, RegressionSpec
+from agent.spec import ConfigError, Scheme, Strategy
+from orchestrator.experiment import classification, topology
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.data import draw_problem, global_minimizer, local_moments
 
@@ -21,9 +23,16 @@ class Problem:
     graph: nx.Graph
     A: np.ndarray  # left-stochastic: A[m, p] = a_mp, the weight p gives to m
     q: np.ndarray  # Perron vector, A q = q
+    neighbour: int = NO_NEIGHBOUR  # whose data is replaced (D'), for the accountant
 
     @classmethod
     def build(cls, config: ExperimentConfig) -> Problem:
+        if config.problem == "classification":
+            if config.dataset not in datasets.DATASETS:
+                raise ConfigError(
+                    f"unknown dataset {config.dataset!r}; shipped: {', '.join(datasets.DATASETS)}"
+                )
+            config = replace(config, dim=datasets.load(config.dataset).dim)
         if config.matrix:
             A = topology.load_matrix(config.matrix)
             graph = topology.graph_of(A)
@@ -40,21 +49,68 @@ class Problem:
         """(A0, A1, A2) of the paper's general form for this strategy."""
         return topology.strategy_matrices(strategy, self.A)
 
-    def spec(self, repeat: int) -> RegressionSpec:
+    @property
+    def classifies(self) -> bool:
+        return self.config.problem == "classification"
+
+    def twin(self, agent: int) -> Problem:
+        """The same experiment on the neighbouring dataset D': `agent`'s data replaced."""
+        if not 0 <= agent < self.config.agents:
+            raise ConfigError(
+                f"neighbour agent {agent} is not in [0, {self.config.agents}); "
+                "pass --neighbour-agent with an agent id of this network"
+            )
+        return replace(self, neighbour=agent)
+
+    def spec(self, repeat: int) -> ProblemSpec:
         c = self.config
-        return draw_problem(
+        if self.classifies:
+            return classification.draw_problem(c, repeat, self.neighbour)
+        spec = draw_problem(
             c.seed, c.agents, repeat=repeat, dim=c.dim, samples=c.samples, rho=c.rho, batch=c.batch
         )
+        return replace(spec, neighbour=self.neighbour)
+
+    def regression_spec(self, repeat: int) -> RegressionSpec:
+        return _narrow(self.spec(repeat), RegressionSpec)
+
+    def classification_spec(self, repeat: int) -> ClassificationSpec:
+        return _narrow(self.spec(repeat), ClassificationSpec)
 
     @cached_property
     def w_opt(self) -> np.ndarray:
         """w^o per repeat, shape (repeats, M)."""
-        return np.stack(
-            [global_minimizer(self.spec(r), self.config.agents) for r in range(self.config.repeats)]
-        )
+        agents, repeats = self.config.agents, range(self.config.repeats)
+        if self.classifies:
+            solved = [
+                classification.global_minimizer(self.classification_spec(r), agents)
+                for r in repeats
+            ]
+        else:
+            solved = [global_minimizer(self.regression_spec(r), agents) for r in repeats]
+        return np.stack(solved)
+
+    def test_errors(self, models: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Testing error of the centroid and average individual testing error, per round,
+        of models (T, P, M); None for regression, which has no test set."""
+        if not self.classifies:
+            return None
+        return classification.test_errors(models, self.q, datasets.load(self.config.dataset))
 
     def moments(self, repeat: int) -> tuple[np.ndarray, np.ndarray]:
-        return local_moments(self.spec(repeat), self.config.agents)
+        return local_moments(self.regression_spec(repeat), self.config.agents)
+
+
+S = TypeVar("S", RegressionSpec, ClassificationSpec)
+
+
+def _narrow(spec: ProblemSpec, kind: type[S]) -> S:
+    """`spec` as the kind of problem a step is written for, or a clear error."""
+    if not isinstance(spec, kind):
+        raise ConfigError(
+            f"this step works on a {kind.__name__}, the experiment is a {type(spec).__name__}"
+        )
+    return spec
 
 
 def msd(w: np.ndarray, w_opt: np.ndarray, q: np.ndarray) -> tuple[float, float]:

@@ -1,0 +1,92 @@
+"""Does the Laplace sampler leak through its floating-point outputs? (Mironov, CCS 2012)
+
+A release is y = x + noise, the noise drawn from u = (k + 1/2) 2^-52 (agent.rng.uniforms).
+With the plain inverse CDF (agent.rng.float_laplace) the outputs are a sparse, uneven subset
+of the doubles, so y is often a double that x = 0 can never produce: seeing it proves
+x != 0, an infinite privacy loss. `impossible_fraction` measures how often that happens
+for x = `shift`, with an exact membership test: a release is monotone in k, so a binary
+search over the 2^52 inputs finds whether some k gives y exactly.
+privnet releases snap(x) + laplace(u) (both on a power-of-two grid), which it checks too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from agent import rng
+
+K_BITS = rng.UNIFORM_BITS
+Release = Callable[[float, np.ndarray, float], np.ndarray]  # (x, k, sigma_g) -> y
+
+
+def _uniforms(k: np.ndarray) -> np.ndarray:
+    return rng.uniforms(k.astype(np.uint64) << np.uint64(64 - K_BITS))
+
+
+def float_release(x: float, k: np.ndarray, sigma_g: float) -> np.ndarray:
+    """x + inverse-CDF Laplace: the textbook sampler, which leaks."""
+    return x + rng.float_laplace(_uniforms(k), sigma_g)
+
+
+def grid_release(x: float, k: np.ndarray, sigma_g: float) -> np.ndarray:
+    """What random and ghp put on the wire: snap(x) + Laplace on the grid."""
+    return rng.snap(np.asarray(x, dtype=np.float64), sigma_g) + rng.laplace(_uniforms(k), sigma_g)
+
+
+RELEASES: dict[str, Release] = {"float inverse CDF": float_release, "grid": grid_release}
+
+
+def in_image(y: np.ndarray, release: Release, sigma_g: float) -> np.ndarray:
+    """Whether each y is exactly release(0, k) for some input k of rng.uniforms."""
+    lo = np.zeros(y.shape, dtype=np.uint64)
+    hi = np.full(y.shape, (1 << K_BITS) - 1, dtype=np.uint64)
+    while np.any(lo < hi):  # smallest k with release(0, k) >= y (non-decreasing in k)
+        mid = lo + (hi - lo) // np.uint64(2)
+        below = release(0.0, mid, sigma_g) < y
+        lo = np.where(below, mid + np.uint64(1), lo)
+        hi = np.where(below, hi, mid)
+    return release(0.0, lo, sigma_g) == y
+
+
+def impossible_fraction(
+    release: Release, sigma_g: float, shift: float, draws: int, seed: int = 0
+) -> float:
+    """Fraction of releases for x = shift that x = 0 could not have produced."""
+    gen = np.random.Generator(np.random.Philox(seed))
+    k = gen.integers(0, 1 << K_BITS, draws, dtype=np.uint64)
+    return float(np.mean(~in_image(release(shift, k, sigma_g), release, sigma_g)))
+
+
+def first_hole(sigma_g: float) -> float:
+    """|noise| / b beyond which the grid sampler skips grid points: there the spacing of
+    its outputs, 2 b e^(|z|/b) 2^-52, exceeds the grid. A release whose x moved by
+    Delta reaches past it with probability e^-(hole - Delta/b) / 2: the delta of the
+    (eps, delta) guarantee (3.7e-8 for Delta = 5 b at the default grid)."""
+    b = sigma_g / math.sqrt(2.0)
+    return math.log(rng.grid(sigma_g) * 2.0**K_BITS / (2 * b))
+
+
+SHIFTS = (0.01, 1.0, 5.0)  # x - x' in Laplace scales b
+
+
+def sampler_report(sigma_g: float, draws: int = 20_000) -> dict[str, Any]:
+    """The leak of each sampler at this noise level, for shifts of 0.01, 1 and 5 scales."""
+    b = sigma_g / math.sqrt(2.0)
+    return {
+        "first_hole_scales": first_hole(sigma_g),
+        "releases": [
+            {
+                "sampler": name,
+                "sigma_g": sigma_g,
+                "shift_scales": shift,
+                "draws": draws,
+                "impossible_fraction": impossible_fraction(release, sigma_g, shift * b, draws),
+            }
+            for name, release in RELEASES.items()
+            for shift in SHIFTS
+        ],
+    }

@@ -1,0 +1,55 @@
+"""dp-audit: Clopper-Pearson, and the audit's verdicts on a small regression (6 agents, one
+round, the paper's sigma_g^2 = 0.01; the CLI's default is 10 agents and 1000 trials, whose
+numbers the README reports). Every trial plays the whole protocol (signed control, sealed
+Setup), ~20 ms each, so the test keeps the counts small: 160 trials per dataset for none,
+the fewest whose 80 held out can show eps_LB >= 3, and 100 for random and ghp."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from agent.spec import Scheme, Strategy
+from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.problem import Problem
+from orchestrator.privacy.dpaudit import attack, clopper_pearson, dp_audit, epsilon_lower_bound
+
+TRIALS = {Scheme.NONE: 160, Scheme.RANDOM: 100, Scheme.GHP: 100}
+
+
+def test_clopper_pearson_edges_and_a_known_value() -> None:
+    assert clopper_pearson(0, 100) == (0.0, pytest.approx(1 - 0.025 ** (1 / 100)))
+    lo, hi = clopper_pearson(50, 100)
+    assert lo == pytest.approx(0.3983, abs=1e-4) and hi == pytest.approx(0.6017, abs=1e-4)
+    assert epsilon_lower_bound(0.5, 0.5) == 0.0
+    assert epsilon_lower_bound(0.01, 0.5) == pytest.approx(math.log(50))
+
+
+def test_attack_on_a_known_laplace_mechanism_stays_under_epsilon() -> None:
+    """Laplace(b = 1) around 0 vs around eps: the audit must not exceed eps, and gets close."""
+    gen = np.random.default_rng(7)
+    eps = 2.0
+    on_d = gen.laplace(0.0, 1.0, (4000, 1))
+    on_twin = gen.laplace(eps, 1.0, (4000, 1))
+    result = attack(on_d, on_twin, "test")
+    assert 0.5 * eps < result.epsilon_lb <= eps
+
+
+@pytest.fixture(scope="module")
+def six_agents() -> Problem:
+    config = ExperimentConfig(agents=6, iters=1, sigma_g2=0.01, strategies=(Strategy.ATC,))
+    return Problem.build(config)
+
+
+def test_none_is_caught_and_random_ghp_stay_under_their_claim(six_agents: Problem) -> None:
+    records = {}
+    for scheme, trials in TRIALS.items():
+        (records[scheme],) = dp_audit(six_agents, Strategy.ATC, scheme, 0, trials)
+    assert records[Scheme.NONE]["epsilon_lb"] >= 3
+    assert records[Scheme.NONE]["epsilon_claimed"] == "inf"
+    for scheme in (Scheme.RANDOM, Scheme.GHP):
+        r = records[scheme]
+        assert 0 < r["epsilon_claimed"] < 5  # informative: neither 0 nor hopeless
+        assert r["epsilon_lb"] <= r["epsilon_claimed"] and r["consistent"]
