@@ -36,6 +36,7 @@ import numpy as np
 from agent import datasets, keys
 from agent.control import (
     Abort,
+    Beat,
     Bye,
     Close,
     Config,
@@ -509,6 +510,7 @@ _CONTROL_SCHEMAS = (
     _Schema("setup", Setup, _named(("agent", _ID), ("session", _SESSION), ("sealed", _BLOB))),
     _Schema("ready", Ready, _named(("agent", _ID), ("session", _SESSION))),
     _Schema("go", Go, _named(("session", _SESSION))),
+    _Schema("beat", Beat, ()),
     _Schema("close", Close, ()),
     _Schema("left", Left, _named(("agent", _ID), ("rejected", _COUNTS))),
     _Schema("bye", Bye, ()),
