@@ -160,8 +160,7 @@ async def pump(
         except TimeoutError:
             out = Output()
         else:
-            payload = message.payload if isinstance(message.payload, bytes) else b""
-            out = machine.receive(message.topic.value, payload, clock(), message.retain)
+            out = _deliver(machine, message)
         wake = machine.next_tick()
         if wake is not None and clock() >= wake:
             out += machine.tick(clock())
@@ -200,16 +199,23 @@ async def _drain_and_stop(
     await client.unsubscribe(stop.pattern)
     await client.publish(stop.probe, nonce, qos=QOS)
     while True:
-        message = await inbox.get(PROBE_TIMEOUT)
-        payload = message.payload if isinstance(message.payload, bytes) else b""
-        if message.topic.value == stop.probe and payload == nonce:
+        try:
+            message = await inbox.get(PROBE_TIMEOUT)
+        except TimeoutError:
+            log.warning("no probe back on %s in %.0f s; stopping anyway", stop.probe, PROBE_TIMEOUT)
             break
-        out = machine.receive(message.topic.value, payload, time.monotonic(), message.retain)
-        await _apply(client, inbox, machine, out, on_output)
+        if message.topic.value == stop.probe and message.payload == nonce:
+            break
+        await _apply(client, inbox, machine, _deliver(machine, message), on_output)
     await client.unsubscribe(stop.probe)
     await _apply(
         client, inbox, machine, machine.unsubscribed(stop.pattern, time.monotonic()), on_output
     )
+
+
+def _deliver(machine: Machine, message: aiomqtt.Message) -> Output:
+    payload = message.payload if isinstance(message.payload, bytes) else b""
+    return machine.receive(message.topic.value, payload, time.monotonic(), message.retain)
 
 
 def _log(out: Output, me: int) -> None:
