@@ -1,5 +1,17 @@
 # One image for every privnet container: agents (the default command) and the orchestrator
-# (`privnet run ...`). docker-compose.yml runs 1 broker, 1 orchestrator and N agents from it.
+# (`privnet run ...`). docker-compose.yml runs 1 broker, 1 orchestrator and N agents from it,
+# and `privnet run --runtime docker` its broker-less agents.
+#
+# The first stage builds the wheel (`pip wheel .`, the same build as on the host); the image
+# installs that wheel, so containers run exactly what `pip install privnet-*.whl` installs.
+FROM python:3.11-slim AS wheel
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY agent ./agent
+COPY broker ./broker
+COPY orchestrator ./orchestrator
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
+
 FROM python:3.11-slim
 
 ENV PYTHONUNBUFFERED=1 \
@@ -23,13 +35,9 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
     && pip install -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 
-COPY README.md ./
-COPY agent ./agent
-COPY broker ./broker
-COPY orchestrator ./orchestrator
-COPY experiments ./experiments
-RUN pip install --no-deps . \
-    && rm -rf build ./*.egg-info \
+COPY --from=wheel /dist /tmp/dist
+RUN pip install --no-deps /tmp/dist/privnet-*.whl \
+    && rm -rf /tmp/dist pyproject.toml \
     && mkdir runs && chown privnet:privnet runs
 
 # Started as root (compose does this for the orchestrator), the entrypoint only makes the

@@ -106,6 +106,12 @@ class Go:
 
 
 @dataclass(frozen=True, slots=True)
+class Beat:
+    """The orchestrator is alive (every deadline / 3 while sessions run): an agent that hears
+    nothing from it for a deadline stops, so a lost orchestrator leaves nothing running."""
+
+
+@dataclass(frozen=True, slots=True)
 class Close:
     """Every session is done: stop reading peers and report what is left to report."""
 
@@ -134,5 +140,5 @@ class Config:
 
 
 Up = Hello | Ready | Telemetry | Finished | Left | Failed
-Down = Welcome | Setup | Go | Close | Abort | Bye
+Down = Welcome | Setup | Go | Beat | Close | Abort | Bye
 Control = Up | Down

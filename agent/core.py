@@ -58,6 +58,16 @@ def split_senders(senders: list[int], hub: int) -> dict[int, Seat]:
     return seats
 
 
+def _weighted_sum(weights: Mapping[int, float], vectors: Mapping[int, np.ndarray]) -> np.ndarray:
+    """sum_m a_m v_m in the weights' order, as `sum` would add them (without its int 0
+    start, so the result is always an array); `weights` is never empty (p is in N_p)."""
+    (first, a), *rest = weights.items()
+    total = a * vectors[first]
+    for m, b in rest:
+        total = total + b * vectors[m]
+    return total
+
+
 class AgentCore:
     """One node of the graph. See the module docstring for the round structure."""
 
@@ -172,7 +182,7 @@ class AgentCore:
                 inbox = self._inbox.get(self.position, {})
                 if len(inbox) < len(plan.weights_in):
                     break
-                combined = sum(a * inbox[m] for m, a in plan.weights_in.items())
+                combined = _weighted_sum(plan.weights_in, inbox)
                 del self._inbox[self.position]
             else:
                 combined = self.value

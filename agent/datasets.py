@@ -37,7 +37,7 @@ class Dataset:
 
     @property
     def dim(self) -> int:
-        return self.x_train.shape[1]
+        return int(self.x_train.shape[1])
 
 
 def _rows(name: str) -> list[list[str]]:

@@ -289,7 +289,7 @@ def pair_noise(
 ) -> np.ndarray:
     """The Laplace mask g_{lm,k,i} that both partners of `pair` derive alike at hub `hub`."""
     stream = pair_stream(secret, session, hub, pair, round_, step, dim)
-    return stream_laplace(stream, dim, sigma_g)[0]
+    return stream_laplace(stream, dim, sigma_g).reshape(dim)  # its one row
 
 
 def link_key(me: Identity, peer: PublicIdentity, session: bytes, a: int, b: int) -> bytes:

@@ -125,10 +125,13 @@ class LeastSquares(_Samples):
         self.r = 2.0 * (u.T @ d / n)
 
     def grad(self, w: np.ndarray, round_: int) -> np.ndarray:
+        g: np.ndarray
         if self.batch is None:
-            return self.hessian @ w - self.r
-        u, d = self.sample(round_)
-        return 2.0 * (u.T @ (u @ w - d) / self.batch + self.rho * w)
+            g = self.hessian @ w - self.r
+        else:
+            u, d = self.sample(round_)
+            g = 2.0 * (u.T @ (u @ w - d) / self.batch + self.rho * w)
+        return g
 
 
 def shuffled_rows(spec: ClassificationSpec) -> np.ndarray:
@@ -170,23 +173,25 @@ class Logistic(_Samples):
         x, y = (self.x, self.y) if self.batch is None else self.sample(round_)
         # d/dw ln(1 + e^{-y h^T w}) = -y h sigmoid(-y h^T w), sigmoid written overflow-free.
         weight = -y * _sigmoid(-y * (x @ w))
-        return x.T @ weight / len(y) + 2.0 * self.rho * w
+        g: np.ndarray = x.T @ weight / len(y) + 2.0 * self.rho * w
+        return g
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
     e = np.exp(-np.abs(z))
-    return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    s: np.ndarray = np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    return s
 
 
 def make_loss(spec: ProblemSpec, agent: int, agents: int) -> Loss:
     """Agent `agent`'s local risk for any problem spec (the one factory every engine uses)."""
     key = rng.run_key(spec.seed, spec.repeat)
-    batching = {"batch": spec.batch, "key": key, "agent": agent, "agents": agents}
+    kind: type[LeastSquares | Logistic]
     if isinstance(spec, RegressionSpec):
-        u, d = regression_data(spec, agent)
-        return LeastSquares(u, d, spec.rho, **batching)
-    x, y = classification_data(spec, agent)
-    return Logistic(x, y, spec.rho, **batching)
+        kind, (x, y) = LeastSquares, regression_data(spec, agent)
+    else:
+        kind, (x, y) = Logistic, classification_data(spec, agent)
+    return kind(x, y, spec.rho, batch=spec.batch, key=key, agent=agent, agents=agents)
 
 
 def batch_indices(

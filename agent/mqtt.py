@@ -335,7 +335,11 @@ async def _drain_and_stop(
     await client.unsubscribe(stop.pattern)
     client.publish(stop.probe, nonce, PEER_QOS)
     while True:
-        topic, payload, retained = await client.get(PROBE_TIMEOUT)
+        try:
+            topic, payload, retained = await client.get(PROBE_TIMEOUT)
+        except TimeoutError:
+            log.warning("no probe back on %s in %.0f s; stopping anyway", stop.probe, PROBE_TIMEOUT)
+            break
         if topic == stop.probe and payload == nonce:
             break
         await _apply(

@@ -199,6 +199,7 @@ class AgentNode:
         self._early: list[tuple[int, bytes]] = []  # (sender, payload) awaiting a session
         self._early_bytes = 0
         self._since = 0.0  # when the current wait began (deadlines)
+        self._orchestrator_at = 0.0  # when the orchestrator last said something valid
         self._next_hello = 0.0
         self._started_at = 0.0
         self.failure = ""
@@ -255,11 +256,23 @@ class AgentNode:
                     f"{core.round} ({self.phase}); waiting for {awaited} "
                     "(crashed or disconnected?)"
                 )
+            if now - self._orchestrator_at >= deadline:
+                return self._orchestrator_lost(deadline)
+        elif self.phase is Phase.FINISHED and self.session is not None:
+            deadline = self.session.config.deadline
+            if now - self._orchestrator_at >= deadline:
+                return self._orchestrator_lost(deadline)
         elif self.phase in IDLE and now - self._since >= IDLE_TIMEOUT:
             return self._fail(
                 f"agent {self.me}: no word from the orchestrator for {IDLE_TIMEOUT:.0f} s; leaving"
             )
         return out
+
+    def _orchestrator_lost(self, deadline: float) -> Output:
+        return self._fail(
+            f"agent {self.me}: the orchestrator has been silent for {deadline:.0f} s "
+            f"({self.phase}); stopping"
+        )
 
     def next_tick(self) -> float | None:
         """When `tick` has something to do next (None: nothing, ever)."""
@@ -268,7 +281,9 @@ class AgentNode:
         if self.phase is Phase.REGISTERING:
             return min(self._next_hello, self._since + REGISTER_TIMEOUT)
         if self.phase in ACTIVE and self.session is not None:
-            return self._since + self.session.config.deadline
+            return min(self._since, self._orchestrator_at) + self.session.config.deadline
+        if self.phase is Phase.FINISHED and self.session is not None:
+            return self._orchestrator_at + self.session.config.deadline
         return self._since + IDLE_TIMEOUT
 
     def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output:
@@ -324,7 +339,7 @@ class AgentNode:
         if frame.seq <= self._heard:
             raise Rejected("replay", f"sequence number {frame.seq}, already at {self._heard}")
         out = self._obey(frame.msg, now)  # raises Rejected("out-of-phase") if it does not fit
-        self._heard = frame.seq
+        self._heard, self._orchestrator_at = frame.seq, now
         return out
 
     def _obey(self, msg: control.Control, now: float) -> Output:
@@ -338,6 +353,8 @@ class AgentNode:
                 return self._go(now)
             case control.Abort(reason=reason):
                 return self._fail(f"aborted by the orchestrator: {reason}", tell=False)
+            case control.Beat():
+                return Output()
             case control.Close() if self._is(Phase.FINISHED):
                 self.phase = Phase.LEAVING
                 inbox, probe = self.subscriptions[0], topics.peer_topic(self.run, self.me, self.me)

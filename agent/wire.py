@@ -28,7 +28,7 @@ import reprlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import msgpack
 import numpy as np
@@ -36,6 +36,7 @@ import numpy as np
 from agent import datasets, keys
 from agent.control import (
     Abort,
+    Beat,
     Bye,
     Close,
     Config,
@@ -65,6 +66,7 @@ ID_LIMIT = 2**32  # agent ids are packed as uint32 in key derivations
 COUNT_LIMIT = 2**64  # rounds and epochs are packed as uint64
 
 Peer = Model | KeyPlan | KeyShare
+T = TypeVar("T")
 
 
 def _short_repr() -> reprlib.Repr:
@@ -508,6 +510,7 @@ _CONTROL_SCHEMAS = (
     _Schema("setup", Setup, _named(("agent", _ID), ("session", _SESSION), ("sealed", _BLOB))),
     _Schema("ready", Ready, _named(("agent", _ID), ("session", _SESSION))),
     _Schema("go", Go, _named(("session", _SESSION))),
+    _Schema("beat", Beat, ()),
     _Schema("close", Close, ()),
     _Schema("left", Left, _named(("agent", _ID), ("rejected", _COUNTS))),
     _Schema("bye", Bye, ()),
@@ -591,10 +594,15 @@ def _mac(link_key: bytes, name: str, body: bytes) -> bytes:
     return hmac.digest(link_key, name.encode() + body, "sha256")[:MAC_BYTES]  # one-shot C path
 
 
+def _pack(value: object) -> bytes:
+    """msgpack (untyped) always packs to bytes."""
+    return cast(bytes, msgpack.packb(value, use_bin_type=True))
+
+
 def _frame(schema: _Schema, msg: Any, link_key: bytes | None) -> bytes:
-    body = msgpack.packb(_encode_fields(msg, schema.fields), use_bin_type=True)
+    body = _pack(_encode_fields(msg, schema.fields))
     mac = b"" if link_key is None else _mac(link_key, schema.name, body)
-    return msgpack.packb([VERSION, schema.name, body, mac], use_bin_type=True)
+    return _pack([VERSION, schema.name, body, mac])
 
 
 def _schema_of(msg: object, allowed: Mapping[str, _Schema], what: str) -> _Schema:
@@ -606,7 +614,8 @@ def _schema_of(msg: object, allowed: Mapping[str, _Schema], what: str) -> _Schem
     return schema
 
 
-def _unpack(data: bytes, max_size: int, limits: _Limits, what: str) -> Any:
+def _unpack(data: bytes, max_size: int, limits: _Limits, what: str) -> object:
+    """Whatever `data` decodes to: the caller checks its shape before using it."""
     try:
         return msgpack.unpackb(
             data,
@@ -664,8 +673,9 @@ def _open(
     return _Opened(schema, body, mac, fields)
 
 
-def _build(opened: _Opened, dim: int | None = None) -> Any:
-    """The message, once its vectors (now authenticated) and cross-field checks pass."""
+def _build(opened: _Opened, kind: type[T], dim: int | None = None) -> T:
+    """The message, once its vectors (now authenticated) and cross-field checks pass;
+    `kind` is what the schemas `opened` was checked against build."""
     name, fields = opened.schema.name, dict(opened.fields)
     for field in opened.schema.fields:
         if field.kind is _VECTOR:
@@ -676,6 +686,8 @@ def _build(opened: _Opened, dim: int | None = None) -> Any:
         opened.schema.check(msg)
     except ConfigError as exc:
         raise Rejected("schema", f"{name}: {exc}") from exc
+    if not isinstance(msg, kind):
+        raise TypeError(f"schema {name} builds {type(msg).__name__}, not {kind.__name__}")
     return msg
 
 
@@ -719,7 +731,14 @@ def decode_peer(
             "bad-mac",
             f"{name} from agent {sender}: MAC check failed (altered, or another link's key)",
         )
-    return _build(opened, dim)
+    return _build_peer(opened, dim)
+
+
+def _build_peer(opened: _Opened, dim: int) -> Peer:
+    msg = _build(opened, object, dim)
+    if not isinstance(msg, Model | KeyPlan | KeyShare):
+        raise TypeError(f"schema {opened.schema.name} builds no peer message")
+    return msg
 
 
 def peek_peer(data: bytes, dim: int, max_size: int = MAX_PEER_BYTES) -> Peer:
@@ -728,7 +747,7 @@ def peek_peer(data: bytes, dim: int, max_size: int = MAX_PEER_BYTES) -> Peer:
     The MAC authenticates, it does not encrypt, so an eavesdropper reads every body; the
     auditor (`privnet inspect`) uses this to show exactly that. Agents use `decode_peer`.
     """
-    return _build(_open(data, max_size, _PEER_LIMITS, _PEER, "peer message"), dim)
+    return _build_peer(_open(data, max_size, _PEER_LIMITS, _PEER, "peer message"), dim)
 
 
 @dataclass(frozen=True, slots=True)
@@ -757,9 +776,8 @@ def _statement(name: str, body: bytes) -> bytes:
 def encode_signed(msg: Control, run: str, seq: int, signer: keys.Identity) -> bytes:
     """A control or telemetry message, bound to its run and sequence number, signed."""
     schema = _SIGNED[_schema_of(msg, _CONTROL, "a control frame").name]
-    body = msgpack.packb(_encode_fields(_Envelope(run, seq, msg), schema.fields), use_bin_type=True)
-    frame = [VERSION, schema.name, body, signer.sign(_statement(schema.name, body))]
-    return msgpack.packb(frame, use_bin_type=True)
+    body = _pack(_encode_fields(_Envelope(run, seq, msg), schema.fields))
+    return _pack([VERSION, schema.name, body, signer.sign(_statement(schema.name, body))])
 
 
 def decode_signed(data: bytes, max_size: int = MAX_CONTROL_BYTES) -> SignedFrame:
@@ -771,7 +789,7 @@ def decode_signed(data: bytes, max_size: int = MAX_CONTROL_BYTES) -> SignedFrame
             f"{opened.schema.name}: a control frame carries a {SIGNATURE_BYTES}-byte "
             f"signature, this one {len(opened.mac)} bytes",
         )
-    envelope = _build(opened)
+    envelope = _build(opened, _Envelope)
     return SignedFrame(
         envelope.run,
         envelope.seq,
@@ -789,7 +807,7 @@ def encode_config(config: Config) -> bytes:
 def decode_config(data: bytes) -> Config:
     """The Config inside an opened Setup, or Rejected."""
     opened = _open(data, MAX_CONTROL_BYTES, _CONTROL_LIMITS, {_CONFIG.name: _CONFIG}, "config")
-    return _build(opened)
+    return _build(opened, Config)
 
 
 def encode_report(report: Report) -> bytes:
@@ -802,12 +820,12 @@ def decode_report(data: bytes, dim: int, max_size: int = MAX_CONTROL_BYTES) -> R
     opened = _open(data, max_size, _CONTROL_LIMITS, {_REPORT.name: _REPORT}, "report")
     if opened.mac:
         raise Rejected("schema", "report frames carry an empty MAC")
-    return _build(opened, dim)
+    return _build(opened, Report, dim)
 
 
 def encode_reports(reports: list[Report]) -> bytes:
     """A batch of Reports (one sealed Telemetry carries several rounds)."""
-    return msgpack.packb([encode_report(r) for r in reports], use_bin_type=True)
+    return _pack([encode_report(r) for r in reports])
 
 
 def decode_reports(data: bytes, dim: int, max_size: int = MAX_CONTROL_BYTES) -> list[Report]:

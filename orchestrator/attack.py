@@ -94,7 +94,7 @@ def local_minimizers(problem: Problem, repeat: int) -> np.ndarray:
 
     c = problem.config
     if problem.classifies:
-        spec = problem.spec(repeat)
+        spec = problem.classification_spec(repeat)
         return np.array(
             [
                 classification.minimizer(*classification_data(spec, p), c.rho)
@@ -155,7 +155,8 @@ def attack_session(
         keys = [key for key in clear if key[0] == p and key in estimate]
         truth = np.array([clear[key] for key in keys])
         guess = np.array([estimate[key] for key in keys])
-        errors.append(float(np.linalg.norm(guess - truth) / max(np.linalg.norm(truth), 1e-300)))
+        scale = max(float(np.linalg.norm(truth)), 1e-300)
+        errors.append(float(np.linalg.norm(guess - truth)) / scale)
     record: dict[str, Any] = {
         "strategy": str(strategy),
         "scheme": str(scheme),

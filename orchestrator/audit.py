@@ -149,7 +149,8 @@ class WireTap:
     def save(self, out: Path, config: ExperimentConfig) -> None:
         """wire.msgpack (header + records) and telemetry.npz (one array per session)."""
         save_recording(out, Recording(self.run, str(self.address), config, self.records))
-        arrays = {f"session_{s}": m for s, m in enumerate(self.telemetry)}
+        # Any: numpy types **kwds as if a name could be its allow_pickle flag
+        arrays: dict[str, Any] = {f"session_{s}": m for s, m in enumerate(self.telemetry)}
         np.savez_compressed(out / TELEMETRY_FILE, **arrays)
 
 
@@ -520,8 +521,9 @@ def _cancellation(
                 missing += 1
                 continue
             combined = own + true
-            gap = np.linalg.norm(own + on_wire - combined) / max(np.linalg.norm(combined), 1e-300)
-            worst, checked = max(worst, float(gap)), checked + 1
+            scale = max(float(np.linalg.norm(combined)), 1e-300)
+            gap = float(np.linalg.norm(own + on_wire - combined)) / scale
+            worst, checked = max(worst, gap), checked + 1
     return {
         "max": worst,
         "hub_rounds_checked": checked,

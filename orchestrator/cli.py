@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import secrets
 import signal
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from agent.spec import ConfigError, Rekey, Scheme, Strategy
 from orchestrator.experiment import config as configuration
@@ -17,11 +19,12 @@ from orchestrator.experiment.problem import Problem
 from orchestrator.experiment.topology import RULES, TOPOLOGIES
 from orchestrator.report import Curve, console, finish, progress_bar, table_console
 
-EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
-
 
 def _experiment_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="TOML experiment file (see experiments/)")
+    parser.add_argument(
+        "--config",
+        help="a TOML experiment file, or a shipped preset: " + ", ".join(configuration.presets()),
+    )
     parser.add_argument(
         "--strategy", dest="strategies", help="consensus|cta|atc|all or a comma list"
     )
@@ -137,7 +140,7 @@ def _engine(name: str) -> Callable[..., list[Curve]]:
 
 def reproduce(args: argparse.Namespace) -> int:
     """The paper's preset on the vectorized oracle: 20 repeats, 3 strategies, 4 schemes."""
-    base = configuration.load(EXPERIMENTS / "paper-regression.toml")
+    base = configuration.load("paper-regression")
     return simulate(args, base, engine="oracle")
 
 
@@ -195,15 +198,23 @@ def overhead(args: argparse.Namespace) -> int:
             f"unknown topologies {unknown}; choose from "
             + ", ".join(t for t in TOPOLOGIES if t != "file")
         )
+    out = args.out or Path("runs") / f"overhead-{time.strftime('%Y%m%d-%H%M%S')}"
+    nic = None
+    if args.runtime == "docker":
+        nic = {
+            (topology, str(scheme), str(rekey)): _docker_nic(args, topology, scheme, rekey, out)
+            for topology in topologies
+            for scheme, rekey in cost.runs()
+        }
     with progress_bar() as bar:
-        task = bar.add_task("overhead", total=5 * len(topologies), status="")
+        task = bar.add_task("overhead", total=len(cost.runs()) * len(topologies), status="")
         rows = cost.overhead(
             base,
             Strategy(args.strategy),
             topologies,
             lambda name: bar.update(task, advance=1, status=name),
+            nic,
         )
-    out = args.out or Path("runs") / f"overhead-{time.strftime('%Y%m%d-%H%M%S')}"
     cost.write_overhead(rows, out)
     table_console().print(cost.overhead_table(rows))
     console.print(f"wrote {out}/overhead.json and overhead.png")
@@ -217,10 +228,25 @@ def bench(args: argparse.Namespace) -> int:
     return measure(args)
 
 
+def _docker_nic(
+    args: argparse.Namespace, topology: str, scheme: Scheme, rekey: Rekey, out: Path
+) -> dict[str, Any]:
+    """`privnet run --runtime docker` of one row (the NIC window spans a whole run): its
+    summary's `nic` figures."""
+    where = out / f"docker-{topology}-{scheme}-{rekey}"
+    flags = ["--agents", str(args.agents), "--iters", str(args.iters), "--seed", str(args.seed)]
+    flags += ["--strategy", args.strategy, "--scheme", str(scheme), "--rekey", str(rekey)]
+    flags += ["--topology", topology, "--repeats", "1", "--out", str(where)]
+    image = ["--image", args.image] if args.image else []
+    code = main(["run", "--runtime", "docker", *image, *flags])
+    if code != 0:
+        raise ConfigError(f"the docker run for the NIC column failed (exit {code}); see {where}")
+    nic: dict[str, Any] = json.loads((where / "summary.json").read_text())["config"]["nic"]
+    return nic
+
+
 def dp_audit(args: argparse.Namespace) -> int:
     """Empirical lower bounds on epsilon for each scheme, against the accountant's claim."""
-    import json
-
     from orchestrator.privacy import dpaudit, sampler
 
     base = ExperimentConfig(
@@ -305,6 +331,18 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="where --external-agents launch files go (default <out>/launch); secrets, 0600",
     )
+    p.add_argument(
+        "--runtime",
+        choices=("local", "docker"),
+        default="local",
+        help="local: agents as processes here; docker: broker and agents in containers "
+        "(privnet[docker]), with NIC byte counts",
+    )
+    p.add_argument(
+        "--image",
+        help="--runtime docker: the agents' image (default: built from the checkout, "
+        "else privnet:<version>)",
+    )
     p.add_argument("--run-name", help="topic namespace privnet/<run>/ (default: random)")
     p.add_argument(
         "--deadline",
@@ -375,6 +413,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--topologies", default="ring,geometric,complete")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, help="output directory (default runs/overhead-<time>)")
+    p.add_argument(
+        "--runtime",
+        choices=("none", "docker"),
+        default="none",
+        help="docker: also run every row on containers and add its NIC bytes per round",
+    )
+    p.add_argument("--image", help="--runtime docker: the agents' image (as for run)")
     p.set_defaults(func=overhead)
 
     from orchestrator.bench import add_parser as add_bench

@@ -39,6 +39,7 @@ from agent.node import (
 from agent.spec import AgentSpec
 
 REGISTER_DEADLINE = 120.0  # seconds from start for every agent to register
+BEATS = 3  # Beats per deadline while sessions run: agents stop after a deadline of silence
 
 
 class Stage(StrEnum):
@@ -49,6 +50,9 @@ class Stage(StrEnum):
     DONE = "done"
     FAILED = "failed"
     CLOSED = "closed"
+
+
+BEATING = (Stage.CONFIGURING, Stage.RUNNING, Stage.CLOSING)
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,7 @@ class Conductor:
         self._ready: set[int] = set()
         self._finished: dict[int, control.Finished] = {}
         self._go_at = 0.0
+        self._next_beat = 0.0
         self.models = np.zeros((0, 0, 0))
         self.counts = np.zeros(0, dtype=np.int64)  # rounds reported, per agent
 
@@ -163,14 +168,23 @@ class Conductor:
             return self._fail(f"nothing heard for {self.deadline:.0f} s while {self._waiting()}")
         if self.stage is Stage.CLOSING and now - self._since >= self.deadline:
             return self._done()  # the results are complete; a silent agent only costs its Left
+        if self.stage in BEATING and now >= self._next_beat:
+            self._next_beat = now + self.deadline / BEATS
+            return Output([self._down("all", control.Beat())])
         return Output()
 
     def next_tick(self) -> float | None:
         if self.stage is Stage.REGISTERING:
             return self._since + self.register_deadline
-        if self.stage in (Stage.CONFIGURING, Stage.RUNNING, Stage.CLOSING):
-            return self._since + self.deadline
+        if self.stage in BEATING:
+            return min(self.deadline_at, self._next_beat)
         return None
+
+    @property
+    def deadline_at(self) -> float:
+        """When the current wait runs out (registration, or a session's silence)."""
+        wait = self.register_deadline if self.stage is Stage.REGISTERING else self.deadline
+        return self._since + wait
 
     def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output:
         """One delivery: used, or dropped and counted under exactly one reason (a retained
@@ -247,6 +261,7 @@ class Conductor:
         out = Output([self._down(agent, control.Welcome(agent))])
         if len(self.registered) == self.agents:
             out.events.append(Event("registered", f"{self.agents} agents"))
+            self._next_beat = now + self.deadline / BEATS
             out += self._next_session(now)
         return out
 

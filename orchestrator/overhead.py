@@ -42,6 +42,11 @@ from orchestrator.experiment.specs import session_plans
 RUN = "run-00000000"  # as long as the names `privnet run` draws (net.new_run_name)
 TOPOLOGIES = ("ring", "geometric", "complete")
 CATEGORIES = ("model", "keys", "telemetry", "control")
+NIC_CAPTION = (
+    "NIC B/rd: what the agents' container interfaces sent (Docker stats) in a real run of the "
+    "row, registration and setup included, divided by its rounds: TCP/IP, MQTT acks and "
+    "keepalives included"
+)
 
 
 class Tally(Traffic):
@@ -83,7 +88,7 @@ def measure(problem: Problem, strategy: Strategy, scheme: Scheme) -> Measured:
         if frame.category == "keys":
             msg = wire.peek_peer(frame.payload, c.dim)
             tally = setup if _one_time(msg, c.rekey) else rounds
-            mine = isinstance(msg, KeyPlan) or msg.sender == msg.owner
+            mine = not isinstance(msg, KeyShare) or msg.sender == msg.owner  # else relayed
             (originated if mine else relayed)[msg.sender] += 1
         tally.add(frame.category, frame.topic, frame.payload)
 
@@ -145,19 +150,29 @@ def row(problem: Problem, strategy: Strategy, scheme: Scheme, measured: Measured
     return result
 
 
+# (topology, scheme, rekey) -> summary.json's `nic` of a `--runtime docker` run of that row
+NicFigures = dict[tuple[str, str, str], dict[str, Any]]
+
+
+def runs() -> list[tuple[Scheme, Rekey]]:
+    """The rows of a topology: every scheme, local-ghp under both re-key policies."""
+    plain = [s for s in Scheme if s is not Scheme.LOCAL_GHP]
+    return [(s, Rekey.ONCE) for s in plain] + [(Scheme.LOCAL_GHP, r) for r in Rekey]
+
+
 def overhead(
     base: ExperimentConfig,
     strategy: Strategy = Strategy.ATC,
     topologies: tuple[str, ...] = TOPOLOGIES,
     progress: Callable[[str], None] | None = None,
+    nic: NicFigures | None = None,
 ) -> list[dict[str, Any]]:
-    """Every scheme (local-ghp under both re-key policies) on every topology."""
+    """Every scheme (local-ghp under both re-key policies) on every topology; with `nic`,
+    each row also gets the bytes the agents' network interfaces sent per round."""
     rows = []
     for topology in topologies:
-        plain = [s for s in Scheme if s is not Scheme.LOCAL_GHP]
-        runs = [(s, Rekey.ONCE) for s in plain] + [(Scheme.LOCAL_GHP, r) for r in Rekey]
-        none_bytes = None
-        for scheme, rekey in runs:
+        none_bytes = none_nic = None
+        for scheme, rekey in runs():
             config = replace(
                 base,
                 topology=topology,
@@ -173,6 +188,12 @@ def overhead(
             total = result["per_round"]["bytes"]["total"]
             none_bytes = total if scheme is Scheme.NONE else none_bytes
             result["per_round_ratio_to_none"] = total / none_bytes if none_bytes else None
+            measured_nic = (nic or {}).get((topology, str(scheme), str(rekey)))
+            if measured_nic is not None:
+                sent = measured_nic["agents_tx_per_round"]
+                none_nic = sent if scheme is Scheme.NONE else none_nic
+                result["nic"] = measured_nic
+                result["nic_ratio_to_none"] = sent / none_nic if none_nic else None
             rows.append(result)
             if progress is not None:
                 progress(f"{topology}/{scheme}/{result['rekey']}")
@@ -180,15 +201,18 @@ def overhead(
 
 
 def overhead_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table(title="communication per round (MQTT PUBLISH bytes, QoS 1) and one-time setup")
+    title = "communication per round (MQTT PUBLISH bytes, QoS 1) and one-time setup"
+    table = Table(title=title, caption=NIC_CAPTION if any("nic" in r for r in rows) else None)
     for name in (
         "topology", "deg", "scheme", "rekey", "model B/rd", "keys B/rd", "telem B/rd",
-        "total B/rd", "x none", "setup B", "DH setup", "DH/rd", "key msgs/agent", "bound",
+        "total B/rd", "x none", "NIC B/rd", "NIC x none", "setup B", "DH setup", "DH/rd",
+        "key msgs/agent", "bound",
     ):  # fmt: skip
         table.add_column(name, justify="right")
     for r in rows:
         per = r["per_round"]["bytes"]
         keys_per_agent = r.get("key_messages_per_agent")
+        nic = r.get("nic")
         table.add_row(
             r["topology"],
             f"{r['mean_degree']:.1f}",
@@ -199,6 +223,8 @@ def overhead_table(rows: list[dict[str, Any]]) -> Table:
             f"{per['telemetry']:.0f}",
             f"{per['total']:.0f}",
             f"{r['per_round_ratio_to_none']:.2f}",
+            f"{nic['agents_tx_per_round']:.0f}" if nic else "-",
+            f"{r['nic_ratio_to_none']:.2f}" if nic and r["nic_ratio_to_none"] else "-",
             f"{r['setup']['bytes']['total']:.0f}",
             str(r["dh_agreements_setup"]),
             f"{r['dh_agreements_per_round']:.0f}",

@@ -299,7 +299,7 @@ def _legend(fig: Figure, lines: dict[str, Line2D], **style: Any) -> None:
     order = _ordered(lines, SCHEME_ORDER)
     fig.legend(
         [lines[s] for s in order],
-        [lines[s].get_label() for s in order],
+        [str(lines[s].get_label()) for s in order],
         loc="outside lower center",
         ncols=len(order),
         frameon=False,
@@ -328,7 +328,7 @@ def plot_topology(graph: nx.Graph, path: Path, q: np.ndarray | None = None) -> N
     pos = nx.get_node_attributes(graph, "pos")
     if len(pos) != len(nodes):
         pos = nx.spring_layout(graph, seed=0)
-    plain = nx.Graph(graph)
+    plain: nx.Graph[int] = nx.Graph(graph)
     plain.remove_edges_from(nx.selfloop_edges(plain))
     edges = plain.number_of_edges()
     fig = Figure(figsize=(9, 8), dpi=DPI, layout="constrained")
@@ -350,8 +350,10 @@ def plot_topology(graph: nx.Graph, path: Path, q: np.ndarray | None = None) -> N
         plain, pos, nodelist=nodes, ax=ax, node_color=colors, node_size=sizes, edgecolors="white"
     )
     for node, rgba in zip(nodes, colors, strict=True):
+        x, y = pos[node]
         ax.text(
-            *pos[node],
+            x,
+            y,
             str(node),
             ha="center",
             va="center",

@@ -50,6 +50,27 @@ def needs_mosquitto() -> None:
     need_mosquitto()
 
 
+def docker_unreachable() -> str | None:
+    """Why no Docker engine can be used here, or None when `docker info` answers."""
+    if shutil.which("docker") is None:
+        return "the docker CLI is not installed"
+    try:
+        info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return "`docker info` did not answer within 30 s"
+    if info.returncode != 0:
+        last = (info.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"`docker info` failed: {last}"
+    return None
+
+
+def need_docker() -> None:
+    """Skip without a Docker engine, except in CI (PRIVNET_REQUIRE_DOCKER=1): a failure there."""
+    reason = docker_unreachable()
+    if reason is not None:
+        skip_unless_required("PRIVNET_REQUIRE_DOCKER", f"no Docker engine: {reason}")
+
+
 def capture_tools() -> bool:
     """Whether tcpdump and tshark are here; in CI (PRIVNET_REQUIRE_PCAP=1) they must be."""
     found = shutil.which("tcpdump") is not None and shutil.which("tshark") is not None

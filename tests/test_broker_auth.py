@@ -44,7 +44,7 @@ from broker.tls import make_tls
 RUN = "auth-1"
 AGENTS = 5
 CREDS = Credentials.generate(RUN, AGENTS)
-WAIT = 5.0
+WAIT = 15.0  # generous: a loaded machine moves 1 MiB through amqtt slowly
 QUIET = 0.3  # seconds without a message after the sentinel: nothing more is coming
 BIG = 64 * 1024 * 1024
 
@@ -189,14 +189,15 @@ async def test_the_inspector_reads_everything_and_writes_nothing(broker: Broker)
 
 
 async def test_sys_counters_for_orchestrator_and_inspector_only(broker: Broker) -> None:
-    if broker.kind != "mosquitto":
-        pytest.skip("amqtt publishes no $SYS counters")
     reads = [read_sys_bytes(broker.address, 2.5, access=broker.access(user))
              for user in (ORCHESTRATOR, INSPECTOR, "1")]  # fmt: skip
     orch, inspector, agent = await asyncio.gather(*reads, return_exceptions=True)
-    assert isinstance(orch, dict) and orch["bytes_received"] > 0
-    assert isinstance(inspector, dict) and inspector["bytes_received"] > 0
     assert isinstance(agent, TimeoutError), "an agent may not read $SYS"
+    if broker.kind == "mosquitto":
+        assert isinstance(orch, dict) and orch["bytes_received"] > 0
+        assert isinstance(inspector, dict) and inspector["bytes_received"] > 0
+    else:  # amqtt publishes no $SYS counters, to anyone
+        assert isinstance(orch, TimeoutError) and isinstance(inspector, TimeoutError)
 
 
 # --- packet size --------------------------------------------------------------------------------

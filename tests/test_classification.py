@@ -93,7 +93,7 @@ def test_memory_engine_matches_the_oracle_on_classification() -> None:
 
 
 def test_preset_loads_and_rejects_too_many_samples() -> None:
-    preset = configuration.load("experiments/paper-classification.toml")
+    preset = configuration.load("paper-classification")
     assert (preset.agents, preset.mu, preset.rho, preset.sigma_g2) == (50, 0.5, 0.001, 0.8)
     too_many = configuration.with_overrides(SMALL, {"samples": 10_000})
     with pytest.raises(ValueError, match="exceed the 32561 training rows"):

@@ -326,6 +326,7 @@ ATTACKS = [
     ),
     Attack("bye-upward", RUNNING, up(const(control.Bye())), "spoofed"),
     Attack("close-upward", RUNNING, up(const(control.Close())), "spoofed"),
+    Attack("beat-upward", RUNNING, up(const(control.Beat())), "spoofed"),
     # junk
     Attack("malformed", RUNNING, topic_only(topics.ctl_up(RUN, TARGET), b"\xc1"), "malformed"),
     Attack(
@@ -449,10 +450,12 @@ def test_a_silent_session_fails_at_its_deadline_naming_who_is_awaited(
     h.start()
     c = h.conductor
     assert c.stage is stage and 1 <= len(h.held) <= 2
-    deadline = c.next_tick()
+    deadline = c.deadline_at
     assert deadline == h.clock.now + 30.0
+    assert c.next_tick() == h.clock.now + 10.0  # a Beat first: every deadline / 3
     assert c.receive(topics.ctl_up(RUN, 3), b"junk", deadline - 1) == Output()
-    assert c.tick(deadline - 0.5) == Output() and c.next_tick() == deadline
+    beats = [c.tick(t) for t in (deadline - 20, deadline - 10, deadline - 0.5)]
+    assert [len(b.publish) for b in beats] == [1, 1, 0] and c.deadline_at == deadline
     out = c.tick(deadline)
     assert c.stage is Stage.FAILED and says in c.failure
     assert "nothing heard for 30 s" in c.failure
@@ -471,12 +474,12 @@ def test_a_genuine_frame_moves_the_session_deadline() -> None:
     h.hold = lambda publisher, frame: three(publisher, frame) or four(publisher, frame)
     h.start()
     c = h.conductor
-    first = c.next_tick()
+    first = c.deadline_at
     assert first == h.clock.now + 30.0 and len(h.held) == 2
     h.clock.now += 10.0
     (_, ready), h.held = h.held[0], h.held[1:]
     assert h.deliver(c, ready.topic, ready.payload) == Output()
-    assert c.stage is Stage.CONFIGURING and c.next_tick() == first + 10.0
+    assert c.stage is Stage.CONFIGURING and c.deadline_at == first + 10.0
     h.finish()
     assert c.stage is Stage.CLOSED
     h.assert_all_counted()
@@ -599,8 +602,8 @@ def test_an_agent_silent_after_its_last_finished_costs_only_its_left() -> None:
     h.start()
     c = h.conductor
     assert c.stage is Stage.CLOSING and TARGET not in c.left and len(c.left) == c.agents - 1
-    wake = c.next_tick()
-    assert wake is not None and c.tick(wake - 1) == Output()
+    wake = c.deadline_at
+    assert c.tick(wake - 1).events == [] and c.stage is Stage.CLOSING  # only a Beat
     assert c.tick(wake).events == [Event("done")]
     assert c.stage is Stage.DONE and len(c.results) == 1
     with pytest.raises(RuntimeError, match="never unsubscribes"):

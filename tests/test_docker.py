@@ -25,7 +25,7 @@ from pathlib import Path
 import aiomqtt
 import numpy as np
 import pytest
-from conftest import capture_tools, tcpdump
+from conftest import capture_tools, need_docker, tcpdump
 
 from orchestrator.cli import main
 from orchestrator.report import read_metrics
@@ -36,20 +36,6 @@ ROOT = Path(__file__).resolve().parents[1]
 AGENTS, ITERS, SEED, STRATEGY, SCHEME = 30, 30, 1, "atc", "local-ghp"
 BUILD_TIMEOUT = 1200.0  # a cold build downloads numpy, scipy, matplotlib, ...
 RUN_TIMEOUT = 600.0
-
-
-def docker_unreachable() -> str | None:
-    """Why no Docker engine can be used here, or None when `docker info` answers."""
-    if shutil.which("docker") is None:
-        return "the docker CLI is not installed"
-    try:
-        info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=30)
-    except subprocess.TimeoutExpired:
-        return "`docker info` did not answer within 30 s"
-    if info.returncode != 0:
-        last = (info.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"`docker info` failed: {last}"
-    return None
 
 
 def compose_command() -> list[str]:
@@ -114,11 +100,7 @@ def _agent_exit_codes(project: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def compose_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeRun]:
-    reason = docker_unreachable()
-    if reason is not None:
-        if os.environ.get("PRIVNET_REQUIRE_DOCKER") == "1":
-            pytest.fail(f"PRIVNET_REQUIRE_DOCKER=1 but no Docker engine: {reason}")
-        pytest.skip(f"no Docker engine: {reason}")
+    need_docker()
     compose = compose_command()
     project = f"privnet-test-{secrets.token_hex(4)}"
     outputs = tmp_path_factory.mktemp("compose-runs")

@@ -331,3 +331,23 @@ def test_ctrl_c_stops_everything(broker_kind: str, tmp_path: Path) -> None:
     assert code == 130, (tmp_path / "privnet.err").read_text()
     assert "interrupted" in (tmp_path / "privnet.err").read_text()
     assert alive(family) == []
+
+
+def test_a_killed_orchestrator_leaves_no_agent_running(broker_kind: str, tmp_path: Path) -> None:
+    """SIGKILL the orchestrator mid-run: its Beats stop, and every agent stops within its
+    deadline (10 s) though its neighbours still talk (the broker, a child left behind by
+    the SIGKILL, is stopped here)."""
+    privnet = start_privnet(broker_kind, tmp_path)
+    with stopped(privnet):
+        family = wait_for_rounds(privnet, tmp_path)
+        agents = [p for p in family if "agent" in p.cmdline()]
+        assert len(agents) == 6
+        privnet.kill()
+        killed = time.monotonic()
+        gone, left = psutil.wait_procs(agents, timeout=30)
+        took = time.monotonic() - killed
+    assert left == [], f"still running 30 s after the orchestrator died: {alive(left)}"
+    assert took <= 10.0 + 5.0, f"the agents took {took:.1f} s; their deadline is 10 s"
+    assert len(gone) == 6
+    logs = [(tmp_path / "logs" / f"agent-{p}.log").read_text() for p in range(6)]
+    assert all("orchestrator has been silent" in log for log in logs), logs[0]

@@ -108,7 +108,7 @@ class Attack:
 
 
 WELCOME, GO, BYE = const(control.Welcome(TARGET)), const(control.Go(0)), const(control.Bye())
-CLOSE = const(control.Close())
+CLOSE, BEAT = const(control.Close()), const(control.Beat())
 ABORT = const(control.Abort("forged"))
 BAD_IDENTITY = STRANGER.public.signing + bytes(32)  # a low-order X25519 key: no link key
 
@@ -183,6 +183,10 @@ ATTACKS = [
     Attack("bye-while-keyed", Phase.KEYED, down(BYE), "out-of-phase"),
     Attack("bye-while-running", Phase.RUNNING, down(BYE), "out-of-phase"),
     Attack("bye-before-close", Phase.FINISHED, down(BYE), "out-of-phase"),
+    # Beat (obeyed in any phase when genuine, and changes nothing but the orchestrator's clock)
+    Attack("beat-forged", Phase.RUNNING, down(BEAT, signer=STRANGER), "bad-signature"),
+    Attack("beat-other-run", Phase.RUNNING, down(BEAT, run=OTHER_RUN), "wrong-run"),
+    Attack("beat-old-sequence-number", Phase.RUNNING, down(BEAT, seq=1), "replay"),
     # Close
     Attack("close-forged", Phase.FINISHED, down(CLOSE, signer=STRANGER), "bad-signature"),
     Attack("close-other-run", Phase.FINISHED, down(CLOSE, run=OTHER_RUN), "wrong-run"),
@@ -330,13 +334,11 @@ def test_registration_times_out_without_telling_anybody() -> None:
     assert node.rejected == Counter({"closed": 1}) and node.deliveries.uncounted == 0
 
 
-@pytest.mark.parametrize("phase", [Phase.REGISTERED, Phase.FINISHED, Phase.LEFT])
+@pytest.mark.parametrize("phase", [Phase.REGISTERED, Phase.LEFT])
 def test_an_idle_node_leaves_and_says_why(phase: Phase) -> None:
     h = Harness.build([(Strategy.ATC, Scheme.NONE)])
     if phase is Phase.REGISTERED:
         h.hold = lambda _, frame: is_setup(frame)
-    if phase is Phase.FINISHED:
-        h.hold = lambda _, frame: is_control(frame, control.Close, "all")
     h.start()
     node = h.nodes[TARGET]
     assert node.phase is phase
@@ -347,6 +349,21 @@ def test_an_idle_node_leaves_and_says_why(phase: Phase) -> None:
     (failed,) = upward(node, out)
     assert isinstance(failed, control.Failed) and "no word from the orchestrator" in failed.reason
     assert node.phase is Phase.FAILED and out.events[0].kind == "failed"
+
+
+def test_a_finished_node_stops_when_the_orchestrator_is_silent_for_a_deadline() -> None:
+    """A finished node waits for the next session or Close; a deadline without a word
+    from the orchestrator (which Beats while sessions run) means it is gone."""
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)])
+    h.hold = lambda _, frame: is_control(frame, control.Close, "all")
+    h.start()
+    node = h.nodes[TARGET]
+    assert node.phase is Phase.FINISHED
+    wake = node.next_tick()
+    assert wake == h.clock.now + 30.0 and node.tick(wake - 1) == Output()
+    out = node.tick(wake)
+    (failed,) = upward(node, out)
+    assert isinstance(failed, control.Failed) and "orchestrator has been silent" in failed.reason
 
 
 def is_control(frame: Publish, kind: type, to: int | str = TARGET) -> bool:
@@ -425,10 +442,33 @@ def test_activity_moves_the_session_deadline() -> None:
     held, h.held = h.held[:1], h.held[1:]  # one neighbour's model arrives, 20 s later
     for _, frame in held:
         h.deliver(node, frame.topic, frame.payload)
+    assert node.next_tick() == first  # the orchestrator has said nothing since
+    beat = h.conductor.tick(h.clock.now)  # its Beat is due: it says it is alive
+    (frame,) = beat.publish
+    h.deliver(node, frame.topic, frame.payload)
     assert node.next_tick() == first + 20.0
     h.clock.now += 1.0
     assert h.finish()[0].models.shape[0] == 3
     h.assert_all_counted()
+
+
+def test_a_lost_orchestrator_stops_a_running_node_within_its_deadline() -> None:
+    """Neighbours keep talking, the orchestrator says nothing (no Beat): the node stops a
+    deadline after the orchestrator's last frame, and says so."""
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)])
+    h.hold = hold_peer_frames_to(TARGET, ("model",))
+    h.start()
+    node = h.nodes[TARGET]
+    assert node.phase is Phase.RUNNING
+    wake = node.next_tick()
+    assert wake is not None
+    h.clock.now += 20.0
+    (_, frame), h.held = h.held[0], h.held[1:]
+    h.deliver(node, frame.topic, frame.payload)  # a neighbour is alive
+    assert node.next_tick() == wake and node.tick(wake - 1) == Output()
+    out = node.tick(wake)
+    assert node.phase is Phase.FAILED and "orchestrator has been silent" in node.failure
+    assert out.events[0].kind == "failed"
 
 
 def test_the_shell_may_give_up() -> None:

@@ -1,10 +1,10 @@
 """The `net` engine, `privnet run`: a broker, agent processes and the conductor over MQTT.
 
 The conductor (`orchestrator.conductor`) decides everything; this shell launches the
-broker and the agents, hands each agent its launch out of band (its id, the run's
-orchestrator key, its token, its broker credentials), pumps MQTT into the conductor,
-watches the child processes, shows progress and writes the outputs. Whatever it
-started it stops: on success, on failure and on Ctrl-C.
+broker and the agents (here, or with `--runtime docker` in containers), hands each agent
+its launch out of band (its id, the run's orchestrator key, its token, its broker
+credentials), pumps MQTT into the conductor, watches the agents, shows progress and writes
+the outputs. Whatever it started it stops: on success, on failure and on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import json
 import os
 import secrets
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -37,6 +35,8 @@ from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, write_priva
 from broker.launcher import Broker, launch, read_sys_bytes, write_compose_files
 from orchestrator.conductor import Conductor, SessionResult, Stage
 from orchestrator.engines import memory
+from orchestrator.engines.docker import DockerAgents, DockerBroker, nic_window
+from orchestrator.engines.launch import Launcher, LocalLauncher
 from orchestrator.engines.memory import RunFailed
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem, msd
@@ -48,80 +48,6 @@ if TYPE_CHECKING:
 
 DEFAULT_DEADLINE = 30.0
 POLL = 0.5  # how often child processes are checked while waiting
-
-
-class AgentPool:
-    """Local agent processes, each in its own process group: one agent per process by
-    default, or `per_process` consecutive agents sharing one (each still its own MQTT
-    client, credentials, identity and node; `python -m agent` with $PRIVNET_LAUNCHES)."""
-
-    def __init__(self, logs: Path, per_process: int = 1) -> None:
-        if per_process < 1:
-            raise ConfigError(f"--agents-per-process must be >= 1, got {per_process}")
-        self.logs, self.per_process = logs, per_process
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}  # first agent id -> its process
-        self.groups: dict[int, list[int]] = {}  # first agent id -> the agents it runs
-
-    def start(self, launches: dict[int, AgentLaunch]) -> None:
-        """One `python -m agent` per group of launches; the launches go in its environment."""
-        self.logs.mkdir(parents=True, exist_ok=True)
-        ids = sorted(launches)
-        for at in range(0, len(ids), self.per_process):
-            group = ids[at : at + self.per_process]
-            first = group[0]
-            if len(group) == 1:
-                env, label = launches[first].to_env(), ["--id", str(first)]
-            else:
-                env, label = AgentLaunch.group_env([launches[p] for p in group]), []
-            env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
-            self.groups[first] = group
-            with open(self._log(first), "wb") as log:
-                self.procs[first] = subprocess.Popen(
-                    [sys.executable, "-m", "agent", *label],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,
-                )
-
-    def _log(self, first: int) -> Path:
-        group = self.groups.get(first, [first])
-        name = f"agent-{first}" if len(group) == 1 else f"agents-{first}-{group[-1]}"
-        return self.logs / f"{name}.log"
-
-    def check(self) -> None:
-        """Raise RunFailed if an agent died while the run still needs it."""
-        for p, proc in self.procs.items():
-            code = proc.poll()
-            if code is not None:
-                who = self.groups.get(p, [p])
-                what = f"agent {p}" if len(who) == 1 else f"agents {who[0]}-{who[-1]}"
-                raise RunFailed(
-                    f"{what} (pid {proc.pid}) exited with code {code} before the run "
-                    f"ended{self.log_tail(p)}"
-                )
-
-    def log_tail(self, p: int, lines: int = 3) -> str:
-        path = self._log(p)
-        if not path.exists():
-            return ""
-        text = path.read_text(errors="replace").strip().splitlines()[-lines:]
-        return "; its log ends: " + " | ".join(text) if text else ""
-
-    def stop(self, grace: float = 3.0) -> None:
-        """Wait briefly for clean exits, then terminate and kill whatever is left."""
-        deadline = time.monotonic() + grace
-        for proc in self.procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(max(0.0, deadline - time.monotonic()))
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            alive = [p for p in self.procs.values() if p.poll() is None]
-            for proc in alive:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, sig)
-            for proc in alive:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(2.0)
 
 
 def new_run_name() -> str:
@@ -295,10 +221,7 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
     else:
         run_secrets = RunSecrets.generate(args.run_name or new_run_name(), config.agents)
     run = run_secrets.run
-    broker = launch(
-        args.broker, credentials=run_secrets.credentials, tls=args.tls, ca_file=args.ca_file
-    )
-    pool: AgentPool | None = None
+    broker, pool = _runtime(args, run_secrets.credentials, out / "logs")
     try:
         broker.start()
         where = "external agents" if args.external_agents else f"agent logs in {out}/logs"
@@ -311,11 +234,10 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
             deadline=args.deadline,
             telemetry=not args.no_telemetry,
         )
-        launches = run_secrets.launches(str(broker.address), broker.access)
+        reach = broker.agent_address if isinstance(broker, DockerBroker) else broker.address
+        launches = run_secrets.launches(str(reach), broker.access)
         if args.external_agents and args.prepared is None:
             write_launches(args.launch_dir or out / "launch", launches)
-        if not args.external_agents:
-            pool = AgentPool(out / "logs", getattr(args, "agents_per_process", 1))
         tap = None
         if args.audit:
             from orchestrator.audit import WireTap  # scipy & co. only when auditing
@@ -341,11 +263,37 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
         broker.stop()
 
 
+def _runtime(
+    args: argparse.Namespace, credentials: Credentials, logs: Path
+) -> tuple[Broker | DockerBroker, Launcher | None]:
+    """The broker, and the launcher of the agents (None: external agents register by
+    themselves): on this machine, or with --runtime docker both in containers."""
+    if args.runtime == "local":
+        local = launch(args.broker, credentials=credentials, tls=args.tls, ca_file=args.ca_file)
+        return local, None if args.external_agents else LocalLauncher(
+            logs, per_process=getattr(args, "agents_per_process", 1)
+        )
+    given = {
+        "--broker": args.broker != "auto",
+        "--external-agents": args.external_agents,
+        "--tls": args.tls,
+        "--ca-file": args.ca_file is not None,
+        "--agents-per-process": getattr(args, "agents_per_process", 1) != 1,
+    }
+    if any(given.values()):
+        raise ConfigError(
+            "--runtime docker starts its own broker (plain TCP on the run's network) and agent "
+            f"containers: drop {', '.join(flag for flag, on in given.items() if on)}"
+        )
+    broker = DockerBroker(credentials, logs, image=args.image)
+    return broker, DockerAgents(broker)
+
+
 async def _drive(
     problem: Problem,
-    broker: Broker,
+    broker: Broker | DockerBroker,
     conductor: Conductor,
-    pool: AgentPool | None,
+    pool: Launcher | None,
     launches: dict[int, AgentLaunch],
     out: Path,
     tap: WireTap | None = None,
@@ -360,6 +308,8 @@ async def _drive(
     """
     c = problem.config
     sys_before = await _sys(broker)
+    docker = broker if isinstance(broker, DockerBroker) else None
+    nic_before = await asyncio.to_thread(docker.nic) if docker is not None else None
     async with client(broker.address, broker.access(ORCHESTRATOR)) as mqtt:
         try:
             async with tap or contextlib.nullcontext():  # the audit's tap, before any agent
@@ -377,12 +327,19 @@ async def _drive(
             curves = _curves(problem, conductor.results)
             extra: dict[str, Any] = {
                 "broker": broker.kind,
+                "runtime": "local" if docker is None else "docker",
                 "run": conductor.run,
                 "seed": c.seed,
                 "orchestrator": _orchestrator(conductor),
             }
+            # $SYS and NIC counters over the same window: from before the agents start to
+            # the last session's end (registration and every session's setup included).
             if sys_before is not None and (sys_after := await _sys(broker)) is not None:
                 extra["broker_sys"] = {k: sys_after[k] - sys_before[k] for k in sys_after}
+            if docker is not None and nic_before is not None:
+                rounds = sum(plan.rounds for plan in conductor.plans)
+                nic_after = await asyncio.to_thread(docker.nic)
+                extra["nic"] = nic_window(docker, nic_before, nic_after, rounds)
             # Off the loop, which keeps answering the broker's keepalives meanwhile: the
             # audit replays the whole run for its ground truth.
             code = await asyncio.to_thread(_outputs, out, problem, curves, extra, tap, neighbour)
@@ -397,17 +354,20 @@ async def _drive(
 async def _conduct(
     mqtt: Connection,
     conductor: Conductor,
-    pool: AgentPool | None,
+    pool: Launcher | None,
     problem: Problem,
 ) -> None:
-    """Pump until every session is done; RunFailed when the conductor or a process fails."""
-    started = time.perf_counter()
+    """Pump until every session is done; RunFailed when the conductor or an agent fails."""
+    started = checked = time.perf_counter()
     with progress_bar() as bar:
         show = _Show(bar, problem, conductor)
 
         def until() -> bool:
-            if pool is not None and conductor.stage in (Stage.CONFIGURING, Stage.RUNNING):
-                pool.check()
+            nonlocal checked
+            live = conductor.stage in (Stage.CONFIGURING, Stage.RUNNING)
+            if pool is not None and live and time.perf_counter() - checked >= POLL:
+                pool.check()  # at most every POLL s: a container check is a Docker API call
+                checked = time.perf_counter()
             return conductor.stage in (Stage.DONE, Stage.FAILED)
 
         def on_output(out: Output) -> None:
@@ -506,7 +466,7 @@ def _outputs(
     return show_audit(out)
 
 
-async def _sys(broker: Broker) -> dict[str, int] | None:
+async def _sys(broker: Broker | DockerBroker) -> dict[str, int] | None:
     if broker.kind != "mosquitto":
         return None
     with contextlib.suppress(TimeoutError, aiomqtt.MqttError):

@@ -32,6 +32,7 @@ from scipy.special import expit
 from agent import rng
 from agent.losses import classification_data, regression_data
 from agent.spec import ConfigError, Scheme, Strategy
+from orchestrator.experiment.config import parse_choices
 from orchestrator.experiment.problem import Problem
 from orchestrator.report import TEST_ERRORS, Curve
 
@@ -60,8 +61,8 @@ def run_oracle(
     in that time, so they share the figure.
     """
     config = problem.config
-    strategies = _choices(config.strategies if strategies is None else strategies, Strategy)
-    schemes = _choices(config.schemes if schemes is None else schemes, Scheme)
+    strategies = parse_choices(config.strategies if strategies is None else strategies, Strategy)
+    schemes = parse_choices(config.schemes if schemes is None else schemes, Scheme)
     lanes = tuple(dict.fromkeys(_LANE[s] for s in schemes))
     grads = _gradients(problem)
     curves: list[Curve] = []
@@ -207,7 +208,7 @@ class _Logistic:
         if _batch(problem):
             raise ConfigError("the oracle runs classification with full batches only; drop --batch")
         data = [
-            [classification_data(problem.spec(r), p) for r in range(config.repeats)]
+            [classification_data(problem.classification_spec(r), p) for r in range(config.repeats)]
             for p in range(config.agents)
         ]
         self.x = np.array([[xy[0] for xy in row] for row in data])  # (P, R, N, M)
@@ -229,7 +230,8 @@ _Gradients = _FullBatch | _Minibatch | _Logistic
 def _gradients(problem: Problem) -> _Gradients:
     if problem.classifies:
         return _Logistic(problem)
-    return _minibatch(problem) if _batch(problem) else _full_batch(problem)
+    batch = _batch(problem)
+    return _minibatch(problem, batch) if batch else _full_batch(problem)
 
 
 def _batch(problem: Problem) -> int | None:
@@ -247,15 +249,15 @@ def _full_batch(problem: Problem) -> _FullBatch:
     return _FullBatch(np.ascontiguousarray(hessian.swapaxes(-1, -2)), r[:, :, None, :])
 
 
-def _minibatch(problem: Problem) -> _Minibatch:
+def _minibatch(problem: Problem, batch: int) -> _Minibatch:
     config = problem.config
     data = [
-        [regression_data(problem.spec(r), p) for r in range(config.repeats)]
+        [regression_data(problem.regression_spec(r), p) for r in range(config.repeats)]
         for p in range(config.agents)
     ]
     u = np.array([[ud[0] for ud in row] for row in data])
     d = np.array([[ud[1] for ud in row] for row in data])
-    return _Minibatch(problem, u, d, _batch(problem))
+    return _Minibatch(problem, u, d, batch)
 
 
 def _run_strategy(
@@ -356,15 +358,3 @@ def _noise(
             if lane is not Scheme.NONE:
                 out[:, :, r, s] = combine.noise(lane, table, draw).swapaxes(0, 1)
     return out
-
-
-def _choices(values: Iterable, kind: type) -> tuple:
-    try:
-        chosen = tuple(kind(v) for v in values)
-    except ValueError:
-        valid = ", ".join(str(k) for k in kind)
-        name = kind.__name__.lower()
-        raise ConfigError(f"unknown {name} in {values!r}; choose from: {valid}") from None
-    if not chosen:
-        raise ConfigError(f"choose at least one {kind.__name__.lower()}")
-    return chosen

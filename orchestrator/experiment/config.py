@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 import tomllib
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
+from enum import StrEnum
+from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from agent.spec import ConfigError, Rekey, Scheme, Strategy
 
@@ -79,21 +82,24 @@ class ExperimentConfig:
         return data
 
 
+E = TypeVar("E", bound=StrEnum)
 _FIELDS = {f.name for f in fields(ExperimentConfig)}
 
 
-def parse_choices(value: str | list[str] | tuple[str, ...], kind: type) -> tuple:
-    """'all', one name, a comma list or a list -> a tuple of enum members."""
+def parse_choices(value: str | Iterable[str], kind: type[E]) -> tuple[E, ...]:
+    """'all', one name, a comma list or a list (of names or members) -> a tuple of members."""
     names = value.split(",") if isinstance(value, str) else list(value)
+    what = kind.__name__.lower()
     if names == ["all"]:
         return tuple(kind)
     try:
-        return tuple(kind(n.strip()) for n in names)
+        chosen = tuple(kind(n.strip()) for n in names)
     except ValueError:
         valid = ", ".join(str(k) for k in kind)
-        raise ConfigError(
-            f"unknown {kind.__name__.lower()} in {value!r}; choose from: {valid}, all"
-        ) from None
+        raise ConfigError(f"unknown {what} in {value!r}; choose from: {valid}, all") from None
+    if not chosen:
+        raise ConfigError(f"choose at least one {what}")
+    return chosen
 
 
 def with_overrides(config: ExperimentConfig, overrides: dict[str, Any]) -> ExperimentConfig:
@@ -117,16 +123,40 @@ def with_overrides(config: ExperimentConfig, overrides: dict[str, Any]) -> Exper
     return replace(config, **clean)
 
 
-def load(path: str | Path | None) -> ExperimentConfig:
-    """Read a TOML experiment (flat keys, or an [experiment] table); defaults when no path."""
-    if path is None:
+PRESETS = resources.files(__package__ or "orchestrator.experiment") / "presets"
+
+
+def presets() -> list[str]:
+    """Names of the experiment presets shipped in the package (usable as `--config NAME`)."""
+    return sorted(
+        f.name.removesuffix(".toml") for f in PRESETS.iterdir() if f.name.endswith(".toml")
+    )
+
+
+def load(source: str | Path | None) -> ExperimentConfig:
+    """Read a TOML experiment (flat keys, or an [experiment] table); defaults when None.
+
+    `source` is a file path, or the name of a shipped preset (`paper-regression`): presets are
+    package data, so they work from an installed wheel in any directory. A file wins over a
+    preset of the same name.
+    """
+    if source is None:
         return ExperimentConfig()
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} not found; see experiments/ for examples")
+    path = Path(source)
+    name = str(source).removesuffix(".toml")
+    preset = PRESETS / f"{name}.toml"
+    if path.is_file():
+        text = path.read_text()
+    elif path.parent == Path(".") and preset.is_file():
+        text = preset.read_text()
+    else:
+        raise ConfigError(
+            f"config {source!r} is neither a TOML file nor a preset; "
+            f"give a path to a .toml file or one of the presets: {', '.join(presets())}"
+        )
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+        raise ConfigError(f"{source} is not valid TOML: {exc}") from exc
     data = data.get("experiment", data)
-    return with_overrides(ExperimentConfig(name=path.stem), data)
+    return with_overrides(ExperimentConfig(name=Path(name).name), data)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import cached_property
+from typing import TypeVar
 
 import networkx as nx
 import numpy as np
 
 from agent import datasets
-from agent.losses import NO_NEIGHBOUR, ProblemSpec
+from agent.losses import NO_NEIGHBOUR, ClassificationSpec, ProblemSpec, RegressionSpec
 from agent.spec import ConfigError, Scheme, Strategy
 from orchestrator.experiment import classification, topology
 from orchestrator.experiment.config import ExperimentConfig
@@ -70,13 +71,24 @@ class Problem:
         )
         return replace(spec, neighbour=self.neighbour)
 
+    def regression_spec(self, repeat: int) -> RegressionSpec:
+        return _narrow(self.spec(repeat), RegressionSpec)
+
+    def classification_spec(self, repeat: int) -> ClassificationSpec:
+        return _narrow(self.spec(repeat), ClassificationSpec)
+
     @cached_property
     def w_opt(self) -> np.ndarray:
         """w^o per repeat, shape (repeats, M)."""
-        solve = classification.global_minimizer if self.classifies else global_minimizer
-        return np.stack(
-            [solve(self.spec(r), self.config.agents) for r in range(self.config.repeats)]
-        )
+        agents, repeats = self.config.agents, range(self.config.repeats)
+        if self.classifies:
+            solved = [
+                classification.global_minimizer(self.classification_spec(r), agents)
+                for r in repeats
+            ]
+        else:
+            solved = [global_minimizer(self.regression_spec(r), agents) for r in repeats]
+        return np.stack(solved)
 
     def test_errors(self, models: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """Testing error of the centroid and average individual testing error, per round,
@@ -86,7 +98,19 @@ class Problem:
         return classification.test_errors(models, self.q, datasets.load(self.config.dataset))
 
     def moments(self, repeat: int) -> tuple[np.ndarray, np.ndarray]:
-        return local_moments(self.spec(repeat), self.config.agents)
+        return local_moments(self.regression_spec(repeat), self.config.agents)
+
+
+S = TypeVar("S", RegressionSpec, ClassificationSpec)
+
+
+def _narrow(spec: ProblemSpec, kind: type[S]) -> S:
+    """`spec` as the kind of problem a step is written for, or a clear error."""
+    if not isinstance(spec, kind):
+        raise ConfigError(
+            f"this step works on a {kind.__name__}, the experiment is a {type(spec).__name__}"
+        )
+    return spec
 
 
 def msd(w: np.ndarray, w_opt: np.ndarray, q: np.ndarray) -> tuple[float, float]:

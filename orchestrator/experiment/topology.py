@@ -77,7 +77,7 @@ def _geometric(agents: int, seed: int | None, radius: float) -> nx.Graph:
 
     def draw(s: int | None) -> nx.Graph:
         graph = nx.random_geometric_graph(agents, radius, seed=s)
-        for node, xy in graph.nodes(data="pos"):
+        for node, xy in nx.get_node_attributes(graph, "pos").items():
             graph.nodes[node]["pos"] = (float(xy[0]), float(xy[1]))
         graph.graph["radius"] = radius
         return graph
@@ -141,7 +141,7 @@ def _from_file(path: str | None, agents: int) -> nx.Graph:
         text = Path(path).read_text()
     except OSError as err:
         raise ConfigError(f"cannot read edge list {path}: {err.strerror}; check the path") from err
-    graph = nx.Graph()
+    graph: nx.Graph[int] = nx.Graph()
     for number, line in enumerate(text.splitlines(), start=1):
         fields = line.split("#", 1)[0].split()
         if not fields:
@@ -169,7 +169,7 @@ def _from_file(path: str | None, agents: int) -> nx.Graph:
             f"{path} describes {len(ids)} agents but {agents} were asked for; "
             f"set agents = {len(ids)} or use another file"
         )
-    ordered = nx.Graph()
+    ordered: nx.Graph[int] = nx.Graph()
     ordered.add_nodes_from(range(agents))
     ordered.add_edges_from(graph.edges)
     if not nx.is_connected(ordered):
@@ -200,9 +200,11 @@ def _adjacency(graph: nx.Graph) -> np.ndarray:
     agents = graph.number_of_nodes()
     if set(graph.nodes) != set(range(agents)):
         raise ConfigError("graph nodes must be 0..P-1; build the graph with make_graph")
-    adj = nx.to_numpy_array(graph, nodelist=range(agents), weight=None)
+    adj = np.zeros((agents, agents))
+    for m, p in graph.edges:
+        adj[m, p] = adj[p, m] = 1.0
     np.fill_diagonal(adj, 0.0)
-    return (adj > 0).astype(float)
+    return adj
 
 
 def combination_matrix(graph: nx.Graph, rule: str) -> np.ndarray:
@@ -243,7 +245,7 @@ def graph_of(a: np.ndarray) -> nx.Graph:
     _check_square(a)
     support = (a > 0) | (a.T > 0)
     np.fill_diagonal(support, False)
-    graph = nx.Graph()
+    graph: nx.Graph[int] = nx.Graph()
     graph.add_nodes_from(range(a.shape[0]))
     graph.add_edges_from((int(m), int(p)) for m, p in np.argwhere(np.triu(support)))
     nx.set_node_attributes(graph, _spring(graph), "pos")
@@ -344,7 +346,7 @@ def _check_support(a: np.ndarray, graph: nx.Graph) -> None:
 
 def _check_primitive(a: np.ndarray) -> None:
     """Primitive = irreducible (support digraph strongly connected) and aperiodic."""
-    flow = nx.DiGraph()
+    flow: nx.DiGraph[int] = nx.DiGraph()
     flow.add_nodes_from(range(a.shape[0]))
     flow.add_edges_from((int(m), int(p)) for m, p in np.argwhere(a > 0))  # m -> p: p hears m
     if not nx.is_strongly_connected(flow):

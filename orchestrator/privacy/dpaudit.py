@@ -73,8 +73,8 @@ def observe(view: View, seen: Seen, agent: int, problem: Problem, strategy: Stra
         picked = sorted((i, j, k) for m, k, i, j in seen if m == agent)
         return np.concatenate([seen[(agent, k, i, j)] for i, j, k in picked])
     if view.kind == "one-link":
-        picked = sorted((i, j) for m, k, i, j in seen if m == agent and k == view.hub)
-        return np.concatenate([seen[(agent, view.hub, i, j)] for i, j in picked])
+        links = sorted((k, i, j) for m, k, i, j in seen if m == agent and k == view.hub)
+        return np.concatenate([seen[(agent, k, i, j)] for k, i, j in links])
     matrices = problem.matrices(strategy)
     sums: dict[tuple[int, int], np.ndarray] = {}
     for (m, k, i, j), vector in seen.items():

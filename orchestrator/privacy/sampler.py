@@ -34,7 +34,7 @@ def float_release(x: float, k: np.ndarray, sigma_g: float) -> np.ndarray:
 
 def grid_release(x: float, k: np.ndarray, sigma_g: float) -> np.ndarray:
     """What random and ghp put on the wire: snap(x) + Laplace on the grid."""
-    return rng.snap(np.float64(x), sigma_g) + rng.laplace(_uniforms(k), sigma_g)
+    return rng.snap(np.asarray(x, dtype=np.float64), sigma_g) + rng.laplace(_uniforms(k), sigma_g)
 
 
 RELEASES: dict[str, Release] = {"float inverse CDF": float_release, "grid": grid_release}

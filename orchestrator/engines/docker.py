@@ -1,0 +1,384 @@
+"""`privnet run --runtime docker`: the broker and every agent in a container of their own.
+
+The Docker SDK (the `privnet[docker]` extra) makes, per run, a user-defined bridge network,
+an `eclipse-mosquitto:2.0` broker on it with the run's credentials and ACL (anonymous clients
+refused, as on every path), and one container per agent from the project's image, started
+with its `AgentLaunch` in the environment; everything carries the label `privnet.run=<run>`.
+The orchestrator stays on the host and reaches the broker through a port published on
+127.0.0.1 (so the engine must run on this machine, as a local or rootless dockerd does).
+
+`DockerBroker` plays the broker's part for the net engine (start, stop, address, access,
+kind) and owns the network; `DockerAgents` is its `Launcher`. Whatever happens (success,
+failure, Ctrl-C, exit), `DockerBroker.stop` removes every container labelled with the run
+and the network. `DockerBroker.nic` reads each container's interface counters (Docker stats
+API); `nic_window` turns two readings into the NIC bytes summary.json reports next to the
+agents' MQTT counts and the broker's $SYS counters.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import io
+import tarfile
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from agent.access import ClientAccess
+from agent.mqtt import AgentLaunch, BrokerAddress
+from agent.spec import ConfigError
+from broker.credentials import Credentials
+from broker.launcher import accepts, mosquitto_config, mosquitto_settings
+from orchestrator.engines.launch import agent_args, log_path, log_tail
+from orchestrator.engines.memory import RunFailed
+from orchestrator.report import console
+
+BROKER_IMAGE = "eclipse-mosquitto:2.0"
+MQTT_PORT = 1883
+RUN_LABEL = "privnet.run"
+ROLE_LABEL = "privnet.role"  # "broker", "agent" or "network"
+AGENT_LABEL = "privnet.agent"
+READY_TIMEOUT = 30.0
+WORKERS = 8  # parallel Docker API calls when starting, reading or removing containers
+SOURCE = Path(__file__).resolve().parents[2]  # the checkout, when privnet runs from one
+BROKER_FILES = PurePosixPath("/mosquitto/config")  # in the broker container
+# The image's mosquitto drops root for its own `mosquitto` user before it reads the password
+# file and ACL; that user's uid differs between images, so the container hands the 0600
+# files over by name (as docker-compose.yml's broker does), then becomes mosquitto.
+BROKER_COMMAND = [
+    "sh",
+    "-c",
+    f"chown -R mosquitto:mosquitto {BROKER_FILES} "
+    f"&& exec mosquitto -c {BROKER_FILES}/mosquitto.conf",
+]
+_live: dict[int, DockerBroker] = {}  # started and not yet stopped: atexit cleans these up
+
+
+def connect() -> Any:
+    """A Docker SDK client from the environment (DOCKER_HOST & co.), or a clear ConfigError."""
+    try:
+        import docker
+    except ImportError:
+        raise ConfigError(
+            "--runtime docker needs the Docker SDK: pip install 'privnet[docker]'"
+        ) from None
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise ConfigError(
+            f"--runtime docker found no Docker engine ({exc}); start one, or point "
+            "DOCKER_HOST at it"
+        ) from None
+    return client
+
+
+def default_image() -> str:
+    """privnet:<installed version> (privnet:dev when not installed)."""
+    try:
+        return f"privnet:{metadata.version('privnet')}"
+    except metadata.PackageNotFoundError:
+        return "privnet:dev"
+
+
+def source_tree() -> Path | None:
+    """The checkout privnet runs from, if it has the Dockerfile to build the image with."""
+    wanted = ("Dockerfile", "pyproject.toml", "agent", "broker", "orchestrator")
+    return SOURCE if all((SOURCE / name).exists() for name in wanted) else None
+
+
+def ensure_image(client: Any, image: str | None) -> str:
+    """The agents' image: `image` as given, else built (Docker's layer cache makes an
+    unchanged tree a matter of seconds) from the checkout, else privnet:<version> if present."""
+    if image is not None:
+        _need_image(client, image, "pass an image that exists (docker images)")
+        return image
+    tag = default_image()
+    root = source_tree()
+    if root is None:
+        _need_image(
+            client,
+            tag,
+            "privnet is not running from a source checkout to build it from: build it "
+            f"there (docker build -t {tag} .) or pass --image NAME",
+        )
+        return tag
+    with console.status(f"image {tag}: building from {root}") as status:
+        for chunk in client.api.build(path=str(root), tag=tag, rm=True, decode=True):
+            if "error" in chunk:
+                raise RunFailed(f"building image {tag} failed: {chunk['error'].strip()}")
+            line = chunk.get("stream", "").strip()
+            if line.startswith("Step "):
+                status.update(f"image {tag}: {line[:100]}")
+    console.print(f"image {tag}: ready")
+    return tag
+
+
+def _need_image(client: Any, image: str, fix: str) -> None:
+    import docker
+
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        raise ConfigError(f"image {image} not found; {fix}") from None
+
+
+@dataclass(frozen=True)
+class NicBytes:
+    """A container's interface counters (all its interfaces): bytes received and sent."""
+
+    rx: int
+    tx: int
+
+    def __sub__(self, other: NicBytes) -> NicBytes:
+        return NicBytes(self.rx - other.rx, self.tx - other.tx)
+
+
+ZERO = NicBytes(0, 0)
+
+
+def nic_of(stats: dict[str, Any]) -> NicBytes:
+    """The network counters in one Docker stats answer."""
+    nets = stats.get("networks") or {}
+    return NicBytes(
+        sum(int(n["rx_bytes"]) for n in nets.values()),
+        sum(int(n["tx_bytes"]) for n in nets.values()),
+    )
+
+
+def broker_files(credentials: Credentials) -> bytes:
+    """A tar of the broker container's mosquitto.conf (listener 1883, anonymous refused),
+    password file and ACL for the run: private files stay 0600."""
+    with tempfile.TemporaryDirectory(prefix="privnet-docker-") as tmp:
+        directory = Path(tmp)
+        settings = mosquitto_settings(directory, credentials, None, at=Path(BROKER_FILES))
+        (directory / "mosquitto.conf").write_text(mosquitto_config(str(MQTT_PORT), settings))
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for path in sorted(directory.iterdir()):
+                tar.add(path, arcname=path.name)
+        return buf.getvalue()
+
+
+@dataclass
+class DockerBroker:
+    """The run's network and mosquitto container; the broker the net engine talks to."""
+
+    credentials: Credentials  # the run's users: the broker enforces them and their ACL
+    logs: Path
+    image: str | None = None  # the agents' image; None: build or reuse the project's
+    client: Any = None
+    kind: str = field(default="mosquitto", init=False)
+    address: BrokerAddress = field(default=BrokerAddress("127.0.0.1", MQTT_PORT), init=False)
+    _followers: list[threading.Thread] = field(default_factory=list, init=False, repr=False)
+
+    @property
+    def run(self) -> str:
+        return self.credentials.run
+
+    def access(self, user: str) -> ClientAccess:
+        """How `user` (an agent id as text, "orchestrator" or "inspector") connects."""
+        return self.credentials.access(user)
+
+    @property
+    def name(self) -> str:
+        return f"privnet-{self.run}"
+
+    @property
+    def agent_address(self) -> BrokerAddress:
+        """Where agents reach the broker: its container name on the run's network."""
+        return BrokerAddress(f"{self.name}-broker", MQTT_PORT)
+
+    def labels(self, role: str, **more: str) -> dict[str, str]:
+        return {RUN_LABEL: self.run, ROLE_LABEL: role, **more}
+
+    def start(self) -> None:
+        """Image ready, network made, broker container up and answering on its port."""
+        self.client = self.client or connect()
+        _live[id(self)] = self
+        try:
+            self.image = ensure_image(self.client, self.image)
+            self.logs.mkdir(parents=True, exist_ok=True)
+            self.client.networks.create(self.name, driver="bridge", labels=self.labels("network"))
+            broker = self.client.containers.create(
+                BROKER_IMAGE,
+                command=BROKER_COMMAND,
+                name=f"{self.name}-broker",
+                network=self.name,
+                ports={f"{MQTT_PORT}/tcp": ("127.0.0.1", None)},
+                labels=self.labels("broker"),
+            )
+            broker.put_archive(str(BROKER_FILES), broker_files(self.credentials))
+            broker.start()
+            self.follow(broker, self.logs / "broker.log")
+            broker.reload()
+            port = int(broker.ports[f"{MQTT_PORT}/tcp"][0]["HostPort"])
+            self.address = BrokerAddress("127.0.0.1", port)
+            self._wait_ready(broker)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self, broker: Any) -> None:
+        """mosquitto says it is running (the published port accepts before it does)."""
+        deadline = time.monotonic() + READY_TIMEOUT
+        while b" running" not in broker.logs():
+            broker.reload()
+            if broker.status == "exited" or time.monotonic() > deadline:
+                tail = broker.logs(tail=10).decode(errors="replace")
+                raise RunFailed(f"the broker container did not come up; its log ends:\n{tail}")
+            time.sleep(0.1)
+        if not accepts(self.address, timeout=3.0):
+            raise RunFailed(f"the broker container runs but {self.address} does not accept")
+
+    def follow(self, container: Any, path: Path) -> None:
+        """Copy a container's output into `path` as it comes, until the container goes."""
+
+        def copy() -> None:
+            with open(path, "wb") as out, contextlib.suppress(Exception):
+                for chunk in container.logs(stream=True, follow=True):
+                    out.write(chunk)
+                    out.flush()
+
+        thread = threading.Thread(target=copy, name=f"logs-{container.name}", daemon=True)
+        thread.start()
+        self._followers.append(thread)
+
+    def containers(self, role: str | None = None, **filters: str) -> list[Any]:
+        labels = [f"{RUN_LABEL}={self.run}"] + ([f"{ROLE_LABEL}={role}"] if role else [])
+        return list(self.client.containers.list(all=True, filters={"label": labels, **filters}))
+
+    def nic(self) -> dict[str, NicBytes]:
+        """Every running container's interface counters, by container name."""
+        running = self.containers(status="running")
+        with ThreadPoolExecutor(WORKERS) as pool:
+            stats = pool.map(lambda c: c.stats(stream=False, one_shot=True), running)
+            return {c.name: nic_of(s) for c, s in zip(running, stats, strict=True)}
+
+    def remove(self, containers: Sequence[Any]) -> None:
+        import docker
+
+        def gone(container: Any) -> None:
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True)
+
+        with ThreadPoolExecutor(WORKERS) as pool:
+            list(pool.map(gone, containers))
+
+    def stop(self) -> None:
+        """Remove every container labelled with the run, then the network. Safe to repeat."""
+        _live.pop(id(self), None)
+        if self.client is None:
+            return
+        import docker
+
+        self.remove(self.containers())
+        for thread in self._followers:
+            thread.join(timeout=2.0)
+        self._followers.clear()
+        for _ in range(20):  # Docker 20.10 keeps a stale endpoint a moment after a removal
+            networks = self.client.networks.list(filters={"label": f"{RUN_LABEL}={self.run}"})
+            if not networks:
+                break
+            for network in networks:
+                with contextlib.suppress(docker.errors.APIError):
+                    network.remove()
+            time.sleep(0.25)
+        else:
+            console.print(f"[yellow]docker network {self.name} could not be removed[/yellow]")
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for broker in list(_live.values()):
+        broker.stop()
+
+
+class DockerAgents:
+    """The Launcher: one container per agent from the project's image, on the run's network."""
+
+    def __init__(self, broker: DockerBroker, grace: float = 3.0) -> None:
+        self.broker, self.grace = broker, grace
+        self._stopping = threading.Event()
+
+    def start(self, launches: Mapping[int, AgentLaunch]) -> None:
+        """`python -m agent --id N` per launch, the launch in the container's environment."""
+        b = self.broker
+
+        def one(p: int) -> None:
+            if self._stopping.is_set():
+                return
+            container = b.client.containers.create(
+                b.image,
+                command=["python", *agent_args(p)],
+                environment=launches[p].to_env(),
+                name=f"{b.name}-agent-{p}",
+                network=b.name,
+                labels=b.labels("agent", **{AGENT_LABEL: str(p)}),
+            )
+            container.start()
+            b.follow(container, log_path(b.logs, p))
+
+        status = console.status(f"starting {len(launches)} agent containers")
+        with status, ThreadPoolExecutor(WORKERS) as pool:
+            list(pool.map(one, launches))
+
+    def check(self) -> None:
+        """One API call: any container of the run that exited while the run needs it."""
+        for container in self.broker.containers(status="exited"):
+            code = container.attrs["State"]["ExitCode"]
+            if container.labels.get(ROLE_LABEL) == "broker":
+                raise RunFailed(f"the broker container exited with code {code}")
+            agent = int(container.labels[AGENT_LABEL])
+            raise RunFailed(
+                f"agent {agent} (container {container.name}) exited with code {code} "
+                "before the run ended" + log_tail(self.broker.logs, agent)
+            )
+
+    def stop(self) -> None:
+        """Give agents a moment to leave by themselves (after Bye), then remove them."""
+        self._stopping.set()
+        if self.broker.client is None:
+            return
+        deadline = time.monotonic() + self.grace
+        while self.broker.containers("agent", status="running"):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        self.broker.remove(self.broker.containers("agent"))
+
+
+def nic_window(
+    broker: DockerBroker, before: Mapping[str, NicBytes], after: Mapping[str, NicBytes], rounds: int
+) -> dict[str, Any]:
+    """summary.json's `nic`: what every counter grew by between two readings (bytes on the
+    containers' interfaces: TCP/IP and MQTT framing, acks and keepalives included), and the
+    agents' per round. A container missing from `before` started at zero."""
+    grown = {name: n - before.get(name, ZERO) for name, n in after.items()}
+    agent_prefix = f"{broker.name}-agent-"
+    per_agent = {
+        int(name.removeprefix(agent_prefix)): n
+        for name, n in grown.items()
+        if name.startswith(agent_prefix)
+    }
+    broker_nic = grown.get(f"{broker.name}-broker", ZERO)
+    tx = sum(n.tx for n in per_agent.values())
+    rx = sum(n.rx for n in per_agent.values())
+    return {
+        "agents_tx": tx,
+        "agents_rx": rx,
+        "agents_total": tx + rx,
+        "broker_rx": broker_nic.rx,
+        "broker_tx": broker_nic.tx,
+        "rounds": rounds,
+        "agents_tx_per_round": tx / rounds,
+        "agents_total_per_round": (tx + rx) / rounds,
+        "per_agent": {str(p): {"rx": n.rx, "tx": n.tx} for p, n in sorted(per_agent.items())},
+    }

@@ -1,0 +1,131 @@
+"""Where agents run: the `Launcher` the net engine starts, watches and stops them through.
+
+The net engine decides what each agent is told (its `AgentLaunch`: broker, run, id, the
+orchestrator's key, its token and broker credentials, handed over in the environment, never
+on a command line); a launcher only decides where `python -m agent --id N` runs.
+`LocalLauncher` runs each agent as a process on this machine; `orchestrator.engines.docker`
+runs each in a container. Both write one log per agent, `<logs>/agent-<id>.log`, so a
+failure report quotes the agent's last words either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+from agent.mqtt import AgentLaunch
+from orchestrator.engines.memory import RunFailed
+
+
+def agent_args(agent: int) -> list[str]:
+    """What every agent runs (`python -m agent --id N`); its launch comes in the environment."""
+    return ["-m", "agent", "--id", str(agent)]
+
+
+class Launcher(Protocol):
+    """Starts agents somewhere, says whether they still live, and always stops them."""
+
+    def start(self, launches: Mapping[int, AgentLaunch]) -> None:
+        """Start one agent per launch; return once all are started (not yet registered)."""
+
+    def check(self) -> None:
+        """Raise RunFailed if an agent ended while the run still needs it."""
+
+    def stop(self) -> None:
+        """Stop every agent started (and whatever else the launcher made); safe to repeat."""
+
+
+def log_path(logs: Path, agent: int) -> Path:
+    return logs / f"agent-{agent}.log"
+
+
+def log_tail(logs: Path, agent: int, lines: int = 3) -> str:
+    """The end of an agent's log, formatted for a RunFailed message."""
+    path = log_path(logs, agent)
+    if not path.exists():
+        return ""
+    text = path.read_text(errors="replace").strip().splitlines()[-lines:]
+    return "; its log ends: " + " | ".join(text) if text else ""
+
+
+class LocalLauncher:
+    """Agent processes on this machine, each in its own process group: one agent per
+    process by default, or `per_process` consecutive agents sharing one (`--agents-per-
+    process`: each still its own MQTT client, credentials, identity and node; their launches
+    go in $PRIVNET_LAUNCHES, their log is `<logs>/agents-<first>-<last>.log`)."""
+
+    def __init__(self, logs: Path, grace: float = 3.0, per_process: int = 1) -> None:
+        if per_process < 1:
+            raise ValueError(f"agents per process must be >= 1, got {per_process}")
+        self.logs, self.grace, self.per_process = logs, grace, per_process
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}  # first agent id -> its process
+        self.groups: dict[int, list[int]] = {}  # first agent id -> the agents it runs
+
+    def start(self, launches: Mapping[int, AgentLaunch]) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        base = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        ids = sorted(launches)
+        for at in range(0, len(ids), self.per_process):
+            group = ids[at : at + self.per_process]
+            first = self.group(group)
+            if len(group) == 1:
+                args, env = agent_args(first), launches[first].to_env()
+            else:
+                args, env = ["-m", "agent"], AgentLaunch.group_env([launches[p] for p in group])
+            with open(self._log(first), "wb") as log:
+                self.procs[first] = subprocess.Popen(
+                    [sys.executable, *args],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env={**base, **env},
+                    start_new_session=True,
+                )
+
+    def group(self, group: list[int]) -> int:
+        self.groups[group[0]] = group
+        return group[0]
+
+    def _log(self, first: int) -> Path:
+        group = self.groups.get(first, [first])
+        if len(group) == 1:
+            return log_path(self.logs, first)
+        return self.logs / f"agents-{first}-{group[-1]}.log"
+
+    def check(self) -> None:
+        for p, proc in self.procs.items():
+            code = proc.poll()
+            if code is not None:
+                who = self.groups.get(p, [p])
+                what = f"agent {p}" if len(who) == 1 else f"agents {who[0]}-{who[-1]}"
+                path = self._log(p)
+                tail = (
+                    path.read_text(errors="replace").strip().splitlines()[-3:]
+                    if path.exists()
+                    else []
+                )
+                raise RunFailed(
+                    f"{what} (pid {proc.pid}) exited with code {code} before the run ended"
+                    + ("; its log ends: " + " | ".join(tail) if tail else "")
+                )
+
+    def stop(self) -> None:
+        """Wait briefly for clean exits, then terminate and kill whatever is left."""
+        deadline = time.monotonic() + self.grace
+        for proc in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.0, deadline - time.monotonic()))
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            alive = [p for p in self.procs.values() if p.poll() is None]
+            for proc in alive:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)
+            for proc in alive:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(2.0)
