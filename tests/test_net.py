@@ -125,8 +125,9 @@ def test_agent_byte_counts_match_mosquitto_sys(net_run: Callable[[str], Path]) -
 # ---- 3. an attacker on the wire changes nothing but the rejection counters -------------------
 
 
-ATTACK = ["--agents", "6", "--iters", "100", "--seed", "5", "--strategy", "atc", "--scheme", "ghp"]
+ATTACK = ["--agents", "6", "--iters", "400", "--seed", "5", "--strategy", "atc", "--scheme", "ghp"]
 EXPECTED_REJECTIONS = {"malformed": 1, "oversized": 1, "bad-mac": 3, "stale": 1, "spoofed": 1}
+# 400 rounds: the run must outlast the injection (frames after Left are never delivered)
 
 
 def peek(payload: bytes) -> tuple[str, dict[str, Any]]:
