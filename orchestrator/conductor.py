@@ -164,7 +164,7 @@ class Conductor:
                 f"{missing[:20]} never registered (not started, or launched with another "
                 "run's token?)"
             )
-        if self.stage in (Stage.CONFIGURING, Stage.RUNNING) and now - self._since >= self.deadline:
+        if self._silence_counts and now - self._since >= self.deadline:
             return self._fail(f"nothing heard for {self.deadline:.0f} s while {self._waiting()}")
         if self.stage is Stage.CLOSING and now - self._since >= self.deadline:
             return self._done()  # the results are complete; a silent agent only costs its Left
@@ -179,6 +179,14 @@ class Conductor:
         if self.stage in BEATING:
             return min(self.deadline_at, self._next_beat)
         return None
+
+    @property
+    def _silence_counts(self) -> bool:
+        """Whether silence from the agents means trouble: while configuring, and while
+        running with telemetry. Without it a running agent says nothing until Finished;
+        a dead or stalled one is then caught by its neighbours' deadlines (they fail and
+        say so) and by the shell's process checks."""
+        return self.stage is Stage.CONFIGURING or (self.stage is Stage.RUNNING and self.telemetry)
 
     @property
     def deadline_at(self) -> float:

@@ -503,6 +503,22 @@ def test_without_telemetry_the_run_completes_with_no_models() -> None:
     h.assert_all_counted()
 
 
+def test_without_telemetry_a_long_silent_session_is_not_a_failure() -> None:
+    """Running agents say nothing until Finished when telemetry is off: the conductor
+    keeps Beating and waits, however long the session."""
+    h = Harness.build([(Strategy.ATC, Scheme.GHP)], telemetry=False)
+    h.hold = holding(control.Finished, 3)
+    h.start()
+    c = h.conductor
+    assert c.stage is Stage.RUNNING
+    for minutes in range(1, 11):
+        assert not c.tick(h.clock.now + 60.0 * minutes).events
+    assert c.stage is Stage.RUNNING
+    h.release()
+    h.finish()
+    assert c.stage is Stage.CLOSED
+
+
 # ---- failures and the end of a run ------------------------------------------------------------
 
 
