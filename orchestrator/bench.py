@@ -412,8 +412,7 @@ def plot(rows: list[Row], path: Path, meta: dict[str, Any]) -> None:
     import matplotlib.pyplot as plt
 
     labels = [
-        f"{r.kind}\n{r.broker if r.broker != '-' else ''} {r.scheme if r.scheme != '-' else ''}"
-        f"\n{r.agents} agents"
+        "\n".join(x for x in (r.kind, r.broker, r.scheme, f"{r.agents} agents") if x != "-")
         for r in rows
     ]
     colours = {"ceiling": "#999999", "privnet": "#1f77b4", "memory": "#2ca02c"}
