@@ -205,8 +205,11 @@ class AgentLaunch:
     ENV = "PRIVNET_LAUNCH"  # the whole launch as JSON, in one variable
     GROUP_ENV = "PRIVNET_LAUNCHES"  # several agents in one process: a JSON list of launches
 
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
     def to_env(self) -> dict[str, str]:
-        return {self.ENV: json.dumps(asdict(self))}
+        return {self.ENV: self.to_json()}
 
     @classmethod
     def group_env(cls, launches: list[AgentLaunch]) -> dict[str, str]:

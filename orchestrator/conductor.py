@@ -17,6 +17,8 @@ phase. Anything else is dropped and counted under exactly one reason.
 from __future__ import annotations
 
 import hmac
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal
@@ -72,6 +74,14 @@ class SessionPlan:
         return self.specs[0].dim
 
 
+def add_counts(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """Count maps added key by key (zeros kept, unlike Counter's `+`)."""
+    total: Counter[str] = Counter()
+    for count in counts:
+        total.update(count)
+    return dict(total)
+
+
 @dataclass
 class SessionResult:
     label: str
@@ -80,11 +90,8 @@ class SessionResult:
     wall: float  # Go to last Finished
 
     def totals(self, field_name: str) -> dict[str, int]:
-        total: dict[str, int] = {}
-        for done in self.finished.values():
-            for key, value in getattr(done, field_name).items():
-                total[key] = total.get(key, 0) + value
-        return total
+        """One of Finished's count maps (rejected, bytes, messages), summed over agents."""
+        return add_counts(getattr(done, field_name) for done in self.finished.values())
 
 
 @dataclass

@@ -17,7 +17,7 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +33,7 @@ from agent.node import Output
 from agent.spec import ConfigError
 from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, write_private
 from broker.launcher import Broker, launch, read_sys_bytes, write_compose_files
-from orchestrator.conductor import Conductor, SessionResult, Stage
+from orchestrator.conductor import Conductor, SessionResult, Stage, add_counts
 from orchestrator.engines import memory
 from orchestrator.engines.docker import DockerAgents, DockerBroker, nic_window
 from orchestrator.engines.launch import Launcher, LocalLauncher
@@ -131,7 +131,7 @@ def write_launches(directory: Path, launches: dict[int, AgentLaunch]) -> None:
     for stale in [*directory.glob("agent-*.json"), *directory.glob("agent-*.claimed")]:
         stale.unlink()
     for p, agent_launch in launches.items():
-        write_private(directory / f"agent-{p}.json", agent_launch.to_env()[AgentLaunch.ENV])
+        write_private(directory / f"agent-{p}.json", agent_launch.to_json())
 
 
 def prepare(
@@ -176,9 +176,9 @@ def curve_of(problem: Problem, strategy: str, scheme: str, results: list[Session
     """MSD over repeats plus what the wire cost, from the sessions of one strategy x scheme."""
     c = problem.config
     wall = sum(res.wall for res in results)
-    traffic = _sum_dicts(res.totals("bytes") for res in results)
-    messages = _sum_dicts(res.totals("messages") for res in results)
-    rejected = _sum_dicts(res.totals("rejected") for res in results)
+    traffic = add_counts(res.totals("bytes") for res in results)
+    messages = add_counts(res.totals("messages") for res in results)
+    rejected = add_counts(res.totals("rejected") for res in results)
     rounds = c.iters * len(results)
     per_round = {k: v / rounds for k, v in traffic.items() if k != "control"}
     extra = {
@@ -191,14 +191,6 @@ def curve_of(problem: Problem, strategy: str, scheme: str, results: list[Session
     }
     models = [res.models for res in results]
     return memory.curve_of(problem, strategy, scheme, models, rounds / max(wall, 1e-9), extra)
-
-
-def _sum_dicts(dicts: Iterable[dict[str, int]]) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for d in dicts:
-        for k, v in d.items():
-            total[k] = total.get(k, 0) + v
-    return total
 
 
 async def run_network(config: ExperimentConfig, args: argparse.Namespace, out: Path) -> int:
@@ -409,7 +401,7 @@ def _orchestrator(conductor: Conductor) -> dict[str, Any]:
         "published_messages": conductor.traffic.messages["control"],
         "deliveries_of_published": conductor.recipients,
         # what agents dropped after their last Finished, reported when they left
-        "agents_rejected_after_finish": _sum_dicts(conductor.left.values()),
+        "agents_rejected_after_finish": add_counts(conductor.left.values()),
         "agents_not_left": sorted(set(range(conductor.agents)) - conductor.left.keys()),
         "agents_left_bytes": conductor.left_traffic.bytes["control"],
         "agents_left_messages": conductor.left_traffic.messages["control"],
