@@ -127,6 +127,7 @@ class Broker:
     """How the broker process ended: 0 after a clean shutdown, -9 if it had to be killed."""
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _tmp: Path | None = field(default=None, init=False, repr=False)
+    _argv: list[str] | None = field(default=None, init=False, repr=False)
 
     def access(self, user: str | None = None) -> ClientAccess:
         """How `user` connects: an agent id as text, "orchestrator" or "inspector";
@@ -234,11 +235,32 @@ class Broker:
             command += ["--certfile", str(tls.cert), "--keyfile", str(tls.key)]
         return [*command, "--max-packet-size", str(MAX_PACKET_SIZE)]
 
-    def _spawn(self) -> None:
-        self._tmp = Path(tempfile.mkdtemp(prefix=f"privnet-{self.kind}-"))
-        with open(self._tmp / "broker.log", "wb") as log:
+    def kill(self) -> None:
+        """SIGKILL the broker (a crash): its clients lose their connections, and it loses
+        every session, subscription and queued message (it persists nothing)."""
+        if self._proc is None:
+            raise RuntimeError(f"the {self.kind} broker at {self.address} is not running")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        self.exit_code = self._proc.wait()
+
+    def restart(self) -> None:
+        """Start a killed broker again on the same address with the same configuration,
+        credentials and TLS certificate (a supervisor restarting it), and wait until it
+        accepts."""
+        if self._proc is None or self._proc.poll() is None or self._argv is None:
+            raise RuntimeError(f"the {self.kind} broker at {self.address} was not killed")
+        self._spawn(self._argv)
+        self._wait_ready()
+
+    def _spawn(self, argv: list[str] | None = None) -> None:
+        if argv is None:
+            self._tmp = Path(tempfile.mkdtemp(prefix=f"privnet-{self.kind}-"))
+            argv = self._argv = self._command()
+        assert self._tmp is not None
+        with open(self._tmp / "broker.log", "ab") as log:
             self._proc = subprocess.Popen(
-                self._command(),
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
