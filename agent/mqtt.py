@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import secrets
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -21,6 +22,7 @@ from typing import Any, Protocol, Self, TypeVar
 
 import gmqtt
 import gmqtt.mqtt.handler
+import gmqtt.storage
 from gmqtt.mqtt.constants import MQTTv311
 
 from agent import keys
@@ -31,6 +33,8 @@ log = logging.getLogger("privnet.agent")
 _GMQTT_LOG = logging.getLogger("privnet.gmqtt")
 T = TypeVar("T")
 _GMQTT_LOG.setLevel(logging.ERROR)  # gmqtt logs every connect and disconnect at INFO
+# ... and a lost connection with a traceback, from its module loggers: `Connection` says it
+logging.getLogger("gmqtt").setLevel(logging.ERROR)
 
 
 @dataclass(frozen=True)
@@ -67,24 +71,115 @@ def run(main: Coroutine[Any, Any, T]) -> T:
 
 
 class MqttError(Exception):
-    """The broker refused us, or the connection to it ended."""
+    """The broker refused us, or the connection to it ended for good (the reconnect budget
+    was spent, or the broker refused the credentials)."""
+
+
+RECONNECT_FIRST = 0.1  # s: the first pause after a loss, doubled per failed attempt ...
+RECONNECT_MAX = 2.0  # ... up to this
+RECONNECT_BUDGET = 60.0  # s of outage before a Connection gives up (`give_up`)
+ATTEMPT_TIMEOUT = 5.0  # s for one reconnect attempt (TCP, TLS, CONNACK)
+OUTAGE_BUFFER = 1000  # QoS-1 publishes kept while disconnected, sent after the reconnect
+_REFUSED_FOR_GOOD = frozenset({1, 2, 4, 5})  # CONNACK codes a retry cannot fix (3.1.1)
+
+
+@dataclass
+class Outages:
+    """What losing the broker cost one connection (see `Connection`)."""
+
+    losses: int = 0  # connections lost
+    reconnects: int = 0  # ... and made again
+    attempts: int = 0  # connection attempts that failed
+    seconds: float = 0.0  # time without a connection (ended outages)
+    dropped: int = 0  # publishes not sent: QoS 0 while disconnected, or QoS 1 beyond the buffer
+    buffered: int = 0  # QoS-1 publishes made while disconnected and sent after the reconnect
+    resent: int = 0  # QoS-1 publishes unacknowledged at a loss, sent again after it
+
+
+class _Client(gmqtt.Client):  # type: ignore[misc,unused-ignore]
+    """gmqtt's client without its own reconnect: `Connection` reconnects.
+
+    gmqtt's `reconnect` waits a fixed `reconnect_delay`, always asks for a persistent session
+    (clean_session=False, whatever the client was made with: the broker would keep a session
+    for our random id forever), never resubscribes and gives up silently; `reconnect_retries`
+    0 still allows one attempt. Its handler calls `reconnect` on every loss and on refused
+    CONNACKs: here that does nothing."""
+
+    async def reconnect(self, delay: bool = False) -> None:
+        return None
+
+
+class _Inflight(gmqtt.storage.PersistentStorage):  # type: ignore[misc,unused-ignore]
+    """gmqtt's store of unacknowledged outgoing QoS-1 PUBLISHes, remembering what each
+    carried. gmqtt replays the store itself when the broker kept our session; when it did not
+    (a clean session, or a restarted broker) gmqtt `clear`s it, and those messages would be
+    lost: they go to `orphans` instead, and `Connection` publishes them again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.next: tuple[str, bytes, int] | None = None  # what `Connection.publish` is sending
+        self.sent: dict[int, tuple[str, bytes, int]] = {}
+        self.orphans: list[tuple[str, bytes, int]] = []
+
+    def push_message(self, mid: int, raw_package: bytes) -> None:
+        super().push_message(mid, raw_package)
+        if self.next is not None:
+            self.sent[mid], self.next = self.next, None
+
+    def remove_message_by_mid(self, mid: int) -> None:
+        self.sent.pop(mid, None)
+        super().remove_message_by_mid(mid)
+
+    def clear(self) -> None:
+        self.orphans += self.sent.values()
+        self.sent.clear()
+        super().clear()
+
+
+class _Lost(MqttError):
+    """The connection dropped before an acknowledgement: wait for the reconnect."""
 
 
 class Connection:
-    """One MQTT 3.1.1 client on gmqtt: subscribe, publish, and `get` what arrives.
+    """One MQTT 3.1.1 client on gmqtt: subscribe, publish, and `get` what arrives, across
+    broker restarts.
 
     gmqtt speaks MQTT straight from an asyncio protocol, where aiomqtt drives paho's
     blocking-socket loop from the event loop: on the bench's raw load (30 clients, two
     processes, mosquitto, QoS 0) it moves 5 to 8 times the messages per CPU second.
-    Deliveries go to a plain queue (cancellation-safe, like `agent.inbox.Inbox`); a lost
-    connection is not resumed (no reconnects): `get` raises MqttError and the party ends.
-    No client identifier: the broker picks one, so nobody can take over a session by name.
+    Deliveries go to a plain queue (cancellation-safe, like `agent.inbox.Inbox`).
+
+    A lost connection is made again: after RECONNECT_FIRST s, doubling to RECONNECT_MAX
+    (with jitter, so a restarted broker is not hit by every client at once), for `give_up`
+    seconds; then `get`, `publish` and `(un)subscribe` raise MqttError. A refusal of our
+    credentials ends it at once. Sessions are clean and the client identifier random (gmqtt
+    draws a uuid4), so nobody can take over a session by name; the broker forgets our
+    subscriptions with the connection, so after each reconnect every subscription held is
+    made again at its QoS before anything else is sent. While disconnected:
+    - QoS-0 publishes (the peer plane) are dropped and counted (`outages.dropped`): the
+      broker would not have kept them for an absent subscriber either, and the state machines
+      tolerate a lost frame (a stalled round is the conductor's to repeat);
+    - QoS-1 publishes (control, telemetry) are kept, up to OUTAGE_BUFFER, and sent after the
+      reconnect, as are those the broker had not acknowledged when the connection dropped
+      (gmqtt would drop them: the new session is clean). The receivers drop duplicates.
+    What the broker itself held when it died (frames queued for a subscriber) is gone, and a
+    frame sent after our reconnect to a subscriber that has not reconnected yet finds no
+    subscription: only a resend by the state machines recovers those.
+    `get` just waits through an outage, so a machine's ticks go on; `outages` counts it all.
     """
 
-    def __init__(self, broker: BrokerAddress, access: ClientAccess, keepalive: int = 30) -> None:
-        self.broker, self.access, self.keepalive = broker, access, keepalive
-        self._client = gmqtt.Client("", clean_session=True, logger=_GMQTT_LOG)
-        self._client.set_config({"reconnect_retries": 0})
+    def __init__(
+        self,
+        broker: BrokerAddress,
+        access: ClientAccess,
+        keepalive: int = 30,
+        give_up: float = RECONNECT_BUDGET,
+    ) -> None:
+        self.broker, self.access, self.keepalive, self.give_up = broker, access, keepalive, give_up
+        self._inflight = _Inflight()
+        self._client = _Client(
+            "", clean_session=True, logger=_GMQTT_LOG, persistent_storage=self._inflight
+        )
         self._client.on_message = self._on_message
         self._client.on_disconnect = self._on_disconnect
         self._client.on_subscribe = self._on_ack
@@ -93,26 +188,39 @@ class Connection:
             self._client.set_auth_credentials(access.username, access.password)
         self._queue: asyncio.Queue[tuple[str, bytes, bool] | None] = asyncio.Queue()
         self._acks: dict[int, asyncio.Future[None]] = {}  # SUBACKs and UNSUBACKs by mid
-        self._lost: str | None = None
+        self._lost: str | None = None  # why the connection ended for good
         self._closing = False
+        self._up = False  # connected, and every subscription made again
+        self._settled = asyncio.Event()  # set while up, and once given up
+        self._reconnecting: asyncio.Task[None] | None = None
+        self._held: list[tuple[str, bytes, int]] = []  # QoS-1 publishes made while down
+        self.outages = Outages()
+        self.generation = 0  # successful reconnects so far: a change means frames were lost
+
+    def _ssl(self) -> Any:
+        if not self.access.tls:
+            return False
+        import ssl as ssl_module
+
+        return ssl_module.create_default_context(cafile=self.access.ca_file)
+
+    async def _connect(self) -> None:
+        await self._client.connect(
+            self.broker.host,
+            self.broker.port,
+            ssl=self._ssl(),
+            keepalive=self.keepalive,
+            version=MQTTv311,
+        )
 
     async def __aenter__(self) -> Self:
-        ssl: Any = False
-        if self.access.tls:
-            import ssl as ssl_module
-
-            ssl = ssl_module.create_default_context(cafile=self.access.ca_file)
         try:
-            await self._client.connect(
-                self.broker.host,
-                self.broker.port,
-                ssl=ssl,
-                keepalive=self.keepalive,
-                version=MQTTv311,
-            )
+            await self._connect()
         except (OSError, gmqtt.mqtt.handler.MQTTConnectError) as exc:
             await self._close()
             raise MqttError(f"cannot connect to the broker at {self.broker}: {exc}") from None
+        self._up = True
+        self._settled.set()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -120,6 +228,10 @@ class Connection:
 
     async def _close(self) -> None:
         self._closing = True
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
+            with contextlib.suppress(BaseException):
+                await self._reconnecting
         with contextlib.suppress(Exception):
             await self._client.disconnect()
 
@@ -128,46 +240,147 @@ class Connection:
         return 0  # PUBACK: success
 
     def _on_disconnect(self, _c: Any, _packet: Any, exc: BaseException | None = None) -> None:
-        if not self._closing and self._lost is None:
-            self._lost = f"connection to the broker at {self.broker} ended ({exc or 'closed'})"
-            self._queue.put_nowait(None)
         for waiter in self._acks.values():
             if not waiter.done():
-                waiter.set_exception(MqttError("connection lost before an acknowledgement"))
+                waiter.set_exception(_Lost("connection lost before an acknowledgement"))
+        self._acks.clear()
+        if self._closing or self._lost is not None:
+            return
+        if self._reconnecting is not None and not self._reconnecting.done():
+            return  # a failed attempt of the reconnect under way: it retries by itself
+        self._up = False
+        self._settled.clear()
+        self.outages.losses += 1
+        log.warning("lost the broker at %s (%s); reconnecting", self.broker, exc or "closed")
+        self._reconnecting = asyncio.get_running_loop().create_task(self._reconnect())
 
     def _on_ack(self, _c: Any, mid: int, *_rest: Any) -> None:
         waiter = self._acks.pop(mid, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def subscribe(self, topic: str, qos: int = QOS, timeout: float = 10.0) -> None:
-        """Subscribe and wait for the SUBACK."""
-        self._check()
-        waiter = asyncio.get_running_loop().create_future()
-        self._acks[self._client.subscribe(topic, qos=qos)] = waiter
-        async with asyncio.timeout(timeout):
+    async def _reconnect(self) -> None:
+        """Connect again with backoff, resubscribe, send what waited; or give up."""
+        began = time.monotonic()
+        end, pause, attempts, why = began + self.give_up, RECONNECT_FIRST, 0, "none made"
+        while (left := end - time.monotonic()) > 0:
+            await asyncio.sleep(min(pause * random.uniform(0.5, 1.0), left))
+            pause = min(2 * pause, RECONNECT_MAX)
+            attempts += 1
+            try:
+                async with asyncio.timeout(min(ATTEMPT_TIMEOUT, max(end - time.monotonic(), 0.5))):
+                    await self._connect()
+                    await self._resubscribe()
+            except gmqtt.mqtt.handler.MQTTConnectError as exc:
+                if getattr(exc, "_code", None) in _REFUSED_FOR_GOOD:
+                    self._give_up(began, f"the broker at {self.broker} refused us: {exc}")
+                    return
+                why = str(exc)
+            except (OSError, TimeoutError, MqttError) as exc:
+                why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            else:
+                self._resume(began, attempts)
+                return
+            self.outages.attempts += 1
+            with contextlib.suppress(Exception):  # what this attempt left half made
+                await self._client._disconnect()
+        self._give_up(
+            began,
+            f"connection to the broker at {self.broker} lost, and not made again in "
+            f"{self.give_up:.0f} s ({attempts} attempts; the last: {why})",
+        )
+
+    async def _resubscribe(self) -> None:
+        """Every subscription gmqtt holds, at its QoS: a clean session starts with none."""
+        waits = []
+        for sub in list(self._client.subscriptions):
+            waiter = asyncio.get_running_loop().create_future()
+            self._acks[self._client.resubscribe(sub)] = waiter
+            waits.append(waiter)
+        for waiter in waits:
             await waiter
+
+    def _resume(self, began: float, attempts: int) -> None:
+        took = time.monotonic() - began
+        o = self.outages
+        o.reconnects += 1
+        o.seconds += took
+        self.generation += 1
+        self._up = True
+        self._settled.set()
+        orphans, self._inflight.orphans = self._inflight.orphans, []
+        held, self._held = self._held, []
+        for topic, payload, qos in orphans + held:
+            self.publish(topic, payload, qos)
+        o.resent += len(orphans)
+        o.buffered += len(held)
+        log.warning(
+            "broker at %s back after %.2f s (%d attempts): %d subscriptions made again, "
+            "%d unacknowledged and %d held QoS-1 publishes sent; %d publishes dropped so far",
+            self.broker,
+            took,
+            attempts,
+            len(self._client.subscriptions),
+            len(orphans),
+            len(held),
+            o.dropped,
+        )
+
+    def _give_up(self, began: float, why: str) -> None:
+        self._lost = why
+        self.outages.seconds += time.monotonic() - began
+        self._settled.set()
+        self._queue.put_nowait(None)
+        log.error("%s", why)
+
+    async def _wait_up(self) -> None:
+        """Until connected (at once if so); MqttError once the budget is spent."""
+        while True:
+            if self._lost is not None:
+                raise MqttError(self._lost)
+            if self._up:
+                return
+            await self._settled.wait()
+
+    async def _acked(self, send: Callable[[], int], timeout: float) -> None:
+        """Send a SUBSCRIBE or UNSUBSCRIBE and wait for its acknowledgement; if the connection
+        drops first, for the reconnect (which makes gmqtt's list of subscriptions true)."""
+        await self._wait_up()
+        waiter = asyncio.get_running_loop().create_future()
+        self._acks[send()] = waiter
+        try:
+            async with asyncio.timeout(timeout):
+                await waiter
+        except _Lost:
+            await self._wait_up()
+
+    async def subscribe(self, topic: str, qos: int = QOS, timeout: float = 10.0) -> None:
+        """Subscribe and wait for the SUBACK (through an outage: for the reconnect)."""
+        await self._acked(lambda: int(self._client.subscribe(topic, qos=qos)), timeout)
 
     async def unsubscribe(self, topic: str, timeout: float = 10.0) -> None:
-        """Unsubscribe and wait for the UNSUBACK."""
-        self._check()
-        waiter = asyncio.get_running_loop().create_future()
-        self._acks[self._client.unsubscribe(topic)] = waiter
-        async with asyncio.timeout(timeout):
-            await waiter
+        """Unsubscribe and wait for the UNSUBACK (through an outage: for the reconnect)."""
+        await self._acked(lambda: int(self._client.unsubscribe(topic)), timeout)
 
     def publish(self, topic: str, payload: bytes, qos: int = QOS) -> None:
-        """Queue one PUBLISH on the socket (QoS 1: gmqtt keeps it until its PUBACK)."""
-        self._check()
-        self._client.publish(topic, payload, qos=qos)
-
-    def _check(self) -> None:
-        if self._lost is not None or not self._client.is_connected:
-            raise MqttError(self._lost or f"not connected to the broker at {self.broker}")
+        """Queue one PUBLISH on the socket (QoS 1: kept until its PUBACK, and across a
+        reconnect). While disconnected QoS 0 is dropped and QoS 1 held (see the class)."""
+        if self._up and self._client.is_connected:
+            self._inflight.next = (topic, payload, qos) if qos else None
+            try:
+                self._client.publish(topic, payload, qos=qos)
+            finally:
+                self._inflight.next = None
+        elif self._lost is not None:
+            raise MqttError(self._lost)
+        elif qos and len(self._held) < OUTAGE_BUFFER:
+            self._held.append((topic, payload, qos))
+        else:
+            self.outages.dropped += 1
 
     async def get(self, timeout: float | None = None) -> tuple[str, bytes, bool]:
-        """The next (topic, payload, retained); TimeoutError after `timeout` s; MqttError if the
-        connection died."""
+        """The next (topic, payload, retained); TimeoutError after `timeout` s; MqttError once
+        the connection is lost for good (an outage is waited through)."""
         if self._queue.empty():
             async with asyncio.timeout(timeout):
                 item = await self._queue.get()
@@ -179,9 +392,11 @@ class Connection:
         return item
 
 
-def client(broker: BrokerAddress, access: ClientAccess) -> Connection:
+def client(
+    broker: BrokerAddress, access: ClientAccess, give_up: float = RECONNECT_BUDGET
+) -> Connection:
     """A connection as every privnet party makes it (use with `async with`)."""
-    return Connection(broker, access)
+    return Connection(broker, access, give_up=give_up)
 
 
 @dataclass(frozen=True)
@@ -332,15 +547,23 @@ async def _drain_and_stop(
     A broker may deliver queued frames after its UNSUBACK, so: subscribe to the probe topic
     alone, drop the pattern, publish a probe there, and deliver everything until the probe
     comes back: the broker's queue for this client is first in, first out. The probe takes
-    the peer plane's QoS, the very path of the frames it flushes."""
+    the peer plane's QoS, the very path of the frames it flushes. A reconnect on the way may
+    have lost the probe (and the broker whatever it held for us): the probe goes again."""
     nonce = PROBE + secrets.token_bytes(16)
     await client.subscribe(stop.probe, PEER_QOS)
     await client.unsubscribe(stop.pattern)
+    sent = client.generation
     client.publish(stop.probe, nonce, PEER_QOS)
+    end = time.monotonic() + PROBE_TIMEOUT
     while True:
+        if client.generation != sent:
+            sent = client.generation
+            client.publish(stop.probe, nonce, PEER_QOS)
         try:
-            topic, payload, retained = await client.get(PROBE_TIMEOUT)
+            topic, payload, retained = await client.get(min(1.0, end - time.monotonic()))
         except TimeoutError:
+            if time.monotonic() < end:
+                continue
             log.warning("no probe back on %s in %.0f s; stopping anyway", stop.probe, PROBE_TIMEOUT)
             break
         if topic == stop.probe and payload == nonce:
