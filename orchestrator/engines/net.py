@@ -18,7 +18,7 @@ import secrets
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -302,7 +302,10 @@ async def _drive(
     sys_before = await _sys(broker)
     docker = broker if isinstance(broker, DockerBroker) else None
     nic_before = await asyncio.to_thread(docker.nic) if docker is not None else None
-    async with client(broker.address, broker.access(ORCHESTRATOR)) as mqtt:
+    # A broker restart is ridden out as the agents ride it out (`agent.mqtt.Connection`): for
+    # as long as the conductor would wait for a silent session anyway, at least 10 s.
+    give_up = max(conductor.deadline, 10.0)
+    async with client(broker.address, broker.access(ORCHESTRATOR), give_up) as mqtt:
         try:
             async with tap or contextlib.nullcontext():  # the audit's tap, before any agent
                 for topic in conductor.subscriptions:
@@ -323,10 +326,13 @@ async def _drive(
                 "run": conductor.run,
                 "seed": c.seed,
                 "orchestrator": _orchestrator(conductor),
+                "broker_outages": asdict(mqtt.outages),  # as the orchestrator lived them
             }
             # $SYS and NIC counters over the same window: from before the agents start to
             # the last session's end (registration and every session's setup included).
-            if sys_before is not None and (sys_after := await _sys(broker)) is not None:
+            # A restarted broker counts from zero: its window is void then.
+            restarted = mqtt.outages.losses > 0
+            if sys_before is not None and not restarted and (sys_after := await _sys(broker)):
                 extra["broker_sys"] = {k: sys_after[k] - sys_before[k] for k in sys_after}
             if docker is not None and nic_before is not None:
                 rounds = sum(plan.rounds for plan in conductor.plans)
