@@ -25,7 +25,7 @@ from pathlib import Path
 
 from orchestrator.bench import privnet_run
 
-SITE = '''
+SITE = """
 import os
 variant = os.environ.get("PRIVNET_SESSION_VARIANT", "")
 if variant:
@@ -45,7 +45,7 @@ if variant:
                 super().__init__(fixed, clean_session=False, **kwargs)
 
         mqtt._Client = Persistent
-'''
+"""
 
 VARIANTS = ("clean", "persistent", "clean+qos1", "persistent+qos1")
 
