@@ -2,7 +2,11 @@
 
 A run goes Hello -> Welcome, then per session Setup -> Ready -> Go -> Telemetry... ->
 Finished, then Close -> Left, and finally Bye; Abort stops it early, Failed says an agent
-cannot go on.
+cannot go on. Agents send Progress as a heartbeat. When membership changes (an agent lost,
+back, or the network stalled), the orchestrator sends Hold, every member answers with a
+held Progress, and a new view follows: Setup -> Ready -> Go again, from a round boundary
+(DESIGN: Membership and faults). An agent left out is told (Excluded) and may ask to come
+back (Rejoin).
 Every one of these travels signed (`wire.encode_signed`): downward frames by the run's
 orchestrator key, upward frames by the agent's identity key, each naming the run and
 carrying a sequence number. Whatever determines a model (`Config`) travels sealed to
@@ -34,10 +38,34 @@ class Hello:
 
 @dataclass(frozen=True, slots=True)
 class Ready:
-    """Configured and keyed for `session`: waiting for Go."""
+    """Configured and keyed for `session`'s `view`: waiting for Go."""
 
     agent: int
     session: int
+    view: int
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Heartbeat: rounds completed in `view`; `held` once the agent has stopped for a view
+    change (or at Go's `until`), so `round` is final for the view; whom it waits for."""
+
+    agent: int
+    session: int
+    view: int
+    round: int
+    held: bool
+    waiting: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Rejoin:
+    """An agent left out of the current view (or restarted) asks to come back; `rounds` are
+    those of `session` whose model it still holds (in memory or in a checkpoint)."""
+
+    agent: int
+    session: int  # -1: no model of any session
+    rounds: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +74,7 @@ class Telemetry:
 
     agent: int
     session: int
+    view: int
     round: int
     sealed: bytes
 
@@ -56,6 +85,7 @@ class Finished:
 
     agent: int
     session: int
+    view: int
     rejected: dict[str, int]
     bytes: dict[str, int]
     messages: dict[str, int]
@@ -91,18 +121,38 @@ class Welcome:
 
 @dataclass(frozen=True, slots=True)
 class Setup:
-    """The agent's `Config` for `session`, sealed to its identity's X25519 key."""
+    """The agent's `Config` for `session`'s `view`, sealed to its identity's X25519 key."""
 
     agent: int
     session: int
+    view: int
     sealed: bytes
 
 
 @dataclass(frozen=True, slots=True)
 class Go:
-    """Start round 1 of `session`."""
+    """Run `view` from its start round through round `until`, then hold."""
 
     session: int
+    view: int
+    until: int
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Stop at the current round boundary: view `view` is being prepared."""
+
+    session: int
+    view: int
+
+
+@dataclass(frozen=True, slots=True)
+class Excluded:
+    """`agent` is not a member of `view` (missed its deadline): it may Rejoin."""
+
+    agent: int
+    session: int
+    view: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +187,10 @@ class Config:
     directory: dict[int, bytes]  # agent id -> PublicIdentity.to_bytes()
     deadline: float
     telemetry: bool
+    resume: int = 0  # start from the agent's own model after this round (0: spec.w0)
+    checkpoint_every: int = 0  # rounds between checkpoints (0: none)
 
 
-Up = Hello | Ready | Telemetry | Finished | Left | Failed
-Down = Welcome | Setup | Go | Beat | Close | Abort | Bye
+Up = Hello | Ready | Progress | Rejoin | Telemetry | Finished | Left | Failed
+Down = Welcome | Setup | Go | Beat | Hold | Excluded | Close | Abort | Bye
 Control = Up | Down

@@ -87,7 +87,8 @@ class AgentCore:
         self.identity = identity
         self.directory = dict(directory or {})
         self.w = np.array(spec.w0, dtype=np.float64) if spec.w0 else np.zeros(spec.dim)
-        self.round, self.stage = 1, 0
+        self.round, self.stage = spec.start, 0
+        self.until = spec.rounds  # the last round to run before holding (Go's `until`)
         self.value = self.w.copy()  # what the current step combines (w, phi or psi)
         self.counters = Counters()
         self.started, self._prepared = False, False
@@ -108,6 +109,11 @@ class AgentCore:
         return self.round > self.spec.rounds
 
     @property
+    def held(self) -> bool:
+        """Rounds through `until` are done: wait for the next view (or the end)."""
+        return self.round > self.until
+
+    @property
     def position(self) -> Position:
         return (self.round, self.stage)
 
@@ -125,10 +131,17 @@ class AgentCore:
         self._prepared = True
         return self._announce_seats() + self._share_keys()
 
-    def start(self) -> list[Message]:
-        """Begin round 1 (preparing first if nobody did)."""
+    def resume_from(self, w: np.ndarray) -> None:
+        """Start from `w` (the agent's model after round start - 1) instead of spec.w0."""
+        if w.shape != (self.spec.dim,):
+            raise ValueError(f"model of shape {w.shape}, expected ({self.spec.dim},)")
+        self.w, self.value = w.copy(), w.copy()
+
+    def start(self, until: int | None = None) -> list[Message]:
+        """Run from the start round through `until` (preparing first if nobody did)."""
         out = self.prepare()
         self.started = True
+        self.until = self.spec.rounds if until is None else min(until, self.spec.rounds)
         return out + self._advance()
 
     def receive(self, msg: Message) -> list[Message]:
@@ -152,7 +165,7 @@ class AgentCore:
 
     def waiting_for(self) -> list[int]:
         """Who this agent is blocked on (for a clear error when a neighbour goes silent)."""
-        if self.done:
+        if self.done or self.held:
             return []
         if not self.started:  # before round 1, only key shares can be missing (local-ghp)
             plans = [p for p in self.spec.steps if p.communicates]
@@ -169,7 +182,7 @@ class AgentCore:
 
     def _advance(self) -> list[Message]:
         out: list[Message] = []
-        while not self.done:
+        while not self.held:
             plan = self.spec.steps[self.stage]
             if plan.communicates:
                 if not self._sent:
@@ -208,8 +221,7 @@ class AgentCore:
         vectors = self._privatize(plan)
         self._inbox.setdefault(self.position, {})[self.me] = vectors.pop(self.me)
         return [
-            Model(sender=self.me, receiver=k, round=self.round, step=plan.step, vector=v)
-            for k, v in vectors.items()
+            Model(self.me, k, self.round, plan.step, v, self.spec.view) for k, v in vectors.items()
         ]
 
     def _privatize(self, plan: StepPlan) -> dict[int, np.ndarray]:
@@ -259,6 +271,7 @@ class AgentCore:
                             step=plan.step,
                             side=seat.side,
                             partners=seat.partners,
+                            view=self.spec.view,
                         )
                     )
         return out
@@ -309,6 +322,7 @@ class AgentCore:
                         epoch=epoch,
                         public=eph.public,
                         signature=sig,
+                        view=self.spec.view,
                     )
                 )
         self._shared_sent.add(epoch)
@@ -370,6 +384,7 @@ class AgentCore:
             epoch=msg.epoch,
             public=msg.public,
             signature=msg.signature,
+            view=msg.view,
         )
 
     def _missing_keys(self, plan: StepPlan) -> set[int]:

@@ -22,6 +22,7 @@ class Model:
     round: int
     step: int  # the paper's j: 1 pre-combine, 0 adapt-combine, 2 post-combine
     vector: np.ndarray
+    view: int = 0  # the membership view it belongs to: another view's frames are not used
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,7 @@ class KeyPlan:
     step: int
     side: int  # +1 (N+) or -1 (N-)
     partners: tuple[int, ...]
+    view: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,7 @@ class KeyShare:
     epoch: int  # 0 with re-key `once`, the round with `every-round`
     public: bytes
     signature: bytes
+    view: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +73,8 @@ class Rejected(Exception):
     """A message the agent refuses; `reason` is a short fixed label used as a counter key.
 
     Reasons: malformed, oversized, version, schema, shape, non-finite, bad-mac, spoofed,
-    unknown-sender, wrong-receiver, not-neighbour, stale, duplicate, ahead, bad-key.
+    unknown-sender, wrong-receiver, not-neighbour, stale, duplicate, ahead, bad-key,
+    stale-view, ahead-view (a frame of another membership view).
     """
 
     def __init__(self, reason: str, detail: str) -> None:

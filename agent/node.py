@@ -8,7 +8,12 @@ the tests drive the very same rules.
 Phases: REGISTERING (Hello until Welcome) -> REGISTERED -> [Setup] CONFIGURED -> (keys
 agreed) KEYED -> [Go] RUNNING -> FINISHED -> [Setup] CONFIGURED ... -> [Close] LEAVING
 (the shell unsubscribes from the inbox, then calls `unsubscribed`) -> LEFT -> [Bye] CLOSED,
-and FAILED from anywhere. A control frame is obeyed only if it is signed by the run's
+and FAILED from anywhere. Membership changes (DESIGN: Membership and faults): [Hold] or
+Go's `until` -> HELD, then [Setup of a later view] CONFIGURED again, from the model the
+Setup names (rolled back to the view's start); [Excluded] -> EXCLUDED (Rejoin sent), then
+[Setup] back in. A running agent never gives up on a silent neighbour: the orchestrator
+decides who is in (Progress is the heartbeat it decides on); it stops only when the
+orchestrator is silent past the deadline. A control frame is obeyed only if it is signed by the run's
 orchestrator key, names this run, carries a sequence number above every one seen, and
 fits the phase; anything else is dropped and counted under exactly one reason
 (`rejected`), and so is every peer message the round logic does not use.
@@ -29,6 +34,7 @@ from agent import control, keys, topics, wire
 from agent.core import AgentCore
 from agent.losses import make_loss
 from agent.messages import Message, Rejected, Report
+from agent.spec import AgentSpec
 
 QOS = 1  # the control plane (control, telemetry): at-least-once; duplicates are dropped
 # The peer plane (models, key shares) goes at most once: on a live TCP connection the broker
@@ -43,6 +49,7 @@ HELLO_EVERY = 2.0  # seconds between Hellos until Welcome: the orchestrator may 
 REGISTER_TIMEOUT = 120.0
 IDLE_TIMEOUT = 600.0  # between sessions: an orchestrator gone this long is not coming back
 TELEMETRY_BATCH = 10  # rounds per sealed telemetry message
+BEATS = 3  # heartbeats (Progress, Beat) per deadline: three missed ones mean gone
 EARLY_COUNT = 4096  # peer frames kept while no session is configured...
 EARLY_BYTES = 16 << 20  # ...and their bytes; beyond either, dropped as "overflow"
 HELLO_TAG = b"privnet/hello/v1\0"
@@ -54,6 +61,8 @@ class Phase(StrEnum):
     CONFIGURED = "configured"
     KEYED = "keyed"
     RUNNING = "running"
+    HELD = "held"
+    EXCLUDED = "excluded"
     FINISHED = "finished"
     LEAVING = "leaving"
     LEFT = "left"
@@ -61,9 +70,13 @@ class Phase(StrEnum):
     CLOSED = "closed"
 
 
-WAITING = (Phase.REGISTERING, Phase.REGISTERED, Phase.FINISHED)  # no session: peers wait
-ACTIVE = (Phase.CONFIGURED, Phase.KEYED, Phase.RUNNING)  # a session is configured
-IDLE = (Phase.REGISTERED, Phase.FINISHED, Phase.LEAVING, Phase.LEFT)  # the orchestrator's turn
+ACTIVE = (Phase.CONFIGURED, Phase.KEYED, Phase.RUNNING)  # a view is configured
+PAUSED = (Phase.HELD, Phase.EXCLUDED, Phase.FINISHED)  # in a session, waiting for a Setup
+# No view to use peer frames in: they wait (bounded) for the next Setup.
+WAITING = (Phase.REGISTERING, Phase.REGISTERED, *PAUSED)
+BEATING = (*ACTIVE, Phase.HELD, Phase.FINISHED)  # members: Progress is their heartbeat
+IDLE = (Phase.REGISTERED, Phase.LEAVING, Phase.LEFT)  # no session: the orchestrator's turn
+RECENT = 64  # rounds a Rejoin offers
 
 
 @dataclass(frozen=True)
@@ -74,6 +87,7 @@ class Launch:
     agent: int
     orchestrator: keys.PublicIdentity  # verifies control frames; telemetry is sealed to it
     token: bytes  # proves this process is the one launched as `agent` (see control.Hello)
+    rejoin: bool = False  # started again mid-run: ask back in (Rejoin) once registered
 
 
 def hello_proof(token: bytes, run: str, agent: int, identity: bytes) -> bytes:
@@ -82,14 +96,32 @@ def hello_proof(token: bytes, run: str, agent: int, identity: bytes) -> bytes:
     return hmac.new(token, data, "sha256").digest()
 
 
-def telemetry_context(run: str, agent: int, session: int, round_: int) -> bytes:
-    """Associated data of a sealed report batch: binds it to run, agent, session, round."""
-    return f"privnet/telemetry/{run}/{agent}/{session}/{round_}".encode()
+def telemetry_context(run: str, agent: int, session: int, view: int, round_: int) -> bytes:
+    """Associated data of a sealed report batch: binds it to run, agent, session, view, round."""
+    return f"privnet/telemetry/{run}/{agent}/{session}/{view}/{round_}".encode()
 
 
-def setup_context(run: str, agent: int, session: int) -> bytes:
+def setup_context(run: str, agent: int, session: int, view: int) -> bytes:
     """Associated data of a sealed Config."""
-    return f"privnet/setup/{run}/{agent}/{session}".encode()
+    return f"privnet/setup/{run}/{agent}/{session}/{view}".encode()
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """An agent's own models after some rounds of a session: what it restarts from."""
+
+    run: str
+    agent: int
+    session: int
+    models: dict[int, np.ndarray]  # round -> w after it (0: the initial model)
+
+    def to_bytes(self) -> bytes:
+        return wire.encode_checkpoint(self.run, self.agent, self.session, self.models)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> Checkpoint:
+        run, agent, session, models = wire.decode_checkpoint(data, where)
+        return cls(run, agent, session, models)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,11 +157,13 @@ class Output:
     publish: list[Publish] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     unsubscribe: list[Unsubscribe] = field(default_factory=list)  # then `unsubscribed`
+    checkpoint: Checkpoint | None = None  # for the shell to save (the latest wins)
 
     def __iadd__(self, other: Output) -> Output:
         self.publish += other.publish
         self.events += other.events
         self.unsubscribe += other.unsubscribe
+        self.checkpoint = other.checkpoint or self.checkpoint
         return self
 
     def __add__(self, other: Output) -> Output:
@@ -137,6 +171,7 @@ class Output:
             self.publish + other.publish,
             self.events + other.events,
             self.unsubscribe + other.unsubscribe,
+            other.checkpoint or self.checkpoint,
         )
 
 
@@ -170,12 +205,15 @@ class Deliveries:
 @dataclass
 class _Session:
     number: int
+    view: int
     config: control.Config
     core: AgentCore
     link_keys: dict[int, bytes]
+    history: dict[int, np.ndarray]  # round -> own model after it, on this view's branch
     started: float = 0.0
     reports: list[Report] = field(default_factory=list)  # telemetry not yet sealed
     traffic: Traffic = field(default_factory=Traffic)
+    finished: Counter[str] = field(default_factory=Counter)  # rejections in a voided Finished
 
 
 class AgentNode:
@@ -186,9 +224,19 @@ class AgentNode:
         launch: Launch,
         identity: keys.Identity,
         core: Callable[..., AgentCore] = AgentCore,
+        checkpoint: Checkpoint | None = None,
     ) -> None:
+        if checkpoint is not None and (checkpoint.run, checkpoint.agent) != (
+            launch.run,
+            launch.agent,
+        ):
+            raise ValueError(
+                f"checkpoint of run {checkpoint.run!r} agent {checkpoint.agent} given to "
+                f"agent {launch.agent} of run {launch.run!r}"
+            )
         self.launch, self.identity, self._core_type = launch, identity, core
         self.me, self.run = launch.agent, launch.run
+        self.checkpoint = checkpoint  # what a restarted agent comes back with
         self.phase = Phase.REGISTERING
         self.deliveries = Deliveries()
         self.session: _Session | None = None
@@ -196,12 +244,12 @@ class AgentNode:
         self._unreported: Counter[str] = Counter()  # rejections since the last Finished
         self._seq = 0  # of our own upward frames
         self._heard = -1  # highest orchestrator sequence number obeyed or seen signed
-        self._early: list[tuple[int, bytes]] = []  # (sender, payload) awaiting a session
+        self._early: list[tuple[int, bytes]] = []  # (sender, payload) awaiting a view
         self._early_bytes = 0
         self._since = 0.0  # when the current wait began (deadlines)
         self._orchestrator_at = 0.0  # when the orchestrator last said something valid
         self._next_hello = 0.0
-        self._started_at = 0.0
+        self._next_progress = 0.0
         self.failure = ""
 
     # ---- public API -------------------------------------------------------------------
@@ -225,13 +273,18 @@ class AgentNode:
     def done(self) -> bool:
         return self.phase in (Phase.CLOSED, Phase.FAILED)
 
+    @property
+    def view(self) -> int:
+        return -1 if self.session is None else self.session.view
+
     def start(self, now: float) -> Output:
         """The first Hello."""
-        self._since = self._started_at = now
+        self._since = now
         return self.tick(now)
 
     def tick(self, now: float) -> Output:
-        """Hello again while unanswered; fail when a wait outlasts its deadline."""
+        """Hello again while unanswered; Progress while in a session; stop when the
+        orchestrator has been silent past its deadline."""
         out = Output()
         if self.phase is Phase.REGISTERING:
             if now - self._since >= REGISTER_TIMEOUT:
@@ -242,37 +295,20 @@ class AgentNode:
             if now >= self._next_hello:
                 self._next_hello = now + HELLO_EVERY
                 out.publish.append(self._hello())
-        elif self.phase in ACTIVE and self.session is not None:
+        elif self.session is not None and self.phase not in IDLE:
             deadline = self.session.config.deadline
-            if now - self._since >= deadline:
-                core = self.session.core
-                awaited = (  # keyed: only Go is missing, and it is the orchestrator's
-                    "Go from the orchestrator"
-                    if self.phase is Phase.KEYED
-                    else f"agents {core.waiting_for()}"
-                )
+            if now - self._orchestrator_at >= deadline:
                 return self._fail(
-                    f"agent {self.me}: nothing received for {deadline:.0f} s in round "
-                    f"{core.round} ({self.phase}); waiting for {awaited} "
-                    "(crashed or disconnected?)"
+                    f"agent {self.me}: the orchestrator has been silent for {deadline:.0f} s "
+                    f"({self.phase}); stopping"
                 )
-            if now - self._orchestrator_at >= deadline:
-                return self._orchestrator_lost(deadline)
-        elif self.phase is Phase.FINISHED and self.session is not None:
-            deadline = self.session.config.deadline
-            if now - self._orchestrator_at >= deadline:
-                return self._orchestrator_lost(deadline)
+            if self.phase in BEATING and now >= self._next_progress:
+                out.publish.append(self._progress(now))
         elif self.phase in IDLE and now - self._since >= IDLE_TIMEOUT:
             return self._fail(
                 f"agent {self.me}: no word from the orchestrator for {IDLE_TIMEOUT:.0f} s; leaving"
             )
         return out
-
-    def _orchestrator_lost(self, deadline: float) -> Output:
-        return self._fail(
-            f"agent {self.me}: the orchestrator has been silent for {deadline:.0f} s "
-            f"({self.phase}); stopping"
-        )
 
     def next_tick(self) -> float | None:
         """When `tick` has something to do next (None: nothing, ever)."""
@@ -280,10 +316,9 @@ class AgentNode:
             return None
         if self.phase is Phase.REGISTERING:
             return min(self._next_hello, self._since + REGISTER_TIMEOUT)
-        if self.phase in ACTIVE and self.session is not None:
-            return min(self._since, self._orchestrator_at) + self.session.config.deadline
-        if self.phase is Phase.FINISHED and self.session is not None:
-            return self._orchestrator_at + self.session.config.deadline
+        if self.session is not None and self.phase not in IDLE:
+            silent = self._orchestrator_at + self.session.config.deadline
+            return min(silent, self._next_progress) if self.phase in BEATING else silent
         return self._since + IDLE_TIMEOUT
 
     def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output:
@@ -346,16 +381,30 @@ class AgentNode:
         match msg:
             case control.Welcome(agent=agent) if agent == self.me and self._is(Phase.REGISTERING):
                 self.phase, self._since = Phase.REGISTERED, now
-                return Output(events=[Event("registered")])
-            case control.Setup(agent=agent) if agent == self.me and self._is(*WAITING[1:]):
+                out = Output(events=[Event("registered")])
+                if self.launch.rejoin:
+                    out.publish.append(self._rejoin())
+                return out
+            case control.Setup(agent=agent) if agent == self.me and self._fits(msg):
                 return self._configure(msg, now)
-            case control.Go(session=number) if self._is(Phase.KEYED) and self._session_is(number):
-                return self._go(now)
+            case control.Go(session=n, view=v) if self._is(Phase.KEYED) and self._at(n, v):
+                return self._go(msg.until, now)
+            case control.Hold(session=n, view=v) if self._holds(n, v) and not self._is(
+                Phase.EXCLUDED
+            ):
+                if self.phase in ACTIVE:
+                    self.phase = Phase.HELD
+                return Output([self._progress(now)])
+            case control.Excluded(agent=agent, session=n, view=v) if (
+                agent == self.me and self._holds(n, v)
+            ):
+                self.phase = Phase.EXCLUDED
+                return Output([self._rejoin()], [Event("excluded", f"view {v}")])
             case control.Abort(reason=reason):
                 return self._fail(f"aborted by the orchestrator: {reason}", tell=False)
             case control.Beat():
                 return Output()
-            case control.Close() if self._is(Phase.FINISHED):
+            case control.Close() if self._is(Phase.FINISHED, Phase.EXCLUDED, Phase.REGISTERED):
                 self.phase = Phase.LEAVING
                 inbox, probe = self.subscriptions[0], topics.peer_topic(self.run, self.me, self.me)
                 return Output(unsubscribe=[Unsubscribe(inbox, probe)])
@@ -370,24 +419,50 @@ class AgentNode:
     def _is(self, *phases: Phase) -> bool:
         return self.phase in phases
 
-    def _session_is(self, number: int) -> bool:
-        return self.session is not None and self.session.number == number
+    def _at(self, session: int, view: int) -> bool:
+        return self.session is not None and (self.session.number, self.session.view) == (
+            session,
+            view,
+        )
+
+    def _holds(self, session: int, view: int) -> bool:
+        """A Hold or Excluded for a later view of this session, in a phase that can stop."""
+        current = self.session
+        return (
+            current is not None
+            and current.number == session
+            and view > current.view
+            and self.phase in (*ACTIVE, *PAUSED)
+        )
+
+    def _fits(self, setup: control.Setup) -> bool:
+        """A Setup opens a later session (when none runs) or a later view of this one."""
+        current = self.session
+        if current is None:
+            return self.phase is Phase.REGISTERED
+        if setup.session > current.number:
+            return self.phase in PAUSED
+        return (
+            setup.session == current.number and setup.view > current.view and (self.phase in PAUSED)
+        )
 
     def _configure(self, setup: control.Setup, now: float) -> Output:
-        if self.session is not None and setup.session <= self.session.number:
-            raise Rejected("replay", f"Setup for session {setup.session} came again")
         try:
             plain = keys.open_sealed(
                 self.identity.static,
                 setup.sealed,
-                setup_context(self.run, self.me, setup.session),
+                setup_context(self.run, self.me, setup.session, setup.view),
             )
         except keys.BadKey as exc:
             raise Rejected("bad-seal", f"Setup: {exc}") from exc
         config = wire.decode_config(plain)
         spec = config.spec
-        if spec.agent != self.me:
-            raise Rejected("schema", f"Config for agent {spec.agent} sealed to agent {self.me}")
+        if spec.agent != self.me or spec.view != setup.view:
+            raise Rejected(
+                "schema",
+                f"Config for agent {spec.agent} view {spec.view} sealed to agent {self.me} "
+                f"for view {setup.view}",
+            )
         try:
             directory = {m: keys.PublicIdentity.from_bytes(b) for m, b in config.directory.items()}
             if missing := sorted(spec.neighbours - directory.keys()):
@@ -399,12 +474,20 @@ class AgentNode:
             }
         except keys.BadKey as exc:
             raise Rejected("bad-key", f"Config directory: {exc}") from exc
+        history = self._history_for(setup.session, spec)
+        if config.resume not in history:
+            return self._fail(
+                f"agent {self.me}: view {setup.view} resumes from my model after round "
+                f"{config.resume}, which I do not hold (I hold {sorted(history)[-5:]})"
+            )
+        history = {r: w for r, w in history.items() if r <= config.resume}
         loss = make_loss(config.problem, spec.agent, spec.agents)
         core = self._core_type(spec, loss, self.identity, directory)
-        first, self._registration = self._registration, Traffic()
-        self.session = _Session(setup.session, config, core, link_keys, traffic=first)
-        self.phase, self._since = Phase.CONFIGURED, now
-        out = Output(events=[Event("configured", f"session {setup.session}")])
+        core.resume_from(history[config.resume])
+        self.session = self._next_session(setup, config, core, link_keys, history)
+        self.phase = Phase.CONFIGURED
+        self._next_progress = now + config.deadline / BEATS
+        out = Output(events=[Event("configured", f"session {setup.session} view {setup.view}")])
         out += self._emit(core.prepare())
         early, self._early, self._early_bytes = self._early, [], 0
         for sender, payload in early:  # now they can be authenticated, or counted
@@ -417,20 +500,62 @@ class AgentNode:
                 self.deliveries.used += 1
         return out + self._keyed()
 
+    def _history_for(self, number: int, spec: AgentSpec) -> dict[int, np.ndarray]:
+        """The models this agent may resume from in session `number`."""
+        if self.session is not None and self.session.number == number:
+            return self.session.history
+        if self.checkpoint is not None and self.checkpoint.session == number:
+            return dict(self.checkpoint.models)
+        w0 = np.array(spec.w0, dtype=np.float64) if spec.w0 else np.zeros(spec.dim)
+        return {0: w0}
+
+    def _next_session(
+        self,
+        setup: control.Setup,
+        config: control.Config,
+        core: AgentCore,
+        link_keys: dict[int, bytes],
+        history: dict[int, np.ndarray],
+    ) -> _Session:
+        """A new session, or the next view of this one: traffic, started time and the
+        telemetry of rounds before the view's start carry over; a Finished the new view
+        voids gives its rejections back, to be reported in the next one."""
+        old = self.session
+        if old is None or old.number != setup.session:
+            first, self._registration = self._registration, Traffic()
+            return _Session(
+                setup.session, setup.view, config, core, link_keys, history, traffic=first
+            )
+        if self.phase is Phase.FINISHED:
+            self._unreported += old.finished
+        start = config.spec.start
+        return _Session(
+            old.number,
+            setup.view,
+            config,
+            core,
+            link_keys,
+            history,
+            old.started,
+            [r for r in old.reports if r.round < start],
+            old.traffic,
+        )
+
     def _keyed(self) -> Output:
         assert self.session is not None
         if self.phase is not Phase.CONFIGURED or not self.session.core.keyed:
             return Output()
         self.phase = Phase.KEYED
-        ready = control.Ready(self.me, self.session.number)
+        ready = control.Ready(self.me, self.session.number, self.session.view)
         return Output([self._up(topics.ctl_up(self.run, self.me), ready)], [Event("keyed")])
 
-    def _go(self, now: float) -> Output:
+    def _go(self, until: int, now: float) -> Output:
         assert self.session is not None
         self.phase, self._since = Phase.RUNNING, now
-        self.session.started = now
+        if not self.session.started:
+            self.session.started = now
         out = Output(events=[Event("started", f"session {self.session.number}")])
-        out += self._emit(self.session.core.start())
+        out += self._emit(self.session.core.start(until))
         return out + self._maybe_finish(now)
 
     def _up(self, topic: str, msg: control.Control, category: str = "control") -> Publish:
@@ -445,6 +570,32 @@ class AgentNode:
         proof = hello_proof(self.launch.token, self.run, self.me, identity)
         return self._up(topics.ctl_up(self.run, self.me), control.Hello(self.me, identity, proof))
 
+    def _progress(self, now: float) -> Publish:
+        session = self.session
+        assert session is not None
+        self._next_progress = now + session.config.deadline / BEATS
+        core = session.core
+        msg = control.Progress(
+            self.me,
+            session.number,
+            session.view,
+            core.round - 1,  # rounds completed (the core is at the next one)
+            self.phase in PAUSED,
+            tuple(core.waiting_for()[:20]) if self.phase is Phase.RUNNING else (),
+        )
+        return self._up(topics.ctl_up(self.run, self.me), msg)
+
+    def _rejoin(self) -> Publish:
+        """Ask back in, offering the rounds whose model this agent holds."""
+        if self.session is not None:
+            number, rounds = self.session.number, sorted(self.session.history)
+        elif self.checkpoint is not None:
+            number, rounds = self.checkpoint.session, sorted(self.checkpoint.models)
+        else:
+            number, rounds = -1, []
+        offer = tuple(rounds[-RECENT:])
+        return self._up(topics.ctl_up(self.run, self.me), control.Rejoin(self.me, number, offer))
+
     def _fail(self, reason: str, *, tell: bool = True) -> Output:
         if self.done:
             return Output()
@@ -458,7 +609,7 @@ class AgentNode:
         return out
 
     def _drop_early(self) -> None:
-        """Peer frames still waiting for a session that will not come: counted, unused."""
+        """Peer frames still waiting for a view that will not come: counted, unused."""
         self.deliveries.received += len(self._early)
         self._count_n("no-session", len(self._early))
         self._early, self._early_bytes = [], 0
@@ -470,14 +621,24 @@ class AgentNode:
         if run != self.run or receiver != self.me:
             raise Rejected("wrong-topic", f"peer topic for run {run!r}, agent {receiver}")
         if self.phase in WAITING:
-            if len(self._early) >= EARLY_COUNT or self._early_bytes + len(payload) > EARLY_BYTES:
-                raise Rejected("overflow", f"more than {EARLY_COUNT} early peer frames")
-            self._early.append((sender, payload))
-            self._early_bytes += len(payload)
-            self.deliveries.used -= 1  # counted when it is replayed into the session
-            self.deliveries.received -= 1
+            self._keep(sender, payload)
             return Output()
-        return self._peer(sender, payload, now)
+        try:
+            return self._peer(sender, payload, now)
+        except Rejected as exc:
+            if exc.reason != "ahead-view":
+                raise
+            self._keep(sender, payload)  # a neighbour has its Setup for the next view first
+            return Output()
+
+    def _keep(self, sender: int, payload: bytes) -> None:
+        """Keep a frame until the next Setup can authenticate it (bounded)."""
+        if len(self._early) >= EARLY_COUNT or self._early_bytes + len(payload) > EARLY_BYTES:
+            raise Rejected("overflow", f"more than {EARLY_COUNT} early peer frames")
+        self._early.append((sender, payload))
+        self._early_bytes += len(payload)
+        self.deliveries.used -= 1  # counted when it is replayed into the session
+        self.deliveries.received -= 1
 
     def _peer(self, sender: int, payload: bytes, now: float) -> Output:
         session = self.session
@@ -489,35 +650,43 @@ class AgentNode:
             topic_sender=sender,
             dim=core.spec.dim,
             link_keys=session.link_keys,
+            view=session.view,
         )
         try:
             produced = core.receive(msg)
         except keys.BadKey as exc:
             raise Rejected("bad-key", str(exc)) from exc
-        self._since = now  # a neighbour is alive
         out = self._emit(produced)
         if self.phase is Phase.CONFIGURED:
             return out + self._keyed()
         return out + self._maybe_finish(now)
 
     def _emit(self, messages: list[Message]) -> Output:
-        """Peer messages MACed for their link; reports batched and sealed."""
+        """Peer messages MACed for their link; reports kept, batched and sealed."""
         session = self.session
         assert session is not None
         out = Output()
+        every = session.config.checkpoint_every
         for msg in messages:
             if isinstance(msg, Report):
+                session.history[msg.round] = msg.w
                 if session.config.telemetry:
                     session.reports.append(msg)
+                if every and msg.round % every == 0:
+                    out.checkpoint = self._checkpoint(session, every)
                 continue
             topic = topics.peer_topic(self.run, msg.receiver, self.me)
             payload = wire.encode_peer(msg, session.link_keys[msg.receiver])
             category = wire.category(msg)
             session.traffic.add(category, topic, payload)
             out.publish.append(Publish(topic, payload, category))
-        if session.reports and (len(session.reports) >= TELEMETRY_BATCH or session.core.done):
+        if session.reports and (len(session.reports) >= TELEMETRY_BATCH or session.core.held):
             out.publish.append(self._telemetry(session))
         return out
+
+    def _checkpoint(self, session: _Session, every: int) -> Checkpoint:
+        kept = {r: w for r, w in session.history.items() if r % every == 0}
+        return Checkpoint(self.run, self.me, session.number, kept)
 
     def _telemetry(self, session: _Session) -> Publish:
         """Seal a batch of true models to the orchestrator: no plaintext model on the wire."""
@@ -526,18 +695,22 @@ class AgentNode:
         sealed = keys.seal(
             self.launch.orchestrator.static,
             wire.encode_reports(reports),
-            telemetry_context(self.run, self.me, session.number, last),
+            telemetry_context(self.run, self.me, session.number, session.view, last),
         )
-        msg = control.Telemetry(self.me, session.number, last, sealed)
+        msg = control.Telemetry(self.me, session.number, session.view, last, sealed)
         return self._up(topics.telemetry(self.run, self.me), msg, "telemetry")
 
     def _maybe_finish(self, now: float) -> Output:
         session = self.session
         assert session is not None
-        if self.phase is not Phase.RUNNING or not session.core.done:
+        if self.phase is not Phase.RUNNING or not session.core.held:
             return Output()
+        if not session.core.done:  # Go's `until`: hold for the next view
+            self.phase = Phase.HELD
+            return Output([self._progress(now)])
         self.phase, self._since = Phase.FINISHED, now
         rejected, self._unreported = self._unreported, Counter()
+        session.finished = rejected
         topic = topics.ctl_up(self.run, self.me)
         own, size = -1, 0  # Finished counts its own PUBLISH, whose size depends on that count:
         while size != own:  # iterate to the fixed point (sizes only grow, so it comes fast)
@@ -547,6 +720,7 @@ class AgentNode:
             finished = control.Finished(
                 self.me,
                 session.number,
+                session.view,
                 dict(rejected),
                 dict(sent),
                 dict(messages),

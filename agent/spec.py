@@ -81,6 +81,8 @@ class AgentSpec:
     session: bytes  # random per run; bound into every signature, MAC and mask
     rekey: Rekey = Rekey.ONCE
     w0: tuple[float, ...] = field(default=())  # initial model; zeros when empty
+    view: int = 0  # the membership view these weights are for (DESIGN: Membership and faults)
+    start: int = 1  # the first round this spec runs: a later view redoes from here
 
     def __post_init__(self) -> None:
         # The core compares with `is`: a plain "local-ghp" string would silently run ghp.
@@ -99,6 +101,8 @@ class AgentSpec:
             raise ConfigError(f"sigma_g must be >= 0, got {self.sigma_g}")
         if self.rounds < 1:
             raise ConfigError(f"rounds must be >= 1, got {self.rounds}")
+        if not 1 <= self.start <= self.rounds:
+            raise ConfigError(f"start round {self.start} is not in [1, {self.rounds}]")
         if self.w0 and len(self.w0) != self.dim:
             raise ConfigError(f"w0 has {len(self.w0)} entries, the model has dim {self.dim}")
         for plan in self.steps:

@@ -41,12 +41,16 @@ from agent.control import (
     Close,
     Config,
     Control,
+    Excluded,
     Failed,
     Finished,
     Go,
     Hello,
+    Hold,
     Left,
+    Progress,
     Ready,
+    Rejoin,
     Setup,
     Telemetry,
     Welcome,
@@ -365,6 +369,8 @@ _AGENT_SPEC = _record(
         ("session", _BLOB),
         ("rekey", _enum(Rekey)),
         ("w0", _tuple(_FLOAT)),
+        ("view", _COUNT),
+        ("start", _POSITIVE),
     ),
 )
 
@@ -466,6 +472,7 @@ _PEER_SCHEMAS = (
             _Field("round", "i", _COUNT),
             _Field("step", "j", _STEP),
             _Field("vector", "w", _VECTOR),
+            _Field("view", "v", _COUNT),
         ),
     ),
     _Schema(
@@ -477,6 +484,7 @@ _PEER_SCHEMAS = (
             _Field("step", "j", _STEP),
             _Field("side", "d", _SIDE),
             _Field("partners", "p", _tuple(_ID, distinct=True)),
+            _Field("view", "v", _COUNT),
         ),
     ),
     _Schema(
@@ -492,6 +500,7 @@ _PEER_SCHEMAS = (
             _Field("epoch", "e", _COUNT),
             _Field("public", "k", _bytes(32)),
             _Field("signature", "g", _bytes(64)),
+            _Field("view", "v", _COUNT),
         ),
     ),
 )
@@ -507,10 +516,37 @@ _CONTROL_SCHEMAS = (
         _named(("agent", _ID), ("identity", _bytes(64)), ("proof", _bytes(32))),
     ),
     _Schema("welcome", Welcome, _named(("agent", _ID))),
-    _Schema("setup", Setup, _named(("agent", _ID), ("session", _SESSION), ("sealed", _BLOB))),
-    _Schema("ready", Ready, _named(("agent", _ID), ("session", _SESSION))),
-    _Schema("go", Go, _named(("session", _SESSION))),
+    _Schema(
+        "setup",
+        Setup,
+        _named(("agent", _ID), ("session", _SESSION), ("view", _COUNT), ("sealed", _BLOB)),
+    ),
+    _Schema("ready", Ready, _named(("agent", _ID), ("session", _SESSION), ("view", _COUNT))),
+    _Schema("go", Go, _named(("session", _SESSION), ("view", _COUNT), ("until", _COUNT))),
     _Schema("beat", Beat, ()),
+    _Schema("hold", Hold, _named(("session", _SESSION), ("view", _COUNT))),
+    _Schema("excluded", Excluded, _named(("agent", _ID), ("session", _SESSION), ("view", _COUNT))),
+    _Schema(
+        "progress",
+        Progress,
+        _named(
+            ("agent", _ID),
+            ("session", _SESSION),
+            ("view", _COUNT),
+            ("round", _COUNT),
+            ("held", _BOOL),
+            ("waiting", _tuple(_ID)),
+        ),
+    ),
+    _Schema(
+        "rejoin",
+        Rejoin,
+        _named(
+            ("agent", _ID),
+            ("session", _int(-1, COUNT_LIMIT, "a session or -1")),
+            ("rounds", _tuple(_COUNT)),
+        ),
+    ),
     _Schema("close", Close, ()),
     _Schema("left", Left, _named(("agent", _ID), ("rejected", _COUNTS))),
     _Schema("bye", Bye, ()),
@@ -521,6 +557,7 @@ _CONTROL_SCHEMAS = (
         (
             _Field("agent", "a", _ID),
             _Field("session", "n", _SESSION),
+            _Field("view", "v", _COUNT),
             _Field("round", "i", _COUNT),
             _Field("sealed", "x", _BLOB),
         ),
@@ -531,6 +568,7 @@ _CONTROL_SCHEMAS = (
         _named(
             ("agent", _ID),
             ("session", _SESSION),
+            ("view", _COUNT),
             ("rejected", _COUNTS),
             ("bytes", _COUNTS),
             ("messages", _COUNTS),
@@ -549,6 +587,8 @@ _CONFIG = _Schema(
         ("directory", _mapping(_ID, _bytes(64))),
         ("deadline", _FLOAT),
         ("telemetry", _BOOL),
+        ("resume", _COUNT),
+        ("checkpoint_every", _COUNT),
     ),
     _check_config,
 )
@@ -706,10 +746,18 @@ def decode_peer(
     topic_sender: int,
     dim: int,
     link_keys: Mapping[int, bytes],
+    view: int = 0,
     max_size: int = MAX_PEER_BYTES,
 ) -> Peer:
-    """The peer message in `data`, which arrived on the topic of `topic_sender`, or Rejected."""
+    """The peer message in `data`, which arrived on the topic of `topic_sender`, or Rejected.
+
+    A frame of another membership view is refused before its MAC is checked (each view has
+    its own link keys): `stale-view` for an earlier one, `ahead-view` for a later one, which
+    the node keeps until its own Setup for that view arrives."""
     opened = _open(data, max_size, _PEER_LIMITS, _PEER, "peer message")
+    if opened.fields["view"] != view:
+        which = "stale-view" if opened.fields["view"] < view else "ahead-view"
+        raise Rejected(which, f"frame of view {opened.fields['view']}, this agent is at {view}")
     name, sender = opened.schema.name, opened.fields["sender"]
     if sender != topic_sender:
         raise Rejected(
@@ -839,3 +887,30 @@ def decode_reports(data: bytes, dim: int, max_size: int = MAX_CONTROL_BYTES) -> 
 def category(msg: object) -> str:
     """Byte-accounting bucket: model, keys, telemetry (Telemetry and its Report) or control."""
     return _CATEGORY.get(type(msg), "control")
+
+
+def encode_checkpoint(
+    run: str, agent: int, session: int, models: Mapping[int, np.ndarray]
+) -> bytes:
+    """An agent's own models by round (a checkpoint on disk): its Reports, with a header."""
+    reports = [Report(agent, r, w) for r, w in sorted(models.items())]
+    dim = len(reports[0].w) if reports else 0
+    return _pack([VERSION, run, agent, session, dim, encode_reports(reports)])
+
+
+def decode_checkpoint(data: bytes, where: str) -> tuple[str, int, int, dict[int, np.ndarray]]:
+    """(run, agent, session, models) of a checkpoint; ValueError saying what is wrong."""
+    try:
+        outer = _unpack(data, MAX_CONTROL_BYTES * 64, _CONTROL_LIMITS, "checkpoint")
+        if not isinstance(outer, list) or len(outer) != 6 or outer[0] != VERSION:
+            raise Rejected("malformed", "expected [version, run, agent, session, dim, reports]")
+        _, run, agent, session, dim, blob = outer
+        if not (isinstance(run, str) and isinstance(blob, bytes)):
+            raise Rejected("malformed", "run must be text and reports bytes")
+        agent, session, dim = (_COUNT.decode(v, "checkpoint") for v in (agent, session, dim))
+        reports = decode_reports(blob, dim, MAX_CONTROL_BYTES * 64)
+    except Rejected as exc:
+        raise ValueError(f"{where} is not a privnet checkpoint: {exc.detail}") from None
+    if any(r.sender != agent for r in reports):
+        raise ValueError(f"{where} holds models of another agent than {agent}")
+    return run, agent, session, {r.round: r.w for r in reports}

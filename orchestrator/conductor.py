@@ -16,12 +16,13 @@ phase. Anything else is dropped and counted under exactly one reason.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections import Counter
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -29,6 +30,7 @@ from agent import control, keys, topics, wire
 from agent.losses import ProblemSpec
 from agent.messages import Rejected
 from agent.node import (
+    BEATS,
     Deliveries,
     Event,
     Output,
@@ -38,32 +40,39 @@ from agent.node import (
     setup_context,
     telemetry_context,
 )
-from agent.spec import AgentSpec
+from agent.spec import AgentSpec, ConfigError
 
 REGISTER_DEADLINE = 120.0  # seconds from start for every agent to register
-BEATS = 3  # Beats per deadline while sessions run: agents stop after a deadline of silence
 
 
 class Stage(StrEnum):
     REGISTERING = "registering"
     CONFIGURING = "configuring"
     RUNNING = "running"
+    HOLDING = "holding"
     CLOSING = "closing"
     DONE = "done"
     FAILED = "failed"
     CLOSED = "closed"
 
 
-BEATING = (Stage.CONFIGURING, Stage.RUNNING, Stage.CLOSING)
+BEATING = (Stage.CONFIGURING, Stage.RUNNING, Stage.HOLDING, Stage.CLOSING)
+IN_SESSION = (Stage.CONFIGURING, Stage.RUNNING, Stage.HOLDING)
+STALLS = 3  # views in a row that bring no round forward: then the run fails, saying why
+
+
+ViewSpecs = Callable[[frozenset[int]], list[AgentSpec]]
 
 
 @dataclass(frozen=True)
 class SessionPlan:
-    """One session: every agent's spec and the problem they sample their data from."""
+    """One session: every agent's spec and the problem they sample their data from;
+    `view_specs` gives the specs of a membership view (weights on its graph)."""
 
     label: str
     specs: list[AgentSpec]
     problem: ProblemSpec
+    view_specs: ViewSpecs | None = None
 
     @property
     def rounds(self) -> int:
@@ -72,6 +81,45 @@ class SessionPlan:
     @property
     def dim(self) -> int:
         return self.specs[0].dim
+
+
+@dataclass(frozen=True)
+class View:
+    """One membership view: who runs `session` from round `start` on, and why it changed.
+
+    `resume[m]` is the round after which member m's own model is where it starts: start - 1
+    for members that carry on, an earlier round for one that comes back."""
+
+    session: int
+    view: int
+    start: int
+    members: tuple[int, ...]
+    reason: str
+    resume: dict[int, int] = field(default_factory=dict)
+    left: dict[int, str] = field(default_factory=dict)  # agent -> why it is out
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "session": self.session,
+            "view": self.view,
+            "start": self.start,
+            "members": list(self.members),
+            "reason": self.reason,
+            "resume": {str(m): r for m, r in self.resume.items()},
+            "left": {str(m): why for m, why in self.left.items()},
+        }
+
+    @classmethod
+    def from_json(cls, item: Mapping[str, Any]) -> View:
+        return cls(
+            int(item["session"]),
+            int(item["view"]),
+            int(item["start"]),
+            tuple(int(m) for m in item["members"]),
+            str(item["reason"]),
+            {int(m): int(r) for m, r in item.get("resume", {}).items()},
+            {int(m): str(w) for m, w in item.get("left", {}).items()},
+        )
 
 
 def add_counts(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
@@ -85,13 +133,19 @@ def add_counts(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
 @dataclass
 class SessionResult:
     label: str
-    models: np.ndarray  # (rounds, P, M): every agent's true model after every round
+    models: np.ndarray  # (rounds, P, M): every agent's true model after every round (NaN: missed)
     finished: dict[int, control.Finished]
     wall: float  # Go to last Finished
 
     def totals(self, field_name: str) -> dict[str, int]:
         """One of Finished's count maps (rejected, bytes, messages), summed over agents."""
         return add_counts(getattr(done, field_name) for done in self.finished.values())
+
+    @property
+    def missed(self) -> dict[int, int]:
+        """Rounds whose model each agent did not report (out of the view, or lost)."""
+        counts = np.isnan(self.models[..., 0]).sum(axis=0) if self.models.size else []
+        return {m: int(n) for m, n in enumerate(counts) if n}
 
 
 @dataclass
@@ -113,6 +167,8 @@ class Conductor:
         deadline: float = 30.0,
         telemetry: bool = True,
         register_deadline: float = REGISTER_DEADLINE,
+        checkpoint_every: int = 0,
+        script: Iterable[View] | None = None,
     ) -> None:
         if not plans:
             raise ValueError("a run needs at least one session")
@@ -123,6 +179,9 @@ class Conductor:
         self.run, self.identity, self.tokens = run, identity, tokens
         self.plans, self.deadline, self.telemetry = plans, deadline, telemetry
         self.register_deadline = register_deadline
+        self.checkpoint_every = checkpoint_every
+        # A replay applies recorded views at their rounds and decides nothing itself.
+        self.script = {(v.session, v.view): v for v in script} if script is not None else None
         self.agents = agents
         self.stage = Stage.REGISTERING
         self.deliveries = Deliveries()
@@ -130,14 +189,26 @@ class Conductor:
         self.recipients = 0  # deliveries of what it published (a broadcast reaches everyone)
         self.registered: dict[int, _Agent] = {}
         self.results: list[SessionResult] = []
+        self.membership: list[View] = []  # every view of every session, in order
         self.left: dict[int, dict[str, int]] = {}  # what each dropped after its last Finished
         self.left_traffic = Traffic()  # the agents' Left frames
         self.failure = ""
         self.session = -1  # index into plans
+        self.alive: set[int] = set()  # registered and not lost
+        self.members: frozenset[int] = frozenset()  # of the current view
         self._seq = 0
         self._since = 0.0  # start of the current wait (registration: of the run)
+        self._heard: dict[int, float] = {}  # when each agent last sent a valid frame
         self._ready: set[int] = set()
         self._finished: dict[int, control.Finished] = {}
+        self._completed: dict[int, int] = {}  # rounds each member completed in this view
+        self._held: dict[int, int] = {}  # members stopped for the next view, at that round
+        self._lost: dict[int, str] = {}  # members to leave out of the next view, and why
+        self._joining: dict[int, control.Rejoin] = {}  # agents asking back in
+        self._excluded_at: dict[int, int] = {}  # start of the view that left an agent out
+        self._reason = ""
+        self._moved = (0, 0.0)  # (slowest member's rounds, when that last grew)
+        self._stalls = 0
         self._go_at = 0.0
         self._next_beat = 0.0
         self.models = np.zeros((0, 0, 0))
@@ -150,9 +221,15 @@ class Conductor:
         return topics.up_filters(self.run)
 
     @property
+    def view(self) -> View | None:
+        return self.membership[-1] if self.membership else None
+
+    @property
     def rounds_done(self) -> int:
-        """Rounds every agent has reported in the current session."""
-        return int(self.counts.min()) if self.counts.size else 0
+        """Rounds every member has completed in the current session (by its heartbeats,
+        or by its telemetry, which comes more often)."""
+        members = [max(self._completed.get(m, 0), int(self.counts[m])) for m in self.members]
+        return min(members) if members else 0
 
     @property
     def current(self) -> SessionPlan | None:
@@ -163,7 +240,7 @@ class Conductor:
         return Output()
 
     def tick(self, now: float) -> Output:
-        """Fail a registration past its deadline, or a session silent past its deadline."""
+        """Deadlines (registration, an agent's silence, a stalled network) and Beats."""
         if self.stage is Stage.REGISTERING and now - self._since >= self.register_deadline:
             missing = sorted(set(range(self.agents)) - self.registered.keys())
             return self._fail(
@@ -171,14 +248,20 @@ class Conductor:
                 f"{missing[:20]} never registered (not started, or launched with another "
                 "run's token?)"
             )
-        if self._silence_counts and now - self._since >= self.deadline:
-            return self._fail(f"nothing heard for {self.deadline:.0f} s while {self._waiting()}")
+        out = Output()
+        if self.stage in IN_SESSION:
+            silent = [m for m in self._expected() if now - self._heard.get(m, 0.0) >= self.deadline]
+            for m in silent:
+                out += self.lost(m, f"silent for {self.deadline:.0f} s", now)
+            if self._stalled(now):
+                out += self._change(now, "stalled")
         if self.stage is Stage.CLOSING and now - self._since >= self.deadline:
-            return self._done()  # the results are complete; a silent agent only costs its Left
+            return out + self._done()  # results are complete; a silent agent costs its Left
         if self.stage in BEATING and now >= self._next_beat:
             self._next_beat = now + self.deadline / BEATS
-            return Output([self._down("all", control.Beat())])
-        return Output()
+            beat = control.Beat() if self.stage is not Stage.HOLDING else self._hold()
+            out.publish.append(self._down("all", beat))
+        return out
 
     def next_tick(self) -> float | None:
         if self.stage is Stage.REGISTERING:
@@ -188,18 +271,17 @@ class Conductor:
         return None
 
     @property
-    def _silence_counts(self) -> bool:
-        """Whether silence from the agents means trouble: while configuring, and while
-        running with telemetry. Without it a running agent says nothing until Finished;
-        a dead or stalled one is then caught by its neighbours' deadlines (they fail and
-        say so) and by the shell's process checks."""
-        return self.stage is Stage.CONFIGURING or (self.stage is Stage.RUNNING and self.telemetry)
-
-    @property
     def deadline_at(self) -> float:
-        """When the current wait runs out (registration, or a session's silence)."""
-        wait = self.register_deadline if self.stage is Stage.REGISTERING else self.deadline
-        return self._since + wait
+        """When the next wait runs out: registration, the oldest silence, a stall, Lefts."""
+        if self.stage is Stage.REGISTERING:
+            return self._since + self.register_deadline
+        if self.stage is Stage.CLOSING:
+            return self._since + self.deadline
+        heard = [self._heard.get(m, 0.0) for m in self._expected()]
+        waits = [min(heard) + self.deadline] if heard else []
+        if self.stage is Stage.RUNNING and self.script is None:
+            waits.append(self._moved[1] + self.deadline)
+        return min(waits) if waits else self._next_beat
 
     def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output:
         """One delivery: used, or dropped and counted under exactly one reason (a retained
@@ -215,6 +297,21 @@ class Conductor:
         self.deliveries.used += 1
         return out
 
+    def lost(self, agent: int, reason: str, now: float) -> Output:
+        """`agent` is gone (its process ended, it went silent, it failed): leave it out of
+        the next view. The shell calls this when it sees a process end."""
+        if agent not in self.alive or self.stage not in (*IN_SESSION, Stage.REGISTERING):
+            return Output()
+        self.alive.discard(agent)
+        self._joining.pop(agent, None)
+        if self.stage is Stage.REGISTERING:
+            return self._fail(f"agent {agent} lost during registration: {reason}")
+        if agent not in self.members:
+            return Output()
+        self._lost[agent] = reason
+        out = Output(events=[Event("lost", f"agent {agent}: {reason}")])
+        return out + self._change(now, "lost")
+
     def bye(self) -> Output:
         """Dismiss the agents once the caller has what it needs."""
         if self.stage is not Stage.DONE:
@@ -226,7 +323,7 @@ class Conductor:
         raise RuntimeError(f"the conductor never unsubscribes (from {topic!r})")
 
     def abort(self, reason: str) -> Output:
-        """Stop every agent now (Ctrl-C, a dead process the caller noticed)."""
+        """Stop every agent now (Ctrl-C, a failure the caller noticed)."""
         return self._fail(reason)
 
     # ---- deliveries -------------------------------------------------------------------
@@ -254,6 +351,9 @@ class Conductor:
         frame.verify(pinned.identity, f"agent {agent}'s registered identity")
         if frame.seq in pinned.seen:
             raise Rejected("replay", f"agent {agent} already used sequence number {frame.seq}")
+        if not isinstance(msg, control.Failed):  # a valid frame: it is alive (again)
+            self.alive.add(agent)
+            self._heard[agent] = now
         out = self._obey(msg, now)
         pinned.seen.add(frame.seq)
         if isinstance(msg, control.Left):  # sent after its last Finished: tallied here
@@ -268,13 +368,20 @@ class Conductor:
         if not hmac.compare_digest(expected, hello.proof):
             raise Rejected("bad-proof", f"Hello of agent {agent} lacks its launch token")
         pinned = self.registered.get(agent)
+        out = Output()
         if pinned is not None:
-            if pinned.identity != identity:
+            if pinned.identity == identity:
+                raise Rejected("duplicate", f"agent {agent} is registered already")
+            if self.stage not in IN_SESSION:
                 raise Rejected("identity-change", f"agent {agent} registered another identity")
-            raise Rejected("duplicate", f"agent {agent} is registered already")
+            # Its launcher started it again (the token proves it): the old process is gone.
+            out += self.lost(agent, "restarted", now)
+            out.events.append(Event("restarted", f"agent {agent}"))
         self.registered[agent] = _Agent(identity, {frame.seq})
-        out = Output([self._down(agent, control.Welcome(agent))])
-        if len(self.registered) == self.agents:
+        self.alive.add(agent)
+        self._heard[agent] = now
+        out.publish.append(self._down(agent, control.Welcome(agent)))
+        if self.stage is Stage.REGISTERING and len(self.registered) == self.agents:
             out.events.append(Event("registered", f"{self.agents} agents"))
             self._next_beat = now + self.deadline / BEATS
             out += self._next_session(now)
@@ -283,49 +390,90 @@ class Conductor:
     def _obey(self, msg: control.Control, now: float) -> Output:
         match msg:
             case control.Failed(agent=agent, reason=reason):
+                if self.stage in IN_SESSION and agent in self.alive:
+                    return self.lost(agent, f"failed: {reason}", now)
                 return self._fail(f"agent {agent} failed: {reason}")
-            case control.Ready(agent=agent, session=n) if self._in(Stage.CONFIGURING, n):
+            case control.Progress(session=n) if n == self.session and self.stage in IN_SESSION:
+                return self._progress(msg, now)
+            case control.Rejoin(agent=agent) if self._can_join(agent):
+                self._joining[agent] = msg
+                return self._change(now, "returned")
+            case control.Ready(agent=agent, session=n, view=v) if (
+                self._at(Stage.CONFIGURING, n, v) and agent in self.members
+            ):
                 if agent in self._ready:
                     raise Rejected("duplicate", f"second Ready of agent {agent}")
                 self._ready.add(agent)
-                self._since = now
-                if len(self._ready) < self.agents:
-                    return Output()
-                self.stage, self._go_at = Stage.RUNNING, now
-                return Output([self._down("all", control.Go(n))], [Event("started", self._label)])
-            case control.Telemetry(session=n) if self._in(Stage.RUNNING, n):
+                return self._maybe_go(now)
+            case control.Telemetry(session=n) if n == self.session and self.stage in IN_SESSION:
                 self._telemetry(msg)
-                self._since = now
                 return Output()
             case control.Left(agent=agent, rejected=rejected) if self.stage is Stage.CLOSING:
                 if agent in self.left:
                     raise Rejected("duplicate", f"second Left of agent {agent}")
                 self.left[agent] = rejected
-                return self._done() if len(self.left) == self.agents else Output()
-            case control.Finished(agent=agent, session=n) if self._in(Stage.RUNNING, n):
+                return self._done() if self.alive <= self.left.keys() else Output()
+            case control.Finished(agent=agent, session=n, view=v) if (
+                self.stage in (Stage.RUNNING, Stage.HOLDING)
+                and n == self.session
+                and agent in self.members
+            ):
+                if v != self._view_number:
+                    raise Rejected("stale-view", f"Finished of view {v}, now {self._view_number}")
                 if agent in self._finished:
                     raise Rejected("duplicate", f"second Finished of agent {agent}")
                 self._finished[agent] = msg
-                self._since = now
+                self._completed[agent] = self.plans[self.session].rounds
                 return self._maybe_done(now)
         raise Rejected("out-of-phase", f"{type(msg).__name__} in stage {self.stage}")
 
-    def _in(self, stage: Stage, session: int) -> bool:
-        return self.stage is stage and session == self.session
+    def _at(self, stage: Stage, session: int, view: int) -> bool:
+        return self.stage is stage and session == self.session and view == self._view_number
+
+    @property
+    def _view_number(self) -> int:
+        view = self.view
+        return view.view if view is not None and view.session == self.session else -1
+
+    def _can_join(self, agent: int) -> bool:
+        return (
+            self.stage in IN_SESSION
+            and self.script is None
+            and agent in self.alive
+            and agent not in self.members
+            and agent not in self._joining
+        )
+
+    def _progress(self, msg: control.Progress, now: float) -> Output:
+        if msg.agent not in self.members or msg.view != self._view_number:
+            return Output()  # a late heartbeat of an earlier view, or of one left out
+        self._completed[msg.agent] = msg.round
+        slowest = self.rounds_done
+        if slowest > self._moved[0]:
+            self._moved, self._stalls = (slowest, now), 0
+        if not msg.held:
+            return Output()
+        self._held[msg.agent] = msg.round
+        return self._maybe_switch(now)
 
     def _telemetry(self, msg: control.Telemetry) -> None:
         plan = self.plans[self.session]
-        context = telemetry_context(self.run, msg.agent, self.session, msg.round)
+        context = telemetry_context(self.run, msg.agent, self.session, msg.view, msg.round)
         try:
             blob = keys.open_sealed(self.identity.static, msg.sealed, context)
         except keys.BadKey as exc:
             raise Rejected("bad-seal", f"telemetry of agent {msg.agent}: {exc}") from exc
         reports = wire.decode_reports(blob, plan.dim)
+        end = self._view_end(msg.view)
         for report in reports:
             if report.sender != msg.agent or not 1 <= report.round <= plan.rounds:
                 raise Rejected(
                     "schema",
                     f"agent {msg.agent} reported agent {report.sender}, round {report.round}",
+                )
+            if report.round > end:
+                raise Rejected(
+                    "stale-view", f"round {report.round} of view {msg.view}, which ended at {end}"
                 )
             if not np.isnan(self.models[report.round - 1, report.sender, 0]):
                 raise Rejected("duplicate", f"round {report.round} of agent {msg.agent} again")
@@ -333,17 +481,189 @@ class Conductor:
             self.models[report.round - 1, report.sender] = report.w
             self.counts[report.sender] += 1
 
+    def _view_end(self, view: int) -> int:
+        """The last round of `view` that stands: views after it redo from their start."""
+        session = self.session
+        later = [v.start - 1 for v in self.membership if v.session == session and v.view > view]
+        return min(later) if later else self.plans[session].rounds
+
+    # ---- views ------------------------------------------------------------------------
+
+    def _expected(self) -> set[int]:
+        """Whose silence counts: the members (and those about to be, while holding)."""
+        return (self.members - self._lost.keys()) & self.alive
+
+    def _stalled(self, now: float) -> bool:
+        """Every member alive, and the slowest one no further for a deadline: frames were
+        lost (a broker restart, say); the round is redone under a new view."""
+        return (
+            self.stage is Stage.RUNNING
+            and self.script is None
+            and self.rounds_done < self.plans[self.session].rounds
+            and now - self._moved[1] >= self.deadline
+        )
+
+    def _change(self, now: float, reason: str) -> Output:
+        """Ask every member to stop at a round boundary; the next view follows (_switch)."""
+        if self.stage not in IN_SESSION or self.script is not None:
+            return Output()
+        if reason == "stalled":
+            self._stalls += 1
+            if self._stalls > STALLS:
+                waiting = {m: self._completed.get(m, 0) for m in sorted(self.members)}
+                return self._fail(
+                    f"no round completed through {STALLS} views ({self._label}); rounds per "
+                    f"member: {dict(list(waiting.items())[:20])}"
+                )
+            self._moved = (self._moved[0], now)
+        self._reason = self._reason or reason
+        if self.stage is not Stage.HOLDING:
+            self.stage, self._held = Stage.HOLDING, {}
+            self._next_beat = now + self.deadline / BEATS
+            out = Output([self._down("all", self._hold())], [Event("holding", reason)])
+            return out + self._maybe_switch(now)
+        return self._maybe_switch(now)
+
+    def _hold(self) -> control.Hold:
+        return control.Hold(self.session, self._view_number + 1)
+
+    def _maybe_switch(self, now: float) -> Output:
+        """The next view once every member still in has stopped (holding), or once a
+        replay's members reach the recorded round."""
+        staying = self._expected()
+        if self.stage is Stage.RUNNING and self.script is not None:
+            view = self.script.get((self.session, self._view_number + 1))
+            if view is None or any(self._held.get(m) != view.start - 1 for m in staying):
+                return Output()
+            return self._switch(now, view.start, view.reason, view.members, view.resume)
+        if self.stage is not Stage.HOLDING or not staying <= self._held.keys():
+            return Output()
+        start = min((self._held[m] for m in staying), default=0) + 1
+        rounds = self.plans[self.session].rounds
+        if start > rounds:  # every member still in has finished: nothing to redo
+            self._lost.clear()
+            self._joining.clear()
+            self.members = frozenset(staying)
+            self.stage = Stage.RUNNING
+            return self._maybe_done(now)
+        resume = {m: start - 1 for m in staying}
+        for agent, rejoin in self._joining.items():
+            resume[agent] = self._resume_of(agent, rejoin, start)
+        return self._switch(now, start, self._reason, tuple(sorted(resume)), resume)
+
+    def _resume_of(self, agent: int, rejoin: control.Rejoin, start: int) -> int:
+        """The latest round whose model the agent holds and that stands (before the view
+        that left it out); 0, its initial model, when none does."""
+        if rejoin.session != self.session:
+            return 0
+        end = min(self._excluded_at.get(agent, start) - 1, start - 1)
+        return max((r for r in rejoin.rounds if r <= end), default=0)
+
+    def _switch(
+        self,
+        now: float,
+        start: int,
+        reason: str,
+        members: tuple[int, ...],
+        resume: Mapping[int, int],
+    ) -> Output:
+        left = {m: self._lost.get(m, "left out") for m in sorted(self.members - set(members))}
+        for m in left:
+            self._excluded_at[m] = start
+        self._lost.clear()
+        self._joining.clear()
+        self._reason = ""
+        self.models[start - 1 :] = np.nan  # redone (or never done) under the new view
+        self.counts = (~np.isnan(self.models[..., 0])).sum(axis=0)
+        view = View(self.session, self._view_number + 1, start, members, reason, dict(resume), left)
+        out = Output(events=[Event("view", _describe(view))])
+        for m in left:
+            out.publish.append(self._down(m, control.Excluded(m, self.session, view.view)))
+        return out + self._configure(view, now)
+
+    def _configure(self, view: View, now: float) -> Output:
+        """Setup for every member of `view`, sealed to it."""
+        plan = self.plans[self.session]
+        members = frozenset(view.members)
+        if len(members) < 2:
+            return self._fail(
+                f"{len(members)} agent(s) left in {plan.label} (view {view.view}): a network "
+                f"needs two; lost: {view.left}"
+            )
+        try:
+            specs = self._specs(plan, members)
+        except ConfigError as exc:
+            return self._fail(f"view {view.view} of {plan.label}: {exc}")
+        self.membership.append(view)
+        self.members = members
+        self.stage, self._since = Stage.CONFIGURING, now
+        self._ready, self._finished, self._held = set(), {}, {}
+        self._completed = {m: view.start - 1 for m in members}
+        self._moved = (view.start - 1, now)
+        for m in members:
+            self._heard[m] = max(self._heard.get(m, now), now)  # a fresh deadline to answer
+        identities = {m: a.identity.to_bytes() for m, a in self.registered.items()}
+        near = {spec.agent: spec.neighbours for spec in specs}
+        out = Output(events=[Event("configuring", plan.label)])
+        for spec in specs:
+            session = view_session(spec.session, view.view)
+            spec = replace(spec, view=view.view, start=view.start, session=session)
+            # Whom this agent may meet: its neighbours (link keys) and theirs (local-ghp
+            # partners, whose signed key shares it verifies); not the whole network, which
+            # would make every Setup, and the link keys agreed, grow with P.
+            mine = near[spec.agent]
+            reach = {spec.agent, *mine}.union(*(near[k] for k in mine))
+            directory = {m: identities[m] for m in sorted(reach)}
+            config = control.Config(
+                spec,
+                plan.problem,
+                directory,
+                self.deadline,
+                self.telemetry,
+                view.resume.get(spec.agent, view.start - 1),
+                self.checkpoint_every,
+            )
+            sealed = keys.seal(
+                self.registered[spec.agent].identity.static,
+                wire.encode_config(config),
+                setup_context(self.run, spec.agent, self.session, view.view),
+            )
+            setup = control.Setup(spec.agent, self.session, view.view, sealed)
+            out.publish.append(self._down(spec.agent, setup))
+        return out
+
+    def _specs(self, plan: SessionPlan, members: frozenset[int]) -> list[AgentSpec]:
+        if len(members) == self.agents:
+            return plan.specs
+        if plan.view_specs is None:
+            raise ConfigError("this session cannot change membership (no view_specs)")
+        return [s for s in plan.view_specs(members) if s.agent in members]
+
+    def _maybe_go(self, now: float) -> Output:
+        if not self.members <= self._ready:
+            return Output()
+        view = self.view
+        assert view is not None
+        self.stage, self._since = Stage.RUNNING, now
+        self._moved = (self._moved[0], now)
+        if view.view == 0 or not self._go_at:
+            self._go_at = now
+        until = self.plans[self.session].rounds
+        if self.script is not None and (later := self.script.get((self.session, view.view + 1))):
+            until = later.start - 1
+        go = control.Go(self.session, view.view, until)
+        return Output([self._down("all", go)], [Event("started", self._label)])
+
+    # ---- sessions ---------------------------------------------------------------------
+
     def _done(self) -> Output:
         self.stage = Stage.DONE
         return Output(events=[Event("done")])
 
     def _maybe_done(self, now: float) -> Output:
-        if len(self._finished) < self.agents:
+        if self.stage is not Stage.RUNNING or not self.members <= self._finished.keys():
             return Output()
         plan = self.plans[self.session]
-        if self.telemetry and np.isnan(self.models).any():
-            missing = np.argwhere(np.isnan(self.models[..., 0]))[:5].tolist()
-            return self._fail(f"telemetry incomplete: missing (round-1, agent) {missing}")
         result = SessionResult(plan.label, self.models, dict(self._finished), now - self._go_at)
         self.results.append(result)
         out = Output(events=[Event("session-done", plan.label)])
@@ -356,30 +676,15 @@ class Conductor:
             self.stage = Stage.CLOSING
             return Output([self._down("all", control.Close())], [Event("closing")])
         plan = self.plans[self.session]
-        self.stage = Stage.CONFIGURING
-        self._ready, self._finished = set(), {}
         self.models = np.full((plan.rounds, self.agents, plan.dim), np.nan)
         self.counts = np.zeros(self.agents, dtype=np.int64)
-        identities = {m: a.identity.to_bytes() for m, a in self.registered.items()}
-        near = {spec.agent: spec.neighbours for spec in plan.specs}
-        out = Output(events=[Event("configuring", plan.label)])
-        for spec in plan.specs:
-            # Whom this agent may meet: its neighbours (link keys) and theirs (local-ghp
-            # partners, whose signed key shares it verifies); not the whole network, which
-            # would make every Setup, and the link keys agreed, grow with P.
-            mine = near[spec.agent]
-            reach = {spec.agent, *mine}.union(*(near[k] for k in mine))
-            directory = {m: identities[m] for m in sorted(reach)}
-            config = control.Config(spec, plan.problem, directory, self.deadline, self.telemetry)
-            sealed = keys.seal(
-                self.registered[spec.agent].identity.static,
-                wire.encode_config(config),
-                setup_context(self.run, spec.agent, self.session),
-            )
-            out.publish.append(
-                self._down(spec.agent, control.Setup(spec.agent, self.session, sealed))
-            )
-        return out
+        self._excluded_at, self._go_at, self._stalls = {}, 0.0, 0
+        scripted = self.script.get((self.session, 0)) if self.script is not None else None
+        members = scripted.members if scripted is not None else tuple(sorted(self.alive))
+        reason = scripted.reason if scripted is not None else "start"
+        self.members = frozenset()
+        view = View(self.session, 0, 1, members, reason, {m: 0 for m in members})
+        return self._configure(view, now)
 
     # ---- helpers ----------------------------------------------------------------------
 
@@ -387,17 +692,6 @@ class Conductor:
     def _label(self) -> str:
         plan = self.current
         return plan.label if plan is not None else ""
-
-    def _waiting(self) -> str:
-        if self.stage is Stage.CONFIGURING:
-            missing = sorted(set(range(self.agents)) - self._ready)
-            return f"waiting for Ready of agents {missing[:20]} ({self._label})"
-        unfinished = [a for a in range(self.agents) if a not in self._finished]
-        low = self.counts[unfinished].min()  # those not finished that reported the least
-        lagging = [a for a in unfinished if self.counts[a] == low]
-        return (
-            f"running round {self.rounds_done + 1} ({self._label}); slowest agents: {lagging[:10]}"
-        )
 
     def _down(self, to: int | Literal["all"], msg: control.Control) -> Publish:
         self._seq += 1
@@ -412,3 +706,23 @@ class Conductor:
             return Output()
         self.stage, self.failure = Stage.FAILED, reason
         return Output([self._down("all", control.Abort(reason[:1000]))], [Event("failed", reason)])
+
+
+def view_session(session: bytes, view: int) -> bytes:
+    """The session id of a view: every key, MAC and mask of the view is bound to it, so
+    nothing of an earlier view is ever reused. View 0 keeps the session's own."""
+    if view == 0:
+        return session
+    return hashlib.sha256(b"privnet/view\0" + session + view.to_bytes(8, "big")).digest()[:16]
+
+
+def _describe(view: View) -> str:
+    left = ", ".join(f"{m} ({why})" for m, why in view.left.items())
+    back = [m for m, r in view.resume.items() if r != view.start - 1]
+    parts = [f"session {view.session} view {view.view} from round {view.start}: {view.reason}"]
+    parts.append(f"{len(view.members)} members")
+    if left:
+        parts.append(f"out: {left}")
+    if back:
+        parts.append("back: " + ", ".join(f"{m} (from round {view.resume[m]})" for m in back))
+    return "; ".join(parts)

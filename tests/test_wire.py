@@ -22,11 +22,15 @@ from agent.control import (
     Bye,
     Config,
     Control,
+    Excluded,
     Failed,
     Finished,
     Go,
     Hello,
+    Hold,
+    Progress,
     Ready,
+    Rejoin,
     Setup,
     Telemetry,
     Welcome,
@@ -273,22 +277,28 @@ def test_any_float_array_is_sent_as_little_endian_float64() -> None:
 CONTROL_MESSAGES: list[Control] = [
     Hello(agent=12, identity=bytes(range(64)), proof=bytes(range(32))),
     Welcome(agent=12),
-    Setup(agent=12, session=2**64 - 1, sealed=bytes(range(200))),
-    Ready(agent=12, session=0),
-    Go(session=3),
+    Setup(agent=12, session=2**64 - 1, view=3, sealed=bytes(range(200))),
+    Ready(agent=12, session=0, view=0),
+    Go(session=3, view=1, until=20),
     Bye(),
     Abort(reason="agent 4 failed: out of memory"),
-    Telemetry(agent=12, session=1, round=999, sealed=bytes(range(200))),
+    Telemetry(agent=12, session=1, view=2, round=999, sealed=bytes(range(200))),
     Finished(
         agent=12,
         session=4,
+        view=7,
         rejected={"bad-mac": 2, "stale": 0},
         bytes={"model": 123456, "keys": 789, "control": 10, "telemetry": 2**40},
         messages={"model": 3000},
         wall=12.345678901234567,
     ),
-    Finished(agent=0, session=0, rejected={}, bytes={}, messages={}, wall=0.0),
+    Finished(agent=0, session=0, view=0, rejected={}, bytes={}, messages={}, wall=0.0),
     Failed(agent=12, reason="broker went away"),
+    Hold(session=2, view=3),
+    Excluded(agent=5, session=2, view=3),
+    Progress(agent=5, session=2, view=3, round=41, held=True, waiting=(1, 7)),
+    Rejoin(agent=5, session=-1, rounds=()),
+    Rejoin(agent=5, session=2, rounds=(0, 10, 20)),
 ]
 
 
@@ -346,13 +356,27 @@ control_messages = st.one_of(
         Hello, control_ids, st.binary(min_size=64, max_size=64), st.binary(min_size=32, max_size=32)
     ),
     st.builds(Welcome, control_ids),
-    st.builds(Setup, control_ids, counts, blobs),
-    st.builds(Ready, control_ids, counts),
-    st.builds(Go, counts),
+    st.builds(Setup, control_ids, counts, counts, blobs),
+    st.builds(Ready, control_ids, counts, counts),
+    st.builds(Go, counts, counts, counts),
+    st.builds(Hold, counts, counts),
+    st.builds(Excluded, control_ids, counts, counts),
+    st.builds(
+        Progress,
+        control_ids,
+        counts,
+        counts,
+        counts,
+        st.booleans(),
+        st.lists(control_ids, max_size=20).map(tuple),
+    ),
+    st.builds(
+        Rejoin, control_ids, st.integers(-1, wire.COUNT_LIMIT - 1), st.lists(counts).map(tuple)
+    ),
     st.just(Bye()),
     st.builds(Abort, texts),
-    st.builds(Telemetry, control_ids, counts, counts, blobs),
-    st.builds(Finished, control_ids, counts, tallies, tallies, tallies, finite),
+    st.builds(Telemetry, control_ids, counts, counts, counts, blobs),
+    st.builds(Finished, control_ids, counts, counts, tallies, tallies, tallies, finite),
     st.builds(Failed, control_ids, texts),
 )
 run_names = st.text(min_size=1, max_size=64)
@@ -401,7 +425,7 @@ def test_setup_carries_a_sealed_config() -> None:
     agent = keys.Identity.generate()
     context = b"privnet/setup/run/5/0"
     sealed = keys.seal(agent.public.static, wire.encode_config(config()), context)
-    got = open_signed(wire.encode_signed(Setup(ME, 0, sealed), RUN, 1, SIGNER)).msg
+    got = open_signed(wire.encode_signed(Setup(ME, 0, 0, sealed), RUN, 1, SIGNER)).msg
     assert isinstance(got, Setup) and wire.encode_config(config()) not in got.sealed
     back = wire.decode_config(keys.open_sealed(agent.static, got.sealed, context))
     assert bits(back) == bits(config())
@@ -414,7 +438,7 @@ def test_telemetry_carries_a_sealed_report() -> None:
     report = Report(sender=12, round=41, w=np.array([0.5, -0.0]))
     context = SESSION + b"telemetry/12/41"
     sealed = keys.seal(SIGNER.public.static, wire.encode_reports([report]), context)
-    got = open_signed(wire.encode_signed(Telemetry(12, 0, 41, sealed), RUN, 1, SIGNER)).msg
+    got = open_signed(wire.encode_signed(Telemetry(12, 0, 0, 41, sealed), RUN, 1, SIGNER)).msg
     assert isinstance(got, Telemetry)
     back = wire.decode_reports(keys.open_sealed(SIGNER.static, got.sealed, context), DIM)
     assert bits(back) == bits([report])
@@ -433,16 +457,17 @@ def test_category() -> None:
     assert wire.category(model()) == "model"
     assert wire.category(KeyPlan(PEER, ME, 1, 1, ())) == "keys"
     assert wire.category(key_share()) == "keys"
-    assert wire.category(Telemetry(1, 0, 2, b"")) == "telemetry"
+    assert wire.category(Telemetry(1, 0, 0, 2, b"")) == "telemetry"
     assert wire.category(Report(1, 2, np.zeros(2))) == "telemetry"
-    assert {wire.category(m) for m in (Go(0), Ready(1, 0), config(), Abort("x"))} == {"control"}
+    controls = (Go(0, 0, 5), Ready(1, 0, 0), config(), Abort("x"))
+    assert {wire.category(m) for m in controls} == {"control"}
 
 
 def test_model_size_for_m_2() -> None:
-    """85 bytes for 16 bytes of model: the overhead report quotes this."""
-    assert len(GOOD) == 85  # round 7: every integer fits one byte
-    assert len(wire.encode_peer(model(round=999), KEY)) == 87
-    assert len(wire.encode_peer(model(round=999, vector=np.zeros(3)), KEY)) == 87 + 8
+    """88 bytes for 16 bytes of model: the overhead report quotes this."""
+    assert len(GOOD) == 88  # round 7, view 0: every integer fits one byte
+    assert len(wire.encode_peer(model(round=999), KEY)) == 90
+    assert len(wire.encode_peer(model(round=999, vector=np.zeros(3)), KEY)) == 90 + 8
 
 
 # ---- rejections, one crafted payload each ----
@@ -454,7 +479,7 @@ def rng_bytes(n: int) -> bytes:
 
 REJECTIONS: list[tuple[str, bytes, dict[str, Any], str]] = [
     ("oversized", bytes(wire.MAX_PEER_BYTES + 1), {}, "limit is 65536"),
-    ("oversized", GOOD, {"max_size": len(GOOD) - 1}, "85 bytes"),
+    ("oversized", GOOD, {"max_size": len(GOOD) - 1}, "88 bytes"),
     ("malformed", GOOD[:-1], {}, "not valid msgpack"),
     ("malformed", rng_bytes(100), {}, ""),
     ("malformed", b"\xc1", {}, "not valid msgpack"),
@@ -504,6 +529,8 @@ REJECTIONS: list[tuple[str, bytes, dict[str, Any], str]] = [
     ("bad-mac", GOOD, {"link_keys": {PEER: OTHER_KEY}}, "MAC check failed"),
     ("bad-mac", wire.encode_peer(model(), OTHER_KEY), {}, "MAC check failed"),
     ("bad-mac", edited(GOOD, lambda body: None, key=None), {}, "MAC check failed"),  # no MAC
+    ("stale-view", GOOD, {"view": 1}, "frame of view 0, this agent is at 1"),
+    ("ahead-view", wire.encode_peer(model(view=2), KEY), {}, "frame of view 2, this agent is at 0"),
 ]
 
 
@@ -561,7 +588,7 @@ def test_key_share_rejects_wrong_key_lengths(key: str, size: int) -> None:
         decode(edited(good, set_in((key,), bytes(size))))
 
 
-GO = wire.encode_signed(Go(1), RUN, 9, SIGNER)
+GO = wire.encode_signed(Go(1, 0, 5), RUN, 9, SIGNER)
 
 
 def envelope(msg: dict[str, Any], run: Any = RUN, seq: Any = 9) -> dict[str, Any]:
@@ -586,14 +613,18 @@ CONTROL_REJECTIONS: list[tuple[str, bytes, str]] = [
     ("bad-signature", with_signature(0), "a 64-byte signature, this one 0 bytes"),
     ("bad-signature", with_signature(16), "this one 16 bytes"),  # a peer MAC
     ("bad-signature", with_signature(65), "this one 65 bytes"),
-    ("bad-signature", frame("go", envelope({"session": 1}), key=KEY), "this one 16 bytes"),
+    (
+        "bad-signature",
+        frame("go", envelope({"session": 1, "view": 0, "until": 5}), key=KEY),
+        "this one 16 bytes",
+    ),
     ("schema", signed("go", {"run": RUN, "msg": {"session": 1}}), "missing field 'seq'"),
     ("schema", signed("go", envelope({"session": 1}) | {"x": 1}), "unknown field 'x'"),
     ("schema", signed("go", envelope({"session": 1}, run=b"r")), "go.run: expected a string"),
     ("schema", signed("go", envelope({"session": 1}, seq=-1)), "go.seq: expected an integer"),
     ("schema", signed("go", envelope({"session": 1}, seq=1.0)), "go.seq"),
     ("schema", signed("go", envelope({})), "go.msg: missing field 'session'"),
-    ("schema", signed("go", envelope({"session": -1})), "go.msg.session"),
+    ("schema", signed("go", envelope({"session": -1, "view": 0, "until": 1})), "go.msg.session"),
     ("schema", signed("bye", envelope({"x": 1})), "bye.msg: unknown field 'x' (fields are none)"),
     ("schema", signed("welcome", envelope({"agent": 2**32})), "welcome.msg.agent"),
     ("schema", signed("ready", envelope({"agent": True, "session": 0})), "ready.msg.agent"),
@@ -624,14 +655,14 @@ CONTROL_REJECTIONS: list[tuple[str, bytes, str]] = [
     (
         "schema",
         resigned(
-            wire.encode_signed(Telemetry(1, 0, 2, b"x"), RUN, 1, SIGNER), set_in(("msg", "i"), -1)
+            wire.encode_signed(Telemetry(1, 0, 0, 2, b"x"), RUN, 1, SIGNER), set_in(("msg", "i"), -1)
         ),
         "telemetry.msg.i",
     ),
     (
         "schema",
         resigned(
-            wire.encode_signed(Finished(1, 0, {"a": 1}, {}, {}, 1.0), RUN, 1, SIGNER),
+            wire.encode_signed(Finished(1, 0, 0, {"a": 1}, {}, {}, 1.0), RUN, 1, SIGNER),
             set_in(("msg", "rejected", "a"), -1),
         ),
         "finished.msg.rejected['a']",
@@ -639,14 +670,14 @@ CONTROL_REJECTIONS: list[tuple[str, bytes, str]] = [
     (
         "schema",
         resigned(
-            wire.encode_signed(Finished(1, 0, {}, {}, {}, 1.0), RUN, 1, SIGNER),
+            wire.encode_signed(Finished(1, 0, 0, {}, {}, {}, 1.0), RUN, 1, SIGNER),
             set_in(("msg", "bytes"), {1: 2}),
         ),
         "finished.msg.bytes key: expected a string",
     ),
     (
         "non-finite",
-        wire.encode_signed(Finished(1, 0, {}, {}, {}, math.inf), RUN, 1, SIGNER),
+        wire.encode_signed(Finished(1, 0, 0, {}, {}, {}, math.inf), RUN, 1, SIGNER),
         "finished.msg.wall is inf",
     ),
 ]
@@ -692,7 +723,7 @@ def test_control_rejections(reason: str, data: bytes, detail: str) -> None:
 def test_control_frames_may_be_held_to_a_smaller_limit() -> None:
     with pytest.raises(Rejected, match=f"oversized: control message is {len(GO)} bytes"):
         wire.decode_signed(GO, max_size=len(GO) - 1)
-    assert wire.decode_signed(GO, max_size=len(GO)).msg == Go(1)
+    assert wire.decode_signed(GO, max_size=len(GO)).msg == Go(1, 0, 5)
 
 
 @pytest.mark.parametrize(("edit", "reason", "detail"), CONFIG_REJECTIONS, ids=_ids)
@@ -837,9 +868,9 @@ VALID = [
     wire.encode_peer(KeyPlan(PEER, ME, 1, 1, (2, 4)), KEY),
     wire.encode_peer(key_share(), KEY),
     CONFIG,
-    wire.encode_signed(Finished(1, 0, {"a": 1}, {}, {}, 1.0), RUN, 1, SIGNER),
+    wire.encode_signed(Finished(1, 0, 0, {"a": 1}, {}, {}, 1.0), RUN, 1, SIGNER),
     wire.encode_signed(CONTROL_MESSAGES[0], RUN, 2, SIGNER),
-    wire.encode_signed(Setup(1, 0, bytes(80)), RUN, 3, SIGNER),
+    wire.encode_signed(Setup(1, 0, 0, bytes(80)), RUN, 3, SIGNER),
     wire.encode_report(Report(PEER, 2, np.array([1.0, 2.0]))),
 ]
 

@@ -23,7 +23,7 @@ from agent import keys
 from agent.core import AgentCore
 from agent.node import AgentNode, Event, Launch, Output, Publish
 from agent.spec import Scheme, Strategy
-from orchestrator.conductor import Conductor, SessionPlan, SessionResult, Stage
+from orchestrator.conductor import Conductor, SessionPlan, SessionResult, Stage, View
 from orchestrator.experiment.problem import Problem, msd
 from orchestrator.experiment.specs import session_plans
 from orchestrator.report import TEST_ERRORS, Curve
@@ -177,13 +177,14 @@ class Network:
         deadline: float = 30.0,
         telemetry: bool = True,
         run: str = "memory",
+        script: Iterable[View] | None = None,
     ) -> Network:
         """Fresh identities and launch tokens for every party, as `privnet run` makes them."""
         agents = len(plans[0].specs)
         orchestrator = keys.Identity.generate()
         tokens = {p: secrets.token_bytes(32) for p in range(agents)}
         conductor = Conductor(
-            run, orchestrator, tokens, plans, deadline=deadline, telemetry=telemetry
+            run, orchestrator, tokens, plans, deadline=deadline, telemetry=telemetry, script=script
         )
         nodes = [
             AgentNode(

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Iterable
 
+import networkx as nx
 import numpy as np
 
 from agent import rng
-from agent.spec import STEPS, AgentSpec, Scheme, StepPlan, Strategy
+from agent.spec import STEPS, AgentSpec, ConfigError, Scheme, StepPlan, Strategy
 from orchestrator.conductor import SessionPlan
+from orchestrator.experiment import topology
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 
@@ -28,10 +31,14 @@ def agent_specs(
     *,
     repeat: int = 0,
     session: bytes | None = None,
+    members: frozenset[int] | None = None,
 ) -> list[AgentSpec]:
-    """One AgentSpec per agent; every agent of a run shares the session id and noise key."""
+    """One AgentSpec per agent; every agent of a run shares the session id and noise key.
+
+    With `members`, the weights are those of the view: `view_matrix` on its graph."""
     c = problem.config
-    A0, A1, A2 = problem.matrices(strategy)
+    a = problem.A if members is None else view_matrix(problem, members)
+    A0, A1, A2 = topology.strategy_matrices(strategy, a)
     by_step = {0: A0, 1: A1, 2: A2}
     session = session if session is not None else secrets.token_bytes(16)
     key = rng.run_key(c.seed, repeat)
@@ -53,6 +60,38 @@ def agent_specs(
     ]
 
 
+def view_matrix(problem: Problem, members: frozenset[int]) -> np.ndarray:
+    """A on the graph the members span, by the configured rule: metropolis or averaging
+    recomputed on the members' subgraph; a user-given matrix restricted to the members and
+    renormalized per column (each keeps its weights' proportions, and they sum to 1 again).
+    Agents out of the view keep only themselves (a_mm = 1), which no member reads.
+    ConfigError when the members' graph is not connected: no view runs on a split network.
+    """
+    c = problem.config
+    agents = c.agents
+    inside = sorted(members)
+    sub = problem.graph.subgraph(inside)
+    if not nx.is_connected(sub):
+        parts = sorted((sorted(part) for part in nx.connected_components(sub)), key=len)
+        raise ConfigError(
+            f"the {len(inside)} agents left form {len(parts)} disconnected groups "
+            f"{[part[:10] for part in parts[:4]]}; privnet does not run a split network "
+            "(each part would learn alone, off the configured problem): stopping"
+        )
+    if c.matrix:
+        a = problem.A * np.isin(np.arange(agents), inside)[:, None]
+        a[:, inside] /= a[:, inside].sum(axis=0, keepdims=True)
+    else:
+        graph: nx.Graph = nx.Graph()
+        graph.add_nodes_from(range(agents))
+        graph.add_edges_from(sub.edges)
+        a = topology.combination_matrix(graph, c.rule)
+    outside = [m for m in range(agents) if m not in members]
+    a[:, outside] = 0.0
+    a[outside, outside] = 1.0
+    return a
+
+
 def session_list(config: ExperimentConfig) -> list[tuple[Strategy, Scheme, int]]:
     """Sessions in the order every engine plays them: strategy, then scheme, then repeat."""
     return [
@@ -67,11 +106,30 @@ def session_plans(
     problem: Problem, sessions: Iterable[tuple[Strategy, Scheme, int]]
 ) -> list[SessionPlan]:
     """What the conductor plays, in order: one plan per strategy x scheme x repeat."""
-    return [
-        SessionPlan(
-            f"{strategy}/{scheme}/{repeat}",
-            agent_specs(problem, strategy, scheme, repeat=repeat),
-            problem.spec(repeat),
+    plans = []
+    for strategy, scheme, repeat in sessions:
+        session = secrets.token_bytes(16)
+        view_specs = functools.partial(
+            _view_specs, problem, strategy, scheme, repeat=repeat, session=session
         )
-        for strategy, scheme, repeat in sessions
-    ]
+        plans.append(
+            SessionPlan(
+                f"{strategy}/{scheme}/{repeat}",
+                agent_specs(problem, strategy, scheme, repeat=repeat, session=session),
+                problem.spec(repeat),
+                view_specs,
+            )
+        )
+    return plans
+
+
+def _view_specs(
+    problem: Problem,
+    strategy: Strategy,
+    scheme: Scheme,
+    members: frozenset[int],
+    *,
+    repeat: int,
+    session: bytes,
+) -> list[AgentSpec]:
+    return agent_specs(problem, strategy, scheme, repeat=repeat, session=session, members=members)
