@@ -13,15 +13,38 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
+import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from agent.mqtt import AgentLaunch, run, run_agent, run_agents
 
 
-def claim(directory: Path) -> AgentLaunch:
+def claim(directory: Path, memory: Path | None = None) -> AgentLaunch:
     """The first launch file in `directory` no other process has claimed (an O_EXCL marker);
-    read, then removed, so no replica started later can read another's secrets."""
+    read, then removed, so no replica started later can read another's secrets.
+
+    The claim is kept in `memory` (0600, in the container's own filesystem): a container
+    its restart policy starts again finds it there and comes back as the same agent, to
+    rejoin the run."""
+    memory = memory or claim_memory()
+    if memory.exists():
+        return replace(AgentLaunch.from_file(memory), rejoin=True)
+    launch = _claim(directory)
+    fd = os.open(memory, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(launch.to_json())
+    return launch
+
+
+def claim_memory() -> Path:
+    """Per host (a container's hostname is its own): where a claim is remembered."""
+    return Path(tempfile.gettempdir()) / f"privnet-claim-{socket.gethostname()}.json"
+
+
+def _claim(directory: Path) -> AgentLaunch:
     for path in sorted(directory.glob("agent-*.json"), key=lambda p: int(p.stem[6:])):
         try:
             os.close(os.open(path.with_suffix(".claimed"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
@@ -40,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--claim", type=Path, help="claim a launch file from this directory")
     parser.add_argument(
         "--id", type=int, help="the agent id the launch must name (a label for ps and logs)"
+    )
+    parser.add_argument(
+        "--rejoin",
+        action="store_true",
+        help="this agent was started before in this run (it crashed): ask back in, from its "
+        "checkpoint if the launch names a checkpoint directory",
     )
     parser.add_argument("--log-level", default=os.environ.get("PRIVNET_LOG", "WARNING"))
     args = parser.parse_args(argv)
@@ -63,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
             if found is None:
                 parser.error(f"no launch: give --launch FILE, --claim DIR or ${AgentLaunch.ENV}")
             launch = found
+        if args.rejoin:
+            launch = replace(launch, rejoin=True)
         broker, node_launch, access = launch.parts()
         if args.id is not None and args.id != node_launch.agent:
             raise ValueError(f"--id {args.id}, but the launch is for agent {node_launch.agent}")
@@ -72,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(),
         format=f"%(asctime)s agent[{launch.agent}] %(levelname)s %(message)s",
     )
-    return run(run_agent(broker, node_launch, access))
+    return run(run_agent(broker, node_launch, access, launch.checkpoints))
 
 
 if __name__ == "__main__":

@@ -114,9 +114,11 @@ class Failed:
 
 @dataclass(frozen=True, slots=True)
 class Welcome:
-    """Registration accepted: stop sending Hello."""
+    """Registration accepted: stop sending Hello. `rejoin`: the run is under way (this agent
+    was started again), so it answers with Rejoin, saying which models it holds."""
 
     agent: int
+    rejoin: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from gmqtt.mqtt.constants import MQTTv311
 
 from agent import keys
 from agent.access import ClientAccess
-from agent.node import PEER_QOS, QOS, AgentNode, Launch, Output, Phase, Unsubscribe
+from agent.node import PEER_QOS, QOS, AgentNode, Checkpoint, Launch, Output, Phase, Unsubscribe
 
 log = logging.getLogger("privnet.agent")
 _GMQTT_LOG = logging.getLogger("privnet.gmqtt")
@@ -416,6 +416,8 @@ class AgentLaunch:
     password: str | None = None
     tls: bool = False
     ca_file: str | None = None  # the run's CA certificate (PEM): the broker is verified
+    rejoin: bool = False  # started again mid-run: come back from the checkpoint, if any
+    checkpoints: str | None = None  # directory for this agent's checkpoint file
 
     ENV = "PRIVNET_LAUNCH"  # the whole launch as JSON, in one variable
     GROUP_ENV = "PRIVNET_LAUNCHES"  # several agents in one process: a JSON list of launches
@@ -470,7 +472,7 @@ class AgentLaunch:
         token = bytes.fromhex(self.token)
         if len(token) != 32:
             raise ValueError(f"token must be 32 bytes, got {len(token)}")
-        launch = Launch(self.run, int(self.agent), identity, token)
+        launch = Launch(self.run, int(self.agent), identity, token, bool(self.rejoin))
         access = ClientAccess(self.username, self.password, self.tls, self.ca_file)
         return BrokerAddress.parse(self.broker), launch, access
 
@@ -584,19 +586,62 @@ def _log(out: Output, me: int) -> None:
 async def run_agents(launches: list[AgentLaunch]) -> int:
     """Several agents in one process and one event loop, each with its own connection,
     credentials, identity and node; the worst exit code."""
-    codes = await asyncio.gather(*(run_agent(*launch.parts()) for launch in launches))
+    codes = await asyncio.gather(
+        *(run_agent(*launch.parts(), checkpoints=launch.checkpoints) for launch in launches)
+    )
     return max(codes)
 
 
-async def run_agent(broker: BrokerAddress, launch: Launch, access: ClientAccess) -> int:
-    """Register, serve sessions until Bye (0), a failure (2) or a lost broker (3)."""
-    node = AgentNode(launch, keys.Identity.generate())
+def checkpoint_path(directory: str | Path, agent: int) -> Path:
+    return Path(directory) / f"agent-{agent}.ckpt"
+
+
+def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
+    """Atomically (a crash mid-write leaves the previous one), readable by the owner only:
+    it holds true models."""
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(checkpoint.to_bytes())
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path | None) -> Checkpoint | None:
+    if path is None or not path.exists():
+        return None
+    return Checkpoint.from_bytes(path.read_bytes(), str(path))
+
+
+async def run_agent(
+    broker: BrokerAddress,
+    launch: Launch,
+    access: ClientAccess,
+    checkpoints: str | Path | None = None,
+) -> int:
+    """Register, serve sessions until Bye (0), a failure (2) or a lost broker (3).
+
+    With `checkpoints` (a directory) the agent saves its checkpoints there, and, when
+    launched to rejoin, starts from the one it finds."""
+    path = None if checkpoints is None else checkpoint_path(checkpoints, launch.agent)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    start = load_checkpoint(path) if launch.rejoin else None
+    if start is not None and (start.run, start.agent) != (launch.run, launch.agent):
+        log.warning("agent %s: %s is another run's checkpoint; not used", launch.agent, path)
+        start = None
+    node = AgentNode(launch, keys.Identity.generate(), checkpoint=start)
+
+    def on_output(out: Output) -> None:
+        _log(out, node.me)
+        if out.checkpoint is not None and path is not None:
+            save_checkpoint(path, out.checkpoint)
+
     try:
         async with client(broker, access) as mqtt:
             for topic, qos in node.subscription_qos.items():
                 await mqtt.subscribe(topic, qos)
             publish(mqtt, node.start(time.monotonic()))
-            await pump(mqtt, node, lambda: node.done, lambda out: _log(out, node.me))
+            await pump(mqtt, node, lambda: node.done, on_output)
     except (MqttError, TimeoutError) as exc:
         log.error("agent %s: lost the broker at %s: %s", launch.agent, broker, exc)
         return 3

@@ -13,10 +13,12 @@ Go's `until` -> HELD, then [Setup of a later view] CONFIGURED again, from the mo
 Setup names (rolled back to the view's start); [Excluded] -> EXCLUDED (Rejoin sent), then
 [Setup] back in. A running agent never gives up on a silent neighbour: the orchestrator
 decides who is in (Progress is the heartbeat it decides on); it stops only when the
-orchestrator is silent past the deadline. A control frame is obeyed only if it is signed by the run's
-orchestrator key, names this run, carries a sequence number above every one seen, and
-fits the phase; anything else is dropped and counted under exactly one reason
-(`rejected`), and so is every peer message the round logic does not use.
+orchestrator is silent past the deadline.
+
+A control frame is obeyed only if it is signed by the run's orchestrator key, names this
+run, carries a sequence number above every one seen, and fits the phase; anything else is
+dropped and counted under exactly one reason (`rejected`), and so is every peer message the
+round logic does not use.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ class Launch:
     agent: int
     orchestrator: keys.PublicIdentity  # verifies control frames; telemetry is sealed to it
     token: bytes  # proves this process is the one launched as `agent` (see control.Hello)
-    rejoin: bool = False  # started again mid-run: ask back in (Rejoin) once registered
+    rejoin: bool = False  # started again mid-run: the shell loads its checkpoint
 
 
 def hello_proof(token: bytes, run: str, agent: int, identity: bytes) -> bytes:
@@ -382,7 +384,7 @@ class AgentNode:
             case control.Welcome(agent=agent) if agent == self.me and self._is(Phase.REGISTERING):
                 self.phase, self._since = Phase.REGISTERED, now
                 out = Output(events=[Event("registered")])
-                if self.launch.rejoin:
+                if msg.rejoin:
                     out.publish.append(self._rejoin())
                 return out
             case control.Setup(agent=agent) if agent == self.me and self._fits(msg):

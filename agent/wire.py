@@ -515,7 +515,7 @@ _CONTROL_SCHEMAS = (
         Hello,
         _named(("agent", _ID), ("identity", _bytes(64)), ("proof", _bytes(32))),
     ),
-    _Schema("welcome", Welcome, _named(("agent", _ID))),
+    _Schema("welcome", Welcome, _named(("agent", _ID), ("rejoin", _BOOL))),
     _Schema(
         "setup",
         Setup,

@@ -380,7 +380,8 @@ class Conductor:
         self.registered[agent] = _Agent(identity, {frame.seq})
         self.alive.add(agent)
         self._heard[agent] = now
-        out.publish.append(self._down(agent, control.Welcome(agent)))
+        late = self.stage is not Stage.REGISTERING  # it answers with Rejoin
+        out.publish.append(self._down(agent, control.Welcome(agent, late)))
         if self.stage is Stage.REGISTERING and len(self.registered) == self.agents:
             out.events.append(Event("registered", f"{self.agents} agents"))
             self._next_beat = now + self.deadline / BEATS

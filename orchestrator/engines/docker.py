@@ -307,6 +307,7 @@ class DockerAgents:
     def __init__(self, broker: DockerBroker, grace: float = 3.0) -> None:
         self.broker, self.grace = broker, grace
         self._stopping = threading.Event()
+        self._reported: set[str] = set()  # exited containers already reported
 
     def start(self, launches: Mapping[int, AgentLaunch]) -> None:
         """`python -m agent --id N` per launch, the launch in the container's environment."""
@@ -330,17 +331,40 @@ class DockerAgents:
         with status, ThreadPoolExecutor(WORKERS) as pool:
             list(pool.map(one, launches))
 
-    def check(self) -> None:
-        """One API call: any container of the run that exited while the run needs it."""
+    def exited(self) -> dict[int, str]:
+        """One API call: the run's containers that exited since the last call."""
+        ended: dict[int, str] = {}
         for container in self.broker.containers(status="exited"):
+            if container.id in self._reported:
+                continue
+            self._reported.add(container.id)
             code = container.attrs["State"]["ExitCode"]
             if container.labels.get(ROLE_LABEL) == "broker":
                 raise RunFailed(f"the broker container exited with code {code}")
             agent = int(container.labels[AGENT_LABEL])
-            raise RunFailed(
-                f"agent {agent} (container {container.name}) exited with code {code} "
-                "before the run ended" + log_tail(self.broker.logs, agent)
+            ended[agent] = f"container {container.name} exited with code {code}" + log_tail(
+                self.broker.logs, agent, 1
             )
+        return ended
+
+    def _container(self, agent: int) -> Any:
+        found = [
+            c for c in self.broker.containers("agent") if c.labels.get(AGENT_LABEL) == str(agent)
+        ]
+        return found[0] if found else None
+
+    def signal(self, agent: int, sig: int) -> None:
+        container = self._container(agent)
+        if container is not None:
+            container.kill(signal=sig)
+
+    def restart(self, agents: list[int], launches: Mapping[int, AgentLaunch]) -> None:
+        """The same containers again (their environment has the launch: they rejoin)."""
+        for agent in agents:
+            container = self._container(agent)
+            if container is not None:
+                self._reported.discard(container.id)
+                container.start()
 
     def stop(self) -> None:
         """Give agents a moment to leave by themselves (after Bye), then remove them."""

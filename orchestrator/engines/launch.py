@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Protocol
 
 from agent.mqtt import AgentLaunch
-from orchestrator.engines.memory import RunFailed
 
 
 def agent_args(agent: int) -> list[str]:
@@ -35,8 +34,14 @@ class Launcher(Protocol):
     def start(self, launches: Mapping[int, AgentLaunch]) -> None:
         """Start one agent per launch; return once all are started (not yet registered)."""
 
-    def check(self) -> None:
-        """Raise RunFailed if an agent ended while the run still needs it."""
+    def exited(self) -> dict[int, str]:
+        """Agents whose process (or container) ended since the last call, and how."""
+
+    def signal(self, agent: int, sig: int) -> None:
+        """Send `sig` to the process (or container) running `agent` (faults, for tests)."""
+
+    def restart(self, agents: list[int], launches: Mapping[int, AgentLaunch]) -> None:
+        """Start these ended agents again, each with its launch (to rejoin)."""
 
     def stop(self) -> None:
         """Stop every agent started (and whatever else the launcher made); safe to repeat."""
@@ -47,7 +52,7 @@ def log_path(logs: Path, agent: int) -> Path:
 
 
 def log_tail(logs: Path, agent: int, lines: int = 3) -> str:
-    """The end of an agent's log, formatted for a RunFailed message."""
+    """The end of an agent's log, formatted for a message."""
     path = log_path(logs, agent)
     if not path.exists():
         return ""
@@ -70,23 +75,26 @@ class LocalLauncher:
 
     def start(self, launches: Mapping[int, AgentLaunch]) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
-        base = {**os.environ, "PYTHONUNBUFFERED": "1"}
         ids = sorted(launches)
         for at in range(0, len(ids), self.per_process):
-            group = ids[at : at + self.per_process]
-            first = self.group(group)
-            if len(group) == 1:
-                args, env = agent_args(first), launches[first].to_env()
-            else:
-                args, env = ["-m", "agent"], AgentLaunch.group_env([launches[p] for p in group])
-            with open(self._log(first), "wb") as log:
-                self.procs[first] = subprocess.Popen(
-                    [sys.executable, *args],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env={**base, **env},
-                    start_new_session=True,
-                )
+            self._spawn(ids[at : at + self.per_process], launches)
+
+    def _spawn(
+        self, group: list[int], launches: Mapping[int, AgentLaunch], append: bool = False
+    ) -> None:
+        first = self.group(group)
+        if len(group) == 1:
+            args, env = agent_args(first), launches[first].to_env()
+        else:
+            args, env = ["-m", "agent"], AgentLaunch.group_env([launches[p] for p in group])
+        with open(self._log(first), "ab" if append else "wb") as log:
+            self.procs[first] = subprocess.Popen(
+                [sys.executable, *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+                start_new_session=True,
+            )
 
     def group(self, group: list[int]) -> int:
         self.groups[group[0]] = group
@@ -98,22 +106,32 @@ class LocalLauncher:
             return log_path(self.logs, first)
         return self.logs / f"agents-{first}-{group[-1]}.log"
 
-    def check(self) -> None:
-        for p, proc in self.procs.items():
+    def exited(self) -> dict[int, str]:
+        ended: dict[int, str] = {}
+        for first, proc in list(self.procs.items()):
             code = proc.poll()
-            if code is not None:
-                who = self.groups.get(p, [p])
-                what = f"agent {p}" if len(who) == 1 else f"agents {who[0]}-{who[-1]}"
-                path = self._log(p)
-                tail = (
-                    path.read_text(errors="replace").strip().splitlines()[-3:]
-                    if path.exists()
-                    else []
-                )
-                raise RunFailed(
-                    f"{what} (pid {proc.pid}) exited with code {code} before the run ended"
-                    + ("; its log ends: " + " | ".join(tail) if tail else "")
-                )
+            if code is None:
+                continue
+            del self.procs[first]
+            how = f"its process (pid {proc.pid}) exited with code {code}"
+            if code < 0:
+                how = f"its process (pid {proc.pid}) was killed by {signal.Signals(-code).name}"
+            for agent in self.groups.get(first, [first]):
+                ended[agent] = how + log_tail(self.logs, agent, 1)
+        return ended
+
+    def signal(self, agent: int, sig: int) -> None:
+        first = next((f for f, group in self.groups.items() if agent in group), agent)
+        proc = self.procs.get(first)
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+
+    def restart(self, agents: list[int], launches: Mapping[int, AgentLaunch]) -> None:
+        """Each process again, with every agent it ran (a group restarts whole)."""
+        firsts = {next((f for f, g in self.groups.items() if a in g), a) for a in agents}
+        for first in sorted(firsts):
+            self._spawn(self.groups.get(first, [first]), launches, append=True)
 
     def stop(self) -> None:
         """Wait briefly for clean exits, then terminate and kill whatever is left."""
