@@ -111,6 +111,11 @@ def simulate(
     problem = Problem.build(config)
     out = out_dir(args, config, "simulate")
     runner = _engine(engine)
+    membership = getattr(args, "membership", None)
+    if membership is not None:
+        if engine != "memory":
+            raise ConfigError("--membership replays on the memory engine: add --engine memory")
+        runner = _replay(membership)
     units = len(config.strategies) * (
         config.repeats * len(config.schemes) if engine == "memory" else 1
     )
@@ -136,6 +141,23 @@ def _engine(name: str) -> Callable[..., list[Curve]]:
     from orchestrator.engines.memory import run_memory
 
     return run_memory
+
+
+def _replay(path: Path) -> Callable[..., list[Curve]]:
+    from orchestrator.engines.memory import replay
+    from orchestrator.engines.watch import read_membership
+
+    try:
+        views = read_membership(path)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+    def runner(problem: Problem, progress: Callable[[int], None]) -> list[Curve]:
+        curves = replay(problem, views)
+        progress(len(curves) * problem.config.repeats)
+        return curves
+
+    return runner
 
 
 def reproduce(args: argparse.Namespace) -> int:
@@ -293,6 +315,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     _experiment_flags(p)
     p.add_argument("--engine", choices=("oracle", "memory"), default="oracle")
+    p.add_argument(
+        "--membership",
+        type=Path,
+        metavar="JSON",
+        help="replay a run's membership.json (its views at their rounds) on the memory "
+        "engine: with the run's config and seed, the same trajectories",
+    )
     p.set_defaults(func=simulate)
 
     p = sub.add_parser("reproduce", help="the paper's Fig. 3 preset on the oracle engine")
@@ -348,7 +377,27 @@ def main(argv: list[str] | None = None) -> int:
         "--deadline",
         type=float,
         default=30.0,
-        help="seconds of silence before a run is declared failed",
+        help="seconds of silence before an agent is left out of the run (a new membership "
+        "view), or an orchestrator given up by the agents",
+    )
+    p.add_argument(
+        "--restart",
+        choices=("never", "on-failure"),
+        default="never",
+        help="on-failure: start an agent whose process ended again; it rejoins the run from "
+        "its checkpoint",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=25,
+        metavar="K",
+        help="agents save their model to <out>/checkpoints every K rounds (0: never)",
+    )
+    p.add_argument(
+        "--faults",
+        metavar="LIST",
+        help="inject faults at rounds, e.g. kill:7@120,stop:12@200+15s,broker@300",
     )
     p.add_argument(
         "--agents-per-process",

@@ -577,7 +577,7 @@ class Conductor:
         self.models[start - 1 :] = np.nan  # redone (or never done) under the new view
         self.counts = (~np.isnan(self.models[..., 0])).sum(axis=0)
         view = View(self.session, self._view_number + 1, start, members, reason, dict(resume), left)
-        out = Output(events=[Event("view", _describe(view))])
+        out = Output(events=[Event("view", describe(view))])
         for m in left:
             out.publish.append(self._down(m, control.Excluded(m, self.session, view.view)))
         return out + self._configure(view, now)
@@ -717,7 +717,7 @@ def view_session(session: bytes, view: int) -> bytes:
     return hashlib.sha256(b"privnet/view\0" + session + view.to_bytes(8, "big")).digest()[:16]
 
 
-def _describe(view: View) -> str:
+def describe(view: View) -> str:
     left = ", ".join(f"{m} ({why})" for m, why in view.left.items())
     back = [m for m, r in view.resume.items() if r != view.start - 1]
     parts = [f"session {view.session} view {view.view} from round {view.start}: {view.reason}"]

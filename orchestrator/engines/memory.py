@@ -23,9 +23,9 @@ from agent import keys
 from agent.core import AgentCore
 from agent.node import AgentNode, Event, Launch, Output, Publish
 from agent.spec import Scheme, Strategy
-from orchestrator.conductor import Conductor, SessionPlan, SessionResult, Stage, View
+from orchestrator.conductor import Conductor, SessionPlan, SessionResult, Stage, View, add_counts
 from orchestrator.experiment.problem import Problem, msd
-from orchestrator.experiment.specs import session_plans
+from orchestrator.experiment.specs import session_list, session_plans
 from orchestrator.report import TEST_ERRORS, Curve
 
 CONDUCTOR = "orchestrator"
@@ -267,3 +267,45 @@ def curve_of(
             errors[:, r] = tested
     series = dict(zip(TEST_ERRORS, errors, strict=True)) if problem.classifies else {}
     return Curve(strategy, scheme, cent, avg, rounds_per_s, extra or {}, series)
+
+
+def results_curve(
+    problem: Problem, strategy: str, scheme: str, results: list[SessionResult]
+) -> Curve:
+    """MSD over repeats plus what the wire cost, from the sessions of one strategy x scheme."""
+    c = problem.config
+    wall = sum(res.wall for res in results)
+    traffic = add_counts(res.totals("bytes") for res in results)
+    messages = add_counts(res.totals("messages") for res in results)
+    rejected = add_counts(res.totals("rejected") for res in results)
+    rounds = c.iters * len(results)
+    per_round = {k: v / rounds for k, v in traffic.items() if k != "control"}
+    extra = {
+        "bytes": traffic,
+        "messages": messages,
+        "rejected": rejected,
+        "bytes_per_round": sum(per_round.values()),
+        "bytes_per_round_by_category": per_round,
+        "wall_s": wall,
+    }
+    models = [res.models for res in results]
+    return curve_of(problem, strategy, scheme, models, rounds / max(wall, 1e-9), extra)
+
+
+def results_curves(problem: Problem, results: list[SessionResult]) -> list[Curve]:
+    """One Curve per strategy x scheme from a conductor's sessions, in `session_list` order."""
+    c = problem.config
+    curves, at = [], 0
+    for strategy in c.strategies:
+        for scheme in c.schemes:
+            chunk = results[at : at + c.repeats]
+            at += c.repeats
+            curves.append(results_curve(problem, str(strategy), str(scheme), chunk))
+    return curves
+
+
+def replay(problem: Problem, membership: list[View]) -> list[Curve]:
+    """Every session of a run, applying its recorded membership views at their rounds (a
+    faulty network run, reproduced in memory: same config and seed, same trajectories)."""
+    plans = session_plans(problem, session_list(problem.config))
+    return results_curves(problem, Network.build(plans, script=membership).play())

@@ -18,7 +18,7 @@ import secrets
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,21 +33,22 @@ from agent.node import Output
 from agent.spec import ConfigError
 from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, write_private
 from broker.launcher import Broker, launch, read_sys_bytes, write_compose_files
-from orchestrator.conductor import Conductor, SessionResult, Stage, add_counts
+from orchestrator.conductor import Conductor, SessionResult, Stage, add_counts, describe
 from orchestrator.engines import memory
 from orchestrator.engines.docker import DockerAgents, DockerBroker, nic_window
 from orchestrator.engines.launch import Launcher, LocalLauncher
 from orchestrator.engines.memory import RunFailed
+from orchestrator.engines.watch import POLL, Watch, reported
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem, msd
 from orchestrator.experiment.specs import session_list, session_plans
+from orchestrator.faults import parse_faults
 from orchestrator.report import Curve, console, finish, progress_bar
 
 if TYPE_CHECKING:
     from orchestrator.audit import WireTap
 
 DEFAULT_DEADLINE = 30.0
-POLL = 0.5  # how often child processes are checked while waiting
 
 
 def new_run_name() -> str:
@@ -172,27 +173,6 @@ def prepare(
     return run_secrets
 
 
-def curve_of(problem: Problem, strategy: str, scheme: str, results: list[SessionResult]) -> Curve:
-    """MSD over repeats plus what the wire cost, from the sessions of one strategy x scheme."""
-    c = problem.config
-    wall = sum(res.wall for res in results)
-    traffic = add_counts(res.totals("bytes") for res in results)
-    messages = add_counts(res.totals("messages") for res in results)
-    rejected = add_counts(res.totals("rejected") for res in results)
-    rounds = c.iters * len(results)
-    per_round = {k: v / rounds for k, v in traffic.items() if k != "control"}
-    extra = {
-        "bytes": traffic,
-        "messages": messages,
-        "rejected": rejected,
-        "bytes_per_round": sum(per_round.values()),
-        "bytes_per_round_by_category": per_round,
-        "wall_s": wall,
-    }
-    models = [res.models for res in results]
-    return memory.curve_of(problem, strategy, scheme, models, rounds / max(wall, 1e-9), extra)
-
-
 async def run_network(config: ExperimentConfig, args: argparse.Namespace, out: Path) -> int:
     previous = signal.getsignal(signal.SIGTERM)
     try:
@@ -213,7 +193,9 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
     else:
         run_secrets = RunSecrets.generate(args.run_name or new_run_name(), config.agents)
     run = run_secrets.run
+    faults = parse_faults(args.faults or "", config.agents)
     broker, pool = _runtime(args, run_secrets.credentials, out / "logs")
+    docker = broker if isinstance(broker, DockerBroker) else None
     try:
         broker.start()
         where = "external agents" if args.external_agents else f"agent logs in {out}/logs"
@@ -225,9 +207,13 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
             session_plans(problem, session_list(config)),
             deadline=args.deadline,
             telemetry=not args.no_telemetry,
+            checkpoint_every=args.checkpoint_every,
         )
         reach = broker.agent_address if isinstance(broker, DockerBroker) else broker.address
         launches = run_secrets.launches(str(reach), broker.access)
+        if pool is not None and args.checkpoint_every:
+            where = str(out / "checkpoints") if docker is None else None
+            launches = {p: replace(a, checkpoints=where) for p, a in launches.items()}
         if args.external_agents and args.prepared is None:
             write_launches(args.launch_dir or out / "launch", launches)
         tap = None
@@ -236,7 +222,9 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
 
             tap = WireTap(broker.address, run, broker.access(INSPECTOR))
         neighbour = args.neighbour if args.account else None  # --account
-        return await _drive(problem, broker, conductor, pool, launches, out, tap, neighbour)
+        restart = args.restart == "on-failure"
+        watch = Watch(conductor, pool, broker, launches, problem, out, faults, restart)
+        return await _drive(problem, broker, watch, out, tap, neighbour)
     except RunFailed as exc:
         console.print(f"[red]run failed:[/red] {exc}")
         return 1
@@ -284,9 +272,7 @@ def _runtime(
 async def _drive(
     problem: Problem,
     broker: Broker | DockerBroker,
-    conductor: Conductor,
-    pool: Launcher | None,
-    launches: dict[int, AgentLaunch],
+    watch: Watch,
     out: Path,
     tap: WireTap | None = None,
     neighbour: int | None = None,
@@ -299,6 +285,7 @@ async def _drive(
     must still see the results.
     """
     c = problem.config
+    conductor, pool = watch.conductor, watch.pool
     sys_before = await _sys(broker)
     docker = broker if isinstance(broker, DockerBroker) else None
     nic_before = await asyncio.to_thread(docker.nic) if docker is not None else None
@@ -312,14 +299,15 @@ async def _drive(
                     await mqtt.subscribe(topic, qos=QOS)
                 publish(mqtt, conductor.start(time.monotonic()))
                 if pool is not None:
-                    pool.start(launches)
-                await _conduct(mqtt, conductor, pool, problem)
+                    pool.start(watch.launches)
+                await _conduct(mqtt, watch, problem)
                 if tap is not None:  # the sealed telemetry validates the audit's truth
                     tap.telemetry += [r.models for r in conductor.results]
             # The run is complete. Under compose the first agent to leave stops every
             # container: a SIGTERM from here on must not cut the outputs short.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            curves = _curves(problem, conductor.results)
+            curves = memory.results_curves(problem, conductor.results)
+            save_models(out / "models.npz", conductor.results)
             extra: dict[str, Any] = {
                 "broker": broker.kind,
                 "runtime": "local" if docker is None else "docker",
@@ -327,6 +315,7 @@ async def _drive(
                 "seed": c.seed,
                 "orchestrator": _orchestrator(conductor),
                 "broker_outages": asdict(mqtt.outages),  # as the orchestrator lived them
+                "membership": _membership(watch),
             }
             # $SYS and NIC counters over the same window: from before the agents start to
             # the last session's end (registration and every session's setup included).
@@ -349,23 +338,14 @@ async def _drive(
     return code
 
 
-async def _conduct(
-    mqtt: Connection,
-    conductor: Conductor,
-    pool: Launcher | None,
-    problem: Problem,
-) -> None:
-    """Pump until every session is done; RunFailed when the conductor or an agent fails."""
-    started = checked = time.perf_counter()
+async def _conduct(mqtt: Connection, watch: Watch, problem: Problem) -> None:
+    """Pump until every session is done; RunFailed when the conductor fails."""
+    conductor = watch.conductor
+    started = time.perf_counter()
     with progress_bar() as bar:
         show = _Show(bar, problem, conductor)
 
         def until() -> bool:
-            nonlocal checked
-            live = conductor.stage in (Stage.CONFIGURING, Stage.RUNNING)
-            if pool is not None and live and time.perf_counter() - checked >= POLL:
-                pool.check()  # at most every POLL s: a container check is a Docker API call
-                checked = time.perf_counter()
             return conductor.stage in (Stage.DONE, Stage.FAILED)
 
         def on_output(out: Output) -> None:
@@ -376,23 +356,12 @@ async def _conduct(
             show.update()
 
         try:
-            await pump(mqtt, conductor, until, on_output, every=POLL)
+            await pump(mqtt, watch, until, on_output, every=POLL)
         except RunFailed as exc:
             publish(mqtt, conductor.abort(str(exc)))
             raise
     if conductor.stage is Stage.FAILED:
         raise RunFailed(conductor.failure)
-
-
-def _curves(problem: Problem, results: list[SessionResult]) -> list[Curve]:
-    c = problem.config
-    curves, at = [], 0
-    for strategy in c.strategies:
-        for scheme in c.schemes:
-            chunk = results[at : at + c.repeats]
-            at += c.repeats
-            curves.append(curve_of(problem, str(strategy), str(scheme), chunk))
-    return curves
 
 
 def _orchestrator(conductor: Conductor) -> dict[str, Any]:
@@ -414,6 +383,26 @@ def _orchestrator(conductor: Conductor) -> dict[str, Any]:
     }
 
 
+def save_models(path: Path, results: list[SessionResult]) -> None:
+    """Every agent's true model after every round, per session (NaN: not reported): what a
+    replay (`privnet simulate --membership`) is checked against. 0600: true models."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        np.savez_compressed(fh, **{r.label: r.models for r in results})
+
+
+def _membership(watch: Watch) -> dict[str, Any]:
+    """Views, rounds each agent missed per session, restarts and faults: for summary.json."""
+    conductor = watch.conductor
+    return {
+        "views": len(conductor.membership),
+        "changes": [describe(v) for v in conductor.membership if v.view > 0],
+        "missed_rounds": {r.label: r.missed for r in conductor.results if r.missed},
+        "restarts": watch.restarts,
+        "faults": watch.injected,
+    }
+
+
 class _Show:
     """Progress lines: rounds done, rounds/s, current centroid MSD, per session."""
 
@@ -422,6 +411,7 @@ class _Show:
         self.tasks: dict[str, TaskID] = {}
         self.t0 = time.perf_counter()
         self.session = -1
+        self.shown = 0  # rounds every member has reported
 
     def update(self) -> None:
         conductor, c = self.conductor, self.problem.config
@@ -433,13 +423,14 @@ class _Show:
         if name not in self.tasks:
             self.tasks[name] = self.bar.add_task(name, total=c.iters * c.repeats, status="")
         if conductor.session != self.session:
-            self.session, self.t0 = conductor.session, time.perf_counter()
+            self.session, self.t0, self.shown = conductor.session, time.perf_counter(), 0
         rounds = conductor.rounds_done
         rate = rounds / max(time.perf_counter() - self.t0, 1e-9)
         status = f"{rate:6.1f} rounds/s"
-        if rounds:
+        self.shown = reported(conductor, min(self.shown, conductor.models.shape[0]))
+        if self.shown:
             w_opt = self.problem.w_opt[int(repeat)]
-            cent, _ = msd(conductor.models[rounds - 1], w_opt, self.problem.q)
+            cent, _ = msd(conductor.models[self.shown - 1], w_opt, self.problem.q)
             status += f"  MSD {10 * np.log10(cent):7.2f} dB"
         done = int(repeat) * c.iters + rounds
         self.bar.update(self.tasks[name], completed=done, status=status)

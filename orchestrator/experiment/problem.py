@@ -114,6 +114,12 @@ def _narrow(spec: ProblemSpec, kind: type[S]) -> S:
 
 
 def msd(w: np.ndarray, w_opt: np.ndarray, q: np.ndarray) -> tuple[float, float]:
-    """(centroid MSD, average individual MSD) of models w (P, M) against w^o."""
+    """(centroid MSD, average individual MSD) of models w (P, M) against w^o.
+
+    Agents without a model for the round (NaN rows: out of the membership view) are left
+    out, and the centroid's weights q renormalized over those present."""
+    present = ~np.isnan(w[:, 0])
+    if not present.all():
+        w, q = w[present], q[present] / q[present].sum()
     centroid = q @ w
     return float(np.sum((centroid - w_opt) ** 2)), float(np.mean(np.sum((w - w_opt) ** 2, axis=1)))
