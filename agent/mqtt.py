@@ -30,6 +30,8 @@ from agent.access import ClientAccess
 from agent.node import PEER_QOS, QOS, AgentNode, Checkpoint, Launch, Output, Phase, Unsubscribe
 
 log = logging.getLogger("privnet.agent")
+PAUSED = 1.0  # seconds a wait overran: this process itself was not running
+BACKLOG_READ = 0.2  # seconds to let the socket's backlog in after such a pause
 _GMQTT_LOG = logging.getLogger("privnet.gmqtt")
 T = TypeVar("T")
 _GMQTT_LOG.setLevel(logging.ERROR)  # gmqtt logs every connect and disconnect at INFO
@@ -512,16 +514,34 @@ async def pump(
     while not until():
         wake = machine.next_tick()
         waits = [w for w in (None if wake is None else wake - clock(), every) if w is not None]
+        timeout = max(0.0, min(waits)) if waits else None
+        due = clock() + (timeout or 0.0)
         try:
-            topic, payload, retained = await client.get(max(0.0, min(waits)) if waits else None)
+            topic, payload, retained = await client.get(timeout)
         except TimeoutError:
             out = Output()
         else:
             out = machine.receive(topic, payload, clock(), retained)
+        if timeout is not None and clock() - due > PAUSED:
+            out += await _backlog(client, machine)
         wake = machine.next_tick()
         if wake is not None and clock() >= wake:
             out += machine.tick(clock())
         await _apply(client, machine, out, on_output)
+
+
+async def _backlog(client: Connection, machine: Machine) -> Output:
+    """This process did not run for a while (SIGSTOP, a suspended host): what arrived
+    meanwhile is delivered before time is, so a deadline counts the others' silence, not
+    our own absence."""
+    await asyncio.sleep(BACKLOG_READ)  # let the transport read what the socket holds
+    out = Output()
+    while True:
+        try:
+            topic, payload, retained = await client.get(0.0)
+        except TimeoutError:
+            return out
+        out += machine.receive(topic, payload, time.monotonic(), retained)
 
 
 async def _apply(

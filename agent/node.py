@@ -520,8 +520,8 @@ class AgentNode:
         history: dict[int, np.ndarray],
     ) -> _Session:
         """A new session, or the next view of this one: traffic, started time and the
-        telemetry of rounds before the view's start carry over; a Finished the new view
-        voids gives its rejections back, to be reported in the next one."""
+        unsent telemetry of rounds that stand (up to the one resumed from) carry over; a
+        Finished the new view voids gives its rejections back, for the next one."""
         old = self.session
         if old is None or old.number != setup.session:
             first, self._registration = self._registration, Traffic()
@@ -530,7 +530,6 @@ class AgentNode:
             )
         if self.phase is Phase.FINISHED:
             self._unreported += old.finished
-        start = config.spec.start
         return _Session(
             old.number,
             setup.view,
@@ -539,7 +538,7 @@ class AgentNode:
             link_keys,
             history,
             old.started,
-            [r for r in old.reports if r.round < start],
+            [r for r in old.reports if r.round <= config.resume],  # what stands
             old.traffic,
         )
 
