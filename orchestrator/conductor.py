@@ -209,6 +209,8 @@ class Conductor:
         self._reason = ""
         self._moved = (0, 0.0)  # (slowest member's rounds, when that last grew)
         self._stalls = 0
+        self._pause = (0.0, 0)  # (since when the network stood still, rounds to redo)
+        self.pauses: list[dict[str, Any]] = []  # what each view change cost
         self._go_at = 0.0
         self._next_beat = 0.0
         self.models = np.zeros((0, 0, 0))
@@ -519,6 +521,8 @@ class Conductor:
             self._moved = (self._moved[0], now)
         self._reason = self._reason or reason
         if self.stage is not Stage.HOLDING:
+            still = self._moved[1] if self.stage is Stage.RUNNING else now
+            self._pause = (min(still, now), 0)
             self.stage, self._held = Stage.HOLDING, {}
             self._next_beat = now + self.deadline / BEATS
             out = Output([self._down("all", self._hold())], [Event("holding", reason)])
@@ -547,6 +551,10 @@ class Conductor:
             self.members = frozenset(staying)
             self.stage = Stage.RUNNING
             return self._maybe_done(now)
+        self._pause = (
+            self._pause[0],
+            max((self._held[m] for m in staying), default=start - 1) - (start - 1),
+        )
         resume = {m: start - 1 for m in staying}
         for agent, rejoin in self._joining.items():
             resume[agent] = self._resume_of(agent, rejoin, start)
@@ -649,6 +657,18 @@ class Conductor:
         self._moved = (self._moved[0], now)
         if view.view == 0 or not self._go_at:
             self._go_at = now
+        if view.view > 0 and self.script is None:
+            since, redone = self._pause
+            self.pauses.append(
+                {
+                    "session": view.session,
+                    "view": view.view,
+                    "reason": view.reason,
+                    "start": view.start,
+                    "rounds_redone": redone,
+                    "seconds_lost": round(now - since, 3),
+                }
+            )
         until = self.plans[self.session].rounds
         if self.script is not None and (later := self.script.get((self.session, view.view + 1))):
             until = later.start - 1

@@ -9,7 +9,6 @@ the file fits a CI budget of about three minutes on two cores.
 import asyncio
 import contextlib
 import os
-import re
 import secrets
 import signal
 import subprocess
@@ -32,6 +31,11 @@ from agent.messages import Model
 from agent.node import QOS_OF
 from broker.credentials import INSPECTOR
 from orchestrator.cli import main
+from orchestrator.engines.memory import Network
+from orchestrator.engines.watch import read_membership
+from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.problem import Problem
+from orchestrator.experiment.specs import session_list, session_plans
 from orchestrator.report import load_summary, read_metrics
 
 pytestmark = pytest.mark.net
@@ -296,14 +300,21 @@ async def flood(attacker: aiomqtt.Client, topic: str, privnet: subprocess.Popen[
     return sent
 
 
-async def test_killed_agent_fails_the_run_naming_it(broker_kind: str, tmp_path: Path) -> None:
-    """SIGKILL one agent: privnet names it and gives up within --deadline, also while an
-    attacker with agent 3's credentials floods agent 3's upward topic with junk (junk does
-    not count as a sign of life), and leaves no process behind."""
+async def test_a_killed_agent_is_left_out_and_the_run_completes(
+    broker_kind: str, tmp_path: Path
+) -> None:
+    """SIGKILL one agent mid-run, while an attacker with agent 3's credentials floods agent
+    3's upward topic with junk: the run goes on without it under a new membership view,
+    completes, names it in membership.json, and its survivors' models equal the memory
+    engine's replay of that file; nothing is left running."""
     run = f"kill-{broker_kind}"
     async with prepared(broker_kind, run, 6, tmp_path) as setup:
         privnet = start_privnet(
-            str(setup.broker.address), tmp_path, "--prepared", str(setup.run_json)
+            str(setup.broker.address),
+            tmp_path,
+            "--prepared",
+            str(setup.run_json),
+            *("--iters", "600", "--scheme", "local-ghp", "--seed", "5"),
         )
         with stopped(privnet):
             family = await asyncio.to_thread(wait_for_rounds, privnet, tmp_path)
@@ -311,16 +322,26 @@ async def test_killed_agent_fails_the_run_naming_it(broker_kind: str, tmp_path: 
                 junk = asyncio.create_task(flood(attacker, topics.ctl_up(run, 3), privnet))
                 await asyncio.sleep(0.3)
                 agent_process(family, 3).send_signal(signal.SIGKILL)
-                killed = time.monotonic()
-                code = await asyncio.to_thread(privnet.wait, 30)
-                took = time.monotonic() - killed
+                code = await asyncio.to_thread(privnet.wait, 60)
                 junked = await junk
     stderr = (tmp_path / "privnet.err").read_text()
-    assert code != 0
+    assert code == 0, stderr
     assert junked >= 5
-    assert took <= 10.0, f"privnet took {took:.1f} s to give up; the deadline is 10 s\n{stderr}"
-    assert re.search(r"agent\s+3\b.*exited with code -9", stderr, re.S), stderr
+    views = read_membership(tmp_path / "membership.json")
+    assert [sorted(v.left) for v in views] == [[], [3]], views
+    assert "killed by SIGKILL" in views[1].left[3]
+    assert 3 not in views[1].members and views[1].start > 1
     assert alive(family) == []
+    config = ExperimentConfig(
+        agents=6, iters=600, strategies=("atc",), schemes=("local-ghp",), seed=5
+    )
+    problem = Problem.build(config)
+    (replayed,) = Network.build(session_plans(problem, session_list(config)), script=views).play()
+    real = np.load(tmp_path / "models.npz")[replayed.label]
+    have = ~np.isnan(real[..., 0])
+    assert have[:, [0, 1, 2, 4, 5]].all()  # every survivor reported every round
+    gap = np.max(np.abs(real[have] - replayed.models[have])) / np.max(np.abs(real[have]))
+    assert gap < 1e-9
 
 
 def test_ctrl_c_stops_everything(broker_kind: str, tmp_path: Path) -> None:

@@ -397,6 +397,7 @@ def _membership(watch: Watch) -> dict[str, Any]:
     return {
         "views": len(conductor.membership),
         "changes": [describe(v) for v in conductor.membership if v.view > 0],
+        "pauses": conductor.pauses,  # per change: rounds redone, seconds the network stood
         "missed_rounds": {r.label: r.missed for r in conductor.results if r.missed},
         "restarts": watch.restarts,
         "faults": watch.injected,
