@@ -176,6 +176,14 @@ def run(args: argparse.Namespace) -> int:
     base = ExperimentConfig(
         strategies=(Strategy.ATC,), schemes=(Scheme.LOCAL_GHP,), repeats=1, seed=seed
     )
+    if args.resume is not None:  # the interrupted run's experiment, secret seed included
+        from orchestrator.engines import journal
+
+        try:
+            config = journal.load(args.resume)[0]
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        return run_loop(run_network(config, args, args.resume))
     config = experiment(args, base)
     out = out_dir(args, config, "run")
     return run_loop(run_network(config, args, out))
@@ -393,6 +401,14 @@ def main(argv: list[str] | None = None) -> int:
         default=25,
         metavar="K",
         help="agents save their model to <out>/checkpoints every K rounds (0: never)",
+    )
+    p.add_argument(
+        "--resume",
+        type=Path,
+        metavar="RUN_DIR",
+        help="carry on a run whose orchestrator died: its experiment, secrets and finished "
+        "sessions from RUN_DIR/journal, the agents from their checkpoints (other experiment "
+        "flags are ignored)",
     )
     p.add_argument(
         "--faults",

@@ -148,6 +148,16 @@ class SessionResult:
         return {m: int(n) for m, n in enumerate(counts) if n}
 
 
+@dataclass(frozen=True)
+class Resume:
+    """Where a run started again goes on: the session it was in, and the models of it the
+    first run received (rounds x P x M, NaN where none); the agents say which of their own
+    models they hold (checkpoints), and the session goes on after the latest round all do."""
+
+    session: int
+    models: np.ndarray
+
+
 @dataclass
 class _Agent:
     identity: keys.PublicIdentity
@@ -169,6 +179,7 @@ class Conductor:
         register_deadline: float = REGISTER_DEADLINE,
         checkpoint_every: int = 0,
         script: Iterable[View] | None = None,
+        resume: Resume | None = None,
     ) -> None:
         if not plans:
             raise ValueError("a run needs at least one session")
@@ -193,7 +204,9 @@ class Conductor:
         self.left: dict[int, dict[str, int]] = {}  # what each dropped after its last Finished
         self.left_traffic = Traffic()  # the agents' Left frames
         self.failure = ""
-        self.session = -1  # index into plans
+        self.resume = resume  # a run started again (`privnet run --resume`)
+        self.session = (resume.session if resume is not None else 0) - 1  # index into plans
+        self._offers: dict[int, control.Rejoin] = {}  # resuming: what each agent holds
         self.alive: set[int] = set()  # registered and not lost
         self.members: frozenset[int] = frozenset()  # of the current view
         self._seq = 0
@@ -382,12 +395,13 @@ class Conductor:
         self.registered[agent] = _Agent(identity, {frame.seq})
         self.alive.add(agent)
         self._heard[agent] = now
-        late = self.stage is not Stage.REGISTERING  # it answers with Rejoin
-        out.publish.append(self._down(agent, control.Welcome(agent, late)))
+        late = self.stage is not Stage.REGISTERING or self.resume is not None
+        out.publish.append(self._down(agent, control.Welcome(agent, late)))  # late: Rejoin
         if self.stage is Stage.REGISTERING and len(self.registered) == self.agents:
             out.events.append(Event("registered", f"{self.agents} agents"))
             self._next_beat = now + self.deadline / BEATS
-            out += self._next_session(now)
+            if self.resume is None:
+                out += self._next_session(now)
         return out
 
     def _obey(self, msg: control.Control, now: float) -> Output:
@@ -401,6 +415,15 @@ class Conductor:
             case control.Rejoin(agent=agent) if self._can_join(agent):
                 self._joining[agent] = msg
                 return self._change(now, "returned")
+            case control.Rejoin(agent=agent) if (
+                self.resume is not None and self.stage is Stage.REGISTERING
+            ):
+                if agent in self._offers:
+                    raise Rejected("duplicate", f"second Rejoin of agent {agent}")
+                self._offers[agent] = msg
+                if len(self._offers) < self.agents or len(self.registered) < self.agents:
+                    return Output()
+                return self._next_session(now)
             case control.Ready(agent=agent, session=n, view=v) if (
                 self._at(Stage.CONFIGURING, n, v) and agent in self.members
             ):
@@ -703,9 +726,22 @@ class Conductor:
         scripted = self.script.get((self.session, 0)) if self.script is not None else None
         members = scripted.members if scripted is not None else tuple(sorted(self.alive))
         reason = scripted.reason if scripted is not None else "start"
+        start = 1
+        if self.resume is not None:  # the interrupted session: on from what all agents hold
+            start, reason = self._resume_point(plan.rounds) + 1, "resumed"
+            self.models[: start - 1] = self.resume.models[: start - 1]
+            self.counts = (~np.isnan(self.models[..., 0])).sum(axis=0)
+            self.resume, self._offers = None, {}
         self.members = frozenset()
-        view = View(self.session, 0, 1, members, reason, {m: 0 for m in members})
-        return self._configure(view, now)
+        view = View(self.session, 0, start, members, reason, {m: start - 1 for m in members})
+        out = Output(events=[Event("view", describe(view))] if start > 1 else [])
+        return out + self._configure(view, now)
+
+    def _resume_point(self, rounds: int) -> int:
+        """The latest round before the last whose model every agent holds (0: the start)."""
+        held = [set(o.rounds) if o.session == self.session else {0} for o in self._offers.values()]
+        common = set.intersection(*held) if held else {0}
+        return max((r for r in common if r < rounds), default=0)
 
     # ---- helpers ----------------------------------------------------------------------
 

@@ -33,12 +33,12 @@ from agent.node import Output
 from agent.spec import ConfigError
 from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, write_private
 from broker.launcher import Broker, launch, read_sys_bytes, write_compose_files
-from orchestrator.conductor import Conductor, SessionResult, Stage, add_counts, describe
-from orchestrator.engines import memory
+from orchestrator.conductor import Conductor, Resume, SessionResult, Stage, add_counts, describe
+from orchestrator.engines import journal, memory
 from orchestrator.engines.docker import DockerAgents, DockerBroker, nic_window
 from orchestrator.engines.launch import Launcher, LocalLauncher
 from orchestrator.engines.memory import RunFailed
-from orchestrator.engines.watch import POLL, Watch, reported
+from orchestrator.engines.watch import POLL, Watch, reported, write_membership
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem, msd
 from orchestrator.experiment.specs import session_list, session_plans
@@ -183,7 +183,14 @@ async def run_network(config: ExperimentConfig, args: argparse.Namespace, out: P
 
 async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: Path) -> int:
     problem = Problem.build(config)
-    if args.prepared is not None:
+    resume: Resume | None = None
+    done: list[SessionResult] = []
+    if args.resume is not None:
+        _, secrets_json, done, index, got = journal.load(out)
+        run_secrets = RunSecrets.from_json(secrets_json, str(out / journal.JOURNAL / "run.json"))
+        resume = journal.resume_point(problem.config, index, got)
+        console.print(f"resuming {run_secrets.run}: {index} sessions done, going on with the next")
+    elif args.prepared is not None:
         run_secrets = RunSecrets.from_json(args.prepared.read_text(), str(args.prepared))
         if run_secrets.credentials.agents != config.agents:
             raise ConfigError(
@@ -193,6 +200,8 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
     else:
         run_secrets = RunSecrets.generate(args.run_name or new_run_name(), config.agents)
     run = run_secrets.run
+    if resume is None:
+        journal.begin(out, config, run_secrets.to_json())
     faults = parse_faults(args.faults or "", config.agents)
     broker, pool = _runtime(args, run_secrets.credentials, out / "logs")
     docker = broker if isinstance(broker, DockerBroker) else None
@@ -208,12 +217,15 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
             deadline=args.deadline,
             telemetry=not args.no_telemetry,
             checkpoint_every=args.checkpoint_every,
+            resume=resume,
         )
+        conductor.results = done
         reach = broker.agent_address if isinstance(broker, DockerBroker) else broker.address
         launches = run_secrets.launches(str(reach), broker.access)
         if pool is not None and args.checkpoint_every:
             where = str(out / "checkpoints") if docker is None else None
-            launches = {p: replace(a, checkpoints=where) for p, a in launches.items()}
+            again = resume is not None  # come back from their checkpoints
+            launches = {p: replace(a, checkpoints=where, rejoin=again) for p, a in launches.items()}
         if args.external_agents and args.prepared is None:
             write_launches(args.launch_dir or out / "launch", launches)
         tap = None
@@ -301,6 +313,7 @@ async def _drive(
                 if pool is not None:
                     pool.start(watch.launches)
                 await _conduct(mqtt, watch, problem)
+                write_membership(out / "membership.json", conductor.membership)
                 if tap is not None:  # the sealed telemetry validates the audit's truth
                     tap.telemetry += [r.models for r in conductor.results]
             # The run is complete. Under compose the first agent to leave stops every

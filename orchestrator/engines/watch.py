@@ -23,6 +23,7 @@ from agent.mqtt import AgentLaunch
 from agent.node import Output
 from broker.launcher import Broker
 from orchestrator.conductor import IN_SESSION, Conductor, Stage, View
+from orchestrator.engines import journal
 from orchestrator.engines.docker import DockerBroker
 from orchestrator.engines.launch import Launcher
 from orchestrator.experiment.problem import Problem, msd
@@ -136,7 +137,10 @@ class Watch:
 
     def _seen(self, out: Output) -> Output:
         for event in out.events:
-            if event.kind == "view":
+            if event.kind == "session-done":
+                result = self.conductor.results[-1]
+                journal.session_done(self.out, len(self.conductor.results) - 1, result)
+            elif event.kind == "view":
                 console.print(f"[cyan]membership:[/cyan] {event.detail}")
                 write_membership(self.out / "membership.json", self.conductor.membership)
             elif event.kind in ("lost", "restarted"):
@@ -152,11 +156,13 @@ class Watch:
         if plan is None or conductor.stage not in IN_SESSION:
             return
         session, written = self._streamed
-        if session != conductor.session:
-            session, written = conductor.session, 0
+        if session != conductor.session:  # from its first view's start (a resumed session)
+            session, written = conductor.session, conductor.membership[-1].start - 1
+            journal.truncate(self.out, session, written, conductor.models.shape[1:])
         done = reported(conductor, written)
         if done <= written:
             return
+        journal.rounds(self.out, session, conductor.models[written:done])
         path = self.out / "metrics.csv"
         fresh = not path.exists() or (conductor.session == 0 and written == 0)
         strategy, scheme, repeat = plan.label.split("/")

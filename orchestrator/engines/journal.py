@@ -1,0 +1,108 @@
+"""What `privnet run` keeps on disk as it goes, so `privnet run --resume RUN_DIR` can carry
+on after the orchestrator died (`kill -9`, a reboot).
+
+`<run>/journal/`: the experiment (`config.json`, the secret seed included) and the run's
+secrets (`run.json`, 0600: the orchestrator's key, the agents' tokens, broker users), every
+finished session (`session-<n>.npz` models, `session-<n>.json` what the agents reported),
+and the rounds of the session under way as the orchestrator got them (`rounds-<n>.bin`).
+The agents keep their own checkpoints (`<run>/checkpoints/`). Everything here is as secret
+as the run's telemetry: true models.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from agent import control
+from orchestrator.conductor import Resume, SessionResult
+from orchestrator.experiment.config import ExperimentConfig, with_overrides
+
+JOURNAL = "journal"
+
+
+def _private(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+def begin(out: Path, config: ExperimentConfig, secrets_json: str) -> None:
+    where = out / JOURNAL
+    where.mkdir(parents=True, exist_ok=True)
+    _private(where / "config.json", json.dumps(config.to_dict()).encode())
+    _private(where / "run.json", secrets_json.encode())
+
+
+def session_done(out: Path, index: int, result: SessionResult) -> None:
+    where = out / JOURNAL
+    with open(where / f"session-{index}.npz", "wb") as fh:
+        np.savez(fh, models=result.models)
+    finished = {str(m): asdict(done) for m, done in result.finished.items()}
+    record = {"label": result.label, "wall": result.wall, "finished": finished}
+    _private(where / f"session-{index}.json", json.dumps(record).encode())
+    (where / f"rounds-{index}.bin").unlink(missing_ok=True)
+
+
+def rounds(out: Path, index: int, models: np.ndarray) -> None:
+    """Append the next rounds of session `index` (rows of `models`, each P x M): the file
+    holds rounds 1, 2, ... in order."""
+    with open(out / JOURNAL / f"rounds-{index}.bin", "ab") as fh:
+        fh.write(np.ascontiguousarray(models, dtype="<f8").tobytes())
+
+
+def truncate(out: Path, index: int, keep: int, shape: tuple[int, ...]) -> None:
+    """Keep the first `keep` rounds of session `index` (a resumed session redoes the rest)."""
+    path = out / JOURNAL / f"rounds-{index}.bin"
+    if path.exists():
+        size = keep * int(np.prod(shape)) * 8
+        with open(path, "r+b") as fh:
+            fh.truncate(min(size, path.stat().st_size))
+
+
+def load(
+    out: Path,
+) -> tuple[ExperimentConfig, str, list[SessionResult], int, np.ndarray | None]:
+    """(config, secrets JSON, finished sessions, index of the next, its rounds as received)."""
+    where = out / JOURNAL
+    try:
+        data = json.loads((where / "config.json").read_text())
+        secrets_json = (where / "run.json").read_text()
+    except OSError as exc:
+        raise ValueError(
+            f"{out} has no journal ({exc.strerror}: {exc.filename}); --resume takes the --out "
+            "directory of a `privnet run` that was interrupted"
+        ) from None
+    config = with_overrides(ExperimentConfig(), data)
+    results = []
+    while (where / f"session-{len(results)}.json").exists():
+        n = len(results)
+        record = json.loads((where / f"session-{n}.json").read_text())
+        models = np.load(where / f"session-{n}.npz")["models"]
+        finished = {int(m): control.Finished(**d) for m, d in record["finished"].items()}
+        results.append(SessionResult(record["label"], models, finished, record["wall"]))
+    return config, secrets_json, results, len(results), _rows(where / f"rounds-{len(results)}.bin")
+
+
+def resume_point(config: ExperimentConfig, session: int, got: np.ndarray | None) -> Resume:
+    shape = (config.iters, config.agents, config.dim)
+    models = np.full(shape, np.nan)
+    per_round = config.agents * config.dim
+    if got is not None and got.size % per_round == 0:
+        rows = got.reshape(-1, config.agents, config.dim)[: config.iters]
+        models[: rows.shape[0]] = rows
+    return Resume(session, models)
+
+
+def _rows(path: Path) -> np.ndarray | None:
+    """The floats appended to `path` (None: none)."""
+    if not path.exists():
+        return None
+    raw = path.read_bytes()
+    return np.frombuffer(raw, dtype="<f8") if raw else None

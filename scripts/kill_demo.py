@@ -1,0 +1,120 @@
+"""Kill agents of a running `privnet run` from outside, then check the run against its replay.
+
+    python scripts/kill_demo.py --agents 30 --iters 600 --kill 9 --out runs/kill-demo
+
+Starts `privnet run` (ATC, local-ghp, the broker it picks), watches its streamed
+metrics.csv, and sends SIGKILL to one agent process (found by its command line, as an
+operator would with `ps` and `kill -9`) at each of `--kill` rounds spread over the run,
+choosing agents whose loss keeps the survivors' graph connected. Then it replays the run's
+membership.json on the memory engine and prints the largest relative gap between the
+survivors' trajectories and the replay's, and the views the run went through. Extra
+arguments after `--` go to `privnet run` (e.g. `-- --audit`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+import psutil
+
+from orchestrator.engines.memory import Network
+from orchestrator.engines.watch import read_membership
+from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.problem import Problem
+from orchestrator.experiment.specs import session_list, session_plans
+
+
+def rounds_done(metrics: Path) -> int:
+    if not metrics.exists():
+        return 0
+    with metrics.open() as fh:
+        return max(0, sum(1 for _ in csv.reader(fh)) - 1)
+
+
+def victims(config: ExperimentConfig, count: int) -> list[int]:
+    """Agents whose loss, one after the other, leaves the rest connected (highest id first)."""
+    graph = Problem.build(config).graph.copy()
+    chosen: list[int] = []
+    for agent in sorted(graph.nodes, reverse=True):
+        if len(chosen) == count:
+            break
+        rest = graph.copy()
+        rest.remove_node(agent)
+        if nx.is_connected(rest):
+            graph, chosen = rest, [*chosen, agent]
+    return chosen
+
+
+def agent_pid(run: psutil.Process, agent: int) -> psutil.Process | None:
+    for child in run.children(recursive=True):
+        try:
+            line = child.cmdline()
+        except psutil.Error:
+            continue
+        if "agent" in line and "--id" in line and line[line.index("--id") + 1] == str(agent):
+            return child
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--agents", type=int, default=30)
+    parser.add_argument("--iters", type=int, default=600)
+    parser.add_argument("--kill", type=int, default=9)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=Path("runs/kill-demo"))
+    parser.add_argument("rest", nargs="*", help="more `privnet run` flags, after --")
+    args = parser.parse_args()
+    config = ExperimentConfig(
+        agents=args.agents,
+        iters=args.iters,
+        strategies=("atc",),
+        schemes=("local-ghp",),
+        seed=args.seed,
+    )
+    doomed = victims(config, args.kill)
+    at = [int(args.iters * (k + 1) / (args.kill + 2)) for k in range(len(doomed))]
+    command = [sys.executable, "-m", "orchestrator.cli", "run", "--agents", str(args.agents)]
+    command += ["--iters", str(args.iters), "--strategy", "atc", "--scheme", "local-ghp"]
+    command += ["--seed", str(args.seed), "--out", str(args.out), *args.rest]
+    started = time.monotonic()
+    privnet = subprocess.Popen(command)
+    run = psutil.Process(privnet.pid)
+    kills = []
+    while privnet.poll() is None:
+        done = rounds_done(args.out / "metrics.csv")
+        while doomed and done >= at[0]:
+            agent, round_ = doomed.pop(0), at.pop(0)
+            process = agent_pid(run, agent)
+            if process is not None:
+                process.send_signal(signal.SIGKILL)
+                kills.append({"agent": agent, "planned": round_, "seen": done})
+        time.sleep(0.05)
+    wall = time.monotonic() - started
+    if privnet.returncode != 0:
+        print(f"privnet run exited with {privnet.returncode}")
+        return 1
+    views = read_membership(args.out / "membership.json")
+    problem = Problem.build(config)
+    plans = session_plans(problem, session_list(config))
+    (replay,) = Network.build(plans, script=views).play()
+    real = np.load(args.out / "models.npz")[replay.label]
+    have = ~np.isnan(real[..., 0])
+    gap = float(np.max(np.abs(real[have] - replay.models[have])) / np.max(np.abs(real[have])))
+    summary = json.loads((args.out / "summary.json").read_text())["config"]["membership"]
+    report = {"wall_s": round(wall, 1), "kills": kills, "replay_max_rel_gap": gap, **summary}
+    print(json.dumps(report, indent=1))
+    return 0 if gap < 1e-9 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
