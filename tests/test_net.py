@@ -8,6 +8,7 @@ the file fits a CI budget of about three minutes on two cores.
 
 import asyncio
 import contextlib
+import csv
 import os
 import secrets
 import signal
@@ -379,3 +380,37 @@ def test_a_killed_orchestrator_leaves_no_agent_running(broker_kind: str, tmp_pat
     assert len(gone) == 6
     logs = [(tmp_path / "logs" / f"agent-{p}.log").read_text() for p in range(6)]
     assert all("orchestrator has been silent" in log for log in logs), logs[0]
+
+
+def test_a_run_whose_orchestrator_died_resumes(tmp_path: Path) -> None:
+    """SIGKILL the orchestrator mid-run: metrics.csv already holds every round all agents
+    completed; `privnet run --resume` brings the agents back from their checkpoints and
+    completes the run, every round of it in the final metrics."""
+    flags = ("--iters", "1500", "--checkpoint-every", "50", "--seed", "3")
+    privnet = start_privnet("mosquitto", tmp_path, *flags)
+    family: list[psutil.Process] = []
+    try:
+        family = wait_for_rounds(privnet, tmp_path)
+        time.sleep(1.0)
+        privnet.kill()
+        psutil.wait_procs([p for p in family if "agent" in p.cmdline()], timeout=30)
+    finally:
+        for proc in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+    with (tmp_path / "metrics.csv").open() as fh:
+        streamed = [int(row[3]) for row in list(csv.reader(fh))[1:]]
+    assert streamed and streamed == list(range(1, len(streamed) + 1))
+    assert len(streamed) < 1500
+    resumed = subprocess.run(
+        [*PRIVNET, "--resume", str(tmp_path), "--broker", "mosquitto", "--deadline", "10"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    (view,) = read_membership(tmp_path / "membership.json")
+    assert view.reason == "resumed" and view.start > 1
+    ((centroid, _),) = read_metrics(tmp_path / "metrics.csv").values()
+    assert centroid.shape == (1, 1500) and not np.isnan(centroid).any()
