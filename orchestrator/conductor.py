@@ -136,6 +136,7 @@ class SessionResult:
     models: np.ndarray  # (rounds, P, M): every agent's true model after every round (NaN: missed)
     finished: dict[int, control.Finished]
     wall: float  # Go to last Finished
+    views: list[View] = field(default_factory=list)  # the session's membership views
 
     def totals(self, field_name: str) -> dict[str, int]:
         """One of Finished's count maps (rejected, bytes, messages), summed over agents."""
@@ -708,7 +709,10 @@ class Conductor:
         if self.stage is not Stage.RUNNING or not self.members <= self._finished.keys():
             return Output()
         plan = self.plans[self.session]
-        result = SessionResult(plan.label, self.models, dict(self._finished), now - self._go_at)
+        views = [v for v in self.membership if v.session == self.session]
+        result = SessionResult(
+            plan.label, self.models, dict(self._finished), now - self._go_at, views
+        )
         self.results.append(result)
         out = Output(events=[Event("session-done", plan.label)])
         return out + self._next_session(now)

@@ -316,6 +316,11 @@ def _plot_panel(ax: Axes, curves: list[Curve], attr: str) -> dict[str, Line2D]:
         iters = np.arange(1, msd.shape[1] + 1)
         style = SCHEME_STYLE.get(scheme, {"label": scheme})
         (lines[scheme],) = ax.plot(iters, _db(msd.mean(axis=0)), zorder=2 + z, **style)
+        for start, why in by_scheme[scheme].extra.get("views", []):  # membership changes
+            color = lines[scheme].get_color()
+            ax.axvline(start, color=color, linestyle=":", linewidth=0.8, zorder=1)
+            where = ax.get_xaxis_transform()  # x in data, y in axes fractions
+            ax.text(start, 0.99, f" {why}", transform=where, rotation=90, va="top", fontsize=7)
     ax.grid(True, alpha=0.3)
     return lines
 

@@ -287,6 +287,8 @@ def results_curve(
         "bytes_per_round": sum(per_round.values()),
         "bytes_per_round_by_category": per_round,
         "wall_s": wall,
+        # where membership changed (a mark on the MSD plot): [round, why] per session
+        "views": sorted({(v.start, v.reason) for r in results for v in r.views if v.start > 1}),
     }
     models = [res.models for res in results]
     return curve_of(problem, strategy, scheme, models, rounds / max(wall, 1e-9), extra)
