@@ -190,6 +190,12 @@ class Harness:
         seq = next(self._seq) if seq is None else seq
         return topics.ctl_down(RUN, to), wire.encode_signed(msg, run, seq, signer)
 
+    def beat(self) -> tuple[str, bytes]:
+        """A genuine Beat, next in the conductor's own sequence (so its later frames stay
+        fresh), for a node that should hear from a live orchestrator."""
+        frame = self.conductor._down("all", control.Beat())
+        return frame.topic, frame.payload
+
     def up(
         self,
         msg: control.Control,
