@@ -20,6 +20,7 @@ from runs import (
     AGENTS,
     CONTROL_TYPES,
     ROUNDS,
+    RTOL,
     RUN,
     Harness,
     assert_same_models,
@@ -29,10 +30,10 @@ from runs import (
 
 from agent import control, keys, topics, wire
 from agent.messages import Report
-from agent.node import Event, Output, Phase, Publish, hello_proof, telemetry_context
+from agent.node import Checkpoint, Event, Output, Phase, Publish, hello_proof, telemetry_context
 from agent.spec import Scheme, Strategy
 from orchestrator.conductor import REGISTER_DEADLINE, STALLS, Conductor, SessionPlan, Stage
-from orchestrator.engines.memory import CONDUCTOR, RunFailed
+from orchestrator.engines.memory import CONDUCTOR, Network, RunFailed
 from orchestrator.engines.oracle import run_oracle
 from orchestrator.experiment.problem import msd
 from orchestrator.experiment.specs import session_plans
@@ -698,3 +699,256 @@ def test_an_agent_silent_after_its_last_finished_costs_only_its_left() -> None:
     assert c.stage is Stage.DONE and len(c.results) == 1
     with pytest.raises(RuntimeError, match="never unsubscribes"):
         c.unsubscribed(topics.inbox_filter(RUN, 0), wake)
+
+
+# ---- membership: crashed, silent, returning and restarted agents; stalls ---------------------
+
+VICTIM = 3  # not a cut vertex of seed 34's graph: its neighbours 2 and 7 are hubs
+LONG = 8  # rounds: room for a fault mid-run
+
+
+def survivors(without: int = VICTIM) -> list[int]:
+    return [m for m in range(AGENTS) if m != without]
+
+
+def at_round(h: Harness, agent: int, rounds: int) -> Callable[[], bool]:
+    """`agent` has completed `rounds` rounds of the current view."""
+
+    def ready() -> bool:
+        session = h.nodes[agent].session
+        return session is not None and session.core.round > rounds
+
+    return ready
+
+
+def held_rounds(h: Harness, view: int) -> dict[int, int]:
+    """Each agent's held Progress round in `view` (the round it stopped at)."""
+    return {
+        msg.agent: msg.round
+        for _, msg in h.decoded
+        if isinstance(msg, control.Progress) and msg.held and msg.view == view
+    }
+
+
+def replayed(h: Harness) -> list:
+    """The same plans played in memory, applying the run's recorded views."""
+    return Network.build(h.conductor.plans, script=h.conductor.membership).play()
+
+
+def assert_replay_matches(h: Harness, got: list, agents: list[int] | None = None) -> None:
+    """Every model the run reported equals the replay's, to RTOL of the largest."""
+    want = replayed(h)
+    for mine, theirs in zip(got, want, strict=True):
+        a = mine.models if agents is None else mine.models[:, agents]
+        b = theirs.models if agents is None else theirs.models[:, agents]
+        kept = ~np.isnan(a)
+        assert kept.any() and not np.isnan(b[kept]).any()
+        gap = np.max(np.abs(a[kept] - b[kept]))
+        assert gap <= RTOL * np.max(np.abs(b[kept])), (mine.label, gap)
+
+
+@pytest.mark.parametrize(
+    "session",
+    [(Strategy.ATC, scheme) for scheme in Scheme] + [(Strategy.CONSENSUS, Scheme.LOCAL_GHP)],
+    ids=str,
+)
+def test_a_crashed_agent_is_left_out_and_the_replay_reproduces_the_run(
+    session: tuple[Strategy, Scheme],
+) -> None:
+    """Agent 3 dies (kill -9) after 3 rounds: the survivors hold, a view without it runs
+    from the slowest survivor's round + 1, the run completes, and the memory engine
+    replaying the recorded views gives the same models."""
+    h = Harness.build([session], rounds=LONG)
+    h.when(at_round(h, VICTIM, 3), lambda: h.crash(VICTIM))
+    (result,) = h.play()
+    c = h.conductor
+    first, second = c.membership
+    assert (first.view, first.members, first.reason) == (0, EVERYONE, "start")
+    assert (second.view, second.members, second.reason) == (1, tuple(survivors()), "lost")
+    assert second.left == {VICTIM: "crashed"}
+    assert second.start == min(held_rounds(h, 0).values()) + 1 > 1
+    assert second.resume == {m: second.start - 1 for m in survivors()}
+    assert not np.isnan(result.models[:, survivors()]).any()
+    assert result.missed == {VICTIM: LONG}  # its telemetry batch never left it
+    assert sorted(result.finished) == survivors()
+    assert all(result.finished[m].view == 1 for m in survivors())
+    assert_replay_matches(h, [result], survivors())
+    h.assert_all_counted()
+
+
+def test_a_silent_agent_is_excluded_by_the_silence_rule() -> None:
+    """Agent 3 stops (SIGSTOP) after 2 rounds: a deadline after its last frame the
+    conductor leaves it out; the survivors complete."""
+    h = Harness.build(rounds=LONG)
+    h.when(at_round(h, VICTIM, 2), lambda: h.stop(VICTIM))
+    h.start()
+    c = h.conductor
+    assert c.stage is Stage.RUNNING and f"agent-{VICTIM}" in h.stopped
+    last = max(t for t in [h.clock.now])  # nothing was ticked: its last frame is now
+    h.advance(29.0)
+    assert len(c.membership) == 1
+    h.advance(1.0)
+    assert c.stage is Stage.DONE and h.clock.now == last + 30.0
+    (_, view) = c.membership
+    assert view.members == tuple(survivors()) and view.left == {VICTIM: "silent for 30 s"}
+    assert not np.isnan(c.results[0].models[:, survivors()]).any()
+    assert_replay_matches(h, c.results, survivors())
+    h.finish()
+    h.assert_all_counted()
+
+
+def pause_from(h: Harness, view: int, round_: int) -> None:
+    """Hold every model frame of `view` from `round_` on: the members stop there, running."""
+
+    def selected(_: str, frame: Publish) -> bool:
+        if frame.category != "model":
+            return False
+        msg = wire.peek_peer(frame.payload, DIM)
+        return msg.view == view and msg.round >= round_
+
+    h.hold = selected
+
+
+def test_an_excluded_agent_that_comes_back_rejoins_at_a_later_view() -> None:
+    """Agent 3 stops, is excluded (view 1); the survivors are paused in round 6; agent 3
+    continues: it reads its Excluded, asks back in (Rejoin) and is a member of view 2 from
+    the last round before its exclusion whose model it holds. The replay agrees."""
+    h = Harness.build(rounds=LONG)
+    h.when(at_round(h, VICTIM, 2), lambda: h.stop(VICTIM))
+    pause_from(h, 1, 6)
+    h.start()
+    h.advance(30.0)
+    c = h.conductor
+    assert [v.reason for v in c.membership] == ["start", "lost"] and c.stage is Stage.RUNNING
+    excluded_at = c.membership[1].start
+    h.resume(VICTIM)
+    (excluded,) = [m for _, m in h.decoded if isinstance(m, control.Excluded)]
+    (rejoin,) = [m for _, m in h.decoded if isinstance(m, control.Rejoin)]
+    assert excluded == control.Excluded(VICTIM, 0, 1) and rejoin.session == 0
+    back = c.membership[2]
+    assert (back.view, back.reason, back.members, back.start) == (2, "returned", EVERYONE, 6)
+    # it ran on past its exclusion (the frames that waited for it): that branch is void
+    assert max(rejoin.rounds) >= excluded_at
+    assert back.resume[VICTIM] == max(r for r in rejoin.rounds if r < excluded_at)
+    assert back.resume[VICTIM] == excluded_at - 1
+    assert all(back.resume[m] == 5 for m in survivors())
+    h.release()
+    (result,) = h.finish()
+    assert not np.isnan(result.models[5:]).any()  # everyone reported rounds 6 on
+    assert result.missed[VICTIM] >= 1 and set(result.missed) == {VICTIM}
+    assert_replay_matches(h, [result])
+    # the held frames of view 1, its view-0 telemetry past view 1's start, Hold again
+    assert set(h.rejected()) <= {"stale-view", "out-of-phase"}
+    h.assert_all_counted()
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["no-checkpoint", "checkpoint"])
+def test_a_restarted_agent_registers_again_and_rejoins(checkpoint: bool) -> None:
+    """Agent 3 dies after 4 rounds and is started again (new process, new identity, same
+    launch token, rejoin): it says Hello, is welcomed as late, Rejoins and runs from its
+    checkpoint (every 2 rounds) or, without one, from its initial model."""
+    h = Harness.build(rounds=LONG, checkpoint_every=2)
+    saved: list[Checkpoint] = []
+
+    def crash() -> None:
+        old = h.nodes[VICTIM].session
+        assert old is not None
+        kept = {r: w for r, w in old.history.items() if r % 2 == 0}
+        saved.append(Checkpoint(RUN, VICTIM, 0, kept))
+        h.crash(VICTIM)
+
+    h.when(at_round(h, VICTIM, 4), crash)
+    pause_from(h, 1, 7)
+    h.start()
+    c = h.conductor
+    assert [v.reason for v in c.membership] == ["start", "lost"]
+    excluded_at = c.membership[1].start
+    node = h.restart(VICTIM, saved[0] if checkpoint else None)
+    assert node is not h.retired[0] and c.registered[VICTIM].identity == node.identity.public
+    (welcome,) = [m for _, m in h.decoded if isinstance(m, control.Welcome) and m.rejoin]
+    assert welcome.agent == VICTIM
+    back = c.membership[2]
+    assert (back.reason, back.members, back.start) == ("returned", EVERYONE, 7)
+    want = max(r for r in saved[0].models if r < excluded_at) if checkpoint else 0
+    assert back.resume[VICTIM] == want
+    h.release()
+    (result,) = h.finish()
+    assert not np.isnan(result.models[6:]).any()
+    assert_replay_matches(h, [result])
+    h.assert_all_counted()
+
+
+def lose_models_to(h: Harness, agent: int, round_: int, view: int = 0) -> None:
+    inbox = topics.inbox_filter(RUN, agent)
+
+    def selected(_: str, frame: Publish) -> bool:
+        if frame.category != "model" or not topics.matches(inbox, frame.topic):
+            return False
+        msg = wire.peek_peer(frame.payload, DIM)
+        return msg.view == view and msg.round == round_
+
+    h.lose = selected
+
+
+@pytest.mark.parametrize("scheme", [Scheme.GHP, Scheme.LOCAL_GHP], ids=str)
+def test_a_stalled_round_is_redone_under_a_new_view_and_equals_a_clean_run(
+    scheme: Scheme,
+) -> None:
+    """Round 2's models to agent 8 are lost: a deadline later, a new view with the same
+    members redoes round 2 on; the models are a clean run's."""
+    h = Harness.build([(Strategy.ATC, scheme)])
+    lose_models_to(h, 8, 2)
+    h.start()
+    assert h.conductor.stage is Stage.RUNNING and h.lost
+    h.advance(10.0)  # heartbeats: agent 8 completed round 1, the slowest moved
+    assert len(h.conductor.membership) == 1
+    h.advance(30.0)
+    assert views(h) == [(0, 1, EVERYONE, "start"), (1, 2, EVERYONE, "stalled")]
+    assert_same_models(h.finish(), clean([(Strategy.ATC, scheme)]))
+    h.assert_all_counted()
+
+
+def test_a_finished_a_later_view_voids_gives_its_rejections_back() -> None:
+    """Agent 1 drops two junk frames and finishes; agent 8 is stuck in the last round (its
+    models lost), so a new view redoes it: agent 1's second Finished reports the two junk
+    frames again (the first is void), and every delivery is counted once."""
+    h = Harness.build()
+    lose_models_to(h, 8, ROUNDS)
+    junk = topics.peer_topic(RUN, 1, 7)
+    h.when(
+        lambda: h.nodes[1].phase is Phase.RUNNING,
+        lambda: [h.net.router.inject(junk, b"\xc1") for _ in range(2)],
+    )
+    h.start()
+    first = [m for _, m in h.decoded if isinstance(m, control.Finished) and m.agent == 1]
+    assert [f.rejected for f in first] == [{"malformed": 2}]
+    h.advance(40.0)
+    assert views(h)[1] == (1, ROUNDS, EVERYONE, "stalled")
+    (result,) = h.finish()
+    assert result.finished[1].view == 1 and result.finished[1].rejected == {"malformed": 2}
+    assert result.totals("rejected") == {"malformed": 2}
+    assert_same_models([result], clean())
+    h.assert_all_counted()
+
+
+def test_a_member_lost_while_keying_is_left_out_of_the_next_view() -> None:
+    """Agent 3 dies while the others agree keys (view 0 configuring): view 1 starts at
+    round 1 without it, with fresh keys; the replay agrees."""
+    h = Harness.build(rounds=LONG)
+    h.when(
+        lambda: h.conductor.stage is Stage.CONFIGURING and h.nodes[0].phase is Phase.KEYED,
+        lambda: h.crash(VICTIM),
+    )
+    (result,) = h.play()
+    assert views(h) == [(0, 1, EVERYONE, "start"), (1, 1, tuple(survivors()), "lost")]
+    assert result.missed == {VICTIM: LONG}
+    assert_replay_matches(h, [result], survivors())
+    h.assert_all_counted()
+
+
+def test_progress_and_rejoin_of_an_unregistered_agent_are_refused() -> None:
+    h = Harness.build()
+    c = h.conductor
+    for msg in (control.Progress(TARGET, 0, 0, 0, False, ()), control.Rejoin(TARGET, -1, ())):
+        assert c.receive(*h.up(msg, TARGET), 0.0) == Output()
+    assert c.deliveries.rejected == Counter({"unregistered": 2}) and not c.registered
