@@ -8,6 +8,8 @@ hold against junk, which never extends them.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +34,15 @@ from agent import control, keys, topics, wire
 from agent.messages import Report
 from agent.node import Checkpoint, Event, Output, Phase, Publish, hello_proof, telemetry_context
 from agent.spec import Scheme, Strategy
-from orchestrator.conductor import REGISTER_DEADLINE, STALLS, Conductor, SessionPlan, Stage
+from orchestrator.conductor import (
+    REGISTER_DEADLINE,
+    STALLS,
+    Conductor,
+    SessionPlan,
+    Stage,
+    View,
+    describe,
+)
 from orchestrator.engines.memory import CONDUCTOR, Network, RunFailed
 from orchestrator.engines.oracle import run_oracle
 from orchestrator.experiment.problem import msd
@@ -952,3 +962,56 @@ def test_progress_and_rejoin_of_an_unregistered_agent_are_refused() -> None:
     for msg in (control.Progress(TARGET, 0, 0, 0, False, ()), control.Rejoin(TARGET, -1, ())):
         assert c.receive(*h.up(msg, TARGET), 0.0) == Output()
     assert c.deliveries.rejected == Counter({"unregistered": 2}) and not c.registered
+
+
+def test_a_view_roundtrips_through_json_and_describes_itself() -> None:
+    view = View(0, 2, 6, (0, 1, 3), "returned", {0: 5, 1: 5, 3: 3}, {2: "crashed"})
+    assert View.from_json(json.loads(json.dumps(view.to_json()))) == view
+    assert describe(view) == (
+        "session 0 view 2 from round 6: returned; 3 members; out: 2 (crashed); "
+        "back: 3 (from round 3)"
+    )
+
+
+def test_an_agent_lost_during_registration_fails_the_run() -> None:
+    c, tokens, _ = conductor()
+    c.start(0.0)
+    c.receive(*signed_hello(0, tokens[0], keys.Identity.generate()), 1.0)
+    assert c.lost(1, "never started", 2.0) == Output()  # not registered: not alive
+    out = c.lost(0, "exited with code 1", 2.0)
+    assert c.stage is Stage.FAILED and out.events[-1].kind == "failed"
+    assert c.failure == "agent 0 lost during registration: exited with code 1"
+
+
+def test_a_member_lost_after_the_last_round_leaves_nothing_to_redo() -> None:
+    """Every round done (agent 8's Finished still on its way) when agent 3 is lost: no
+    view is needed, and its Finished, already in, stands."""
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)])
+    h.hold = holding(control.Finished, 8)
+    h.start()
+    c = h.conductor
+    assert c.stage is Stage.RUNNING and c.rounds_done == ROUNDS
+    h.crash(VICTIM)
+    h.net.router.drain()
+    assert c.stage is Stage.RUNNING and len(c.membership) == 1 and VICTIM not in c.members
+    (result,) = h.finish()
+    assert sorted(result.finished) == list(EVERYONE) and not np.isnan(result.models).any()
+
+
+def test_a_network_of_one_stops() -> None:
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)], rounds=LONG)
+    h.when(at_round(h, 0, 2), lambda: [h.crash(m) for m in range(1, AGENTS)])
+    h.start()
+    c = h.conductor
+    assert c.stage is Stage.FAILED
+    assert c.failure.startswith("1 agent(s) left in atc/none/0 (view 1): a network needs two")
+
+
+def test_a_session_without_view_specs_cannot_change_membership() -> None:
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)], rounds=LONG)
+    h.conductor.plans[0] = dataclasses.replace(h.conductor.plans[0], view_specs=None)
+    h.when(at_round(h, VICTIM, 2), lambda: h.crash(VICTIM))
+    h.start()
+    c = h.conductor
+    assert c.stage is Stage.FAILED
+    assert "view 1 of atc/none/0: this session cannot change membership" in c.failure
