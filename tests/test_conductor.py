@@ -31,7 +31,7 @@ from runs import (
 )
 
 from agent import control, keys, topics, wire
-from agent.messages import Report
+from agent.messages import Model, Report
 from agent.node import Checkpoint, Event, Output, Phase, Publish, hello_proof, telemetry_context
 from agent.spec import Scheme, Strategy
 from orchestrator.conductor import (
@@ -794,7 +794,7 @@ def test_a_silent_agent_is_excluded_by_the_silence_rule() -> None:
     h.start()
     c = h.conductor
     assert c.stage is Stage.RUNNING and f"agent-{VICTIM}" in h.stopped
-    last = max(t for t in [h.clock.now])  # nothing was ticked: its last frame is now
+    last = h.clock.now  # nothing was ticked yet: its last frame came now
     h.advance(29.0)
     assert len(c.membership) == 1
     h.advance(1.0)
@@ -814,7 +814,7 @@ def pause_from(h: Harness, view: int, round_: int) -> None:
         if frame.category != "model":
             return False
         msg = wire.peek_peer(frame.payload, DIM)
-        return msg.view == view and msg.round >= round_
+        return isinstance(msg, Model) and msg.view == view and msg.round >= round_
 
     h.hold = selected
 
@@ -895,7 +895,7 @@ def lose_models_to(h: Harness, agent: int, round_: int, view: int = 0) -> None:
         if frame.category != "model" or not topics.matches(inbox, frame.topic):
             return False
         msg = wire.peek_peer(frame.payload, DIM)
-        return msg.view == view and msg.round == round_
+        return isinstance(msg, Model) and msg.view == view and msg.round == round_
 
     h.lose = selected
 
@@ -925,10 +925,12 @@ def test_a_finished_a_later_view_voids_gives_its_rejections_back() -> None:
     h = Harness.build()
     lose_models_to(h, 8, ROUNDS)
     junk = topics.peer_topic(RUN, 1, 7)
-    h.when(
-        lambda: h.nodes[1].phase is Phase.RUNNING,
-        lambda: [h.net.router.inject(junk, b"\xc1") for _ in range(2)],
-    )
+
+    def inject() -> None:
+        for _ in range(2):
+            h.net.router.inject(junk, b"\xc1")
+
+    h.when(lambda: h.nodes[1].phase is Phase.RUNNING, inject)
     h.start()
     first = [m for _, m in h.decoded if isinstance(m, control.Finished) and m.agent == 1]
     assert [f.rejected for f in first] == [{"malformed": 2}]
@@ -1000,7 +1002,12 @@ def test_a_member_lost_after_the_last_round_leaves_nothing_to_redo() -> None:
 
 def test_a_network_of_one_stops() -> None:
     h = Harness.build([(Strategy.ATC, Scheme.NONE)], rounds=LONG)
-    h.when(at_round(h, 0, 2), lambda: [h.crash(m) for m in range(1, AGENTS)])
+
+    def crash_all_but_0() -> None:
+        for m in range(1, AGENTS):
+            h.crash(m)
+
+    h.when(at_round(h, 0, 2), crash_all_but_0)
     h.start()
     c = h.conductor
     assert c.stage is Stage.FAILED
