@@ -295,7 +295,7 @@ class Conductor:
             return self._since + self.deadline
         heard = [self._heard.get(m, 0.0) for m in self._expected()]
         waits = [min(heard) + self.deadline] if heard else []
-        if self.stage is Stage.RUNNING and self.script is None:
+        if self._may_stall:  # else a past stall time would be due for ever (a busy loop)
             waits.append(self._moved[1] + self.deadline)
         return min(waits) if waits else self._next_beat
 
@@ -516,19 +516,24 @@ class Conductor:
 
     # ---- views ------------------------------------------------------------------------
 
-    def _expected(self) -> set[int]:
+    def _expected(self) -> frozenset[int]:
         """Whose silence counts: the members (and those about to be, while holding)."""
         return (self.members - self._lost.keys()) & self.alive
 
-    def _stalled(self, now: float) -> bool:
-        """Every member alive, and the slowest one no further for a deadline: frames were
-        lost (a broker restart, say); the round is redone under a new view."""
+    @property
+    def _may_stall(self) -> bool:
+        """Keying or running, not replaying, and rounds left to run."""
         return (
-            self.stage is Stage.RUNNING
+            self.stage in (Stage.CONFIGURING, Stage.RUNNING)
             and self.script is None
             and self.rounds_done < self.plans[self.session].rounds
-            and now - self._moved[1] >= self.deadline
         )
+
+    def _stalled(self, now: float) -> bool:
+        """Every member alive, and the slowest one no further for a deadline (keying: no
+        Go within a deadline of the Setups): frames were lost (a broker restart, say); the
+        round, or the keying, is redone under a new view."""
+        return self._may_stall and now - self._moved[1] >= self.deadline
 
     def _change(self, now: float, reason: str) -> Output:
         """Ask every member to stop at a round boundary; the next view follows (_switch)."""

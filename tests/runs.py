@@ -8,6 +8,7 @@ released later, and builders for control frames signed by anyone, for any run.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 from collections import Counter
@@ -19,10 +20,10 @@ import numpy as np
 
 from agent import control, keys, topics, wire
 from agent.core import AgentCore
-from agent.node import AgentNode, Output, Publish
+from agent.node import AgentNode, Checkpoint, Output, Publish
 from agent.spec import Scheme, Strategy
-from orchestrator.conductor import Conductor, SessionResult, Stage
-from orchestrator.engines.memory import CONDUCTOR, Network
+from orchestrator.conductor import Conductor, SessionResult, Stage, View
+from orchestrator.engines.memory import CONDUCTOR, Endpoint, Network
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 from orchestrator.experiment.specs import session_plans
@@ -69,6 +70,11 @@ class Harness:
     fired: int = 0
     in_flight: Publish | None = None  # the frame about to be delivered, while hooks run
     decoded: list[tuple[Publish, control.Control]] = field(default_factory=list)  # control
+    lose: Hold | None = None  # frames it selects are lost on the way
+    lost: list[tuple[str, Publish]] = field(default_factory=list)
+    stopped: dict[str, list[tuple[str, bytes]]] = field(default_factory=dict)  # and queued
+    cut: set[str] = field(default_factory=set)  # crashed: whatever they send is lost
+    retired: list[AgentNode] = field(default_factory=list)  # replaced by a restart
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(FRESH))
 
     @classmethod
@@ -80,9 +86,14 @@ class Harness:
         telemetry: bool = True,
         deadline: float = 30.0,
         core: Callable[..., AgentCore] = AgentCore,
+        script: Iterable[View] | None = None,
+        checkpoint_every: int = 0,
     ) -> Harness:
         plans = session_plans(problem(rounds), [(s, sc, 0) for s, sc in sessions])
-        net = Network.build(plans, core=core, deadline=deadline, telemetry=telemetry, run=RUN)
+        net = Network.build(
+            plans, core=core, deadline=deadline, telemetry=telemetry, run=RUN, script=script
+        )
+        net.conductor.checkpoint_every = checkpoint_every
         harness = cls(net, Clock())
         net.router.clock = harness.clock
         net.router.edit = harness._edit
@@ -99,7 +110,7 @@ class Harness:
         return self.net.nodes
 
     def parties(self) -> list[Party]:
-        return [self.conductor, *self.nodes]
+        return [self.conductor, *self.nodes, *self.retired]
 
     # ---- running ------------------------------------------------------------------------
 
@@ -119,6 +130,86 @@ class Harness:
 
     def play(self) -> list[SessionResult]:
         return self.start().finish()
+
+    def advance(self, seconds: float) -> None:
+        """Move the fake clock `seconds` on, ticking every party that is not stopped (the
+        conductor, the nodes) whenever it asks to be, and delivering what comes of it."""
+        end, ticked = self.clock.now + seconds, None
+        while True:
+            parties = {
+                name: party
+                for name, party in self.named()
+                if name not in self.stopped and not (isinstance(party, AgentNode) and party.done)
+            }
+            due = {name: party.next_tick() for name, party in parties.items()}
+            now = self.clock.now
+            ripe = [name for name, t in due.items() if t is not None and t <= now]
+            if ripe and ticked != now:  # each party's tick once per instant
+                ticked = now
+                for name in ripe:
+                    self.net.router.send(name, parties[name].tick(now))
+                self.net.router.drain()
+                continue
+            later = [t for t in due.values() if t is not None and t > now]
+            if not later or min(later) > end:
+                break
+            self.clock.now = min(later)
+        self.clock.now = max(self.clock.now, end)
+
+    def named(self) -> list[tuple[str, Party]]:
+        return [(CONDUCTOR, self.conductor), *((f"agent-{n.me}", n) for n in self.nodes)]
+
+    def stop(self, agent: int) -> None:
+        """SIGSTOP: the agent neither ticks nor reads; what reaches it waits, in order (a
+        broker keeping a connected client's queue), and what it had sent is on its way."""
+        name = f"agent-{agent}"
+        queue: list[tuple[str, bytes]] = []
+        self.stopped[name] = queue
+        self._swap(name, _Queue(queue))
+
+    def resume(self, agent: int) -> None:
+        """SIGCONT: what waited is delivered first, then time goes on for it too."""
+        name = f"agent-{agent}"
+        queue = self.stopped.pop(name)
+        node = self.nodes[agent]
+        self._swap(name, node)
+        for topic, payload in queue:
+            self.net.router.send(name, node.receive(topic, payload, self.clock()))
+        self.net.router.drain()
+
+    def crash(self, agent: int) -> None:
+        """kill -9: the agent reads and sends nothing from now on (what it sent before is
+        on its way); the conductor hears of it as the shell would (`lost`)."""
+        name = f"agent-{agent}"
+        self.stopped[name] = []
+        self._swap(name, _Queue([]))
+        self.cut.add(name)
+        out = self.conductor.lost(agent, "crashed", self.clock())
+        self.net.router.send(CONDUCTOR, out)
+
+    def restart(self, agent: int, checkpoint: Checkpoint | None = None) -> AgentNode:
+        """A crashed agent started again: a new process, a new identity, the same launch
+        token, `rejoin` set (and its checkpoint, if any); it says Hello and Rejoins."""
+        name = f"agent-{agent}"
+        old = self.nodes[agent]
+        launch = dataclasses.replace(old.launch, rejoin=True)
+        node = AgentNode(launch, keys.Identity.generate(), checkpoint=checkpoint)
+        self.retired.append(old)
+        self.nodes[agent] = node
+        self.stopped.pop(name, None)
+        self.cut.discard(name)
+        self._swap(name, node)
+        self.net.router.send(name, node.start(self.clock()))
+        self.net.router.drain()
+        return node
+
+    def _swap(self, name: str, new: Endpoint) -> None:
+        """Whatever reached `name` now reaches `new`."""
+        router = self.net.router
+        for pattern in self.nodes[int(name.split("-")[1])].subscriptions:
+            router._filters.remove(pattern, name)
+            router._filters.add(pattern, name, new)
+        router._generation += 1
 
     def when(self, ready: Predicate, action: Action) -> None:
         """Run `action` once, before the first delivery at which `ready()` holds."""
@@ -142,6 +233,9 @@ class Harness:
     def _edit(self, publisher: str, frame: Publish) -> Publish | None:
         self.in_flight = frame
         self._hooks()
+        if publisher in self.cut or (self.lose is not None and self.lose(publisher, frame)):
+            self.lost.append((publisher, frame))
+            return None
         if self.hold is not None and self.hold(publisher, frame):
             self.held.append((publisher, frame))
             return None
@@ -190,6 +284,12 @@ class Harness:
         seq = next(self._seq) if seq is None else seq
         return topics.ctl_down(RUN, to), wire.encode_signed(msg, run, seq, signer)
 
+    def beat(self) -> tuple[str, bytes]:
+        """A genuine Beat, next in the conductor's own sequence (so its later frames stay
+        fresh), for a node that should hear from a live orchestrator."""
+        frame = self.conductor._down("all", control.Beat())
+        return frame.topic, frame.payload
+
     def up(
         self,
         msg: control.Control,
@@ -230,6 +330,20 @@ class Harness:
     def assert_all_counted(self) -> None:
         for party in self.parties():
             assert party.deliveries.uncounted == 0, (party, party.deliveries)
+
+
+@dataclass
+class _Queue:
+    """What a stopped agent's subscriptions lead to: frames wait for `Harness.resume`."""
+
+    frames: list[tuple[str, bytes]]
+
+    def receive(self, topic: str, payload: bytes, now: float) -> Output:
+        self.frames.append((topic, payload))
+        return Output()
+
+    def unsubscribed(self, topic: str, now: float) -> Output:
+        raise AssertionError(f"a stopped agent unsubscribed from {topic!r}")
 
 
 def _phase(party: Party) -> object:

@@ -86,13 +86,17 @@ def forged_frames(run: str, agents: int) -> list[bytes]:
     identity = stranger.public.to_bytes()
     messages: list[control.Control] = [
         control.Hello(ATTACKER, identity, bytes(32)),
-        control.Ready(ATTACKER, 0),
-        control.Telemetry(ATTACKER, 0, 5, keys.seal(stranger.public.static, b"x", b"y")),
-        control.Finished(ATTACKER, 0, {}, {}, {}, 0.0),
+        control.Ready(ATTACKER, 0, 0),
+        control.Telemetry(ATTACKER, 0, 0, 5, keys.seal(stranger.public.static, b"x", b"y")),
+        control.Finished(ATTACKER, 0, 0, {}, {}, {}, 0.0),
         control.Failed(ATTACKER, "forged"),
-        control.Welcome(ATTACKER),
-        control.Setup(ATTACKER, 1, bytes(64)),
-        control.Go(0),
+        control.Progress(ATTACKER, 0, 0, 5, True, ()),
+        control.Rejoin(ATTACKER, 0, (0,)),
+        control.Welcome(ATTACKER, rejoin=True),
+        control.Setup(ATTACKER, 1, 0, bytes(64)),
+        control.Go(0, 0, 300),
+        control.Hold(0, 1),
+        control.Excluded(ATTACKER, 0, 1),
         control.Abort("forged"),
         control.Bye(),
     ]

@@ -8,6 +8,8 @@ hold against junk, which never extends them.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,18 +22,28 @@ from runs import (
     AGENTS,
     CONTROL_TYPES,
     ROUNDS,
+    RTOL,
     RUN,
     Harness,
     assert_same_models,
+    clean,
     problem,
 )
 
 from agent import control, keys, topics, wire
-from agent.messages import Report
-from agent.node import Event, Output, Phase, Publish, hello_proof, telemetry_context
+from agent.messages import Model, Report
+from agent.node import Checkpoint, Event, Output, Phase, Publish, hello_proof, telemetry_context
 from agent.spec import Scheme, Strategy
-from orchestrator.conductor import REGISTER_DEADLINE, Conductor, SessionPlan, Stage
-from orchestrator.engines.memory import CONDUCTOR, RunFailed
+from orchestrator.conductor import (
+    REGISTER_DEADLINE,
+    STALLS,
+    Conductor,
+    SessionPlan,
+    Stage,
+    View,
+    describe,
+)
+from orchestrator.engines.memory import CONDUCTOR, Network, RunFailed
 from orchestrator.engines.oracle import run_oracle
 from orchestrator.experiment.problem import msd
 from orchestrator.experiment.specs import session_plans
@@ -172,6 +184,7 @@ def telemetry(
     sender: int = TARGET,
     dim: int = DIM,
     context_round: int | None = None,
+    view: int = 0,
 ) -> Callable[[Harness], control.Telemetry]:
     """Telemetry of the target, sealed to the orchestrator, with whatever reports we like."""
 
@@ -179,12 +192,12 @@ def telemetry(
         reports = [Report(sender, i, np.full(dim, 0.5)) for i in rounds]
         last = rounds[-1]
         context = telemetry_context(
-            RUN, TARGET, 0, last if context_round is None else context_round
+            RUN, TARGET, 0, view, last if context_round is None else context_round
         )
         sealed = keys.seal(
             h.conductor.identity.public.static, wire.encode_reports(reports), context
         )
-        return control.Telemetry(TARGET, 0, last, sealed)
+        return control.Telemetry(TARGET, 0, view, last, sealed)
 
     return make
 
@@ -214,8 +227,11 @@ def again(kind: type, make: Callable[[Harness], control.Control], stage: Stage) 
     ]
 
 
-READY, FINISHED = control.Ready(TARGET, 0), control.Finished(TARGET, 0, {}, {}, {}, 0.0)
+READY, FINISHED = control.Ready(TARGET, 0, 0), control.Finished(TARGET, 0, 0, {}, {}, {}, 0.0)
 FAILED, LEFT = control.Failed(TARGET, "forged"), control.Left(TARGET, {})
+FINISHED_1 = control.Finished(TARGET, 0, 1, {}, {}, {}, 0.0)
+PROGRESS = control.Progress(TARGET, 0, 0, 0, False, ())
+REJOIN = control.Rejoin(TARGET, 0, (0,))
 CONFIGURING, RUNNING = stage_is(Stage.CONFIGURING), stage_is(Stage.RUNNING)
 CLOSING = stage_is(Stage.CLOSING)
 
@@ -248,12 +264,14 @@ ATTACKS = [
     Attack("ready-unregistered", before_hello, up(const(READY)), "unregistered"),
     Attack("ready-forged", CONFIGURING, up(const(READY), signer=STRANGER), "bad-signature"),
     Attack("ready-other-run", CONFIGURING, up(const(READY), run=OTHER_RUN), "wrong-run"),
-    Attack("ready-spoofed", CONFIGURING, up(const(control.Ready(OTHER, 0))), "spoofed"),
+    Attack("ready-spoofed", CONFIGURING, up(const(control.Ready(OTHER, 0, 0))), "spoofed"),
     *again(control.Ready, const(READY), Stage.CONFIGURING),
-    Attack("ready-other-session", CONFIGURING, up(const(control.Ready(TARGET, 1))), "out-of-phase"),
+    Attack(
+        "ready-other-session", CONFIGURING, up(const(control.Ready(TARGET, 1, 0))), "out-of-phase"
+    ),
     Attack("ready-while-running", RUNNING, up(const(READY)), "out-of-phase"),
     # Telemetry
-    Attack("telemetry-before-go", CONFIGURING, up(telemetry()), "out-of-phase"),
+    Attack("telemetry-before-setup", registered, up(telemetry()), "out-of-phase"),
     Attack("telemetry-unregistered", before_hello, up(telemetry()), "unregistered"),
     Attack("telemetry-forged", RUNNING, up(telemetry(), signer=STRANGER), "bad-signature"),
     Attack("telemetry-other-run", RUNNING, up(telemetry(), run=OTHER_RUN), "wrong-run"),
@@ -266,7 +284,7 @@ ATTACKS = [
     Attack(
         "telemetry-bad-seal",
         RUNNING,
-        up(const(control.Telemetry(TARGET, 0, 1, bytes(100)))),
+        up(const(control.Telemetry(TARGET, 0, 0, 1, bytes(100)))),
         "bad-seal",
     ),
     Attack(
@@ -279,7 +297,7 @@ ATTACKS = [
     Attack(
         "telemetry-other-session",
         RUNNING,
-        up(lambda h: control.Telemetry(TARGET, 1, 1, telemetry()(h).sealed)),
+        up(lambda h: control.Telemetry(TARGET, 1, 0, 1, telemetry()(h).sealed)),
         "out-of-phase",
     ),
     *again(control.Telemetry, telemetry(), Stage.RUNNING),
@@ -289,7 +307,7 @@ ATTACKS = [
     Attack(
         "finished-spoofed",
         RUNNING,
-        up(const(control.Finished(OTHER, 0, {}, {}, {}, 0.0))),
+        up(const(control.Finished(OTHER, 0, 0, {}, {}, {}, 0.0))),
         "spoofed",
     ),
     Attack("finished-forged", RUNNING, up(const(FINISHED), signer=STRANGER), "bad-signature"),
@@ -297,7 +315,7 @@ ATTACKS = [
     Attack(
         "finished-other-session",
         RUNNING,
-        up(const(control.Finished(TARGET, 1, {}, {}, {}, 0.0))),
+        up(const(control.Finished(TARGET, 1, 0, {}, {}, {}, 0.0))),
         "out-of-phase",
     ),
     *again(control.Finished, const(FINISHED), Stage.RUNNING),
@@ -308,6 +326,36 @@ ATTACKS = [
     Attack("left-other-run", CLOSING, up(const(LEFT), run=OTHER_RUN), "wrong-run"),
     Attack("left-spoofed", CLOSING, up(const(control.Left(OTHER, {}))), "spoofed"),
     *again(control.Left, const(LEFT), Stage.CLOSING),
+    Attack("finished-of-another-view", RUNNING, up(const(FINISHED_1)), "stale-view"),
+    # Progress (a heartbeat: obeyed in a session when genuine; another view's is ignored)
+    Attack("progress-unregistered", before_hello, up(const(PROGRESS)), "unregistered"),
+    Attack("progress-forged", RUNNING, up(const(PROGRESS), signer=STRANGER), "bad-signature"),
+    Attack("progress-other-run", RUNNING, up(const(PROGRESS), run=OTHER_RUN), "wrong-run"),
+    Attack(
+        "progress-spoofed",
+        RUNNING,
+        up(const(PROGRESS), topic=topics.ctl_up(RUN, OTHER)),
+        "spoofed",
+    ),
+    Attack("progress-old-sequence-number", RUNNING, up(const(PROGRESS), seq=1), "replay"),
+    Attack("progress-when-done", stage_is(Stage.DONE), up(const(PROGRESS)), "out-of-phase"),
+    Attack(
+        "progress-other-session",
+        RUNNING,
+        up(const(control.Progress(TARGET, 1, 0, 0, False, ()))),
+        "out-of-phase",
+    ),
+    # Rejoin (only from a registered agent that is not a member)
+    Attack("rejoin-unregistered", before_hello, up(const(REJOIN)), "unregistered"),
+    Attack("rejoin-forged", RUNNING, up(const(REJOIN), signer=STRANGER), "bad-signature"),
+    Attack("rejoin-other-run", RUNNING, up(const(REJOIN), run=OTHER_RUN), "wrong-run"),
+    Attack(
+        "rejoin-spoofed", RUNNING, up(const(REJOIN), topic=topics.ctl_up(RUN, OTHER)), "spoofed"
+    ),
+    Attack("rejoin-old-sequence-number", RUNNING, up(const(REJOIN), seq=1), "replay"),
+    Attack("rejoin-of-a-member", RUNNING, up(const(REJOIN)), "out-of-phase"),
+    Attack("rejoin-while-registering", registered, up(const(REJOIN)), "out-of-phase"),
+    Attack("rejoin-when-closing", CLOSING, up(const(REJOIN)), "out-of-phase"),
     # Failed (obeyed in any stage when genuine, so only frames that are not)
     Attack("failed-unregistered", before_hello, up(const(FAILED)), "unregistered"),
     Attack("failed-forged", RUNNING, up(const(FAILED), signer=STRANGER), "bad-signature"),
@@ -316,8 +364,10 @@ ATTACKS = [
     Attack("failed-old-sequence-number", RUNNING, up(const(FAILED), seq=1), "replay"),
     # downward messages have no business on the upward topics
     Attack("welcome-upward", registered, up(const(control.Welcome(TARGET))), "out-of-phase"),
-    Attack("go-upward", RUNNING, up(const(control.Go(0))), "spoofed"),
-    Attack("setup-upward", CONFIGURING, up(const(control.Setup(TARGET, 0, b""))), "out-of-phase"),
+    Attack("go-upward", RUNNING, up(const(control.Go(0, 0, ROUNDS))), "spoofed"),
+    Attack(
+        "setup-upward", CONFIGURING, up(const(control.Setup(TARGET, 0, 0, b""))), "out-of-phase"
+    ),
     Attack(
         "abort-upward",
         RUNNING,
@@ -327,6 +377,8 @@ ATTACKS = [
     Attack("bye-upward", RUNNING, up(const(control.Bye())), "spoofed"),
     Attack("close-upward", RUNNING, up(const(control.Close())), "spoofed"),
     Attack("beat-upward", RUNNING, up(const(control.Beat())), "spoofed"),
+    Attack("hold-upward", RUNNING, up(const(control.Hold(0, 1))), "spoofed"),
+    Attack("excluded-upward", RUNNING, up(const(control.Excluded(TARGET, 0, 1))), "out-of-phase"),
     # junk
     Attack("malformed", RUNNING, topic_only(topics.ctl_up(RUN, TARGET), b"\xc1"), "malformed"),
     Attack(
@@ -384,7 +436,10 @@ def test_the_registration_deadline_holds_whatever_junk_arrives() -> None:
         signed_hello(AGENTS, bytes(32), sybil),  # no such agent
         signed_hello(0, tokens[0], sybil),  # somebody else's identity
         (topics.ctl_up(RUN, missing), b"\x00" * 50),
-        (topics.ctl_up(RUN, missing), wire.encode_signed(control.Ready(missing, 0), RUN, 2, sybil)),
+        (
+            topics.ctl_up(RUN, missing),
+            wire.encode_signed(control.Ready(missing, 0, 0), RUN, 2, sybil),
+        ),
     ]
     t = 100.0
     while t < 160.0:
@@ -428,71 +483,94 @@ def holding(kind: type | tuple[type, ...], agent: int) -> Callable[[str, Publish
     return lambda _, f: f.topic in mine and isinstance(wire.decode_signed(f.payload).msg, kind)
 
 
+def views(h: Harness) -> list[tuple[int, int, tuple[int, ...], str]]:
+    """(view, start, members, reason) of every view recorded."""
+    return [(v.view, v.start, v.members, v.reason) for v in h.conductor.membership]
+
+
+EVERYONE = tuple(range(AGENTS))
+
+
 @pytest.mark.parametrize(
-    ("kind", "stage", "says"),
-    [
-        (control.Ready, Stage.CONFIGURING, "waiting for Ready of agents [3] (atc/none/0)"),
-        (control.Finished, Stage.RUNNING, "running round 4 (atc/none/0); slowest agents: [3]"),
-        (
-            (control.Telemetry, control.Finished),
-            Stage.RUNNING,
-            "running round 1 (atc/none/0); slowest agents: [3]",
-        ),
-    ],
+    "kind",
+    [control.Finished, (control.Telemetry, control.Finished)],
+    ids=["finished", "telemetry-and-finished"],
 )
-def test_a_silent_session_fails_at_its_deadline_naming_who_is_awaited(
-    kind: type | tuple[type, ...], stage: Stage, says: str
+def test_a_session_waiting_for_a_finished_waits_beating_and_never_busy(
+    kind: type | tuple[type, ...],
 ) -> None:
-    """Agent 3's frame never arrives: junk does not move the deadline, a genuine frame of
-    anybody does, and at the deadline the conductor aborts the run naming who it awaits."""
+    """Agent 3's Finished (and telemetry) held back for ten deadlines: every agent
+    heartbeats, nobody is silent, no round is left to stall, so the conductor waits,
+    Beating, with its next tick always ahead of the clock; then the run completes."""
     h = Harness.build([(Strategy.ATC, Scheme.NONE)], deadline=30.0)
     h.hold = holding(kind, 3)
     h.start()
     c = h.conductor
-    assert c.stage is stage and 1 <= len(h.held) <= 2
-    deadline = c.deadline_at
-    assert deadline == h.clock.now + 30.0
-    assert c.next_tick() == h.clock.now + 10.0  # a Beat first: every deadline / 3
-    assert c.receive(topics.ctl_up(RUN, 3), b"junk", deadline - 1) == Output()
-    beats = [c.tick(t) for t in (deadline - 20, deadline - 10, deadline - 0.5)]
-    assert [len(b.publish) for b in beats] == [1, 1, 0] and c.deadline_at == deadline
-    out = c.tick(deadline)
-    assert c.stage is Stage.FAILED and says in c.failure
-    assert "nothing heard for 30 s" in c.failure
-    h.net.router.send("orchestrator", out)
-    h.net.router.drain()
-    assert all(n.phase is Phase.FAILED for n in h.nodes)
-    assert h.conductor.rounds_done == (ROUNDS if kind is control.Finished else 0)
-    with pytest.raises(RunFailed, match="nothing heard for 30 s"):
-        h.net.play()
-
-
-def test_a_genuine_frame_moves_the_session_deadline() -> None:
-    """Ready of agents 3 and 4 held back: 3's arrives 10 s later and moves the deadline."""
-    h = Harness.build([(Strategy.ATC, Scheme.NONE)], deadline=30.0)
-    three, four = holding(control.Ready, 3), holding(control.Ready, 4)
-    h.hold = lambda publisher, frame: three(publisher, frame) or four(publisher, frame)
-    h.start()
-    c = h.conductor
-    first = c.deadline_at
-    assert first == h.clock.now + 30.0 and len(h.held) == 2
-    h.clock.now += 10.0
-    (_, ready), h.held = h.held[0], h.held[1:]
-    assert h.deliver(c, ready.topic, ready.payload) == Output()
-    assert c.stage is Stage.CONFIGURING and c.deadline_at == first + 10.0
-    h.finish()
-    assert c.stage is Stage.CLOSED
+    assert c.stage is Stage.RUNNING and h.held
+    assert c.rounds_done == (ROUNDS if kind is control.Finished else 0)
+    for _ in range(30):
+        h.advance(10.0)
+        wake = c.next_tick()
+        assert wake is not None and wake > h.clock.now
+    assert c.stage is Stage.RUNNING and views(h) == [(0, 1, EVERYONE, "start")]
+    assert c.rounds_done == ROUNDS  # held Progress of a finished agent says so
+    assert_same_models(h.finish(), clean())
     h.assert_all_counted()
 
 
-def test_missing_telemetry_fails_the_session() -> None:
-    h = Harness.build([(Strategy.ATC, Scheme.NONE)])
-    h.hold = holding(control.Telemetry, 3)
+def test_keying_that_stalls_is_redone_under_a_new_view_then_fails_naming_the_members() -> None:
+    """Agent 3's Ready never arrives (every view's): junk and heartbeats do not move the
+    deadline; a deadline after the Setups the keying is redone under a new view (same
+    members, "stalled"), and after STALLS such views the run fails, saying so."""
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)], deadline=30.0)
+    h.hold = holding(control.Ready, 3)
     h.start()
     c = h.conductor
+    assert c.stage is Stage.CONFIGURING and len(h.held) == 1
+    deadline = c.deadline_at
+    assert deadline == h.clock.now + 30.0
+    assert c.next_tick() == h.clock.now + 10.0  # a Beat first: every deadline / 3
+    assert c.receive(topics.ctl_up(RUN, 3), b"junk", h.clock.now) == Output()
+    h.advance(29.5)
+    assert c.deadline_at == deadline and c.stage is Stage.CONFIGURING
+    h.advance(0.5)
+    assert views(h)[1] == (1, 1, EVERYONE, "stalled")
+    h.advance(30.0 * STALLS)
+    assert [v[3] for v in views(h)] == ["start", *["stalled"] * STALLS]
     assert c.stage is Stage.FAILED
-    assert "telemetry incomplete: missing (round-1, agent) [[0, 3], [1, 3], [2, 3]]" in c.failure
+    assert f"no round completed through {STALLS} views (atc/none/0)" in c.failure
     assert all(n.phase is Phase.FAILED for n in h.nodes)
+    assert all("aborted by the orchestrator: no round" in n.failure for n in h.nodes)
+    with pytest.raises(RunFailed, match="no round completed"):
+        h.net.play()
+
+
+def test_keying_that_stalls_once_completes_under_the_next_view() -> None:
+    """Key shares to the target lost once: a deadline later the keying is redone under
+    view 1 (fresh keys), and the run equals a clean run."""
+    h = Harness.build(deadline=30.0)
+    inbox = topics.inbox_filter(RUN, TARGET)
+    h.lose = lambda _, f: f.category == "keys" and topics.matches(inbox, f.topic)
+    h.start()
+    assert h.conductor.stage is Stage.CONFIGURING and h.lost
+    h.lose = None
+    h.advance(30.0)
+    assert views(h) == [(0, 1, EVERYONE, "start"), (1, 1, EVERYONE, "stalled")]
+    assert_same_models(h.finish(), clean())
+    assert h.rejected() == Counter()  # the lost frames never arrived
+    h.assert_all_counted()
+
+
+def test_missing_telemetry_is_reported_as_missed_rounds() -> None:
+    """Agent 3's telemetry is lost: the run completes; its rounds are NaN and missed."""
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)])
+    h.lose = holding(control.Telemetry, 3)
+    (result,) = h.play()
+    assert result.missed == {3: ROUNDS}
+    assert np.isnan(result.models[:, 3]).all() and not np.isnan(result.models[:, :3]).any()
+    (want,) = clean([(Strategy.ATC, Scheme.NONE)])
+    np.testing.assert_allclose(result.models[:, 4:], want.models[:, 4:], rtol=1e-12)
+    h.assert_all_counted()
 
 
 def test_without_telemetry_the_run_completes_with_no_models() -> None:
@@ -504,16 +582,15 @@ def test_without_telemetry_the_run_completes_with_no_models() -> None:
 
 
 def test_without_telemetry_a_long_silent_session_is_not_a_failure() -> None:
-    """Running agents say nothing until Finished when telemetry is off: the conductor
-    keeps Beating and waits, however long the session."""
+    """Running agents say nothing but Progress until Finished when telemetry is off: the
+    conductor keeps Beating and waits, however long the session."""
     h = Harness.build([(Strategy.ATC, Scheme.GHP)], telemetry=False)
     h.hold = holding(control.Finished, 3)
     h.start()
     c = h.conductor
     assert c.stage is Stage.RUNNING
-    for minutes in range(1, 11):
-        assert not c.tick(h.clock.now + 60.0 * minutes).events
-    assert c.stage is Stage.RUNNING
+    h.advance(600.0)
+    assert c.stage is Stage.RUNNING and len(c.membership) == 1
     h.release()
     h.finish()
     assert c.stage is Stage.CLOSED
@@ -522,7 +599,9 @@ def test_without_telemetry_a_long_silent_session_is_not_a_failure() -> None:
 # ---- failures and the end of a run ------------------------------------------------------------
 
 
-def test_an_agent_that_fails_stops_the_run() -> None:
+def test_an_agent_that_fails_is_left_out_and_a_split_network_stops_the_run() -> None:
+    """Agent 5 fails while running: no view runs without it, since the survivors' graph
+    splits ({4, 8} hang on 5): the run fails naming the groups, and every node stops."""
     h = Harness.build([(Strategy.ATC, Scheme.NONE)])
     h.when(
         lambda: h.nodes[5].phase is Phase.RUNNING,
@@ -530,10 +609,16 @@ def test_an_agent_that_fails_stops_the_run() -> None:
     )
     h.start()
     c = h.conductor
-    assert c.stage is Stage.FAILED and c.failure == "agent 5 failed: disk full"
+    assert c.stage is Stage.FAILED
+    assert "the 9 agents left form 2 disconnected groups [[4, 8], [0, 1, 2, 3, 6, 7, 9]]" in (
+        c.failure
+    )
     assert c.next_tick() is None and c.current is not None
     assert all(n.phase is Phase.FAILED for n in h.nodes)
-    assert all("aborted by the orchestrator: agent 5 failed" in n.failure for n in h.nodes[:5])
+    assert all("aborted by the orchestrator: view 1" in n.failure for n in h.nodes[:5])
+    assert [e.detail for _, e in h.net.router.events if e.kind == "lost"] == [
+        "agent 5: failed: disk full"
+    ]
     h.assert_all_counted()
     with pytest.raises(RuntimeError, match="bye in stage failed"):
         c.bye()
@@ -624,3 +709,316 @@ def test_an_agent_silent_after_its_last_finished_costs_only_its_left() -> None:
     assert c.stage is Stage.DONE and len(c.results) == 1
     with pytest.raises(RuntimeError, match="never unsubscribes"):
         c.unsubscribed(topics.inbox_filter(RUN, 0), wake)
+
+
+# ---- membership: crashed, silent, returning and restarted agents; stalls ---------------------
+
+VICTIM = 3  # not a cut vertex of seed 34's graph: its neighbours 2 and 7 are hubs
+LONG = 8  # rounds: room for a fault mid-run
+
+
+def survivors(without: int = VICTIM) -> list[int]:
+    return [m for m in range(AGENTS) if m != without]
+
+
+def at_round(h: Harness, agent: int, rounds: int) -> Callable[[], bool]:
+    """`agent` has completed `rounds` rounds of the current view."""
+
+    def ready() -> bool:
+        session = h.nodes[agent].session
+        return session is not None and session.core.round > rounds
+
+    return ready
+
+
+def held_rounds(h: Harness, view: int) -> dict[int, int]:
+    """Each agent's held Progress round in `view` (the round it stopped at)."""
+    return {
+        msg.agent: msg.round
+        for _, msg in h.decoded
+        if isinstance(msg, control.Progress) and msg.held and msg.view == view
+    }
+
+
+def replayed(h: Harness) -> list:
+    """The same plans played in memory, applying the run's recorded views."""
+    return Network.build(h.conductor.plans, script=h.conductor.membership).play()
+
+
+def assert_replay_matches(h: Harness, got: list, agents: list[int] | None = None) -> None:
+    """Every model the run reported equals the replay's, to RTOL of the largest."""
+    want = replayed(h)
+    for mine, theirs in zip(got, want, strict=True):
+        a = mine.models if agents is None else mine.models[:, agents]
+        b = theirs.models if agents is None else theirs.models[:, agents]
+        kept = ~np.isnan(a)
+        assert kept.any() and not np.isnan(b[kept]).any()
+        gap = np.max(np.abs(a[kept] - b[kept]))
+        assert gap <= RTOL * np.max(np.abs(b[kept])), (mine.label, gap)
+
+
+@pytest.mark.parametrize(
+    "session",
+    [(Strategy.ATC, scheme) for scheme in Scheme] + [(Strategy.CONSENSUS, Scheme.LOCAL_GHP)],
+    ids=str,
+)
+def test_a_crashed_agent_is_left_out_and_the_replay_reproduces_the_run(
+    session: tuple[Strategy, Scheme],
+) -> None:
+    """Agent 3 dies (kill -9) after 3 rounds: the survivors hold, a view without it runs
+    from the slowest survivor's round + 1, the run completes, and the memory engine
+    replaying the recorded views gives the same models."""
+    h = Harness.build([session], rounds=LONG)
+    h.when(at_round(h, VICTIM, 3), lambda: h.crash(VICTIM))
+    (result,) = h.play()
+    c = h.conductor
+    first, second = c.membership
+    assert (first.view, first.members, first.reason) == (0, EVERYONE, "start")
+    assert (second.view, second.members, second.reason) == (1, tuple(survivors()), "lost")
+    assert second.left == {VICTIM: "crashed"}
+    assert second.start == min(held_rounds(h, 0).values()) + 1 > 1
+    assert second.resume == {m: second.start - 1 for m in survivors()}
+    assert not np.isnan(result.models[:, survivors()]).any()
+    assert result.missed == {VICTIM: LONG}  # its telemetry batch never left it
+    assert sorted(result.finished) == survivors()
+    assert all(result.finished[m].view == 1 for m in survivors())
+    assert_replay_matches(h, [result], survivors())
+    h.assert_all_counted()
+
+
+def test_a_silent_agent_is_excluded_by_the_silence_rule() -> None:
+    """Agent 3 stops (SIGSTOP) after 2 rounds: a deadline after its last frame the
+    conductor leaves it out; the survivors complete."""
+    h = Harness.build(rounds=LONG)
+    h.when(at_round(h, VICTIM, 2), lambda: h.stop(VICTIM))
+    h.start()
+    c = h.conductor
+    assert c.stage is Stage.RUNNING and f"agent-{VICTIM}" in h.stopped
+    last = h.clock.now  # nothing was ticked yet: its last frame came now
+    h.advance(29.0)
+    assert len(c.membership) == 1
+    h.advance(1.0)
+    assert c.stage is Stage.DONE and h.clock.now == last + 30.0
+    (_, view) = c.membership
+    assert view.members == tuple(survivors()) and view.left == {VICTIM: "silent for 30 s"}
+    assert not np.isnan(c.results[0].models[:, survivors()]).any()
+    assert_replay_matches(h, c.results, survivors())
+    h.finish()
+    h.assert_all_counted()
+
+
+def pause_from(h: Harness, view: int, round_: int) -> None:
+    """Hold every model frame of `view` from `round_` on: the members stop there, running."""
+
+    def selected(_: str, frame: Publish) -> bool:
+        if frame.category != "model":
+            return False
+        msg = wire.peek_peer(frame.payload, DIM)
+        return isinstance(msg, Model) and msg.view == view and msg.round >= round_
+
+    h.hold = selected
+
+
+def test_an_excluded_agent_that_comes_back_rejoins_at_a_later_view() -> None:
+    """Agent 3 stops, is excluded (view 1); the survivors are paused in round 6; agent 3
+    continues: it reads its Excluded, asks back in (Rejoin) and is a member of view 2 from
+    the last round before its exclusion whose model it holds. The replay agrees."""
+    h = Harness.build(rounds=LONG)
+    h.when(at_round(h, VICTIM, 2), lambda: h.stop(VICTIM))
+    pause_from(h, 1, 6)
+    h.start()
+    h.advance(30.0)
+    c = h.conductor
+    assert [v.reason for v in c.membership] == ["start", "lost"] and c.stage is Stage.RUNNING
+    excluded_at = c.membership[1].start
+    h.resume(VICTIM)
+    (excluded,) = [m for _, m in h.decoded if isinstance(m, control.Excluded)]
+    (rejoin,) = [m for _, m in h.decoded if isinstance(m, control.Rejoin)]
+    assert excluded == control.Excluded(VICTIM, 0, 1) and rejoin.session == 0
+    back = c.membership[2]
+    assert (back.view, back.reason, back.members, back.start) == (2, "returned", EVERYONE, 6)
+    # it ran on past its exclusion (the frames that waited for it): that branch is void
+    assert max(rejoin.rounds) >= excluded_at
+    assert back.resume[VICTIM] == max(r for r in rejoin.rounds if r < excluded_at)
+    assert back.resume[VICTIM] == excluded_at - 1
+    assert all(back.resume[m] == 5 for m in survivors())
+    h.release()
+    (result,) = h.finish()
+    assert not np.isnan(result.models[5:]).any()  # everyone reported rounds 6 on
+    assert result.missed[VICTIM] >= 1 and set(result.missed) == {VICTIM}
+    assert_replay_matches(h, [result])
+    # the held frames of view 1, its view-0 telemetry past view 1's start, Hold again
+    assert set(h.rejected()) <= {"stale-view", "out-of-phase"}
+    h.assert_all_counted()
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["no-checkpoint", "checkpoint"])
+def test_a_restarted_agent_registers_again_and_rejoins(checkpoint: bool) -> None:
+    """Agent 3 dies after 4 rounds and is started again (new process, new identity, same
+    launch token, rejoin): it says Hello, is welcomed as late, Rejoins and runs from its
+    checkpoint (every 2 rounds) or, without one, from its initial model."""
+    h = Harness.build(rounds=LONG, checkpoint_every=2)
+    saved: list[Checkpoint] = []
+
+    def crash() -> None:
+        old = h.nodes[VICTIM].session
+        assert old is not None
+        kept = {r: w for r, w in old.history.items() if r % 2 == 0}
+        saved.append(Checkpoint(RUN, VICTIM, 0, kept))
+        h.crash(VICTIM)
+
+    h.when(at_round(h, VICTIM, 4), crash)
+    pause_from(h, 1, 7)
+    h.start()
+    c = h.conductor
+    assert [v.reason for v in c.membership] == ["start", "lost"]
+    excluded_at = c.membership[1].start
+    node = h.restart(VICTIM, saved[0] if checkpoint else None)
+    assert node is not h.retired[0] and c.registered[VICTIM].identity == node.identity.public
+    (welcome,) = [m for _, m in h.decoded if isinstance(m, control.Welcome) and m.rejoin]
+    assert welcome.agent == VICTIM
+    back = c.membership[2]
+    assert (back.reason, back.members, back.start) == ("returned", EVERYONE, 7)
+    want = max(r for r in saved[0].models if r < excluded_at) if checkpoint else 0
+    assert back.resume[VICTIM] == want
+    h.release()
+    (result,) = h.finish()
+    assert not np.isnan(result.models[6:]).any()
+    assert_replay_matches(h, [result])
+    h.assert_all_counted()
+
+
+def lose_models_to(h: Harness, agent: int, round_: int, view: int = 0) -> None:
+    inbox = topics.inbox_filter(RUN, agent)
+
+    def selected(_: str, frame: Publish) -> bool:
+        if frame.category != "model" or not topics.matches(inbox, frame.topic):
+            return False
+        msg = wire.peek_peer(frame.payload, DIM)
+        return isinstance(msg, Model) and msg.view == view and msg.round == round_
+
+    h.lose = selected
+
+
+@pytest.mark.parametrize("scheme", [Scheme.GHP, Scheme.LOCAL_GHP], ids=str)
+def test_a_stalled_round_is_redone_under_a_new_view_and_equals_a_clean_run(
+    scheme: Scheme,
+) -> None:
+    """Round 2's models to agent 8 are lost: a deadline later, a new view with the same
+    members redoes round 2 on; the models are a clean run's."""
+    h = Harness.build([(Strategy.ATC, scheme)])
+    lose_models_to(h, 8, 2)
+    h.start()
+    assert h.conductor.stage is Stage.RUNNING and h.lost
+    h.advance(10.0)  # heartbeats: agent 8 completed round 1, the slowest moved
+    assert len(h.conductor.membership) == 1
+    h.advance(30.0)
+    assert views(h) == [(0, 1, EVERYONE, "start"), (1, 2, EVERYONE, "stalled")]
+    assert_same_models(h.finish(), clean([(Strategy.ATC, scheme)]))
+    h.assert_all_counted()
+
+
+def test_a_finished_a_later_view_voids_gives_its_rejections_back() -> None:
+    """Agent 1 drops two junk frames and finishes; agent 8 is stuck in the last round (its
+    models lost), so a new view redoes it: agent 1's second Finished reports the two junk
+    frames again (the first is void), and every delivery is counted once."""
+    h = Harness.build()
+    lose_models_to(h, 8, ROUNDS)
+    junk = topics.peer_topic(RUN, 1, 7)
+
+    def inject() -> None:
+        for _ in range(2):
+            h.net.router.inject(junk, b"\xc1")
+
+    h.when(lambda: h.nodes[1].phase is Phase.RUNNING, inject)
+    h.start()
+    first = [m for _, m in h.decoded if isinstance(m, control.Finished) and m.agent == 1]
+    assert [f.rejected for f in first] == [{"malformed": 2}]
+    h.advance(40.0)
+    assert views(h)[1] == (1, ROUNDS, EVERYONE, "stalled")
+    (result,) = h.finish()
+    assert result.finished[1].view == 1 and result.finished[1].rejected == {"malformed": 2}
+    assert result.totals("rejected") == {"malformed": 2}
+    assert_same_models([result], clean())
+    h.assert_all_counted()
+
+
+def test_a_member_lost_while_keying_is_left_out_of_the_next_view() -> None:
+    """Agent 3 dies while the others agree keys (view 0 configuring): view 1 starts at
+    round 1 without it, with fresh keys; the replay agrees."""
+    h = Harness.build(rounds=LONG)
+    h.when(
+        lambda: h.conductor.stage is Stage.CONFIGURING and h.nodes[0].phase is Phase.KEYED,
+        lambda: h.crash(VICTIM),
+    )
+    (result,) = h.play()
+    assert views(h) == [(0, 1, EVERYONE, "start"), (1, 1, tuple(survivors()), "lost")]
+    assert result.missed == {VICTIM: LONG}
+    assert_replay_matches(h, [result], survivors())
+    h.assert_all_counted()
+
+
+def test_progress_and_rejoin_of_an_unregistered_agent_are_refused() -> None:
+    h = Harness.build()
+    c = h.conductor
+    for msg in (control.Progress(TARGET, 0, 0, 0, False, ()), control.Rejoin(TARGET, -1, ())):
+        assert c.receive(*h.up(msg, TARGET), 0.0) == Output()
+    assert c.deliveries.rejected == Counter({"unregistered": 2}) and not c.registered
+
+
+def test_a_view_roundtrips_through_json_and_describes_itself() -> None:
+    view = View(0, 2, 6, (0, 1, 3), "returned", {0: 5, 1: 5, 3: 3}, {2: "crashed"})
+    assert View.from_json(json.loads(json.dumps(view.to_json()))) == view
+    assert describe(view) == (
+        "session 0 view 2 from round 6: returned; 3 members; out: 2 (crashed); "
+        "back: 3 (from round 3)"
+    )
+
+
+def test_an_agent_lost_during_registration_fails_the_run() -> None:
+    c, tokens, _ = conductor()
+    c.start(0.0)
+    c.receive(*signed_hello(0, tokens[0], keys.Identity.generate()), 1.0)
+    assert c.lost(1, "never started", 2.0) == Output()  # not registered: not alive
+    out = c.lost(0, "exited with code 1", 2.0)
+    assert c.stage is Stage.FAILED and out.events[-1].kind == "failed"
+    assert c.failure == "agent 0 lost during registration: exited with code 1"
+
+
+def test_a_member_lost_after_the_last_round_leaves_nothing_to_redo() -> None:
+    """Every round done (agent 8's Finished still on its way) when agent 3 is lost: no
+    view is needed, and its Finished, already in, stands."""
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)])
+    h.hold = holding(control.Finished, 8)
+    h.start()
+    c = h.conductor
+    assert c.stage is Stage.RUNNING and c.rounds_done == ROUNDS
+    h.crash(VICTIM)
+    h.net.router.drain()
+    assert c.stage is Stage.RUNNING and len(c.membership) == 1 and VICTIM not in c.members
+    (result,) = h.finish()
+    assert sorted(result.finished) == list(EVERYONE) and not np.isnan(result.models).any()
+
+
+def test_a_network_of_one_stops() -> None:
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)], rounds=LONG)
+
+    def crash_all_but_0() -> None:
+        for m in range(1, AGENTS):
+            h.crash(m)
+
+    h.when(at_round(h, 0, 2), crash_all_but_0)
+    h.start()
+    c = h.conductor
+    assert c.stage is Stage.FAILED
+    assert c.failure.startswith("1 agent(s) left in atc/none/0 (view 1): a network needs two")
+
+
+def test_a_session_without_view_specs_cannot_change_membership() -> None:
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)], rounds=LONG)
+    h.conductor.plans[0] = dataclasses.replace(h.conductor.plans[0], view_specs=None)
+    h.when(at_round(h, VICTIM, 2), lambda: h.crash(VICTIM))
+    h.start()
+    c = h.conductor
+    assert c.stage is Stage.FAILED
+    assert "view 1 of atc/none/0: this session cannot change membership" in c.failure

@@ -18,11 +18,12 @@ import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from runs import CONTROL_TYPES, RUN, Harness, assert_same_models, clean
+from runs import CONTROL_TYPES, ROUNDS, RUN, Harness, assert_same_models, clean
 
 from agent import control, keys, topics, wire
 from agent.messages import KeyShare
 from agent.node import (
+    BEATS,
     EARLY_BYTES,
     EARLY_COUNT,
     HELLO_EVERY,
@@ -50,11 +51,13 @@ FUZZ = settings(derandomize=True, max_examples=100, deadline=None)
 # ---- building frames for the target -------------------------------------------------------
 
 
-def config_for(h: Harness, agent: int, **changes: object) -> control.Config:
-    """The Config the conductor would seal for `agent` in session 0."""
+def config_for(h: Harness, agent: int, *, view: int = 0, **changes: object) -> control.Config:
+    """The Config the conductor would seal for `agent` in session 0 (for `view`: the spec
+    of view 0 relabelled, enough to test what the node checks)."""
     plan = h.conductor.plans[0]
     directory = {m: node.identity.public.to_bytes() for m, node in enumerate(h.nodes)}
-    config = control.Config(plan.specs[agent], plan.problem, directory, h.conductor.deadline, True)
+    spec = dataclasses.replace(plan.specs[agent], view=view)
+    config = control.Config(spec, plan.problem, directory, h.conductor.deadline, True)
     return dataclasses.replace(config, **changes)  # type: ignore[arg-type]
 
 
@@ -66,12 +69,15 @@ def setup(
     config: control.Config | None = None,
     seal_to: int = TARGET,
     context: int = 0,
+    view: int = 0,
+    seal_view: int | None = None,
 ) -> control.Setup:
     """A Setup whose Config is sealed the way the conductor seals it, unless told otherwise."""
     plain = wire.encode_config(config or config_for(h, seal_to))
     recipient = h.nodes[seal_to].identity.public.static
-    sealed = keys.seal(recipient, plain, setup_context(RUN, seal_to, context))
-    return control.Setup(agent, session, sealed)
+    seal_view = view if seal_view is None else seal_view
+    sealed = keys.seal(recipient, plain, setup_context(RUN, seal_to, context, seal_view))
+    return control.Setup(agent, session, view, sealed)
 
 
 def replay(kind: type, to: int | str = TARGET) -> Callable[[Harness], Frame]:
@@ -102,14 +108,20 @@ class Attack:
     phase: Phase  # of the target when the frame arrives
     frame: Callable[[Harness], Frame]
     reason: str
+    timely: bool = False  # genuine, and obeyed in a later phase: the flood leaves it out
 
     def __str__(self) -> str:
         return self.name
 
 
-WELCOME, GO, BYE = const(control.Welcome(TARGET)), const(control.Go(0)), const(control.Bye())
+WELCOME, GO, BYE = (
+    const(control.Welcome(TARGET)),
+    const(control.Go(0, 0, ROUNDS)),
+    const(control.Bye()),
+)
 CLOSE, BEAT = const(control.Close()), const(control.Beat())
 ABORT = const(control.Abort("forged"))
+HOLD, EXCLUDED = const(control.Hold(0, 1)), const(control.Excluded(TARGET, 0, 1))
 BAD_IDENTITY = STRANGER.public.signing + bytes(32)  # a low-order X25519 key: no link key
 
 ATTACKS = [
@@ -132,7 +144,7 @@ ATTACKS = [
     Attack(
         "setup-bad-seal",
         Phase.REGISTERED,
-        down(const(control.Setup(TARGET, 0, bytes(200)))),
+        down(const(control.Setup(TARGET, 0, 0, bytes(200)))),
         "bad-seal",
     ),
     Attack(
@@ -161,15 +173,64 @@ ATTACKS = [
     Attack(
         "setup-while-running", Phase.RUNNING, down(lambda h: setup(h, session=1)), "out-of-phase"
     ),
-    Attack("setup-for-a-played-session", Phase.FINISHED, down(setup), "replay"),
+    Attack("setup-for-a-played-session", Phase.FINISHED, down(setup), "out-of-phase"),
     # Go
     Attack("go-forged", Phase.KEYED, down(GO, signer=STRANGER), "bad-signature"),
     Attack("go-other-run", Phase.KEYED, down(GO, run=OTHER_RUN), "wrong-run"),
     Attack("go-before-setup", Phase.REGISTERED, down(GO), "out-of-phase"),
     Attack("go-before-keyed", Phase.CONFIGURED, down(GO), "out-of-phase"),
-    Attack("go-other-session", Phase.KEYED, down(const(control.Go(1))), "out-of-phase"),
+    Attack("go-other-session", Phase.KEYED, down(const(control.Go(1, 0, ROUNDS))), "out-of-phase"),
     Attack("go-replayed", Phase.RUNNING, replay(control.Go, "all"), "replay"),
     Attack("go-when-finished", Phase.FINISHED, down(GO), "out-of-phase"),
+    Attack(
+        "go-for-another-view", Phase.KEYED, down(const(control.Go(0, 1, ROUNDS))), "out-of-phase"
+    ),
+    # Setup of a view
+    Attack(
+        "setup-sealed-for-view-1",
+        Phase.REGISTERED,
+        down(lambda h: setup(h, context=0, view=0, config=config_for(h, TARGET), seal_view=1)),
+        "bad-seal",
+    ),
+    Attack(
+        "setup-config-of-another-view",
+        Phase.REGISTERED,
+        down(lambda h: setup(h, config=config_for(h, TARGET, view=1))),
+        "schema",
+    ),
+    Attack(
+        "setup-of-the-next-view-while-running",
+        Phase.RUNNING,
+        down(lambda h: setup(h, view=1, config=config_for(h, TARGET, view=1))),
+        "out-of-phase",
+    ),
+    # Hold (obeyed while in a session, for a later view of it)
+    Attack("hold-forged", Phase.RUNNING, down(HOLD, signer=STRANGER), "bad-signature"),
+    Attack("hold-other-run", Phase.RUNNING, down(HOLD, run=OTHER_RUN), "wrong-run"),
+    Attack("hold-old-sequence-number", Phase.RUNNING, down(HOLD, seq=1), "replay"),
+    Attack("hold-before-setup", Phase.REGISTERED, down(HOLD), "out-of-phase", timely=True),
+    Attack(
+        "hold-for-the-current-view", Phase.RUNNING, down(const(control.Hold(0, 0))), "out-of-phase"
+    ),
+    Attack("hold-other-session", Phase.KEYED, down(const(control.Hold(1, 1))), "out-of-phase"),
+    Attack("hold-after-close", Phase.LEFT, down(HOLD), "out-of-phase"),
+    # Excluded
+    Attack("excluded-forged", Phase.RUNNING, down(EXCLUDED, signer=STRANGER), "bad-signature"),
+    Attack("excluded-other-run", Phase.FINISHED, down(EXCLUDED, run=OTHER_RUN), "wrong-run"),
+    Attack("excluded-old-sequence-number", Phase.RUNNING, down(EXCLUDED, seq=1), "replay"),
+    Attack(
+        "excluded-for-agent-1",
+        Phase.RUNNING,
+        down(const(control.Excluded(1, 0, 1))),
+        "out-of-phase",
+    ),
+    Attack(
+        "excluded-from-the-current-view",
+        Phase.KEYED,
+        down(const(control.Excluded(TARGET, 0, 0))),
+        "out-of-phase",
+    ),
+    Attack("excluded-before-setup", Phase.REGISTERED, down(EXCLUDED), "out-of-phase", timely=True),
     # Abort (obeyed in any phase when genuine, so only frames that are not)
     Attack("abort-forged", Phase.RUNNING, down(ABORT, signer=STRANGER), "bad-signature"),
     Attack("abort-forged-early", Phase.REGISTERING, down(ABORT, signer=STRANGER), "bad-signature"),
@@ -202,19 +263,31 @@ ATTACKS = [
         ),
         "bad-signature",
     ),
-    Attack("ready-downward", Phase.KEYED, down(const(control.Ready(TARGET, 0))), "out-of-phase"),
+    Attack(
+        "progress-downward",
+        Phase.RUNNING,
+        down(const(control.Progress(TARGET, 0, 0, 1, True, ()))),
+        "out-of-phase",
+    ),
+    Attack(
+        "rejoin-downward",
+        Phase.FINISHED,
+        down(const(control.Rejoin(TARGET, 0, (0,)))),
+        "out-of-phase",
+    ),
+    Attack("ready-downward", Phase.KEYED, down(const(control.Ready(TARGET, 0, 0))), "out-of-phase"),
     Attack("left-downward", Phase.RUNNING, down(const(control.Left(TARGET, {}))), "out-of-phase"),
     Attack("failed-downward", Phase.RUNNING, down(const(control.Failed(1, "x"))), "out-of-phase"),
     Attack(
         "finished-downward",
         Phase.RUNNING,
-        down(const(control.Finished(TARGET, 0, {}, {}, {}, 1.0))),
+        down(const(control.Finished(TARGET, 0, 0, {}, {}, {}, 1.0))),
         "out-of-phase",
     ),
     Attack(
         "telemetry-downward",
         Phase.RUNNING,
-        down(const(control.Telemetry(TARGET, 0, 1, bytes(60)))),
+        down(const(control.Telemetry(TARGET, 0, 0, 1, bytes(60)))),
         "out-of-phase",
     ),
     # junk
@@ -265,7 +338,7 @@ def test_a_flood_of_every_attack_through_the_router_changes_nothing() -> None:
         nonlocal routed
         phases.append(node.phase)
         for attack in ATTACKS * 10:
-            if attack.phase is node.phase:
+            if attack.phase is node.phase and not attack.timely:
                 topic, payload = attack.frame(h)
                 h.net.router.inject(topic, payload)
                 routed += any(topics.matches(s, topic) for s in node.subscriptions)
@@ -275,8 +348,8 @@ def test_a_flood_of_every_attack_through_the_router_changes_nothing() -> None:
     h.when(lambda: True, inject_all)
     results = h.play()
     # leaving lasts no longer than the Router takes to stop the inbox
-    assert phases == [*list(Phase)[:6], Phase.LEFT]
-    assert node.rejected.total() == routed >= 10 * (len(ATTACKS) - 3)
+    assert phases == [*list(Phase)[:5], Phase.FINISHED, Phase.LEFT]
+    assert node.rejected.total() == routed >= 10 * (len(ATTACKS) - 5)
     h.assert_all_counted()
     assert_same_models(results, clean())
 
@@ -351,19 +424,24 @@ def test_an_idle_node_leaves_and_says_why(phase: Phase) -> None:
     assert node.phase is Phase.FAILED and out.events[0].kind == "failed"
 
 
-def test_a_finished_node_stops_when_the_orchestrator_is_silent_for_a_deadline() -> None:
-    """A finished node waits for the next session or Close; a deadline without a word
-    from the orchestrator (which Beats while sessions run) means it is gone."""
+def test_a_finished_node_heartbeats_then_stops_when_the_orchestrator_is_silent() -> None:
+    """A finished node waits for the next session or Close, sending a held Progress every
+    deadline / BEATS; a deadline without a word from the orchestrator (which Beats while
+    sessions run) means it is gone."""
     h = Harness.build([(Strategy.ATC, Scheme.NONE)])
     h.hold = lambda _, frame: is_control(frame, control.Close, "all")
     h.start()
     node = h.nodes[TARGET]
     assert node.phase is Phase.FINISHED
-    wake = node.next_tick()
-    assert wake == h.clock.now + 30.0 and node.tick(wake - 1) == Output()
-    out = node.tick(wake)
-    (failed,) = upward(node, out)
+    since, beats = h.clock.now, []
+    while not node.done:
+        wake = node.next_tick()
+        assert wake is not None and node.tick(wake - 0.01) == Output()
+        beats += upward(node, node.tick(wake))
+    (*progress, failed) = beats
+    assert progress == [control.Progress(TARGET, 0, 0, ROUNDS, True, ())] * (BEATS - 1)
     assert isinstance(failed, control.Failed) and "orchestrator has been silent" in failed.reason
+    assert wake == since + 30.0
 
 
 def is_control(frame: Publish, kind: type, to: int | str = TARGET) -> bool:
@@ -383,72 +461,57 @@ def hold_peer_frames_to(agent: int, categories: tuple[str, ...]) -> Callable[[st
 @pytest.mark.parametrize(
     ("held", "phase"), [(("keys",), Phase.CONFIGURED), (("model",), Phase.RUNNING)]
 )
-def test_a_silent_session_fails_naming_who_is_awaited(held: tuple[str, ...], phase: Phase) -> None:
-    """Nothing reaches the target: at the deadline it fails, names its silent neighbours,
-    tells the conductor, which aborts every other node."""
+def test_a_silent_neighbour_never_fails_a_node_its_progress_names_whom_it_waits_for(
+    held: tuple[str, ...], phase: Phase
+) -> None:
+    """Nothing reaches the target from its neighbours for ten deadlines: while the
+    orchestrator Beats, the node waits, heartbeating Progress (running: naming the
+    neighbours it waits for); the orchestrator decides membership. Once the frames come,
+    the run is a clean run."""
     h = Harness.build(deadline=30.0)
     h.hold = hold_peer_frames_to(TARGET, held)
     h.start()
     node = h.nodes[TARGET]
     assert node.phase is phase
-    deadline = node.next_tick()
-    assert deadline == h.clock.now + 30.0
-    assert node.tick(deadline - 0.5) == Output()
-    out = node.tick(deadline)
-    (failed,) = upward(node, out)
-    assert isinstance(failed, control.Failed)
-    waiting = node.session.core.waiting_for() if node.session else []
-    assert waiting and set(waiting) <= {2, 6, 7, 9}  # the target's neighbours
-    assert f"nothing received for 30 s in round 1 ({phase}); waiting for agents {waiting}" in (
-        failed.reason
-    )
-    aborted = h.conductor.receive(out.publish[0].topic, out.publish[0].payload, deadline)
-    assert h.conductor.stage is Stage.FAILED and "agent 0 failed" in h.conductor.failure
-    (abort,) = aborted.publish
-    for other in h.nodes[1:]:
-        assert h.deliver(other, abort.topic, abort.payload).publish == []  # told, not telling
-        assert other.phase is Phase.FAILED and "aborted by the orchestrator" in other.failure
-    late = len(h.held)
-    h.release()  # what was held now finds closed nodes
-    assert node.rejected["closed"] == late > 0
+    end, sent = h.clock.now + 300.0, []
+    while (wake := node.next_tick()) is not None and wake <= end:
+        h.clock.now = wake
+        h.deliver(node, *h.beat())
+        sent += upward(node, node.tick(wake))
+    assert node.phase is phase and len(sent) == 300 // 10
+    assert {type(m) for m in sent} == {control.Progress}
+    progress = sent[-1]
+    assert isinstance(progress, control.Progress)
+    assert (progress.round, progress.held, progress.view) == (0, False, 0)
+    if phase is Phase.RUNNING:
+        assert progress.waiting and set(progress.waiting) <= {2, 6, 7, 9}  # its neighbours
+    else:
+        assert progress.waiting == ()
+    assert_same_models(h.finish(), clean())
     h.assert_all_counted()
 
 
-def test_a_keyed_node_waiting_for_go_names_the_orchestrator() -> None:
-    """Agent 3's Ready never reaches the conductor, so no Go: the keyed target gives up at
-    its deadline and says it waited for the orchestrator, not for any agent."""
-    h = Harness.build([(Strategy.ATC, Scheme.NONE)], deadline=30.0)
-    h.hold = lambda _, f: (
-        f.topic == topics.ctl_up(RUN, 3)
-        and isinstance(wire.decode_signed(f.payload).msg, control.Ready)
-    )
-    h.start()
-    node = h.nodes[TARGET]
-    assert node.phase is Phase.KEYED and node.next_tick() == h.clock.now + 30.0
-    (failed,) = upward(node, node.tick(h.clock.now + 30.0))
-    assert isinstance(failed, control.Failed)
-    assert "in round 1 (keyed); waiting for Go from the orchestrator" in failed.reason
-
-
-def test_activity_moves_the_session_deadline() -> None:
+def test_the_session_deadline_is_the_orchestrators_and_progress_is_due_between() -> None:
+    """A neighbour's frame does not move the node's deadline (the orchestrator's silence
+    does); a Beat does; a Progress is due every deadline / BEATS."""
     h = Harness.build([(Strategy.ATC, Scheme.NONE)])
     h.hold = hold_peer_frames_to(TARGET, ("model",))
     h.start()
     node = h.nodes[TARGET]
-    first = node.next_tick()
-    assert first is not None
+    start = h.clock.now
+    assert node.next_tick() == start + 30.0 / BEATS
     h.clock.now += 20.0
-    h.hold = None
-    held, h.held = h.held[:1], h.held[1:]  # one neighbour's model arrives, 20 s later
-    for _, frame in held:
-        h.deliver(node, frame.topic, frame.payload)
-    assert node.next_tick() == first  # the orchestrator has said nothing since
-    beat = h.conductor.tick(h.clock.now)  # its Beat is due: it says it is alive
-    (frame,) = beat.publish
+    (_, frame), h.held = h.held[0], h.held[1:]  # one neighbour's model arrives, 20 s later
     h.deliver(node, frame.topic, frame.payload)
-    assert node.next_tick() == first + 20.0
+    assert node.next_tick() == start + 30.0 / BEATS  # overdue: nothing moved it
+    assert len(upward(node, node.tick(h.clock.now))) == 1  # the Progress
+    assert node.next_tick() == start + 30.0  # the orchestrator said nothing since `start`
+    beat = h.conductor.tick(h.clock.now)  # its Beat is due: it says it is alive
+    assert [type(wire.decode_signed(f.payload).msg) for f in beat.publish] == [control.Beat]
+    h.deliver(node, beat.publish[0].topic, beat.publish[0].payload)
+    assert node.next_tick() == h.clock.now + 30.0 / BEATS
     h.clock.now += 1.0
-    assert h.finish()[0].models.shape[0] == 3
+    assert h.finish()[0].models.shape[0] == ROUNDS
     h.assert_all_counted()
 
 
@@ -460,13 +523,15 @@ def test_a_lost_orchestrator_stops_a_running_node_within_its_deadline() -> None:
     h.start()
     node = h.nodes[TARGET]
     assert node.phase is Phase.RUNNING
-    wake = node.next_tick()
-    assert wake is not None
+    last = h.clock.now
     h.clock.now += 20.0
     (_, frame), h.held = h.held[0], h.held[1:]
     h.deliver(node, frame.topic, frame.payload)  # a neighbour is alive
-    assert node.next_tick() == wake and node.tick(wake - 1) == Output()
-    out = node.tick(wake)
+    while node.phase is Phase.RUNNING:
+        wake = node.next_tick()
+        assert wake is not None and wake <= last + 30.0
+        out = node.tick(wake)
+    assert wake == last + 30.0
     assert node.phase is Phase.FAILED and "orchestrator has been silent" in node.failure
     assert out.events[0].kind == "failed"
 

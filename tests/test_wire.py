@@ -114,6 +114,8 @@ def agent_spec() -> AgentSpec:
         session=SESSION,
         rekey=Rekey.EVERY_ROUND,
         w0=(0.1, -0.0),
+        view=2,
+        start=7,
     )
 
 
@@ -135,7 +137,15 @@ def problem() -> RegressionSpec:
 
 def config() -> Config:
     directory = {PEER: bytes(range(64)), 11: bytes(range(64, 128))}
-    return Config(agent_spec(), problem(), directory, deadline=1.7e9 + 0.125, telemetry=True)
+    return Config(
+        agent_spec(),
+        problem(),
+        directory,
+        deadline=1.7e9 + 0.125,
+        telemetry=True,
+        resume=6,
+        checkpoint_every=25,
+    )
 
 
 # ---- crafting payloads ----
@@ -277,6 +287,7 @@ def test_any_float_array_is_sent_as_little_endian_float64() -> None:
 CONTROL_MESSAGES: list[Control] = [
     Hello(agent=12, identity=bytes(range(64)), proof=bytes(range(32))),
     Welcome(agent=12),
+    Welcome(agent=12, rejoin=True),
     Setup(agent=12, session=2**64 - 1, view=3, sealed=bytes(range(200))),
     Ready(agent=12, session=0, view=0),
     Go(session=3, view=1, until=20),
@@ -418,6 +429,51 @@ def test_config_roundtrip_with_batch_and_defaults() -> None:
         telemetry=False,
     )
     assert bits(wire.decode_config(wire.encode_config(msg))) == bits(msg)
+
+
+def test_checkpoint_roundtrip_is_exact() -> None:
+    models = {0: np.array([0.0, -0.0]), 25: np.array([1.5, 5e-324]), 50: np.array([-2.0, 3.0])}
+    data = wire.encode_checkpoint(RUN, ME, 4, models)
+    run, agent, session, back = wire.decode_checkpoint(data, "ckpt")
+    assert (run, agent, session) == (RUN, ME, 4)
+    assert sorted(back) == [0, 25, 50]
+    assert all(bits(back[r]) == bits(w) for r, w in models.items())
+    assert wire.decode_checkpoint(wire.encode_checkpoint(RUN, ME, 0, {}), "x")[3] == {}
+
+
+CHECKPOINT = wire.encode_checkpoint(RUN, ME, 4, {3: np.array([1.0, 2.0])})
+
+
+def _checkpoint_with(index: int, value: Any) -> bytes:
+    outer = msgpack.unpackb(CHECKPOINT)
+    outer[index] = value
+    return bytes(msgpack.packb(outer))
+
+
+@pytest.mark.parametrize(
+    ("data", "detail"),
+    [
+        (CHECKPOINT[:-1], "not valid msgpack"),
+        (msgpack.packb([1, RUN]), "expected [version, run, agent, session, dim, reports]"),
+        (_checkpoint_with(0, 99), "expected [version, run, agent, session, dim, reports]"),
+        (_checkpoint_with(1, 5), "run must be text and reports bytes"),
+        (_checkpoint_with(5, "x"), "run must be text and reports bytes"),
+        (_checkpoint_with(3, -1), "checkpoint"),
+        (_checkpoint_with(4, 3), "shape"),
+        (msgpack.packb([1, "go", b"x", b"y"]), "expected [version, run, agent, session, dim,"),
+    ],
+    ids=range(8),
+)
+def test_checkpoint_rejections(data: bytes, detail: str) -> None:
+    with pytest.raises(ValueError, match="ckpt is not a privnet checkpoint") as caught:
+        wire.decode_checkpoint(data, "ckpt")
+    assert detail in str(caught.value)
+
+
+def test_checkpoint_of_another_agents_models_is_refused() -> None:
+    data = _checkpoint_with(2, PEER)  # header says PEER, the reports are ME's
+    with pytest.raises(ValueError, match=f"models of another agent than {PEER}"):
+        wire.decode_checkpoint(data, "ckpt")
 
 
 def test_setup_carries_a_sealed_config() -> None:
@@ -626,8 +682,48 @@ CONTROL_REJECTIONS: list[tuple[str, bytes, str]] = [
     ("schema", signed("go", envelope({})), "go.msg: missing field 'session'"),
     ("schema", signed("go", envelope({"session": -1, "view": 0, "until": 1})), "go.msg.session"),
     ("schema", signed("bye", envelope({"x": 1})), "bye.msg: unknown field 'x' (fields are none)"),
-    ("schema", signed("welcome", envelope({"agent": 2**32})), "welcome.msg.agent"),
-    ("schema", signed("ready", envelope({"agent": True, "session": 0})), "ready.msg.agent"),
+    ("schema", signed("welcome", envelope({"agent": 2**32, "rejoin": False})), "welcome.msg.agent"),
+    ("schema", signed("welcome", envelope({"agent": 1, "rejoin": 1})), "welcome.msg.rejoin"),
+    ("schema", signed("ready", envelope({"agent": 1, "session": 0})), "missing field 'view'"),
+    (
+        "schema",
+        signed("ready", envelope({"agent": True, "session": 0, "view": 0})),
+        "ready.msg.agent",
+    ),
+    ("schema", signed("hold", envelope({"session": 0, "view": -1})), "hold.msg.view"),
+    (
+        "schema",
+        signed("excluded", envelope({"agent": 1, "session": 0, "view": 0, "x": 1})),
+        "excluded.msg: unknown field 'x'",
+    ),
+    (
+        "schema",
+        signed(
+            "progress",
+            envelope({"agent": 1, "session": 0, "view": 0, "round": 3, "held": 1, "waiting": []}),
+        ),
+        "progress.msg.held",
+    ),
+    (
+        "schema",
+        signed(
+            "progress",
+            envelope(
+                {"agent": 1, "session": 0, "view": 0, "round": -1, "held": True, "waiting": []}
+            ),
+        ),
+        "progress.msg.round",
+    ),
+    (
+        "schema",
+        signed("rejoin", envelope({"agent": 1, "session": -2, "rounds": []})),
+        "rejoin.msg.session",
+    ),
+    (
+        "schema",
+        signed("rejoin", envelope({"agent": 1, "session": 0, "rounds": [-1]})),
+        "rejoin.msg.rounds[0]",
+    ),
     ("schema", signed("setup", envelope({"agent": 1, "session": 0, "sealed": "x"})), "sealed"),
     ("schema", signed("abort", envelope({"reason": 7})), "abort.msg.reason: expected a string"),
     ("schema", signed("failed", envelope({"agent": 1})), "failed.msg: missing field 'reason'"),
@@ -655,7 +751,8 @@ CONTROL_REJECTIONS: list[tuple[str, bytes, str]] = [
     (
         "schema",
         resigned(
-            wire.encode_signed(Telemetry(1, 0, 0, 2, b"x"), RUN, 1, SIGNER), set_in(("msg", "i"), -1)
+            wire.encode_signed(Telemetry(1, 0, 0, 2, b"x"), RUN, 1, SIGNER),
+            set_in(("msg", "i"), -1),
         ),
         "telemetry.msg.i",
     ),
@@ -709,6 +806,11 @@ CONFIG_REJECTIONS: list[tuple[Edit, str, str]] = [
     (set_in(("directory", 11), bytes(63)), "schema", "config.directory[11]: expected 64 bytes"),
     (set_in(("deadline",), 5), "schema", "config.deadline: expected a float64"),
     (set_in(("telemetry",), 1), "schema", "config.telemetry: expected true or false"),
+    (set_in(("resume",), -1), "schema", "config.resume"),
+    (set_in(("checkpoint_every",), 1.0), "schema", "config.checkpoint_every"),
+    (set_in(("spec", "view"), -1), "schema", "config.spec.view"),
+    (set_in(("spec", "start"), 0), "schema", "config.spec.start"),
+    (set_in(("spec", "start"), 10**6), "schema", "start round 1000000 is not in [1, "),
 ]
 
 
@@ -793,6 +895,10 @@ NAMES = [
     "telemetry",
     "finished",
     "failed",
+    "hold",
+    "excluded",
+    "progress",
+    "rejoin",
     "config",
     "nope",
 ]
@@ -825,6 +931,8 @@ REASONS = {
     "wrong-receiver",
     "bad-mac",
     "bad-signature",
+    "stale-view",
+    "ahead-view",
 }
 
 
