@@ -224,6 +224,7 @@ class Conductor:
         self._moved = (0, 0.0)  # (slowest member's rounds, when that last grew)
         self._stalls = 0
         self._pause = (0.0, 0)  # (since when the network stood still, rounds to redo)
+        self._split_due: float | None = None  # holding: when a split view stops waiting
         self.pauses: list[dict[str, Any]] = []  # what each view change cost
         self._go_at = 0.0
         self._next_beat = 0.0
@@ -271,6 +272,11 @@ class Conductor:
                 out += self.lost(m, f"silent for {self.deadline:.0f} s", now)
             if self._stalled(now):
                 out += self._change(now, "stalled")
+            if self.stage is Stage.HOLDING and self._split_due is not None and (
+                now >= self._split_due
+            ):
+                self._split_due = None
+                out += self._maybe_switch(now)  # nobody came back to join a split network
         if self.stage is Stage.CLOSING and now - self._since >= self.deadline:
             return out + self._done()  # results are complete; a silent agent costs its Left
         if self.stage in BEATING and now >= self._next_beat:
@@ -297,6 +303,8 @@ class Conductor:
         waits = [min(heard) + self.deadline] if heard else []
         if self._may_stall:  # else a past stall time would be due for ever (a busy loop)
             waits.append(self._moved[1] + self.deadline)
+        if self.stage is Stage.HOLDING and self._split_due is not None:
+            waits.append(self._split_due)  # a split view waits this long at most
         return min(waits) if waits else self._next_beat
 
     def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output:
@@ -467,7 +475,7 @@ class Conductor:
             self.stage in IN_SESSION
             and self.script is None
             and agent in self.alive
-            and agent not in self.members
+            and (agent not in self.members or agent in self._lost)
             and agent not in self._joining
         )
 
@@ -552,7 +560,8 @@ class Conductor:
         if self.stage is not Stage.HOLDING:
             still = self._moved[1] if self.stage is Stage.RUNNING else now
             self._pause = (min(still, now), 0)
-            self.stage, self._held = Stage.HOLDING, {}
+            self.stage, self._held, self._since = Stage.HOLDING, {}, now
+            self._split_due = now + self.deadline
             self._next_beat = now + self.deadline / BEATS
             out = Output([self._down("all", self._hold())], [Event("holding", reason)])
             return out + self._maybe_switch(now)
@@ -572,6 +581,8 @@ class Conductor:
             return self._switch(now, view.start, view.reason, view.members, view.resume)
         if self.stage is not Stage.HOLDING or not staying <= self._held.keys():
             return Output()
+        if self._splits(staying | self._joining.keys()) and now - self._since < self.deadline:
+            return Output()  # a lost cut vertex may be back soon (restarted): wait a deadline
         start = min((self._held[m] for m in staying), default=0) + 1
         rounds = self.plans[self.session].rounds
         if start > rounds:  # every member still in has finished: nothing to redo
@@ -588,6 +599,17 @@ class Conductor:
         for agent, rejoin in self._joining.items():
             resume[agent] = self._resume_of(agent, rejoin, start)
         return self._switch(now, start, self._reason, tuple(sorted(resume)), resume)
+
+    def _splits(self, members: Iterable[int]) -> bool:
+        """Whether these members' graph is not connected (a view on it would not run)."""
+        plan = self.plans[self.session]
+        if plan.view_specs is None:
+            return False  # no view but the whole network can run: nothing to wait for
+        try:
+            self._specs(plan, frozenset(members))
+        except ConfigError:
+            return True
+        return False
 
     def _resume_of(self, agent: int, rejoin: control.Rejoin, start: int) -> int:
         """The latest round whose model the agent holds and that stands (before the view

@@ -601,7 +601,8 @@ def test_without_telemetry_a_long_silent_session_is_not_a_failure() -> None:
 
 def test_an_agent_that_fails_is_left_out_and_a_split_network_stops_the_run() -> None:
     """Agent 5 fails while running: no view runs without it, since the survivors' graph
-    splits ({4, 8} hang on 5): the run fails naming the groups, and every node stops."""
+    splits ({4, 8} hang on 5): the conductor holds a deadline for it to come back (restarted),
+    then fails naming the groups, and every node stops."""
     h = Harness.build([(Strategy.ATC, Scheme.NONE)])
     h.when(
         lambda: h.nodes[5].phase is Phase.RUNNING,
@@ -609,6 +610,10 @@ def test_an_agent_that_fails_is_left_out_and_a_split_network_stops_the_run() -> 
     )
     h.start()
     c = h.conductor
+    assert c.stage is Stage.HOLDING
+    h.advance(c.deadline - 1.0)
+    assert c.stage is Stage.HOLDING
+    h.advance(2.0)
     assert c.stage is Stage.FAILED
     assert "the 9 agents left form 2 disconnected groups [[4, 8], [0, 1, 2, 3, 6, 7, 9]]" in (
         c.failure

@@ -80,7 +80,7 @@ def load(
             "directory of a `privnet run` that was interrupted"
         ) from None
     config = with_overrides(ExperimentConfig(), data)
-    results = []
+    results: list[SessionResult] = []
     while (where / f"session-{len(results)}.json").exists():
         n = len(results)
         record = json.loads((where / f"session-{n}.json").read_text())

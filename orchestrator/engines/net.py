@@ -223,9 +223,9 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
         reach = broker.agent_address if isinstance(broker, DockerBroker) else broker.address
         launches = run_secrets.launches(str(reach), broker.access)
         if pool is not None and args.checkpoint_every:
-            where = str(out / "checkpoints") if docker is None else None
+            kept = str(out / "checkpoints") if docker is None else None
             again = resume is not None  # come back from their checkpoints
-            launches = {p: replace(a, checkpoints=where, rejoin=again) for p, a in launches.items()}
+            launches = {p: replace(a, checkpoints=kept, rejoin=again) for p, a in launches.items()}
         if args.external_agents and args.prepared is None:
             write_launches(args.launch_dir or out / "launch", launches)
         tap = None
@@ -401,7 +401,8 @@ def save_models(path: Path, results: list[SessionResult]) -> None:
     replay (`privnet simulate --membership`) is checked against. 0600: true models."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as fh:
-        np.savez_compressed(fh, **{r.label: r.models for r in results})
+        arrays: dict[str, Any] = {r.label: r.models for r in results}
+        np.savez_compressed(fh, **arrays)
 
 
 def _membership(watch: Watch) -> dict[str, Any]:
