@@ -450,7 +450,7 @@ def session_views(
             )
         known[0] = View(session, 0, 1, tuple(sorted(members)), "start", dict.fromkeys(members, 0))
     views = [known[number] for number in sorted(known)]
-    if len(views) == 1 and views[0].members == tuple(range(agents)):
+    if len(views) == 1 and views[0].members == tuple(range(agents)) and views[0].start == 1:
         return None
     return views or None
 
