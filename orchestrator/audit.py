@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import shutil
 import subprocess
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections import Counter, defaultdict, deque
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -45,19 +46,22 @@ from agent import control, topics, wire
 from agent.access import ClientAccess
 from agent.core import AgentCore, split_senders
 from agent.losses import Loss
-from agent.messages import KeyPlan, KeyShare, Message, Rejected
+from agent.messages import ORCHESTRATOR, KeyPlan, KeyShare, Message, Rejected
 from agent.mqtt import BrokerAddress
 from agent.node import Publish
 from agent.spec import STRATEGY_STEP, AgentSpec, Scheme, StepPlan, Strategy
+from orchestrator.conductor import View
 from orchestrator.engines.memory import Network
 from orchestrator.experiment import config as configuration
+from orchestrator.experiment import topology
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
-from orchestrator.experiment.specs import session_list, session_plans
+from orchestrator.experiment.specs import session_list, session_plans, view_matrix
 from orchestrator.report import table_console
 
 WIRE_FILE = "wire.msgpack"
 TELEMETRY_FILE = "telemetry.npz"
+MEMBERSHIP_FILE = "membership.json"
 FORMAT = "privnet-wire/1"
 PLAIN_REL = 1e-12  # a model within this relative distance of the truth is in the clear
 TRUTH_TOL = 1e-9  # replay vs sealed telemetry
@@ -187,6 +191,19 @@ def load_telemetry(run_dir: Path) -> list[np.ndarray] | None:
         return [data[f"session_{s}"] for s in range(len(data.files))]
 
 
+def load_membership(run_dir: Path) -> list[View] | None:
+    """The run's views (membership.json, written when its membership changed), or None."""
+    from orchestrator.engines.watch import read_membership  # the shell's module: lazily
+
+    path = run_dir / MEMBERSHIP_FILE
+    if not path.is_file():
+        return None
+    try:
+        return read_membership(path)
+    except ValueError as exc:
+        raise AuditError(str(exc)) from None
+
+
 # ---- pcap ---------------------------------------------------------------------------------
 
 
@@ -224,8 +241,10 @@ def read_pcap(path: Path, port: int) -> list[WireRecord]:
 
 
 class _Witness(AgentCore):
-    """An AgentCore that notes the clear value behind every model it is about to send;
-    given `losses`, agent p runs losses[p] instead of the one its Config describes."""
+    """An AgentCore that notes the clear value behind every model it is about to send
+    (in `clear` by (sender, round, step), and in `views` by (view, sender, round, step));
+    given `losses`, agent p runs losses[p] instead of the one its Config describes; given
+    `cores`, it leaves itself there under (view, agent), so a replay can run it on."""
 
     def __init__(
         self,
@@ -234,23 +253,33 @@ class _Witness(AgentCore):
         *args: Any,
         clear: dict[tuple[int, int, int], np.ndarray],
         losses: Sequence[Loss] | None = None,
+        views: dict[tuple[int, int, int, int], np.ndarray] | None = None,
+        cores: dict[tuple[int, int], _Witness] | None = None,
     ) -> None:
         super().__init__(spec, loss if losses is None else losses[spec.agent], *args)
-        self.clear = clear
+        self.clear, self.views = clear, views
+        if cores is not None:
+            cores[(spec.view, spec.agent)] = self
 
     def _send(self, plan: StepPlan) -> list[Message]:
-        self.clear[(self.me, self.round, plan.step)] = self.value.copy()
+        value = self.value.copy()
+        self.clear[(self.me, self.round, plan.step)] = value
+        if self.views is not None:
+            self.views[(self.spec.view, self.me, self.round, plan.step)] = value
         return super()._send(plan)
 
 
 @dataclass
 class Replay:
     """A memory-engine run: clear values (sender, round, step), the true models and the
-    model messages on its wire, as an eavesdropper decodes them."""
+    model messages on its wire, as an eavesdropper decodes them; `views` holds the clear
+    values by (view, sender, round, step), those of rounds a later view redid included
+    (`clear` keeps the ones that stand)."""
 
     clear: dict[tuple[int, int, int], np.ndarray]
     models: np.ndarray  # (iters, P, M)
     wire: SessionWire
+    views: dict[tuple[int, int, int, int], np.ndarray] = field(default_factory=dict)
 
 
 def replay(
@@ -261,11 +290,22 @@ def replay(
     *,
     losses: Sequence[Loss] | None = None,
     noise_key: tuple[int, int] | None = None,
+    views: Sequence[View] | None = None,
+    reach: Mapping[int, int] | None = None,
 ) -> Replay:
     """The session on the memory engine (the whole protocol), witnesses for cores;
     `losses` (one per agent) replace the problem's, e.g. losses written by hand, and
-    `noise_key` the run's (same data, fresh noise: the dp-audit's trials)."""
+    `noise_key` the run's (same data, fresh noise: the dp-audit's trials).
+
+    `views`: the membership views the run played the session under (membership.json),
+    applied at their rounds as the conductor's script. A view that a later one replaced
+    may have run further on the network than the script lets it (the rounds it began
+    before its members stopped, which the next view redid): `reach` (view -> last round
+    of it on the wire) says how far, and its witnesses are run on to there, so every
+    frame of it has its clear value in `Replay.views`."""
     clear: dict[tuple[int, int, int], np.ndarray] = {}
+    by_view: dict[tuple[int, int, int, int], np.ndarray] = {}
+    cores: dict[tuple[int, int], _Witness] = {}
     (plan,) = session_plans(problem, [(strategy, scheme, repeat)])
     if noise_key is not None:
         plan = replace(plan, specs=[replace(s, noise_key=noise_key) for s in plan.specs])
@@ -275,8 +315,33 @@ def replay(
         if topics.parse_peer_topic(frame.topic) is not None:
             _add(seen, frame.payload, problem.config.dim)
 
-    network = Network.build([plan], core=partial(_Witness, clear=clear, losses=losses), tap=tap)
-    return Replay(clear, network.play()[0].models, seen)
+    witness = partial(_Witness, clear=clear, losses=losses, views=by_view, cores=cores)
+    script = None if views is None else [replace(v, session=0) for v in views]
+    network = Network.build([plan], core=witness, tap=tap, script=script)
+    models = network.play()[0].models
+    for view in views or ():
+        members = {m: cores[(view.view, m)] for m in view.members if (view.view, m) in cores}
+        last = (reach or {}).get(view.view, 0)
+        if members and last > min(core.until for core in members.values()):
+            _run_on(members, last)
+    return Replay(clear, models, seen, by_view)
+
+
+def _run_on(cores: Mapping[int, _Witness], until: int) -> None:
+    """One view's witnesses, held at the round the next view starts from, run on through
+    `until` among themselves (the view's frames, delivered in order): the rounds the
+    network began under this view. What they send is noted in `views` only."""
+    queue: deque[Message] = deque()
+    for core in cores.values():
+        core.clear = {}  # these rounds do not stand: the next view redid them
+        queue.extend(core.start(until))
+    while queue:
+        msg = queue.popleft()
+        target = cores.get(getattr(msg, "receiver", ORCHESTRATOR))
+        if target is None:  # a Report, or a frame for an agent not in the view
+            continue
+        with contextlib.suppress(Rejected):
+            queue.extend(target.receive(msg))
 
 
 # ---- sessions on the wire ---------------------------------------------------------------------
@@ -284,12 +349,19 @@ def replay(
 
 @dataclass
 class SessionWire:
-    """The peer messages of one session, as an eavesdropper decodes them."""
+    """The peer messages of one session, as an eavesdropper decodes them: `models` by
+    (sender, receiver, round, step), the latest view's where a round was redone; `views`
+    every one by (view, sender, receiver, round, step); `setups`: who got a Setup of each
+    view (the members, as the signed control frames say)."""
 
     models: dict[tuple[int, int, int, int], np.ndarray] = field(default_factory=dict)
     keys: int = 0
     undecodable: int = 0
     duplicates: int = 0
+    views: dict[tuple[int, int, int, int, int], np.ndarray] = field(default_factory=dict)
+    view_keys: Counter[int] = field(default_factory=Counter)
+    setups: dict[int, set[int]] = field(default_factory=dict)
+    latest: dict[tuple[int, int, int, int], int] = field(default_factory=dict)  # slot -> view
 
 
 def split_sessions(records: Iterable[WireRecord], run: str, dim: int) -> list[SessionWire]:
@@ -301,8 +373,11 @@ def split_sessions(records: Iterable[WireRecord], run: str, dim: int) -> list[Se
         if rec.topic.startswith(down):
             with contextlib.suppress(Rejected):  # signed, not secret: anyone can read it
                 msg = wire.decode_signed(rec.payload).msg
-                if isinstance(msg, control.Setup) and msg.session >= len(sessions):
-                    sessions.append(SessionWire())
+                if isinstance(msg, control.Setup):
+                    if msg.session >= len(sessions):
+                        sessions.append(SessionWire())
+                    at = sessions[min(msg.session, len(sessions) - 1)]
+                    at.setups.setdefault(msg.view, set()).add(msg.agent)
             continue
         peer = topics.parse_peer_topic(rec.topic)
         if peer is None or peer[0] != run or not sessions:
@@ -319,11 +394,16 @@ def _add(session: SessionWire, payload: bytes, dim: int) -> None:
         return
     if isinstance(msg, KeyPlan | KeyShare):
         session.keys += 1
+        session.view_keys[msg.view] += 1
         return
     slot = (msg.sender, msg.receiver, msg.round, msg.step)
-    if slot in session.models:
+    if (msg.view, *slot) in session.views:
         session.duplicates += 1
-    session.models[slot] = np.asarray(msg.vector)
+    vector = np.asarray(msg.vector)
+    session.views[(msg.view, *slot)] = vector
+    if session.latest.get(slot, msg.view) <= msg.view:
+        session.latest[slot] = msg.view
+        session.models[slot] = vector
 
 
 # ---- the analysis -------------------------------------------------------------------------
@@ -336,6 +416,71 @@ class Link:
     strengths: list[float] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Part:
+    """One membership view of a session as the audit sees it: the matrix of the strategy's
+    combine step on its members' graph (`view_matrix`), the last round of it that stands
+    (the next view redid the rest) and the last round of it on the wire."""
+
+    view: View
+    A: np.ndarray
+    end: int
+    reach: int
+
+    @property
+    def last(self) -> int:
+        return max(self.end, self.reach)
+
+
+def session_views(
+    membership: Sequence[View] | None, session: int, seen: SessionWire, agents: int
+) -> list[View] | None:
+    """The views `session` ran under: membership.json's, with a first view it lacks read
+    off the signed Setups on the wire (the file is rewritten at each change, so a later
+    session that kept its first view may be missing from it). None when the session ran
+    under one view of every agent, as in every run without membership changes."""
+    known = {v.view: v for v in membership or () if v.session == session}
+    for number, members in sorted(seen.setups.items()):
+        if number in known:
+            continue
+        if number:
+            raise AuditError(
+                f"view {number} of session {session} is on the wire but not in membership.json:"
+                " audit the run's own directory (it holds the membership.json of the run)"
+            )
+        known[0] = View(session, 0, 1, tuple(sorted(members)), "start", dict.fromkeys(members, 0))
+    views = [known[number] for number in sorted(known)]
+    if len(views) == 1 and views[0].members == tuple(range(agents)) and views[0].start == 1:
+        return None
+    return views or None
+
+
+def _reach(seen: SessionWire) -> dict[int, int]:
+    """view -> the last round of it a model on the wire belongs to."""
+    reach: dict[int, int] = {}
+    for view, _s, _r, i, _j in seen.views:
+        reach[view] = max(reach.get(view, 0), i)
+    return reach
+
+
+def _parts(
+    problem: Problem, strategy: Strategy, views: Sequence[View] | None, seen: SessionWire
+) -> list[Part]:
+    c = problem.config
+    index = (0, 1, 2).index(STRATEGY_STEP[strategy])
+    if views is None:
+        everyone = View(0, 0, 1, tuple(range(c.agents)), "start")
+        return [Part(everyone, problem.matrices(strategy)[index], c.iters, c.iters)]
+    reach, parts = _reach(seen), []
+    for k, view in enumerate(views):
+        end = views[k + 1].start - 1 if k + 1 < len(views) else c.iters
+        members = frozenset(view.members)
+        a = problem.A if len(members) == c.agents else view_matrix(problem, members)
+        A = topology.strategy_matrices(strategy, a)[index]
+        parts.append(Part(view, A, end, reach.get(view.view, 0)))
+    return parts
+
+
 def audit_session(
     problem: Problem,
     strategy: Strategy,
@@ -344,34 +489,45 @@ def audit_session(
     seen: SessionWire,
     truth: Replay,
     telemetry: np.ndarray | None,
+    views: Sequence[View] | None = None,
 ) -> tuple[dict[str, Any], Noise]:
-    """Everything the audit states about one session (see the module docstring)."""
+    """Everything the audit states about one session (see the module docstring); with
+    `views` (the session's membership views, the replay played them), per view as well:
+    each view's frames against its own clear values and matrix."""
     c = problem.config
     step = STRATEGY_STEP[strategy]
-    A = problem.matrices(strategy)[(0, 1, 2).index(step)]
-    noise = noise_samples(scheme, A, seen, truth, c.sigma_g)
+    parts = _parts(problem, strategy, views, seen)
+    ends = {part.view.view: part.end for part in parts}
+    noise = noise_samples(scheme, parts, seen, truth, c.sigma_g)
     links: dict[tuple[int, int], Link] = defaultdict(Link)
+    plain: Counter[int] = Counter()
+    standing: Counter[int] = Counter()  # per view: models of rounds that stand
     unmatched = 0
-    for (s, r, i, j), vector in seen.models.items():
-        true = truth.clear.get((s, i, j))
+    for (v, s, r, i, j), vector in seen.views.items():
+        standing[v] += i <= ends.get(v, c.iters)
+        true = truth.views.get((v, s, i, j))
         if true is None:
             unmatched += 1
             continue
         link = links[(s, r)]
         link.messages += 1
         gap, size = float(np.linalg.norm(vector - true)), float(np.linalg.norm(true))
-        link.plaintext += gap <= PLAIN_REL * size
+        clear = gap <= PLAIN_REL * size
+        link.plaintext += clear
+        plain[v] += clear
         if size > 0:
             link.strengths.append(gap / size)
     strengths = [x for link in links.values() for x in link.strengths]
-    expected = c.iters * int(np.count_nonzero(A) - A.shape[0])
+    expected = {part.view.view: (part.end - part.view.start + 1) * _links(part.A) for part in parts}
+    cancel = [_cancellation(part, seen, truth, step) for part in parts]
+    learns = [_hub_learns(scheme, part.A) for part in parts]
     result: dict[str, Any] = {
         "strategy": str(strategy),
         "scheme": str(scheme),
         "repeat": repeat,
         "step": step,
-        "model_messages": len(seen.models),
-        "expected_model_messages": expected,
+        "model_messages": sum(standing.values()),
+        "expected_model_messages": sum(expected.values()),
         "key_messages": seen.keys,
         "undecodable": seen.undecodable,
         "duplicates": seen.duplicates,
@@ -382,7 +538,10 @@ def audit_session(
         "noise": _noise_report(scheme, noise, c.sigma_g),
         "max_cancellation_residual": None,
         "clear_links": _clear_links(scheme, links),
-        "hub_learns": _hub_learns(scheme, A),
+        "hub_learns": {
+            "everyone": learns[0]["everyone"],
+            "fallback_hubs": _unique(h for one in learns for h in one["fallback_hubs"]),
+        },
         "links": [
             {
                 "from": s,
@@ -395,8 +554,123 @@ def audit_session(
         ],
     }
     if scheme is Scheme.LOCAL_GHP:
-        result["max_cancellation_residual"] = _cancellation(A, seen, truth, c.iters, step)
+        result["max_cancellation_residual"] = _merge(checked for checked, _ in cancel)
+    if views is None:
+        return result, noise
+    result["views"] = [
+        {
+            "view": part.view.view,
+            "start": part.view.start,
+            "end": part.end,  # its last round that stands; the next view redid the rest
+            "members": list(part.view.members),
+            "reason": part.view.reason,
+            "left": part.view.left,
+            "model_messages": standing[part.view.view],
+            "expected_model_messages": expected[part.view.view],
+            "redone_model_messages": sum(
+                1 for v, *_, i, _j in seen.views if v == part.view.view and i > part.end
+            ),
+            "key_messages": seen.view_keys[part.view.view],
+            "plaintext_messages": plain[part.view.view],
+            "max_cancellation_residual": checked if scheme is Scheme.LOCAL_GHP else None,
+            "hub_rounds_not_combined": not_combined,
+            "fallback_hubs": one["fallback_hubs"],
+        }
+        for part, (checked, not_combined), one in zip(parts, cancel, learns, strict=True)
+    ]
+    result["redo"] = _redo(parts, seen, truth, step)
     return result, noise
+
+
+def _links(A: np.ndarray) -> int:
+    """Messages a round of the step with matrix A sends: its off-diagonal weights."""
+    return int(np.count_nonzero(A) - A.shape[0])
+
+
+def _unique(items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    seen: list[dict[str, Any]] = []
+    for item in items:
+        if item not in seen:
+            seen.append(item)
+    return seen
+
+
+def _redo(parts: Sequence[Part], seen: SessionWire, truth: Replay, step: int) -> dict[str, Any]:
+    """What the rounds a later view redid put on the wire, and who learns what from them.
+
+    The round a view starts from re-sends each member's value of the round before: the
+    same clear value (unless the member came back from an older model), masked again,
+    under local-ghp with a fresh mask (the view is in the masks' HKDF info), under random
+    and ghp with the same seeded noise, so the very same vector. Rounds begun after it
+    under the old view, on its weights, carried other values than the redo sends. Per
+    agent, from the wire: `same_value` (round and step whose value it sent once more, the
+    same value: a re-release), `another_value` (sent again, the value differs), `frames`
+    (the frames sending them again) and `fresh_masks` (those unlike every earlier frame
+    on the same link)."""
+    sent: dict[tuple[int, int, int], dict[int, dict[int, np.ndarray]]] = defaultdict(dict)
+    for (v, s, r, i, j), vector in seen.views.items():
+        sent[(s, i, j)].setdefault(v, {})[r] = vector
+    counts: dict[int, Counter[str]] = defaultdict(Counter)
+    for (s, i, j), by_view in sent.items():
+        first, *later = sorted(by_view)
+        for v in later:
+            tally = counts[s]
+            before, now = truth.views.get((first, s, i, j)), truth.views.get((v, s, i, j))
+            same = before is None or now is None or _same(before, now)  # unknown: assume so
+            tally["same_value" if same else "another_value"] += 1
+            for r, vector in by_view[v].items():
+                earlier = [by_view[u][r] for u in by_view if u < v and r in by_view[u]]
+                tally["frames"] += 1
+                tally["fresh_masks"] += not any(np.array_equal(e, vector) for e in earlier)
+    twice = _combined_twice(parts, seen, step)
+    fresh = sum(t["fresh_masks"] for t in counts.values())
+    again = sum(t["frames"] for t in counts.values())
+    return {
+        "rounds_redone": [
+            {
+                "view": nxt.view.view,
+                "from_round": nxt.view.start,
+                "rounds_begun_before": max(0, part.reach - part.end),
+            }
+            for part, nxt in itertools.pairwise(parts)
+        ],
+        "re_releases": {
+            s: {k: tally[k] for k in ("same_value", "another_value", "frames", "fresh_masks")}
+            for s, tally in sorted(counts.items())
+        },
+        "hubs_combining_a_round_twice": dict(sorted(twice.items())),
+        "learns": {
+            "eavesdropper": (
+                f"redone rounds sent {again} frames again, {fresh} under a fresh mask: "
+                "one of a same_value re-release is an independent noisy look at a value "
+                "it saw before (privacy accounting must count it as another release); a "
+                "frame identical to the earlier one adds nothing; none is in the clear"
+            ),
+            "hub": (
+                "of a round it did not complete, the masked messages that arrived, whose "
+                "masks do not cancel: nothing more; of a round complete under two views, "
+                "two aggregates, with each view's weights (of the same values in the "
+                f"round a view starts from): {sum(twice.values())} hub-rounds"
+            ),
+        },
+    }
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return float(np.linalg.norm(a - b)) <= PLAIN_REL * float(np.linalg.norm(a))
+
+
+def _combined_twice(parts: Sequence[Part], seen: SessionWire, step: int) -> Counter[int]:
+    """Per hub: rounds whose every message reached it under more than one view."""
+    views: dict[tuple[int, int], int] = defaultdict(int)
+    for part in parts:
+        v = part.view.view
+        for hub in part.view.members:
+            senders = [int(m) for m in np.flatnonzero(part.A[:, hub]) if m != hub]
+            for i in range(part.view.start, part.last + 1):
+                if senders and all((v, m, hub, i, step) in seen.views for m in senders):
+                    views[(hub, i)] += 1
+    return Counter(hub for (hub, _), n in views.items() if n > 1)
 
 
 def _summary(values: list[float]) -> dict[str, float | None]:
@@ -406,13 +680,15 @@ def _summary(values: list[float]) -> dict[str, float | None]:
 
 
 def _truth_check(models: np.ndarray, telemetry: np.ndarray | None) -> float | None:
-    """Max |replay w - sealed telemetry w|; AuditError beyond TRUTH_TOL."""
+    """Max |replay w - sealed telemetry w| over the cells the run has (NaN: a round an
+    agent did not report, out of its view); AuditError beyond TRUTH_TOL."""
     if telemetry is None or np.isnan(telemetry).all():  # run with --no-telemetry
         return None
     if telemetry.shape != models.shape:
         raise AuditError(f"telemetry has shape {telemetry.shape}, the replay {models.shape}")
-    gap = float(np.nanmax(np.abs(models - telemetry)))
-    if not gap <= TRUTH_TOL:
+    have = ~np.isnan(telemetry)
+    gap = float(np.max(np.abs(models[have] - telemetry[have])))
+    if not gap <= TRUTH_TOL:  # NaN too: the run reported a model the replay has not
         raise AuditError(
             f"the memory-engine replay differs from the run's sealed telemetry by {gap:.3g} "
             f"(> {TRUTH_TOL}): the recording is not of this config, or the engines diverged"
@@ -435,33 +711,39 @@ class Noise:
 
 
 def noise_samples(
-    scheme: Scheme, A: np.ndarray, seen: SessionWire, truth: Replay, sigma_g: float
+    scheme: Scheme, parts: Sequence[Part], seen: SessionWire, truth: Replay, sigma_g: float
 ) -> Noise:
     """random: every link's wire - true; ghp: one per sender and round (g_m is the same on
     all links); local-ghp: (wire - true) * a_mk of N+ senders with a single partner, so each
-    pair's mask counts once."""
+    pair's mask counts once. A redone round counts once more only under local-ghp: random
+    and ghp draw the same seeded noise again, local-ghp masks are fresh in every view."""
     samples: list[np.ndarray] = []
     noise = Noise(np.zeros(0))
-    once: set[tuple[int, int]] = set()
-    seats = {hub: _seats(A, hub) for hub in range(A.shape[0])}
-    for (s, r, i, j), vector in sorted(seen.models.items()):
-        true = truth.clear.get((s, i, j))
-        if true is None or scheme is Scheme.NONE:
+    once: set[tuple[int, ...]] = set()
+    seats = {
+        part.view.view: (part.A, {hub: _seats(part.A, hub) for hub in range(part.A.shape[0])})
+        for part in parts
+    }
+    for (v, s, r, i, j), vector in sorted(seen.views.items()):
+        true = truth.views.get((v, s, i, j))
+        if true is None or scheme is Scheme.NONE or v not in seats:
             continue
         diff = vector - true
-        if scheme is Scheme.RANDOM:
-            samples.append(diff)
-        elif scheme is Scheme.GHP:
-            if (s, i) not in once:
-                once.add((s, i))
+        if scheme is not Scheme.LOCAL_GHP:
+            draw = (s, r, i, j) if scheme is Scheme.RANDOM else (s, i)
+            if draw not in once:
+                once.add(draw)
                 samples.append(diff)
-        else:
-            seat = seats[r][s]
-            scaled = diff * A[s, r]
-            noise.power += float(scaled @ scaled)
-            noise.expected_power += len(seat.partners) * sigma_g**2 * diff.size
-            if seat.side == 1 and len(seat.partners) == 1:
-                samples.append(scaled)
+            continue
+        A, at = seats[v]
+        seat = at[r].get(s)
+        if seat is None:  # no link of this view's matrix: unmatched
+            continue
+        scaled = diff * A[s, r]
+        noise.power += float(scaled @ scaled)
+        noise.expected_power += len(seat.partners) * sigma_g**2 * diff.size
+        if seat.side == 1 and len(seat.partners) == 1:
+            samples.append(scaled)
     noise.samples = np.concatenate(samples) if samples else np.zeros(0)
     return noise
 
@@ -497,38 +779,58 @@ def _noise_report(scheme: Scheme, noise: Noise, sigma_g: float) -> dict[str, Any
 
 
 def _cancellation(
-    A: np.ndarray, seen: SessionWire, truth: Replay, iters: int, step: int
-) -> dict[str, Any]:
-    """Max over hubs and rounds of |wire combination - true combination| / |true combination|.
+    part: Part, seen: SessionWire, truth: Replay, step: int
+) -> tuple[dict[str, Any], int]:
+    """Max over hubs and rounds of one view of |wire combination - true combination| /
+    |true combination|, with the view's matrix; and how many hub-rounds the next view
+    redid before they were complete (never combined, nothing to check).
 
     The hub's own term is not on the wire; it is its clear value (from the truth), except at
     a fallback hub (one other neighbour), whose own term carries the pair's mask: there the
     cancellation happens inside the hub and is not observable on the wire.
     """
-    worst, checked, fallback, missing = 0.0, 0, [], 0
+    A, v = part.A, part.view.view
+    worst, checked, fallback, missing, not_combined = 0.0, 0, [], 0, 0
     for hub in range(A.shape[0]):
         senders = [int(m) for m in np.flatnonzero(A[:, hub]) if m != hub]
         if len(senders) == 1:
             fallback.append(hub)
         if len(senders) < 2:
             continue
-        for i in range(1, iters + 1):
+        for i in range(part.view.start, part.last + 1):
             try:
-                own = A[hub, hub] * truth.clear[(hub, i, step)]
-                on_wire = sum(A[m, hub] * seen.models[(m, hub, i, step)] for m in senders)
-                true = sum(A[m, hub] * truth.clear[(m, i, step)] for m in senders)
+                own = A[hub, hub] * truth.views[(v, hub, i, step)]
+                on_wire = sum(A[m, hub] * seen.views[(v, m, hub, i, step)] for m in senders)
+                true = sum(A[m, hub] * truth.views[(v, m, i, step)] for m in senders)
             except KeyError:
-                missing += 1
+                if i <= part.end:
+                    missing += 1
+                else:
+                    not_combined += 1
                 continue
             combined = own + true
             scale = max(float(np.linalg.norm(combined)), 1e-300)
             gap = float(np.linalg.norm(own + on_wire - combined)) / scale
             worst, checked = max(worst, gap), checked + 1
-    return {
+    report = {
         "max": worst,
         "hub_rounds_checked": checked,
         "hub_rounds_missing_messages": missing,
         "not_observable_fallback_hubs": fallback,
+    }
+    return report, not_combined
+
+
+def _merge(reports: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The cancellation reports of a session's views as one."""
+    done = list(reports)
+    return {
+        "max": max(r["max"] for r in done),
+        "hub_rounds_checked": sum(r["hub_rounds_checked"] for r in done),
+        "hub_rounds_missing_messages": sum(r["hub_rounds_missing_messages"] for r in done),
+        "not_observable_fallback_hubs": sorted(
+            {h for r in done for h in r["not_observable_fallback_hubs"]}
+        ),
     }
 
 
@@ -571,10 +873,16 @@ class Audit:
 
 
 def audit(
-    recording: Recording, telemetry: list[np.ndarray] | None, source: str, attack: bool = False
+    recording: Recording,
+    telemetry: list[np.ndarray] | None,
+    source: str,
+    attack: bool = False,
+    membership: Sequence[View] | None = None,
 ) -> Audit:
     """Audit every session found on the wire of a recorded run; with `attack`, also try to
-    reconstruct every agent's trajectory and local minimizer from it (orchestrator.attack)."""
+    reconstruct every agent's trajectory and local minimizer from it (orchestrator.attack).
+    `membership`: the run's views (membership.json), which the replay plays as the
+    conductor's script, session by session."""
     c = recording.config
     problem = Problem.build(c)
     planned = session_list(c)
@@ -585,10 +893,14 @@ def audit(
         raise AuditError(f"{len(found)} sessions on the wire, the config plans {len(planned)}")
     sessions, plotted, attempts = [], {}, []
     b = c.sigma_g / math.sqrt(2)
+    changed = False
     for s, ((strategy, scheme, repeat), seen) in enumerate(zip(planned, found, strict=False)):
-        truth = replay(problem, strategy, scheme, repeat)
+        views = session_views(membership, s, seen, c.agents)
+        changed |= views is not None
+        reach = _reach(seen) if views is not None else None
+        truth = replay(problem, strategy, scheme, repeat, views=views, reach=reach)
         told = telemetry[s] if telemetry is not None and s < len(telemetry) else None
-        result, noise = audit_session(problem, strategy, scheme, repeat, seen, truth, told)
+        result, noise = audit_session(problem, strategy, scheme, repeat, seen, truth, told, views)
         sessions.append(result)
         if attack:
             from orchestrator.attack import attack_session
@@ -606,6 +918,13 @@ def audit(
         "ground_truth": (
             "memory-engine replay of the same config (same cores and seed), validated against "
             f"the run's sealed telemetry to {TRUTH_TOL}"
+            + (
+                "; sessions whose membership changed replay the run's views (membership.json)"
+                " as the conductor's script, each view's frames against that view's clear "
+                "values and weights"
+                if changed
+                else ""
+            )
         ),
         "sigma_g": c.sigma_g,
         "sessions": sessions,
@@ -632,7 +951,9 @@ def audit_table(report: dict[str, Any]) -> Table:
         leak = s["plaintext_messages"] and s["scheme"] != "none"
         seen, expected = s["model_messages"], s["expected_model_messages"]
         table.add_row(
-            f"{s['strategy']}/{s['scheme']}" + (f" r{s['repeat']}" if s["repeat"] else ""),
+            f"{s['strategy']}/{s['scheme']}"
+            + (f" r{s['repeat']}" if s["repeat"] else "")
+            + (f" ({len(s['views'])} views)" if "views" in s else ""),
             f"{seen}" if seen == expected else f"[red]{seen}/{expected}",
             f"[red]{s['plaintext_messages']}" if leak else str(s["plaintext_messages"]),
             _fmt(s["masking_strength"]["min"]),
@@ -647,6 +968,22 @@ def audit_table(report: dict[str, Any]) -> Table:
         "cancel: max local-ghp residual at a hub"
     )
     return table
+
+
+def _redo_line(s: dict[str, Any]) -> str:
+    """A session with membership changes: its views and what redone rounds re-released."""
+    redo = s["redo"]
+    changes = ", ".join(
+        f"view {r['view']} from round {r['from_round']} ({r['rounds_begun_before']} begun before)"
+        for r in redo["rounds_redone"]
+    )
+    again = {a: t["same_value"] for a, t in redo["re_releases"].items() if t["same_value"]}
+    fresh = sum(t["fresh_masks"] for t in redo["re_releases"].values())
+    return (
+        f"{s['strategy']}/{s['scheme']}: {len(s['views'])} views ({changes}), each audited "
+        f"with its own weights; same values re-released by redone rounds, per agent: {again}"
+        f" ({fresh} frames sent again under a fresh mask)"
+    )
 
 
 def _fmt(value: float | None) -> str:
@@ -684,7 +1021,7 @@ def inspect(
         port = port or BrokerAddress.parse(recording.broker).port
         recording.records = read_pcap(pcap, port)
         source = f"pcap {pcap.name}, port {port}"
-    result = audit(recording, load_telemetry(run_dir), source, attack)
+    result = audit(recording, load_telemetry(run_dir), source, attack, load_membership(run_dir))
     stem = "audit" if pcap is None else "audit-pcap"
     (run_dir / f"{stem}.json").write_text(json.dumps(result.report, indent=2) + "\n")
     plot_noise(result.noise, run_dir / f"{stem}.png")
@@ -720,6 +1057,9 @@ def show_audit(
                 f"[yellow]{s['strategy']}/{s['scheme']}: {s['model_messages']} of "
                 f"{s['expected_model_messages']} models recorded; the rest was not audited"
             )
+    for s in report["sessions"]:
+        if "redo" in s:
+            err.print(_redo_line(s))
     gaps = [
         s["truth_vs_telemetry"] for s in report["sessions"] if s["truth_vs_telemetry"] is not None
     ]
