@@ -272,8 +272,10 @@ class Conductor:
                 out += self.lost(m, f"silent for {self.deadline:.0f} s", now)
             if self._stalled(now):
                 out += self._change(now, "stalled")
-            if self.stage is Stage.HOLDING and self._split_due is not None and (
-                now >= self._split_due
+            if (
+                self.stage is Stage.HOLDING
+                and self._split_due is not None
+                and (now >= self._split_due)
             ):
                 self._split_due = None
                 out += self._maybe_switch(now)  # nobody came back to join a split network
