@@ -27,12 +27,15 @@ def claim(directory: Path, memory: Path | None = None) -> AgentLaunch:
     read, then removed, so no replica started later can read another's secrets.
 
     The claim is kept in `memory` (0600, in the container's own filesystem): a container
-    its restart policy starts again finds it there and comes back as the same agent, to
-    rejoin the run."""
+    started again (`docker start`, or its restart policy) finds it there and comes back as
+    the same agent, to rejoin the run. Its checkpoints go beside it unless the launch names
+    a directory, so it comes back from its last checkpoint rather than its initial model."""
     memory = memory or claim_memory()
     if memory.exists():
         return replace(AgentLaunch.from_file(memory), rejoin=True)
     launch = _claim(directory)
+    if launch.checkpoints is None:
+        launch = replace(launch, checkpoints=str(memory.with_suffix(".checkpoints")))
     fd = os.open(memory, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(launch.to_json())

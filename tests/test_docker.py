@@ -18,16 +18,24 @@ import shutil
 import subprocess
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiomqtt
+import networkx as nx
 import numpy as np
 import pytest
 from conftest import capture_tools, need_docker, tcpdump
 
+from agent.spec import Scheme, Strategy
 from orchestrator.cli import main
+from orchestrator.engines.memory import Network
+from orchestrator.engines.watch import read_membership
+from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.problem import Problem
+from orchestrator.experiment.specs import session_list, session_plans
 from orchestrator.report import read_metrics
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(2400)]
@@ -258,3 +266,136 @@ def test_compose_bridge_capture_audits_like_the_live_tap(compose_run: ComposeRun
     captured = json.loads((run / "audit-pcap.json").read_text())["sessions"]
     keys = ("model_messages", "key_messages", "plaintext_messages", "expected_model_messages")
     assert [{k: s[k] for k in keys} for s in captured] == [{k: s[k] for k in keys} for s in live]
+
+
+# ---- an agent container killed mid-run and started again --------------------------------
+
+FAULT_AGENTS, FAULT_ITERS, FAULT_DEADLINE = 10, 800, 3  # the run lasts past the rejoin
+CHECKPOINT_EVERY = 25  # privnet run's default
+
+
+def _wait_for(what: str, ready: Callable[[], object], timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < end, f"no {what} within {timeout:.0f} s"
+        time.sleep(0.2)
+
+
+def _views(out: Path) -> list[dict[str, Any]]:
+    """membership.json as the orchestrator streams it (replaced whole, atomically)."""
+    path = out / "membership.json"
+    return list(json.loads(path.read_text())) if path.exists() else []
+
+
+def _rounds(out: Path) -> int:
+    """Rounds in metrics.csv, which the orchestrator streams as every member completes one."""
+    path = out / "metrics.csv"
+    return len(path.read_text().splitlines()) - 1 if path.exists() else 0
+
+
+def _victim(project: str, spare: set[int]) -> tuple[str, int]:
+    """A running agent container, and the agent it claimed (in its claim memory,
+    /tmp/privnet-claim-<host>.json), one of `spare`: whose loss leaves a connected graph."""
+    labels = [f"label=com.docker.compose.{k}" for k in (f"project={project}", "service=agent")]
+    ps = ["docker", "ps", "--quiet", "--filter", labels[0], "--filter", labels[1]]
+    read = """sed -n 's/.*"agent": \\([0-9]*\\).*/\\1/p' /tmp/privnet-claim-*.json"""
+    for container in subprocess.run(ps, capture_output=True, text=True, check=True).stdout.split():
+        exec_ = ["docker", "exec", container, "sh", "-c", read]
+        agent = int(subprocess.run(exec_, capture_output=True, text=True, check=True).stdout)
+        if agent in spare:
+            return container, agent
+    raise AssertionError(f"no agent container of {project} runs an agent of {sorted(spare)}")
+
+
+def test_compose_agent_killed_then_started_rejoins(tmp_path: Path) -> None:
+    """One agent container killed mid-run, then started again: the orchestrator leaves it
+    out after PRIVNET_DEADLINE s, it comes back with the claim it remembers and rejoins
+    from its checkpoint, and the run completes. `docker kill` and `docker start` of that
+    container (compose v1's `kill` and `start` take whole services). Detached: `up
+    --exit-code-from` would stop every container as soon as the killed one exits."""
+    need_docker()
+    compose = compose_command()
+    project = f"privnet-fault-{secrets.token_hex(4)}"
+    config = ExperimentConfig(
+        agents=FAULT_AGENTS,
+        iters=FAULT_ITERS,
+        strategies=(Strategy(STRATEGY),),
+        schemes=(Scheme(SCHEME),),
+        seed=SEED,
+    )
+    problem = Problem.build(config)
+    spare = set(range(FAULT_AGENTS)) - set(nx.articulation_points(problem.graph))
+    env = {
+        **os.environ,
+        "PRIVNET_AGENTS": str(FAULT_AGENTS),
+        "PRIVNET_ITERS": str(FAULT_ITERS),
+        "PRIVNET_SEED": str(SEED),
+        "PRIVNET_STRATEGY": STRATEGY,
+        "PRIVNET_SCHEME": SCHEME,
+        "PRIVNET_RUN": project,
+        "PRIVNET_RUNS": str(tmp_path),
+        "PRIVNET_DEADLINE": str(FAULT_DEADLINE),
+        "PRIVNET_IMAGE": f"privnet:{project}",  # this tree's code, whatever else builds
+    }
+    base = [*compose, "--project-name", project, "--file", str(ROOT / "docker-compose.yml")]
+    out = tmp_path / "compose"
+    try:
+        build = _run([*base, "build"], env, BUILD_TIMEOUT)
+        assert build.returncode == 0, f"image build failed:\n{build.stdout[-4000:]}"
+        t0 = time.perf_counter()
+        up = _run([*base, "up", "--detach"], env, 300)
+        assert up.returncode == 0, f"`up --detach` failed:\n{up.stdout[-4000:]}"
+        orchestrator = _run([*base, "ps", "--quiet", "orchestrator"], env, 60).stdout.strip()
+        _wait_for("checkpoint", lambda: _rounds(out) > 2 * CHECKPOINT_EVERY, 120)
+        container, victim = _victim(project, spare)
+        t_kill = time.perf_counter()
+        subprocess.run(["docker", "kill", container], capture_output=True, check=True)
+        _wait_for(f"view without agent {victim}", lambda: len(_views(out)) > 1, 60)
+        t_out = time.perf_counter()
+        subprocess.run(["docker", "start", container], capture_output=True, check=True)
+        _wait_for(f"view with agent {victim} back", lambda: len(_views(out)) > 2, 60)
+        t_back = time.perf_counter()
+        wait = ["docker", "wait", orchestrator]
+        code = subprocess.run(wait, capture_output=True, text=True, timeout=RUN_TIMEOUT).stdout
+        t_done = time.perf_counter()
+        codes = _agent_exit_codes(project)
+    finally:
+        log = _run([*base, "logs", "--no-color", "orchestrator"], env, 60).stdout
+        print("\n".join(line for line in log.splitlines() if "━" not in line))
+        _tear_down(base, env, project)
+        subprocess.run(["docker", "rmi", env["PRIVNET_IMAGE"]], capture_output=True, check=False)
+    print(
+        f"compose fault: up to the first round {t_kill - t0:.1f} s, kill -> left out "
+        f"{t_out - t_kill:.1f} s, start -> back {t_back - t_out:.1f} s, back -> done "
+        f"{t_done - t_back:.1f} s"
+    )
+    assert code.strip() == "0", f"the orchestrator exited {code.strip()}"
+    assert codes == [0] * FAULT_AGENTS, "every agent, the one killed too, exits 0 on Bye"
+    first, without, back, *more = _views(out)
+    assert not more, f"views the one fault does not explain: {more}"
+    assert without["reason"] == "lost"
+    assert without["left"] == {str(victim): f"silent for {FAULT_DEADLINE} s"}
+    assert victim not in without["members"]
+    assert back["reason"] == "returned"
+    assert back["members"] == first["members"] == list(range(FAULT_AGENTS))
+    assert without["start"] < back["start"] <= FAULT_ITERS
+    resumed = back["resume"][str(victim)]  # from its checkpoint in the container's /tmp
+    assert 0 < resumed < without["start"] and resumed % CHECKPOINT_EVERY == 0
+    membership = json.loads((out / "summary.json").read_text())["config"]["membership"]
+    assert membership["views"] == 3
+    left_out, came_back = membership["changes"]
+    assert f"out: {victim} (silent for {FAULT_DEADLINE} s)" in left_out
+    assert f"back: {victim} (from round {resumed})" in came_back
+    missed = membership["missed_rounds"][f"{STRATEGY}/{SCHEME}/0"][str(victim)]
+    assert missed >= back["start"] - without["start"]
+    assert f"lost: agent {victim}: silent for {FAULT_DEADLINE} s" in log
+    assert f"restarted: agent {victim}" in log
+    # Every model reported, the rejoiner's from its return on, is the memory engine's replay
+    # of membership.json (its last telemetry batch before the kill is lost with it).
+    script = read_membership(out / "membership.json")
+    (replayed,) = Network.build(session_plans(problem, session_list(config)), script=script).play()
+    real = np.load(out / "models.npz")[replayed.label]
+    have = ~np.isnan(real[..., 0])
+    assert have[back["start"] - 1 :].all() and np.delete(have, victim, axis=1).all()
+    gap = np.max(np.abs(real[have] - replayed.models[have])) / np.max(np.abs(real[have]))
+    assert gap < 1e-9
