@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,13 +34,17 @@ def claim(directory: Path, memory: Path | None = None) -> AgentLaunch:
     memory = memory or claim_memory()
     if memory.exists():
         return replace(AgentLaunch.from_file(memory), rejoin=True)
-    launch = _claim(directory)
-    if launch.checkpoints is None:
-        launch = replace(launch, checkpoints=str(memory.with_suffix(".checkpoints")))
-    fd = os.open(memory, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(launch.to_json())
-    return launch
+
+    def remember(launch: AgentLaunch) -> AgentLaunch:
+        """Before the launch file goes: a container killed in between still comes back."""
+        if launch.checkpoints is None:
+            launch = replace(launch, checkpoints=str(memory.with_suffix(".checkpoints")))
+        fd = os.open(memory, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(launch.to_json())
+        return launch
+
+    return _claim(directory, remember)
 
 
 def claim_memory() -> Path:
@@ -47,13 +52,13 @@ def claim_memory() -> Path:
     return Path(tempfile.gettempdir()) / f"privnet-claim-{socket.gethostname()}.json"
 
 
-def _claim(directory: Path) -> AgentLaunch:
+def _claim(directory: Path, remember: Callable[[AgentLaunch], AgentLaunch]) -> AgentLaunch:
     for path in sorted(directory.glob("agent-*.json"), key=lambda p: int(p.stem[6:])):
         try:
             os.close(os.open(path.with_suffix(".claimed"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             continue
-        launch = AgentLaunch.from_file(path)
+        launch = remember(AgentLaunch.from_file(path))
         path.unlink()
         return launch
     raise ValueError(f"no unclaimed agent-<id>.json launch file in {directory}")

@@ -511,23 +511,26 @@ async def pump(
     least that often.
     """
     clock = time.monotonic
+    last = clock()  # when the machine was last fed
     while not until():
         wake = machine.next_tick()
         waits = [w for w in (None if wake is None else wake - clock(), every) if w is not None]
         timeout = max(0.0, min(waits)) if waits else None
-        due = clock() + (timeout or 0.0)
         try:
             topic, payload, retained = await client.get(timeout)
         except TimeoutError:
             out = Output()
         else:
             out = machine.receive(topic, payload, clock(), retained)
-        if timeout is not None and clock() - due > PAUSED:
+        # Longer since the last feed than the wait allowed: this process was not running
+        # (stopped while waiting or while working), whatever it was doing.
+        if timeout is not None and clock() - last > timeout + PAUSED:
             out += await _backlog(client, machine)
         wake = machine.next_tick()
         if wake is not None and clock() >= wake:
             out += machine.tick(clock())
         await _apply(client, machine, out, on_output)
+        last = clock()
 
 
 async def _backlog(client: Connection, machine: Machine) -> Output:

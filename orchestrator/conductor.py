@@ -549,6 +549,7 @@ class Conductor:
         """Ask every member to stop at a round boundary; the next view follows (_switch)."""
         if self.stage not in IN_SESSION or self.script is not None:
             return Output()
+        still = self._moved[1] if self.stage is Stage.RUNNING else now  # stood since
         if reason == "stalled":
             self._stalls += 1
             if self._stalls > STALLS:
@@ -560,7 +561,6 @@ class Conductor:
             self._moved = (self._moved[0], now)
         self._reason = self._reason or reason
         if self.stage is not Stage.HOLDING:
-            still = self._moved[1] if self.stage is Stage.RUNNING else now
             self._pause = (min(still, now), 0)
             self.stage, self._held, self._since = Stage.HOLDING, {}, now
             self._split_due = now + self.deadline

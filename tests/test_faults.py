@@ -1,0 +1,86 @@
+"""Faults on a real network (`privnet run --faults`), each checked against the memory replay
+of the run's membership.json: a stalled agent excluded and readmitted, a broker restart
+redone under a new view, a crashed agent restarted from its checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from orchestrator.conductor import View
+from orchestrator.engines.memory import Network
+from orchestrator.engines.watch import read_membership
+from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.problem import Problem
+from orchestrator.experiment.specs import session_list, session_plans
+
+AGENTS, SEED = 10, 34
+
+
+def run(out: Path, iters: int, *flags: str) -> tuple[list[View], dict]:
+    """`privnet run` on mosquitto, ATC local-ghp, deadline 3 s; its views and membership."""
+    command = [sys.executable, "-m", "orchestrator.cli", "run", "--broker", "mosquitto"]
+    command += ["--agents", str(AGENTS), "--iters", str(iters), "--seed", str(SEED)]
+    command += ["--deadline", "3", "--out", str(out), *flags]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=180, env={**os.environ, "COLUMNS": "300"}
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())["config"]
+    return read_membership(out / "membership.json"), summary
+
+
+def assert_replayed(out: Path, iters: int, views: list[View]) -> None:
+    """The run's models, where it has them, equal the memory replay of its views."""
+    config = ExperimentConfig(
+        agents=AGENTS, iters=iters, strategies=("atc",), schemes=("local-ghp",), seed=SEED
+    )
+    problem = Problem.build(config)
+    plans = session_plans(problem, session_list(config))
+    (replay,) = Network.build(plans, script=views).play()
+    real = np.load(out / "models.npz")[replay.label]
+    have = ~np.isnan(real[..., 0])
+    assert not (have & np.isnan(replay.models[..., 0])).any()
+    gap = np.max(np.abs(real[have] - replay.models[have])) / np.max(np.abs(real[have]))
+    assert gap < 1e-9
+
+
+def test_a_stopped_agent_is_excluded_then_readmitted(tmp_path: Path) -> None:
+    """SIGSTOP agent 6 for 3x the deadline: left out (silent), back when it wakes."""
+    views, summary = run(tmp_path, 1500, "--faults", "stop:6@60+9s")
+    assert [v.reason for v in views] == ["start", "lost", "returned"], views
+    assert views[1].left == {6: "silent for 3 s"}
+    back = views[2].resume[6]
+    assert 0 < back < views[1].start and 6 in views[2].members
+    assert summary["membership"]["missed_rounds"]["atc/local-ghp/0"]["6"] > 0
+    assert_replayed(tmp_path, 1500, views)
+
+
+def test_a_broker_restart_is_redone_under_a_new_view(tmp_path: Path) -> None:
+    """kill -9 the broker mid-run and start it again: everyone reconnects, the round in
+    flight stalls, and a view with the same members redoes it; no round is missed."""
+    views, summary = run(tmp_path, 600, "--faults", "broker@100")
+    assert [v.reason for v in views] == ["start", "stalled"], views
+    assert views[1].members == views[0].members
+    assert summary["broker_outages"]["reconnects"] == 1
+    assert summary["membership"]["missed_rounds"] == {}
+    (pause,) = summary["membership"]["pauses"]
+    assert pause["seconds_lost"] >= 3.0  # the stall deadline
+    assert_replayed(tmp_path, 600, views)
+
+
+def test_a_crashed_agent_restarts_from_its_checkpoint(tmp_path: Path) -> None:
+    """kill -9 agent 3 with --restart on-failure: started again, it rejoins from its
+    checkpoint (or, when a view change comes first, as soon as it is back)."""
+    flags = ("--faults", "kill:3@80", "--restart", "on-failure", "--checkpoint-every", "20")
+    views, summary = run(tmp_path, 800, *flags)
+    assert summary["membership"]["restarts"] == {"3": 1}
+    assert all(3 in v.members or 3 in v.left for v in views)
+    back = [v for v in views[1:] if 3 in v.members]
+    assert back and back[-1].resume[3] % 20 == 0 and back[-1].resume[3] > 0
+    assert_replayed(tmp_path, 800, views)
