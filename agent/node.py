@@ -398,7 +398,7 @@ class AgentNode:
                     self.phase = Phase.HELD
                 return Output([self._progress(now)])
             case control.Excluded(agent=agent, session=n, view=v) if (
-                agent == self.me and self._holds(n, v)
+                agent == self.me and self._holds(n, v) and not self._is(Phase.EXCLUDED)
             ):
                 self.phase = Phase.EXCLUDED
                 return Output([self._rejoin()], [Event("excluded", f"view {v}")])

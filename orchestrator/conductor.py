@@ -482,8 +482,15 @@ class Conductor:
         )
 
     def _progress(self, msg: control.Progress, now: float) -> Output:
-        if msg.agent not in self.members or msg.view != self._view_number:
-            return Output()  # a late heartbeat of an earlier view, or of one left out
+        agent = msg.agent
+        if (
+            agent not in self.members
+            and agent not in self._joining
+            and msg.view < (self._view_number)
+        ):  # left out, and still at it: its Excluded was lost (a broker restart, say)
+            return Output([self._down(agent, control.Excluded(agent, self.session, msg.view + 1))])
+        if agent not in self.members or msg.view != self._view_number:
+            return Output()  # a late heartbeat of an earlier view
         self._completed[msg.agent] = msg.round
         slowest = self.rounds_done
         if slowest > self._moved[0]:

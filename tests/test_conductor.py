@@ -837,9 +837,10 @@ def test_an_excluded_agent_that_comes_back_rejoins_at_a_later_view() -> None:
     assert [v.reason for v in c.membership] == ["start", "lost"] and c.stage is Stage.RUNNING
     excluded_at = c.membership[1].start
     h.resume(VICTIM)
-    (excluded,) = [m for _, m in h.decoded if isinstance(m, control.Excluded)]
+    # told once, and again if a heartbeat of its old view crossed the first
+    excluded = {m for _, m in h.decoded if isinstance(m, control.Excluded)}
     (rejoin,) = [m for _, m in h.decoded if isinstance(m, control.Rejoin)]
-    assert excluded == control.Excluded(VICTIM, 0, 1) and rejoin.session == 0
+    assert excluded == {control.Excluded(VICTIM, 0, 1)} and rejoin.session == 0
     back = c.membership[2]
     assert (back.view, back.reason, back.members, back.start) == (2, "returned", EVERYONE, 6)
     # it ran on past its exclusion (the frames that waited for it): that branch is void
@@ -854,6 +855,35 @@ def test_an_excluded_agent_that_comes_back_rejoins_at_a_later_view() -> None:
     assert_replay_matches(h, [result])
     # the held frames of view 1, its view-0 telemetry past view 1's start, Hold again
     assert set(h.rejected()) <= {"stale-view", "out-of-phase"}
+    h.assert_all_counted()
+
+
+def is_excluded(topic: str, payload: bytes) -> bool:
+    control_frame = topics.parse_peer_topic(topic) is None
+    return control_frame and isinstance(wire.decode_signed(payload).msg, control.Excluded)
+
+
+def test_an_excluded_agent_that_missed_its_excluded_is_told_again() -> None:
+    """Agent 3's Excluded is lost while it is stopped (a broker restart drops it): when it
+    continues, its heartbeats name an old view, the conductor tells it again, and it
+    rejoins as if the first had arrived."""
+    h = Harness.build(rounds=LONG)
+    h.when(at_round(h, VICTIM, 2), lambda: h.stop(VICTIM))
+    pause_from(h, 1, 6)
+    h.start()
+    h.advance(30.0)
+    c = h.conductor
+    assert [v.reason for v in c.membership] == ["start", "lost"]
+    waiting = h.stopped[f"agent-{VICTIM}"]
+    kept = [(t, p) for t, p in waiting if not is_excluded(t, p)]
+    assert len(kept) < len(waiting)  # the Excluded is gone
+    waiting[:] = kept
+    h.resume(VICTIM)
+    h.advance(c.deadline / 3 + 1.0)  # a heartbeat of view 0
+    assert [v.reason for v in c.membership] == ["start", "lost", "returned"]
+    h.release()
+    (result,) = h.finish()
+    assert_replay_matches(h, [result])
     h.assert_all_counted()
 
 
