@@ -824,15 +824,21 @@ def pause_from(h: Harness, view: int, round_: int) -> None:
     h.hold = selected
 
 
-def test_an_excluded_agent_that_comes_back_rejoins_at_a_later_view() -> None:
-    """Agent 3 stops, is excluded (view 1); the survivors are paused in round 6; agent 3
-    continues: it reads its Excluded, asks back in (Rejoin) and is a member of view 2 from
-    the last round before its exclusion whose model it holds. The replay agrees."""
+def excluded_while_stopped() -> Harness:
+    """Agent 3 stopped in round 2 and left out for its silence; the others paused in round 6."""
     h = Harness.build(rounds=LONG)
     h.when(at_round(h, VICTIM, 2), lambda: h.stop(VICTIM))
     pause_from(h, 1, 6)
     h.start()
     h.advance(30.0)
+    return h
+
+
+def test_an_excluded_agent_that_comes_back_rejoins_at_a_later_view() -> None:
+    """Agent 3 stops, is excluded (view 1); the survivors are paused in round 6; agent 3
+    continues: it reads its Excluded, asks back in (Rejoin) and is a member of view 2 from
+    the last round before its exclusion whose model it holds. The replay agrees."""
+    h = excluded_while_stopped()
     c = h.conductor
     assert [v.reason for v in c.membership] == ["start", "lost"] and c.stage is Stage.RUNNING
     excluded_at = c.membership[1].start
@@ -867,11 +873,7 @@ def test_an_excluded_agent_that_missed_its_excluded_is_told_again() -> None:
     """Agent 3's Excluded is lost while it is stopped (a broker restart drops it): when it
     continues, its heartbeats name an old view, the conductor tells it again, and it
     rejoins as if the first had arrived."""
-    h = Harness.build(rounds=LONG)
-    h.when(at_round(h, VICTIM, 2), lambda: h.stop(VICTIM))
-    pause_from(h, 1, 6)
-    h.start()
-    h.advance(30.0)
+    h = excluded_while_stopped()
     c = h.conductor
     assert [v.reason for v in c.membership] == ["start", "lost"]
     waiting = h.stopped[f"agent-{VICTIM}"]
