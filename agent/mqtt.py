@@ -486,6 +486,7 @@ class Machine(Protocol):
     def tick(self, now: float) -> Output: ...
     def next_tick(self) -> float | None: ...
     def unsubscribed(self, topic: str, now: float) -> Output: ...
+    def reconnected(self, now: float) -> Output: ...
 
 
 PROBE = b"privnet/probe\0"  # never a frame: frames are msgpack arrays
@@ -512,6 +513,7 @@ async def pump(
     """
     clock = time.monotonic
     last = clock()  # when the machine was last fed
+    reconnects = client.outages.reconnects
     while not until():
         wake = machine.next_tick()
         waits = [w for w in (None if wake is None else wake - clock(), every) if w is not None]
@@ -526,6 +528,9 @@ async def pump(
         # (stopped while waiting or while working), whatever it was doing.
         if timeout is not None and clock() - last > timeout + PAUSED:
             out += await _backlog(client, machine)
+        if client.outages.reconnects != reconnects:  # deaf meanwhile: silence proves nothing
+            reconnects = client.outages.reconnects
+            out += machine.reconnected(clock())
         wake = machine.next_tick()
         if wake is not None and clock() >= wake:
             out += machine.tick(clock())

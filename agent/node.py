@@ -358,6 +358,12 @@ class AgentNode:
         left = control.Left(self.me, dict(rejected))
         return Output([self._up(topics.ctl_up(self.run, self.me), left)], [Event("left")])
 
+    def reconnected(self, now: float) -> Output:
+        """The broker connection was lost and is back: what the orchestrator said meanwhile
+        never reached us, so its silence deadline starts again now."""
+        self._orchestrator_at = max(self._orchestrator_at, now)
+        return Output()
+
     def fail(self, reason: str) -> Output:
         """The shell gives up (lost broker, signal): tell the orchestrator why, if we can."""
         return self._fail(reason)

@@ -338,6 +338,14 @@ class Conductor:
         out = Output(events=[Event("lost", f"agent {agent}: {reason}")])
         return out + self._change(now, "lost")
 
+    def reconnected(self, now: float) -> Output:
+        """The broker connection was lost and is back: the agents' heartbeats meanwhile
+        never reached us, so every silence and stall deadline starts again now."""
+        for m in self._heard:
+            self._heard[m] = max(self._heard[m], now)
+        self._moved = (self._moved[0], max(self._moved[1], now))
+        return Output()
+
     def bye(self) -> Output:
         """Dismiss the agents once the caller has what it needs."""
         if self.stage is not Stage.DONE:

@@ -51,14 +51,15 @@ def assert_replayed(out: Path, iters: int, views: list[View]) -> None:
 
 
 def test_a_stopped_agent_is_excluded_then_readmitted(tmp_path: Path) -> None:
-    """SIGSTOP agent 6 for 3x the deadline: left out (silent), back when it wakes."""
-    views, summary = run(tmp_path, 1500, "--faults", "stop:6@60+9s")
+    """SIGSTOP agent 6 for 3x the deadline: left out (silent), back when it wakes (4000
+    rounds: the run outlasts the stop however fast the machine)."""
+    views, summary = run(tmp_path, 4000, "--faults", "stop:6@60+9s")
     assert [v.reason for v in views] == ["start", "lost", "returned"], views
     assert views[1].left == {6: "silent for 3 s"}
     back = views[2].resume[6]
     assert 0 < back < views[1].start and 6 in views[2].members
     assert summary["membership"]["missed_rounds"]["atc/local-ghp/0"]["6"] > 0
-    assert_replayed(tmp_path, 1500, views)
+    assert_replayed(tmp_path, 4000, views)
 
 
 def test_a_broker_restart_is_redone_under_a_new_view(tmp_path: Path) -> None:

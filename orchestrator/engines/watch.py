@@ -64,6 +64,9 @@ class Watch:
     def unsubscribed(self, topic: str, now: float) -> Output:
         return self.conductor.unsubscribed(topic, now)
 
+    def reconnected(self, now: float) -> Output:
+        return self.conductor.reconnected(now)
+
     def next_tick(self) -> float | None:
         times = [self.conductor.next_tick()]
         if self.conductor.stage in (*IN_SESSION, Stage.REGISTERING):
