@@ -100,6 +100,7 @@ class AgentCore:
         self._shared_sent: set[int] = set()
         self._partner_keys: dict[tuple[int, int, int, int], bytes] = {}  # (epoch, hub, step, m)
         self._secrets: dict[tuple[int, int, bytes], bytes] = {}  # (epoch, m, public) -> secret
+        self._streams: dict[tuple[int, int, int, int], keys.PairStream] = {}  # like partner keys
         self._relayed: set[tuple[int, int, int, int]] = set()  # (owner, partner, step, epoch)
 
     # ---- public API -------------------------------------------------------------------
@@ -402,23 +403,19 @@ class AgentCore:
     def _masks(self, plan: StepPlan) -> dict[int, np.ndarray]:
         """Per hub where I sit: sum over my partners of side * g_pair / a_(me,hub), which
         cancels at the hub. My own term at a hub with 2+ other neighbours has no seat, no mask.
+
+        Each pair's masks come from one keys.PairStream per key epoch, read a round at a time
+        (see there why that is as safe as a fresh key per round); all of the step's pairs
+        are mapped to Laplace in one go.
         """
-        epoch, step = self._epoch(self.round), plan.step
+        epoch, step, round_ = self._epoch(self.round), plan.step, self.round
         seats = [
             (hub, seat)
             for hub in plan.weights_out
             if (seat := self._seats.get((hub, step))) is not None
         ]
         streams = b"".join(
-            keys.pair_stream(
-                self._secret(epoch, m, self._partner_keys[(epoch, hub, step, m)]),
-                self.spec.session,
-                hub,
-                (self.me, m),
-                self.round,
-                step,
-                self.spec.dim,
-            )
+            self._stream(epoch, hub, step, m).read(round_)
             for hub, seat in seats
             for m in seat.partners
         )
@@ -429,6 +426,19 @@ class AgentCore:
             masks[hub] = seat.side * rows.sum(axis=0) / plan.weights_out[hub]
             row += len(seat.partners)
         return masks
+
+    def _stream(self, epoch: int, hub: int, step: int, partner: int) -> keys.PairStream:
+        slot = (epoch, hub, step, partner)
+        stream = self._streams.get(slot)
+        if stream is None:
+            public = self._partner_keys[slot]
+            secret = self._secret(epoch, partner, public)
+            pair = (self.me, partner)
+            stream = keys.PairStream(
+                secret, self.spec.session, hub, pair, step, epoch, self.spec.dim
+            )
+            self._streams[slot] = stream
+        return stream
 
     def _secret(self, epoch: int, partner: int, public: bytes) -> bytes:
         slot = (epoch, partner, public)
@@ -444,6 +454,7 @@ class AgentCore:
         self._ephemeral.pop(finished_round, None)
         self._partner_keys = {s: v for s, v in self._partner_keys.items() if s[0] != finished_round}
         self._secrets = {s: v for s, v in self._secrets.items() if s[0] != finished_round}
+        self._streams = {s: v for s, v in self._streams.items() if s[0] != finished_round}
         self._relayed = {r for r in self._relayed if r[3] > finished_round}
 
     # ---- checks ------------------------------------------------------------------------
