@@ -307,11 +307,13 @@ class PairStream:
         self._at = -1  # byte offset the open encryptor reads next
         self._left = 0  # bytes it may read before the next 2^32-block boundary
 
-    def read(self, round_: int) -> bytes:
-        """The 8 * dim keystream bytes of round `round_`."""
-        if not 0 <= round_ < 2**64:
-            raise ValueError(f"round must be a non-negative integer < 2**64, got {round_}")
-        start, n = round_ * self._width, self._width
+    def read(self, round_: int, rounds: int = 1) -> bytes:
+        """The 8 * dim keystream bytes of round `round_` (of `rounds` rounds from it on)."""
+        if not (round_ >= 0 and rounds >= 1 and round_ + rounds <= 2**64):
+            raise ValueError(
+                f"rounds {round_} .. {round_} + {rounds} - 1 must be non-negative and < 2**64"
+            )
+        start, n = round_ * self._width, rounds * self._width
         encryptor = self._encryptor
         if encryptor is None or start != self._at:
             encryptor = self._seek(start)
@@ -347,6 +349,62 @@ def stream_laplace(streams: bytes, dim: int, sigma_g: float) -> np.ndarray:
         raise ValueError(f"sigma_g must be >= 0, got {sigma_g}")
     raw = np.frombuffer(streams, dtype="<u8").reshape(-1, dim)
     return rng.laplace(rng.uniforms(raw), sigma_g)
+
+
+class MaskBank:
+    """Fixed linear combinations of pair masks, round by round: row h of round i is
+    sum_p coeffs[h, p] * g_p,i, with g_p,i the Laplace mask of round i from `streams[p]`.
+
+    The core's masks at a step are such combinations (side / a_(me,hub) over the pairs it
+    sits in at each hub), the same every round of an epoch, so the bank reads `ahead`
+    rounds of every stream at once and maps and combines them in a few numpy operations:
+    a round then costs an index, not a cipher call and a dozen small numpy calls per pair.
+
+    Reading ahead changes nothing the `PairStream` argument rests on: round i still takes
+    exactly its own bytes of each stream. The rounds read ahead are never past `last`, the
+    epoch's last round (so with every-round re-keying a bank serves its one round), and
+    they are derived from the very keys the process holds until then anyway. The buffer
+    is bounded: `ahead` shrinks so that it holds at most BUDGET keystream bytes.
+    """
+
+    BUDGET = 1 << 16  # keystream bytes read ahead, at most (at least one round)
+
+    __slots__ = ("_ahead", "_buffer", "_coeffs", "_dim", "_first", "_sigma_g", "_streams")
+
+    def __init__(
+        self,
+        streams: list[PairStream],
+        coeffs: np.ndarray,
+        dim: int,
+        sigma_g: float,
+        ahead: int = 64,
+    ) -> None:
+        if coeffs.ndim != 2 or coeffs.shape[1] != len(streams) or not streams:
+            raise ValueError(
+                f"coeffs of shape {coeffs.shape} for {len(streams)} streams: expected "
+                "(rows, streams), with at least one stream"
+            )
+        if ahead < 1:
+            raise ValueError(f"ahead must be >= 1, got {ahead}")
+        self._streams, self._coeffs = streams, np.array(coeffs, dtype=np.float64)
+        self._dim, self._sigma_g = dim, sigma_g
+        self._ahead = max(1, min(ahead, self.BUDGET // (8 * dim * len(streams))))
+        self._first = -1
+        self._buffer = np.empty((0, len(coeffs), dim))
+
+    def at(self, round_: int, last: int) -> np.ndarray:
+        """Shape (rows, dim): the combinations of round `round_`; `last` (>= round_) is the
+        last round these streams may serve (the epoch's)."""
+        if not 0 <= round_ - self._first < len(self._buffer):
+            if last < round_:
+                raise ValueError(f"round {round_} is past the epoch's last round {last}")
+            n = min(self._ahead, last - round_ + 1)
+            raw = b"".join(s.read(round_, n) for s in self._streams)
+            noise = stream_laplace(raw, self._dim, self._sigma_g)
+            by_round = noise.reshape(len(self._streams), n, self._dim).transpose(1, 0, 2)
+            self._buffer, self._first = self._coeffs @ by_round, round_
+        combined: np.ndarray = self._buffer[round_ - self._first]
+        return combined
 
 
 def pair_noise(

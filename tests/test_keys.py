@@ -200,6 +200,7 @@ def test_rounds_read_in_order_are_consecutive_disjoint_slices_of_one_keystream(d
     assert in_order == whole
     for r in (7, 3, 3, 19, 0, 12, 13):  # seeks, repeats and in-order reads, mixed
         assert stream.read(r) == whole[8 * dim * r : 8 * dim * (r + 1)]
+    assert stream.read(5, 9) == whole[8 * dim * 5 : 8 * dim * 14]  # several rounds at once
 
 
 @pytest.mark.parametrize("dim", [1, 5])
@@ -238,6 +239,51 @@ def test_batched_masks_equal_masks_derived_one_at_a_time(
     for row, p in zip(batch, pairs, strict=True):
         mask = pair_noise(secret, SESSION, 9, p, 4, 1, dim, SIGMA_G, epoch=2)
         np.testing.assert_array_equal(row, mask)
+
+
+def _bank_case(
+    dim: int, ahead: int
+) -> tuple[list[tuple[int, int, int]], np.ndarray, keys.MaskBank]:
+    """Five pairs at three hubs, combined as the core combines them (side / weight)."""
+    secret = hashlib.sha256(b"bank").digest()
+    pairs = [(4, 1, 2), (4, 1, 3), (6, 1, 2), (6, 1, 5), (8, 1, 9)]  # (hub, me, partner)
+    coeffs = np.zeros((3, len(pairs)))
+    for col, (hub, _, _) in enumerate(pairs):
+        coeffs[[4, 6, 8].index(hub), col] = (-1) ** col / (0.1 + hub / 10)
+    streams = [keys.PairStream(secret, SESSION, h, (a, b), 2, 0, dim) for h, a, b in pairs]
+    return pairs, coeffs, keys.MaskBank(streams, coeffs, dim, SIGMA_G, ahead=ahead)
+
+
+@pytest.mark.parametrize(("dim", "ahead"), [(1, 1), (2, 3), (3, 64)])
+def test_mask_bank_combines_the_masks_each_pair_derives_alone(dim, ahead):
+    """Round by round across refills, and out of order: row h of round i is
+    sum_p coeffs[h, p] * pair_noise(p, i)."""
+    secret = hashlib.sha256(b"bank").digest()
+    pairs, coeffs, bank = _bank_case(dim, ahead)
+    last = 10
+    for r in [*range(1, last + 1), 4, 9, 2, 10]:
+        masks = np.stack(
+            [
+                pair_noise(secret, SESSION, h, (a, b), r, 2, dim, SIGMA_G, epoch=0)
+                for h, a, b in pairs
+            ]
+        )
+        np.testing.assert_allclose(bank.at(r, last), coeffs @ masks, rtol=1e-13, atol=0)
+
+
+def test_mask_bank_reads_nothing_past_the_epochs_last_round():
+    """With every-round re-keying the last round is the round itself: one round, no more."""
+    _, _, bank = _bank_case(dim=2, ahead=64)
+    bank.at(5, last=5)
+    with pytest.raises(ValueError, match="past the epoch's last round"):
+        bank.at(6, last=5)
+
+
+def test_mask_bank_reads_ahead_at_most_its_budget():
+    _, _, small = _bank_case(dim=2, ahead=1000)
+    _, _, large = _bank_case(dim=10_000, ahead=1000)
+    assert small._ahead == keys.MaskBank.BUDGET // (8 * 2 * 5)
+    assert large._ahead == 1
 
 
 def _check_laplace(samples: np.ndarray, sigma_g: float) -> None:
