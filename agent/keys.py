@@ -279,7 +279,8 @@ class PairStream:
     Speed: the core keeps one stream per (epoch, hub, step, partner) and reads rounds in
     order, so a round costs one `update` of 8 * dim bytes, not an HKDF and a cipher setup.
     Reading any other round seeks (a new encryptor at that block), with the same bytes.
-    Only the 32-byte secret's derivative K is kept; nothing is read ahead.
+    A stream keeps K and its encryptor, and reads only what it is asked for (`MaskBank`
+    asks for several rounds at once).
     """
 
     __slots__ = ("_at", "_encryptor", "_key", "_left", "_width")
@@ -379,16 +380,16 @@ class MaskBank:
         sigma_g: float,
         ahead: int = 64,
     ) -> None:
-        if coeffs.ndim != 2 or coeffs.shape[1] != len(streams) or not streams:
+        if coeffs.ndim != 2 or coeffs.shape[1] != len(streams):
             raise ValueError(
                 f"coeffs of shape {coeffs.shape} for {len(streams)} streams: expected "
-                "(rows, streams), with at least one stream"
+                "(rows, streams)"
             )
         if ahead < 1:
             raise ValueError(f"ahead must be >= 1, got {ahead}")
         self._streams, self._coeffs = streams, np.array(coeffs, dtype=np.float64)
         self._dim, self._sigma_g = dim, sigma_g
-        self._ahead = max(1, min(ahead, self.BUDGET // (8 * dim * len(streams))))
+        self._ahead = max(1, min(ahead, self.BUDGET // (8 * dim * max(1, len(streams)))))
         self._first = -1
         self._buffer = np.empty((0, len(coeffs), dim))
 

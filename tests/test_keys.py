@@ -279,6 +279,12 @@ def test_mask_bank_reads_nothing_past_the_epochs_last_round():
         bank.at(6, last=5)
 
 
+def test_a_mask_bank_without_pairs_combines_nothing():
+    """An agent that sits at no hub (all its out-neighbours are itself): no masks."""
+    bank = keys.MaskBank([], np.zeros((0, 0)), 3, SIGMA_G)
+    assert bank.at(1, last=10).shape == (0, 3)
+
+
 def test_mask_bank_reads_ahead_at_most_its_budget():
     _, _, small = _bank_case(dim=2, ahead=1000)
     _, _, large = _bank_case(dim=10_000, ahead=1000)
