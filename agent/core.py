@@ -398,6 +398,8 @@ class AgentCore:
         return missing
 
     def _keys_ready(self, plan: StepPlan) -> bool:
+        if (self._epoch(self.round), plan.step) in self._banks:
+            return True  # built from this epoch's keys, which stay until the epoch ends
         return not self._missing_keys(plan)
 
     def _masks(self, plan: StepPlan) -> dict[int, np.ndarray]:
