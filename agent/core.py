@@ -100,6 +100,7 @@ class AgentCore:
         self._shared_sent: set[int] = set()
         self._partner_keys: dict[tuple[int, int, int, int], bytes] = {}  # (epoch, hub, step, m)
         self._secrets: dict[tuple[int, int, bytes], bytes] = {}  # (epoch, m, public) -> secret
+        self._banks: dict[tuple[int, int], tuple[list[int], keys.MaskBank]] = {}  # (epoch, step)
         self._relayed: set[tuple[int, int, int, int]] = set()  # (owner, partner, step, epoch)
 
     # ---- public API -------------------------------------------------------------------
@@ -397,38 +398,54 @@ class AgentCore:
         return missing
 
     def _keys_ready(self, plan: StepPlan) -> bool:
+        if (self._epoch(self.round), plan.step) in self._banks:
+            return True  # built from this epoch's keys, which stay until the epoch ends
         return not self._missing_keys(plan)
 
     def _masks(self, plan: StepPlan) -> dict[int, np.ndarray]:
         """Per hub where I sit: sum over my partners of side * g_pair / a_(me,hub), which
         cancels at the hub. My own term at a hub with 2+ other neighbours has no seat, no mask.
+
+        The pairs' masks come from one keys.PairStream per (pair, hub, step, epoch), read a
+        round at a time (see there why that is as safe as a fresh key per round), through a
+        keys.MaskBank that maps and combines them for several rounds of the epoch at once.
         """
         epoch, step = self._epoch(self.round), plan.step
+        bank = self._banks.get((epoch, step))
+        if bank is None:
+            bank = self._banks[(epoch, step)] = self._bank(epoch, plan)
+        hubs, masks = bank
+        last = self.round if self.spec.rekey is Rekey.EVERY_ROUND else self.until
+        return dict(zip(hubs, masks.at(self.round, last), strict=True))
+
+    def _bank(self, epoch: int, plan: StepPlan) -> tuple[list[int], keys.MaskBank]:
+        """The hubs where I sit at this step, and the bank of their masks for this epoch."""
+        step = plan.step
         seats = [
             (hub, seat)
             for hub in plan.weights_out
             if (seat := self._seats.get((hub, step))) is not None
         ]
-        streams = b"".join(
-            keys.pair_stream(
+        pairs = [(hub, m) for hub, seat in seats for m in seat.partners]
+        streams = [
+            keys.PairStream(
                 self._secret(epoch, m, self._partner_keys[(epoch, hub, step, m)]),
                 self.spec.session,
                 hub,
                 (self.me, m),
-                self.round,
                 step,
+                epoch,
                 self.spec.dim,
             )
-            for hub, seat in seats
-            for m in seat.partners
-        )
-        noise = keys.stream_laplace(streams, self.spec.dim, self.spec.sigma_g)
-        masks, row = {}, 0
-        for hub, seat in seats:
-            rows = noise[row : row + len(seat.partners)]
-            masks[hub] = seat.side * rows.sum(axis=0) / plan.weights_out[hub]
-            row += len(seat.partners)
-        return masks
+            for hub, m in pairs
+        ]
+        coeffs = np.zeros((len(seats), len(pairs)))
+        for row, (hub, seat) in enumerate(seats):
+            for col, (at, _) in enumerate(pairs):
+                if at == hub:
+                    coeffs[row, col] = seat.side / plan.weights_out[hub]
+        bank = keys.MaskBank(streams, coeffs, self.spec.dim, self.spec.sigma_g)
+        return [hub for hub, _ in seats], bank
 
     def _secret(self, epoch: int, partner: int, public: bytes) -> bytes:
         slot = (epoch, partner, public)
@@ -444,6 +461,7 @@ class AgentCore:
         self._ephemeral.pop(finished_round, None)
         self._partner_keys = {s: v for s, v in self._partner_keys.items() if s[0] != finished_round}
         self._secrets = {s: v for s, v in self._secrets.items() if s[0] != finished_round}
+        self._banks = {s: v for s, v in self._banks.items() if s[0] != finished_round}
         self._relayed = {r for r in self._relayed if r[3] > finished_round}
 
     # ---- checks ------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import (
     X25519PrivateKey,
     X25519PublicKey,
 )
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algorithms
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import (
@@ -45,15 +45,16 @@ TAG_BYTES = 16
 SEAL_OVERHEAD = KEY_BYTES + NONCE_BYTES + TAG_BYTES
 
 SHARE_TAG = b"privnet/keyshare/v1"
-MASK_TAG = b"privnet/mask/v1"
+MASK_TAG = b"privnet/mask/v2"
 LINK_TAG = b"privnet/link/v1"
 SEAL_TAG = b"privnet/seal/v1"
 
 # Fixed-width big-endian fields, so no two different tuples encode to the same bytes.
 _SHARE_FIELDS = struct.Struct(">IIIBQ")  # owner, hub, partner, step, epoch
-_MASK_FIELDS = struct.Struct(">IIIQB")  # hub, min(pair), max(pair), round, step
+_MASK_FIELDS = struct.Struct(">IIIBQI")  # hub, min(pair), max(pair), step, epoch, dim
 _LINK_FIELDS = struct.Struct(">II")  # min(a, b), max(a, b)
-_ZERO_NONCE = bytes(16)
+_BLOCK = 64  # bytes of one ChaCha20 block
+_COUNTER_BLOCKS = 2**32  # ChaCha20's block counter is 32 bits (RFC 8439)
 
 
 class BadKey(ValueError):
@@ -85,9 +86,10 @@ def _hkdf(secret: bytes, salt: bytes | None, info: bytes) -> bytes:
 
 def _hkdf_fast(secret: bytes, salt: bytes, info: bytes) -> bytes:
     """The very bytes `_hkdf` derives (RFC 5869 extract, then one SHA-256 block of expand),
-    from the standard library's one-shot HMAC: the masks derive a key per pair and round,
-    and cryptography's HKDF object costs more than the two HMACs it computes. Nothing is
-    cached, so forgetting an epoch's secrets (every-round re-keying) still forgets all."""
+    from the standard library's one-shot HMAC: the masks derive a key per pair stream (one
+    per pair and round with every-round re-keying), and cryptography's HKDF object costs
+    more than the two HMACs it computes. It caches nothing: the core keeps an epoch's
+    streams beside its secrets and forgets both together (every-round re-keying)."""
     prk = hmac.digest(salt, secret, "sha256")
     return hmac.digest(prk, info + b"\x01", "sha256")
 
@@ -247,27 +249,100 @@ def verify_share(owner_identity: PublicIdentity, share: KeyShare, session: bytes
         raise BadKey(f"{who} failed its signature check: the hub or the wire altered it")
 
 
-def pair_stream(
-    secret: bytes, session: bytes, hub: int, pair: tuple[int, int], round_: int, step: int, dim: int
-) -> bytes:
-    """The 8 * dim keystream bytes behind the mask g_{lm,k,i} of `pair` at hub `hub`:
-    HKDF-SHA256 (session as salt; hub, pair, round, step in info) -> ChaCha20."""
-    first, second = sorted(pair)
-    if first == second:
-        raise ValueError(f"pair {pair} at hub {hub}: a mask needs two different agents")
-    if dim < 1:
-        raise ValueError(f"dim must be >= 1, got {dim}")
-    names = "hub, min(pair), max(pair), round, step"
-    fields = _pack(_MASK_FIELDS, names, hub, first, second, round_, step)
-    key = _hkdf_fast(secret, session, MASK_TAG + fields)
-    # A zero nonce is safe only because this key is used once: it is unique per
-    # (secret, session, hub, pair, round, step), and nothing else is ever encrypted with it.
-    stream = Cipher(algorithms.ChaCha20(key, _ZERO_NONCE), mode=None).encryptor()
-    return stream.update(bytes(8 * dim))
+class PairStream:
+    """The keystream behind the masks g_{lm,k,i} of one pair at one hub, step and key epoch,
+    read round by round: both partners derive it alike, for every round of the epoch.
+
+    Derivation. K = HKDF-SHA256(secret, salt=session, info=MASK_TAG || hub || min(pair) ||
+    max(pair) || step || epoch || dim) (fixed-width fields), once per stream. Round i's mask
+    is the 8 * dim bytes at byte offset i * 8 * dim of the ChaCha20 keystream of K, i.e.
+    block index n = offset // 64, which goes into the 16-byte counter||nonce of
+    `cryptography`'s ChaCha20 as counter = n mod 2^32 (little-endian) and nonce = n >> 32
+    (96 bits, little-endian): a 128-bit block index, so any round < 2^64 has its place.
+
+    Why this is as safe as a fresh key per round:
+    - Each mask byte is used once. Rounds occupy disjoint byte ranges of the stream, and a
+      stream belongs to one (secret, session, hub, pair, step, epoch, dim): two different
+      masks never share a byte, so no two released values carry the same mask. (The pair's
+      two partners add the same mask with opposite signs: that is the cancellation.)
+    - No (key, nonce, counter) is ever reused: K is unique per stream (the HKDF info holds
+      every field that tells streams apart; the secret is fresh per epoch), and within K
+      each block index n has exactly one (counter, nonce). The library never carries the
+      counter into the nonce here: a read that reaches a 2^32-block boundary is split, and
+      the rest comes from a new encryptor at nonce + 1, counter 0.
+    - Forward secrecy is unchanged: with `rekey every-round` the epoch is the round, so a
+      stream serves one round and is dropped with that epoch's secret (the core forgets
+      both). With `rekey once` the session's DH secrets live for the whole session anyway;
+      K and the open encryptor are derived from them and forgotten with them.
+    - A redone round under a new membership view runs under a new session id: new keys.
+
+    Speed: the core keeps one stream per (epoch, hub, step, partner) and reads rounds in
+    order, so a round costs one `update` of 8 * dim bytes, not an HKDF and a cipher setup.
+    Reading any other round seeks (a new encryptor at that block), with the same bytes.
+    A stream keeps K and its encryptor, and reads only what it is asked for (`MaskBank`
+    asks for several rounds at once).
+    """
+
+    __slots__ = ("_at", "_encryptor", "_key", "_left", "_width")
+
+    def __init__(
+        self,
+        secret: bytes,
+        session: bytes,
+        hub: int,
+        pair: tuple[int, int],
+        step: int,
+        epoch: int,
+        dim: int,
+    ) -> None:
+        first, second = sorted(pair)
+        if first == second:
+            raise ValueError(f"pair {pair} at hub {hub}: a mask needs two different agents")
+        if dim < 1:
+            raise ValueError(f"dim must be >= 1, got {dim}")
+        names = "hub, min(pair), max(pair), step, epoch, dim"
+        fields = _pack(_MASK_FIELDS, names, hub, first, second, step, epoch, dim)
+        self._key = _hkdf_fast(secret, session, MASK_TAG + fields)
+        self._width = 8 * dim
+        self._encryptor: CipherContext | None = None
+        self._at = -1  # byte offset the open encryptor reads next
+        self._left = 0  # bytes it may read before the next 2^32-block boundary
+
+    def read(self, round_: int, rounds: int = 1) -> bytes:
+        """The 8 * dim keystream bytes of round `round_` (of `rounds` rounds from it on)."""
+        if not (round_ >= 0 and rounds >= 1 and round_ + rounds <= 2**64):
+            raise ValueError(
+                f"rounds {round_} .. {round_} + {rounds} - 1 must be non-negative and < 2**64"
+            )
+        start, n = round_ * self._width, rounds * self._width
+        encryptor = self._encryptor
+        if encryptor is None or start != self._at:
+            encryptor = self._seek(start)
+        if n <= self._left:  # the usual case: the next bytes of the open encryptor
+            self._at, self._left = start + n, self._left - n
+            return encryptor.update(bytes(n))
+        out = b""
+        while n:  # the read crosses a 2^32-block boundary: finish this nonce, go on at the next
+            if not self._left:
+                encryptor = self._seek(self._at)
+            take = min(n, self._left)
+            out += encryptor.update(bytes(take))
+            self._at, self._left, n = self._at + take, self._left - take, n - take
+        return out
+
+    def _seek(self, offset: int) -> CipherContext:
+        block, skip = divmod(offset, _BLOCK)
+        nonce, counter = divmod(block, _COUNTER_BLOCKS)
+        iv = counter.to_bytes(4, "little") + nonce.to_bytes(12, "little")
+        encryptor = Cipher(algorithms.ChaCha20(self._key, iv), mode=None).encryptor()
+        encryptor.update(bytes(skip))
+        self._encryptor = encryptor
+        self._at, self._left = offset, (_COUNTER_BLOCKS - counter) * _BLOCK - skip
+        return encryptor
 
 
 def stream_laplace(streams: bytes, dim: int, sigma_g: float) -> np.ndarray:
-    """Laplace masks, one row of `dim` per pair, from concatenated `pair_stream`s.
+    """Laplace masks, one row of `dim` per pair, from concatenated `PairStream` reads.
 
     One vectorized mapping for all of a step's pairs: per pair it costs more than the
     cryptography does."""
@@ -275,6 +350,62 @@ def stream_laplace(streams: bytes, dim: int, sigma_g: float) -> np.ndarray:
         raise ValueError(f"sigma_g must be >= 0, got {sigma_g}")
     raw = np.frombuffer(streams, dtype="<u8").reshape(-1, dim)
     return rng.laplace(rng.uniforms(raw), sigma_g)
+
+
+class MaskBank:
+    """Fixed linear combinations of pair masks, round by round: row h of round i is
+    sum_p coeffs[h, p] * g_p,i, with g_p,i the Laplace mask of round i from `streams[p]`.
+
+    The core's masks at a step are such combinations (side / a_(me,hub) over the pairs it
+    sits in at each hub), the same every round of an epoch, so the bank reads `ahead`
+    rounds of every stream at once and maps and combines them in a few numpy operations:
+    a round then costs an index, not a cipher call and a dozen small numpy calls per pair.
+
+    Reading ahead changes nothing the `PairStream` argument rests on: round i still takes
+    exactly its own bytes of each stream. The rounds read ahead are never past `last`, the
+    epoch's last round (so with every-round re-keying a bank serves its one round), and
+    they are derived from the very keys the process holds until then anyway. The buffer
+    is bounded: `ahead` shrinks so that it holds at most BUDGET keystream bytes.
+    """
+
+    BUDGET = 1 << 16  # keystream bytes read ahead, at most (at least one round)
+
+    __slots__ = ("_ahead", "_buffer", "_coeffs", "_dim", "_first", "_sigma_g", "_streams")
+
+    def __init__(
+        self,
+        streams: list[PairStream],
+        coeffs: np.ndarray,
+        dim: int,
+        sigma_g: float,
+        ahead: int = 64,
+    ) -> None:
+        if coeffs.ndim != 2 or coeffs.shape[1] != len(streams):
+            raise ValueError(
+                f"coeffs of shape {coeffs.shape} for {len(streams)} streams: expected "
+                "(rows, streams)"
+            )
+        if ahead < 1:
+            raise ValueError(f"ahead must be >= 1, got {ahead}")
+        self._streams, self._coeffs = streams, np.array(coeffs, dtype=np.float64)
+        self._dim, self._sigma_g = dim, sigma_g
+        self._ahead = max(1, min(ahead, self.BUDGET // (8 * dim * max(1, len(streams)))))
+        self._first = -1
+        self._buffer = np.empty((0, len(coeffs), dim))
+
+    def at(self, round_: int, last: int) -> np.ndarray:
+        """Shape (rows, dim): the combinations of round `round_`; `last` (>= round_) is the
+        last round these streams may serve (the epoch's)."""
+        if not 0 <= round_ - self._first < len(self._buffer):
+            if last < round_:
+                raise ValueError(f"round {round_} is past the epoch's last round {last}")
+            n = min(self._ahead, last - round_ + 1)
+            raw = b"".join(s.read(round_, n) for s in self._streams)
+            noise = stream_laplace(raw, self._dim, self._sigma_g)
+            by_round = noise.reshape(len(self._streams), n, self._dim).transpose(1, 0, 2)
+            self._buffer, self._first = self._coeffs @ by_round, round_
+        combined: np.ndarray = self._buffer[round_ - self._first]
+        return combined
 
 
 def pair_noise(
@@ -286,9 +417,12 @@ def pair_noise(
     step: int,
     dim: int,
     sigma_g: float,
+    *,
+    epoch: int,
 ) -> np.ndarray:
-    """The Laplace mask g_{lm,k,i} that both partners of `pair` derive alike at hub `hub`."""
-    stream = pair_stream(secret, session, hub, pair, round_, step, dim)
+    """The Laplace mask g_{lm,k,i} that both partners of `pair` derive alike at hub `hub`
+    in round `round_`: one read of the pair's `PairStream` (see there for why it is safe)."""
+    stream = PairStream(secret, session, hub, pair, step, epoch, dim).read(round_)
     return stream_laplace(stream, dim, sigma_g).reshape(dim)  # its one row
 
 

@@ -28,7 +28,6 @@ from agent.keys import (
     link_key,
     open_sealed,
     pair_noise,
-    pair_stream,
     public_bytes,
     seal,
     share_statement,
@@ -88,11 +87,13 @@ def ephemeral(seed: int) -> Ephemeral:
     round_=st.integers(min_value=0, max_value=2**64 - 1),
     step=st.sampled_from([0, 1, 2]),
     dim=st.integers(min_value=1, max_value=9),
+    epoch=st.integers(min_value=0, max_value=2**64 - 1),
 )
-def test_both_partners_derive_the_same_noise(secret, session, hub, pair, round_, step, dim):
+def test_both_partners_derive_the_same_noise(secret, session, hub, pair, round_, step, dim, epoch):
     first, second = pair
-    g_first = pair_noise(secret, session, hub, (first, second), round_, step, dim, SIGMA_G)
-    g_second = pair_noise(secret, session, hub, (second, first), round_, step, dim, SIGMA_G)
+    args = (secret, session, hub)
+    g_first = pair_noise(*args, (first, second), round_, step, dim, SIGMA_G, epoch=epoch)
+    g_second = pair_noise(*args, (second, first), round_, step, dim, SIGMA_G, epoch=epoch)
     assert g_first.shape == (dim,)
     np.testing.assert_array_equal(g_first, g_second)
 
@@ -106,6 +107,7 @@ BASE = dict(
     step=0,
     dim=8,
     sigma_g=SIGMA_G,
+    epoch=0,
 )
 
 
@@ -117,6 +119,7 @@ BASE = dict(
         {"pair": (3, 8)},
         {"pair": (2, 7)},
         {"step": 1},
+        {"epoch": 1},
         {"session": b"session-other"},
         {"secret": bytes(range(1, 33))},
     ],
@@ -155,17 +158,64 @@ def _chacha20_block(key: bytes, counter: int, nonce: bytes) -> bytes:
     return struct.pack("<16I", *((x + y) & 0xFFFFFFFF for x, y in zip(s, init, strict=True)))
 
 
-def test_noise_follows_the_documented_derivation():
-    """HKDF (RFC 5869 via hmac) -> ChaCha20 (counter 0, zero nonce) -> uniforms -> Laplace."""
-    secret, hub, round_, step, dim = bytes(range(32)), 5, 11, 2, 8
-    info = b"privnet/mask/v1" + struct.pack(">IIIQB", hub, 3, 7, round_, step)
+def _stream_key(secret: bytes, hub: int, pair: tuple[int, int], step: int, epoch: int, dim: int):
+    """HKDF (RFC 5869 via hmac) of the documented info fields."""
+    info = b"privnet/mask/v2" + struct.pack(">IIIBQI", hub, *sorted(pair), step, epoch, dim)
     prk = hmac.digest(SESSION, secret, "sha256")
-    key = hmac.digest(prk, info + b"\x01", "sha256")
-    stream = _chacha20_block(key, 0, bytes(12))[: 8 * dim]
+    return hmac.digest(prk, info + b"\x01", "sha256")
+
+
+def _keystream(key: bytes, offset: int, length: int) -> bytes:
+    """Bytes offset .. offset+length of the documented layout: block n at counter n mod 2^32,
+    nonce n >> 32 (96 bits, little-endian)."""
+    first, last = offset // 64, (offset + length - 1) // 64
+    blocks = b"".join(
+        _chacha20_block(key, n % 2**32, (n >> 32).to_bytes(12, "little"))
+        for n in range(first, last + 1)
+    )
+    return blocks[offset - 64 * first :][:length]
+
+
+def test_noise_follows_the_documented_derivation():
+    """HKDF once per (hub, pair, step, epoch, dim) -> ChaCha20, round i at byte offset
+    i * 8 * dim -> uniforms -> Laplace."""
+    secret, hub, round_, step, epoch, dim = bytes(range(32)), 5, 11, 2, 3, 8
+    key = _stream_key(secret, hub, (3, 7), step, epoch, dim)
+    stream = _keystream(key, round_ * 8 * dim, 8 * dim)
     raw = np.frombuffer(stream, dtype="<u8")
     expected = rng.laplace(rng.uniforms(raw), SIGMA_G)
-    got = pair_noise(secret, SESSION, hub, (7, 3), round_, step, dim, SIGMA_G)
+    got = pair_noise(secret, SESSION, hub, (7, 3), round_, step, dim, SIGMA_G, epoch=epoch)
     np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("dim", [1, 3, 8, 9])
+def test_rounds_read_in_order_are_consecutive_disjoint_slices_of_one_keystream(dim):
+    """Each mask byte is used once: round i owns bytes [i, i + 1) * 8 * dim of the stream,
+    whether read in order (the open encryptor) or out of order (a seek)."""
+    secret = hashlib.sha256(b"order").digest()
+    key = _stream_key(secret, 4, (1, 2), 0, 0, dim)
+    whole = _keystream(key, 0, 8 * dim * 20)
+    stream = keys.PairStream(secret, SESSION, 4, (2, 1), 0, 0, dim)
+    in_order = b"".join(stream.read(r) for r in range(20))
+    assert in_order == whole
+    for r in (7, 3, 3, 19, 0, 12, 13):  # seeks, repeats and in-order reads, mixed
+        assert stream.read(r) == whole[8 * dim * r : 8 * dim * (r + 1)]
+    assert stream.read(5, 9) == whole[8 * dim * 5 : 8 * dim * 14]  # several rounds at once
+
+
+@pytest.mark.parametrize("dim", [1, 5])
+def test_a_read_across_a_2_32_block_boundary_goes_on_at_the_next_nonce(dim):
+    """The counter is 32 bits: past block 2^32 - 1 the stream continues at nonce 1,
+    counter 0 (never a wrapped counter under the same nonce)."""
+    secret = hashlib.sha256(b"wrap").digest()
+    key = _stream_key(secret, 4, (1, 2), 1, 0, dim)
+    width, boundary = 8 * dim, 64 * 2**32
+    first = boundary // width - 1  # its bytes reach up to or across the boundary
+    stream = keys.PairStream(secret, SESSION, 4, (1, 2), 1, 0, dim)
+    for r in range(first, first + 3):
+        assert stream.read(r) == _keystream(key, r * width, width), f"round {r}"
+    last = 2**64 - 1
+    assert stream.read(last) == _keystream(key, last * width, width)
 
 
 @given(
@@ -183,11 +233,63 @@ def test_batched_masks_equal_masks_derived_one_at_a_time(
     """The core maps a whole step's keystreams to Laplace at once; each row must be the
     very mask pair_noise derives for that pair alone."""
     secret = hashlib.sha256(b"batch").digest()
-    streams = b"".join(pair_stream(secret, SESSION, 9, p, 4, 1, dim) for p in pairs)
+    streams = b"".join(keys.PairStream(secret, SESSION, 9, p, 1, 2, dim).read(4) for p in pairs)
     batch = stream_laplace(streams, dim, SIGMA_G)
     assert batch.shape == (len(pairs), dim)
     for row, p in zip(batch, pairs, strict=True):
-        np.testing.assert_array_equal(row, pair_noise(secret, SESSION, 9, p, 4, 1, dim, SIGMA_G))
+        mask = pair_noise(secret, SESSION, 9, p, 4, 1, dim, SIGMA_G, epoch=2)
+        np.testing.assert_array_equal(row, mask)
+
+
+def _bank_case(
+    dim: int, ahead: int
+) -> tuple[list[tuple[int, int, int]], np.ndarray, keys.MaskBank]:
+    """Five pairs at three hubs, combined as the core combines them (side / weight)."""
+    secret = hashlib.sha256(b"bank").digest()
+    pairs = [(4, 1, 2), (4, 1, 3), (6, 1, 2), (6, 1, 5), (8, 1, 9)]  # (hub, me, partner)
+    coeffs = np.zeros((3, len(pairs)))
+    for col, (hub, _, _) in enumerate(pairs):
+        coeffs[[4, 6, 8].index(hub), col] = (-1) ** col / (0.1 + hub / 10)
+    streams = [keys.PairStream(secret, SESSION, h, (a, b), 2, 0, dim) for h, a, b in pairs]
+    return pairs, coeffs, keys.MaskBank(streams, coeffs, dim, SIGMA_G, ahead=ahead)
+
+
+@pytest.mark.parametrize(("dim", "ahead"), [(1, 1), (2, 3), (3, 64)])
+def test_mask_bank_combines_the_masks_each_pair_derives_alone(dim, ahead):
+    """Round by round across refills, and out of order: row h of round i is
+    sum_p coeffs[h, p] * pair_noise(p, i)."""
+    secret = hashlib.sha256(b"bank").digest()
+    pairs, coeffs, bank = _bank_case(dim, ahead)
+    last = 10
+    for r in [*range(1, last + 1), 4, 9, 2, 10]:
+        masks = np.stack(
+            [
+                pair_noise(secret, SESSION, h, (a, b), r, 2, dim, SIGMA_G, epoch=0)
+                for h, a, b in pairs
+            ]
+        )
+        np.testing.assert_allclose(bank.at(r, last), coeffs @ masks, rtol=1e-13, atol=0)
+
+
+def test_mask_bank_reads_nothing_past_the_epochs_last_round():
+    """With every-round re-keying the last round is the round itself: one round, no more."""
+    _, _, bank = _bank_case(dim=2, ahead=64)
+    bank.at(5, last=5)
+    with pytest.raises(ValueError, match="past the epoch's last round"):
+        bank.at(6, last=5)
+
+
+def test_a_mask_bank_without_pairs_combines_nothing():
+    """An agent that sits at no hub (all its out-neighbours are itself): no masks."""
+    bank = keys.MaskBank([], np.zeros((0, 0)), 3, SIGMA_G)
+    assert bank.at(1, last=10).shape == (0, 3)
+
+
+def test_mask_bank_reads_ahead_at_most_its_budget():
+    _, _, small = _bank_case(dim=2, ahead=1000)
+    _, _, large = _bank_case(dim=10_000, ahead=1000)
+    assert small._ahead == keys.MaskBank.BUDGET // (8 * 2 * 5)
+    assert large._ahead == 1
 
 
 def _check_laplace(samples: np.ndarray, sigma_g: float) -> None:
@@ -198,12 +300,11 @@ def _check_laplace(samples: np.ndarray, sigma_g: float) -> None:
     assert abs(var / sigma_g**2 - 1.0) < VAR_REL_TOL, f"variance {var:.4g} vs {sigma_g**2:.4g}"
 
 
-def test_pair_noise_is_laplace_with_variance_sigma_g_squared():
-    secret = hashlib.sha256(b"ks").digest()
-    samples = np.concatenate(
-        [pair_noise(secret, SESSION, 5, (3, 7), r, 0, 1, SIGMA_G) for r in range(KS_SAMPLES)]
-    )
-    _check_laplace(samples, SIGMA_G)
+def test_pair_masks_are_laplace_with_variance_sigma_g_squared():
+    """Over the rounds of one stream, read in order as the core reads them."""
+    stream = keys.PairStream(hashlib.sha256(b"ks").digest(), SESSION, 5, (3, 7), 0, 0, 1)
+    streams = b"".join(stream.read(r) for r in range(KS_SAMPLES))
+    _check_laplace(stream_laplace(streams, 1, SIGMA_G).reshape(-1), SIGMA_G)
 
 
 def test_rng_laplace_is_laplace_with_variance_sigma_g_squared():
@@ -218,6 +319,8 @@ def test_rng_laplace_is_laplace_with_variance_sigma_g_squared():
         ({"pair": (3, 3)}, "two different agents"),
         ({"dim": 0}, "dim must be >= 1"),
         ({"round_": -1}, "non-negative"),
+        ({"round_": 2**64}, "< 2\\*\\*64"),
+        ({"epoch": -1}, "non-negative"),
         ({"hub": 2**32}, "fixed width"),
         ({"sigma_g": math.nan}, "sigma_g"),
     ],
