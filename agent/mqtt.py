@@ -486,7 +486,7 @@ class Machine(Protocol):
     def tick(self, now: float) -> Output: ...
     def next_tick(self) -> float | None: ...
     def unsubscribed(self, topic: str, now: float) -> Output: ...
-    def reconnected(self, now: float) -> Output: ...
+    def deaf(self, now: float) -> Output: ...
 
 
 PROBE = b"privnet/probe\0"  # never a frame: frames are msgpack arrays
@@ -526,11 +526,13 @@ async def pump(
             out = machine.receive(topic, payload, clock(), retained)
         # Longer since the last feed than the wait allowed: this process was not running
         # (stopped while waiting or while working), whatever it was doing.
+        deaf = client.outages.reconnects != reconnects  # silence meanwhile proves nothing
         if timeout is not None and clock() - last > timeout + PAUSED:
             out += await _backlog(client, machine)
-        if client.outages.reconnects != reconnects:  # deaf meanwhile: silence proves nothing
+            deaf = True
+        if deaf:
             reconnects = client.outages.reconnects
-            out += machine.reconnected(clock())
+            out += machine.deaf(clock())
         wake = machine.next_tick()
         if wake is not None and clock() >= wake:
             out += machine.tick(clock())
@@ -543,13 +545,15 @@ async def _backlog(client: Connection, machine: Machine) -> Output:
     meanwhile is delivered before time is, so a deadline counts the others' silence, not
     our own absence."""
     await asyncio.sleep(BACKLOG_READ)  # let the transport read what the socket holds
-    out = Output()
+    out, delivered = Output(), 0
     while True:
         try:
             topic, payload, retained = await client.get(0.0)
         except TimeoutError:
+            log.info("back from a pause: %d deliveries had waited", delivered)
             return out
         out += machine.receive(topic, payload, time.monotonic(), retained)
+        delivered += 1
 
 
 async def _apply(

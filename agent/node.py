@@ -358,9 +358,9 @@ class AgentNode:
         left = control.Left(self.me, dict(rejected))
         return Output([self._up(topics.ctl_up(self.run, self.me), left)], [Event("left")])
 
-    def reconnected(self, now: float) -> Output:
-        """The broker connection was lost and is back: what the orchestrator said meanwhile
-        never reached us, so its silence deadline starts again now."""
+    def deaf(self, now: float) -> Output:
+        """This agent could not hear until now (its broker connection was down, or its
+        process was stopped): the orchestrator's silence deadline starts again now."""
         self._orchestrator_at = max(self._orchestrator_at, now)
         return Output()
 

@@ -338,9 +338,9 @@ class Conductor:
         out = Output(events=[Event("lost", f"agent {agent}: {reason}")])
         return out + self._change(now, "lost")
 
-    def reconnected(self, now: float) -> Output:
-        """The broker connection was lost and is back: the agents' heartbeats meanwhile
-        never reached us, so every silence and stall deadline starts again now."""
+    def deaf(self, now: float) -> Output:
+        """The orchestrator could not hear until now (its broker connection was down, or
+        its process was stopped): every silence and stall deadline starts again now."""
         for m in self._heard:
             self._heard[m] = max(self._heard[m], now)
         self._moved = (self._moved[0], max(self._moved[1], now))
@@ -426,7 +426,9 @@ class Conductor:
     def _obey(self, msg: control.Control, now: float) -> Output:
         match msg:
             case control.Failed(agent=agent, reason=reason):
-                if self.stage in IN_SESSION and agent in self.alive:
+                if agent not in self.alive:  # out already: its last words change nothing
+                    return Output()
+                if self.stage in IN_SESSION:  # left out of the next view: the run goes on
                     return self.lost(agent, f"failed: {reason}", now)
                 return self._fail(f"agent {agent} failed: {reason}")
             case control.Progress(session=n) if n == self.session and self.stage in IN_SESSION:

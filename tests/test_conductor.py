@@ -812,6 +812,26 @@ def test_a_silent_agent_is_excluded_by_the_silence_rule() -> None:
     h.assert_all_counted()
 
 
+def test_a_conductor_that_could_not_hear_gives_the_agents_a_fresh_deadline() -> None:
+    """After its own broker outage (the shell says `deaf`), agent 3's silence counts from
+    then: it is left out a whole deadline later, not at once; its Failed, arriving after
+    it is out, changes nothing."""
+    h = Harness.build(rounds=LONG)
+    h.when(at_round(h, VICTIM, 2), lambda: h.stop(VICTIM))
+    h.start()
+    c = h.conductor
+    h.advance(25.0)
+    assert c.deaf(h.clock.now) == Output()
+    h.advance(29.0)
+    assert len(c.membership) == 1
+    h.advance(1.0)
+    assert [v.reason for v in c.membership] == ["start", "lost"]
+    failed = h.up(control.Failed(VICTIM, "the orchestrator has been silent"), VICTIM)
+    c.receive(*failed, h.clock.now)
+    assert c.stage is not Stage.FAILED
+    h.finish()
+
+
 def pause_from(h: Harness, view: int, round_: int) -> None:
     """Hold every model frame of `view` from `round_` on: the members stop there, running."""
 

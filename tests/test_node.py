@@ -763,3 +763,19 @@ def test_a_retained_frame_is_counted_never_used() -> None:
     assert node.receive(*welcome, 0.0, retained=True) == Output()
     assert node.phase is Phase.REGISTERING
     assert node.rejected == Counter({"retained": 1}) and node.deliveries.uncounted == 0
+
+
+def test_a_node_that_could_not_hear_gives_the_orchestrator_a_fresh_deadline() -> None:
+    """After a broker outage or its own stop (the shell says `deaf`), silence before it
+    proves nothing: the orchestrator's deadline counts from then."""
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)])
+    h.hold = lambda _, frame: is_control(frame, control.Close, "all")
+    h.start()
+    node = h.nodes[TARGET]
+    since = h.clock.now
+    assert node.deaf(since + 25.0) == Output()
+    assert node.next_tick() is not None and node.tick(since + 54.0).events == []
+    assert not node.done
+    out = node.tick(since + 55.0)
+    assert node.phase is Phase.FAILED and "orchestrator has been silent" in node.failure
+    assert out.events[0].kind == "failed"

@@ -64,8 +64,8 @@ class Watch:
     def unsubscribed(self, topic: str, now: float) -> Output:
         return self.conductor.unsubscribed(topic, now)
 
-    def reconnected(self, now: float) -> Output:
-        return self.conductor.reconnected(now)
+    def deaf(self, now: float) -> Output:
+        return self.conductor.deaf(now)
 
     def next_tick(self) -> float | None:
         times = [self.conductor.next_tick()]
