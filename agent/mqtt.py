@@ -364,6 +364,11 @@ class Connection:
         """Unsubscribe and wait for the UNSUBACK (through an outage: for the reconnect)."""
         await self._acked(lambda: int(self._client.unsubscribe(topic)), timeout)
 
+    @property
+    def up(self) -> bool:
+        """Connected, with every subscription made again: deliveries can flow."""
+        return self._up and bool(self._client.is_connected)
+
     def publish(self, topic: str, payload: bytes, qos: int = QOS) -> None:
         """Queue one PUBLISH on the socket (QoS 1: kept until its PUBACK, and across a
         reconnect). While disconnected QoS 0 is dropped and QoS 1 held (see the class)."""
@@ -530,7 +535,7 @@ async def pump(
         if timeout is not None and clock() - last > timeout + PAUSED:
             out += await _backlog(client, machine)
             deaf = True
-        if deaf:
+        if deaf or not client.up:  # no deadline runs out while nothing can be heard
             reconnects = client.outages.reconnects
             out += machine.deaf(clock())
         wake = machine.next_tick()
