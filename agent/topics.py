@@ -54,8 +54,10 @@ def peer_topic(run: str, k: int, m: int) -> str:
     return f"{_base(run)}/to/{_check_id(k)}/from/{_check_id(m)}"
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_peer_topic(topic: str) -> tuple[str, int, int] | None:
-    """(run, k, m) of an agent-to-agent topic; None for any other topic."""
+    """(run, k, m) of an agent-to-agent topic; None for any other topic (cached: an agent
+    hears on the same few links)."""
     match = _PEER.fullmatch(topic)
     if match is None:
         return None
