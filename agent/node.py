@@ -663,10 +663,12 @@ class AgentNode:
             produced = core.receive(msg)
         except keys.BadKey as exc:
             raise Rejected("bad-key", str(exc)) from exc
-        out = self._emit(produced)
+        out = self._emit(produced)  # a fresh Output: add to it in place
         if self.phase is Phase.CONFIGURED:
-            return out + self._keyed()
-        return out + self._maybe_finish(now)
+            out += self._keyed()
+        elif core.held:  # else there is nothing to finish: spare building an empty Output
+            out += self._maybe_finish(now)
+        return out
 
     def _emit(self, messages: list[Message]) -> Output:
         """Peer messages MACed for their link; reports kept, batched and sealed."""

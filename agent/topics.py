@@ -5,6 +5,7 @@ Every topic lives under `privnet/<run>/`, and the agent-to-agent topic names bot
 `from/m` and reads only `to/m`". Pure functions; the launcher, agents and orchestrator share them.
 """
 
+import functools
 import re
 import socket
 from typing import Literal
@@ -47,13 +48,16 @@ def run_filter(run: str) -> str:
     return f"{_base(run)}/#"
 
 
+@functools.lru_cache(maxsize=4096, typed=True)  # typed: True is no agent id, though == 1
 def peer_topic(run: str, k: int, m: int) -> str:
-    """A message from agent m to agent k."""
+    """A message from agent m to agent k (cached: an agent sends on the same few links)."""
     return f"{_base(run)}/to/{_check_id(k)}/from/{_check_id(m)}"
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_peer_topic(topic: str) -> tuple[str, int, int] | None:
-    """(run, k, m) of an agent-to-agent topic; None for any other topic."""
+    """(run, k, m) of an agent-to-agent topic; None for any other topic (cached: an agent
+    hears on the same few links)."""
     match = _PEER.fullmatch(topic)
     if match is None:
         return None

@@ -994,6 +994,17 @@ def paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     return found
 
 
+def mutate(body: Any, path: tuple[Any, ...], value: Any, delete: bool) -> None:
+    """Delete the entry at `path` in `body`, or set it to `value`."""
+    target = body
+    for step in path[:-1]:
+        target = target[step]
+    if delete:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+
+
 @FUZZ
 @given(st.sampled_from(VALID), st.data(), objects, st.booleans())
 def test_fuzz_mutated_valid_bodies(
@@ -1002,14 +1013,7 @@ def test_fuzz_mutated_valid_bodies(
     """Near-valid bodies, correctly MACed (or with a signature of the right length), so the
     fuzz reaches the deep checks too."""
     name, body, mac = split(good)
-    path = data.draw(st.sampled_from(paths(body)))
-    target = body
-    for step in path[:-1]:
-        target = target[step]
-    if delete:
-        del target[path[-1]]
-    else:
-        target[path[-1]] = value
+    mutate(body, data.draw(st.sampled_from(paths(body))), value, delete)
     seal = {"mac": mac} if len(mac) == wire.SIGNATURE_BYTES else {"key": KEY if mac else None}
     decode_everywhere(frame(name, body, **seal))
 
@@ -1019,3 +1023,156 @@ def test_fuzz_deep_nesting_and_huge_declared_lengths() -> None:
     decode_everywhere(b"\xdd\xff\xff\xff\xff")  # array32 claiming 4 billion items
     decode_everywhere(b"\xc6\xff\xff\xff\xff")  # bin32 claiming 4 GiB
     decode_everywhere(msgpack.packb([1, "model", b"\xdf\xff\xff\xff\xff", b""]))
+
+
+# ---- the model frame's fast path agrees with the generic path ----
+
+
+def generic_frame(msg: Model, key: bytes = KEY) -> bytes:
+    return wire._frame(wire._PEER["model"], msg, key)
+
+
+def both_paths(data: bytes, **overrides: Any) -> tuple[Any, Any]:
+    """(fast, generic) decodes of `data`: the fast one None or a Model, the generic one a
+    message or the Rejected it raised."""
+    args: dict[str, Any] = {
+        "receiver": ME,
+        "topic_sender": PEER,
+        "dim": DIM,
+        "link_keys": {PEER: KEY},
+        "view": 0,
+        "max_size": wire.MAX_PEER_BYTES,
+    }
+    args |= overrides
+    fast = wire._decode_model(data, **args)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(wire, "_decode_model", lambda *_: None)  # only the generic path
+        try:
+            generic: Any = wire.decode_peer(data, **args)
+        except Rejected as exc:
+            generic = exc
+    return fast, generic
+
+
+def agree(data: bytes, **overrides: Any) -> Any:
+    """The fast path accepts only what the generic path accepts, as the same message."""
+    fast, generic = both_paths(data, **overrides)
+    if fast is not None:
+        assert not isinstance(generic, Rejected), generic
+        assert bits(fast) == bits(generic)
+    return fast
+
+
+ids = st.integers(0, 2**32 - 1)
+big_counts = st.integers(0, 2**64 - 1)
+float_vectors = hnp.arrays(np.float64, st.integers(1, 40), elements=st.floats(width=64))
+
+
+@FUZZ
+@given(ids, ids, big_counts, st.sampled_from((0, 1, 2)), float_vectors, big_counts)
+def test_fast_model_frames_are_the_generic_frames(
+    sender: int, receiver: int, round_: int, step: int, vector: np.ndarray, view: int
+) -> None:
+    msg = Model(sender, receiver, round_, step, vector, view)
+    data = wire.encode_peer(msg, KEY)
+    assert wire._encode_model(msg, KEY) == data == generic_frame(msg)
+    args = {
+        "receiver": receiver,
+        "topic_sender": sender,
+        "dim": len(vector),
+        "link_keys": {sender: KEY},
+        "view": view,
+    }
+    fast = agree(data, **args)
+    if np.isfinite(vector).all():
+        assert fast is not None  # the ordinary frame takes the fast path
+        assert bits(fast) == bits(msg)
+
+
+@pytest.mark.parametrize(
+    "vector",
+    [
+        np.array([1.0, 2.0, 3.0, 4.0])[::2],  # not contiguous
+        np.array([1.0, 2.0], dtype=np.float32),
+        np.array([1.0, 2.0], dtype=">f8"),
+        np.array([1, 2]),
+        np.array(3.0),
+        [1.0, 2.0],
+    ],
+    ids=["strided", "float32", "big-endian", "int", "0-d", "list"],
+)
+def test_unusual_models_encode_as_the_generic_path_does(vector: Any) -> None:
+    msg = model(vector=vector)
+    assert wire.encode_peer(msg, KEY) == generic_frame(msg)
+
+
+def test_unusual_field_types_take_the_generic_path() -> None:
+    for msg in (model(round=np.int64(7)), model(step=True), model(view=np.uint8(0))):
+        assert wire._encode_model(msg, KEY) is None
+        assert wire.encode_peer(msg, KEY) == generic_frame(msg)
+
+
+@FUZZ
+@given(st.data(), objects, st.booleans())
+def test_fast_decode_agrees_on_mutated_model_frames(
+    data: st.DataObject, value: Any, delete: bool
+) -> None:
+    name, body, _ = split(GOOD)
+    mutate(body, data.draw(st.sampled_from(paths(body))), value, delete)
+    agree(frame(name, body, key=KEY))
+    agree(frame(name, body, key=OTHER_KEY))
+
+
+@FUZZ
+@given(st.binary(max_size=200), st.integers(0, len(GOOD) - 1), st.integers(0, 7))
+def test_fast_decode_agrees_on_damaged_model_frames(tail: bytes, at: int, bit: int) -> None:
+    flipped = bytearray(GOOD)
+    flipped[at] ^= 1 << bit
+    for data in (bytes(flipped), GOOD[:at], GOOD + tail, GOOD[:at] + tail):
+        agree(data)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"receiver": ME + 1},
+        {"topic_sender": PEER + 1},
+        {"dim": DIM + 1},
+        {"link_keys": {}},
+        {"link_keys": {PEER: OTHER_KEY}},
+        {"view": 1},
+        {"max_size": len(GOOD) - 1},
+    ],
+)
+def test_fast_decode_leaves_every_refusal_to_the_generic_path(overrides: dict[str, Any]) -> None:
+    fast, generic = both_paths(GOOD, **overrides)
+    assert fast is None and isinstance(generic, Rejected)
+
+
+def test_fast_decode_leaves_non_finite_and_huge_entries_to_the_generic_path() -> None:
+    for vector, dim in [([math.nan, 1.0], 2), ([1.0] * 40 + [math.inf], 41)]:
+        data = frame("model", {**split(GOOD)[1], "w": vector_map(vector)})
+        assert agree(data, dim=dim) is None
+        with pytest.raises(Rejected, match="non-finite"):
+            decode(data, dim=dim)
+    huge = wire.encode_peer(model(vector=np.array([1e308, -1e308])), KEY)
+    assert bits(decode(huge).vector) == bits(np.array([1e308, -1e308]))
+
+
+def vector_map(values: list[float]) -> dict[str, Any]:
+    data = np.array(values, dtype="<f8").tobytes()
+    return {"dtype": "<f8", "shape": [len(values)], "data": data}
+
+
+@pytest.mark.parametrize("size", [0, 1, 255, 256, 65_535, 65_536, 70_000])
+def test_bin_head_is_msgpacks(size: int) -> None:
+    blob = bytes(size)
+    assert wire._bin_head(size) + blob == msgpack.packb(blob, use_bin_type=True)
+
+
+@FUZZ
+@given(st.binary(max_size=130), st.binary(max_size=300), st.sampled_from(NAMES))
+def test_mac_is_hmac_sha256(key: bytes, body: bytes, name: str) -> None:
+    expected = hmac.digest(key, name.encode() + body, "sha256")[: wire.MAC_BYTES]
+    assert wire._mac(key, name, body) == expected
+    assert wire._mac(key, name, body) == expected  # and again, from the cached key pads
