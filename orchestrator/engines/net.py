@@ -38,7 +38,7 @@ from orchestrator.engines import journal, memory
 from orchestrator.engines.docker import DockerAgents, DockerBroker, nic_window
 from orchestrator.engines.launch import Launcher, LocalLauncher
 from orchestrator.engines.memory import RunFailed
-from orchestrator.engines.watch import POLL, Watch, reported, write_membership
+from orchestrator.engines.watch import POLL, Watch, write_membership
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem, msd
 from orchestrator.experiment.specs import session_list, session_plans
@@ -356,7 +356,7 @@ async def _conduct(mqtt: Connection, watch: Watch, problem: Problem) -> None:
     conductor = watch.conductor
     started = time.perf_counter()
     with progress_bar() as bar:
-        show = _Show(bar, problem, conductor)
+        show = _Show(bar, problem, watch)
 
         def until() -> bool:
             return conductor.stage in (Stage.DONE, Stage.FAILED)
@@ -421,15 +421,14 @@ def _membership(watch: Watch) -> dict[str, Any]:
 class _Show:
     """Progress lines: rounds done, rounds/s, current centroid MSD, per session."""
 
-    def __init__(self, bar: Progress, problem: Problem, conductor: Conductor) -> None:
-        self.bar, self.problem, self.conductor = bar, problem, conductor
+    def __init__(self, bar: Progress, problem: Problem, watch: Watch) -> None:
+        self.bar, self.problem, self.watch = bar, problem, watch
         self.tasks: dict[str, TaskID] = {}
         self.t0 = time.perf_counter()
         self.session = -1
-        self.shown = 0  # rounds every member has reported
 
     def update(self) -> None:
-        conductor, c = self.conductor, self.problem.config
+        conductor, c = self.watch.conductor, self.problem.config
         plan = conductor.current
         if plan is None:
             return
@@ -438,14 +437,13 @@ class _Show:
         if name not in self.tasks:
             self.tasks[name] = self.bar.add_task(name, total=c.iters * c.repeats, status="")
         if conductor.session != self.session:
-            self.session, self.t0, self.shown = conductor.session, time.perf_counter(), 0
+            self.session, self.t0 = conductor.session, time.perf_counter()
         rounds = conductor.rounds_done
         rate = rounds / max(time.perf_counter() - self.t0, 1e-9)
         status = f"{rate:6.1f} rounds/s"
-        self.shown = reported(conductor, min(self.shown, conductor.models.shape[0]))
-        if self.shown:
+        if shown := self.watch.reported:  # the rows Watch streamed: complete, never redone
             w_opt = self.problem.w_opt[int(repeat)]
-            cent, _ = msd(conductor.models[self.shown - 1], w_opt, self.problem.q)
+            cent, _ = msd(conductor.models[shown - 1], w_opt, self.problem.q)
             status += f"  MSD {10 * np.log10(cent):7.2f} dB"
         done = int(repeat) * c.iters + rounds
         self.bar.update(self.tasks[name], completed=done, status=status)

@@ -54,7 +54,7 @@ class Watch:
         self.injected: list[str] = []  # faults applied, with the round they hit
         self._next_poll = 0.0
         self._later: list[tuple[float, Callable[[], None]]] = []  # (when, action)
-        self._streamed = (-1, 0)  # (session, rounds written)
+        self._streamed = (-1, 0)  # (session, rounds written: every member reported them)
 
     # ---- the Machine protocol (agent.mqtt.pump) ----------------------------------------
 
@@ -151,6 +151,12 @@ class Watch:
         self._stream()
         return out
 
+    @property
+    def reported(self) -> int:
+        """Rounds of the current session every member has reported (and metrics.csv has)."""
+        session, written = self._streamed
+        return written if session == self.conductor.session else 0
+
     def _stream(self) -> None:
         """Append the rounds every member has now completed to metrics.csv (the final
         outputs rewrite it whole, with every series)."""
@@ -181,11 +187,14 @@ class Watch:
 
 
 def reported(conductor: Conductor, since: int = 0) -> int:
-    """Rounds (from the first) whose model every current member has reported."""
+    """Rounds (from the first) whose model every current member has reported, given that
+    the first `since` are: rows are looked at from there on, one at a time, so a call on
+    every delivery costs the few rows reported since the last."""
     members = sorted(conductor.members)
-    rows = conductor.models[since:, members, 0] if members else conductor.models[since:, :0, 0]
-    incomplete = np.flatnonzero(np.isnan(rows).any(axis=1))
-    return since + (int(incomplete[0]) if incomplete.size else rows.shape[0])
+    done, rounds = since, conductor.models.shape[0]
+    while done < rounds and not np.isnan(conductor.models[done, members, 0]).any():
+        done += 1
+    return done
 
 
 def write_membership(path: Path, views: list[View]) -> None:
