@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         from orchestrator.engines import journal
 
         try:
-            config = journal.load(args.resume)[0]
+            config = journal.config(args.resume)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         return run_loop(run_network(config, args, args.resume))

@@ -66,20 +66,15 @@ def truncate(out: Path, index: int, keep: int, shape: tuple[int, ...]) -> None:
             fh.truncate(min(size, path.stat().st_size))
 
 
-def load(
-    out: Path,
-) -> tuple[ExperimentConfig, str, list[SessionResult], int, np.ndarray | None]:
-    """(config, secrets JSON, finished sessions, index of the next, its rounds as received)."""
+def config(out: Path) -> ExperimentConfig:
+    """The experiment of the run in `out` (its secret seed included)."""
+    return with_overrides(ExperimentConfig(), json.loads(_read(out, "config.json")))
+
+
+def load(out: Path) -> tuple[str, list[SessionResult], int, np.ndarray | None]:
+    """(secrets JSON, finished sessions, index of the next, its rounds as received)."""
     where = out / JOURNAL
-    try:
-        data = json.loads((where / "config.json").read_text())
-        secrets_json = (where / "run.json").read_text()
-    except OSError as exc:
-        raise ValueError(
-            f"{out} has no journal ({exc.strerror}: {exc.filename}); --resume takes the --out "
-            "directory of a `privnet run` that was interrupted"
-        ) from None
-    config = with_overrides(ExperimentConfig(), data)
+    secrets_json = _read(out, "run.json")
     results: list[SessionResult] = []
     while (where / f"session-{len(results)}.json").exists():
         n = len(results)
@@ -87,7 +82,17 @@ def load(
         models = np.load(where / f"session-{n}.npz")["models"]
         finished = {int(m): control.Finished(**d) for m, d in record["finished"].items()}
         results.append(SessionResult(record["label"], models, finished, record["wall"]))
-    return config, secrets_json, results, len(results), _rows(where / f"rounds-{len(results)}.bin")
+    return secrets_json, results, len(results), _rows(where / f"rounds-{len(results)}.bin")
+
+
+def _read(out: Path, name: str) -> str:
+    try:
+        return (out / JOURNAL / name).read_text()
+    except OSError as exc:
+        raise ValueError(
+            f"{out} has no journal ({exc.strerror}: {exc.filename}); --resume takes the --out "
+            "directory of a `privnet run` that was interrupted"
+        ) from None
 
 
 def resume_point(config: ExperimentConfig, session: int, got: np.ndarray | None) -> Resume:

@@ -100,6 +100,10 @@ class LocalLauncher:
         self.groups[group[0]] = group
         return group[0]
 
+    def _first(self, agent: int) -> int:
+        """The first agent of the process that runs `agent` (the key of `procs`)."""
+        return next((f for f, group in self.groups.items() if agent in group), agent)
+
     def _log(self, first: int) -> Path:
         group = self.groups.get(first, [first])
         if len(group) == 1:
@@ -121,16 +125,14 @@ class LocalLauncher:
         return ended
 
     def signal(self, agent: int, sig: int) -> None:
-        first = next((f for f, group in self.groups.items() if agent in group), agent)
-        proc = self.procs.get(first)
+        proc = self.procs.get(self._first(agent))
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, sig)
 
     def restart(self, agents: list[int], launches: Mapping[int, AgentLaunch]) -> None:
         """Each process again, with every agent it ran (a group restarts whole)."""
-        firsts = {next((f for f, g in self.groups.items() if a in g), a) for a in agents}
-        for first in sorted(firsts):
+        for first in sorted({self._first(a) for a in agents}):
             self._spawn(self.groups.get(first, [first]), launches, append=True)
 
     def stop(self) -> None:

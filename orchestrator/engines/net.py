@@ -186,7 +186,7 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
     resume: Resume | None = None
     done: list[SessionResult] = []
     if args.resume is not None:
-        _, secrets_json, done, index, got = journal.load(out)
+        secrets_json, done, index, got = journal.load(out)
         run_secrets = RunSecrets.from_json(secrets_json, str(out / journal.JOURNAL / "run.json"))
         resume = journal.resume_point(problem.config, index, got)
         console.print(f"resuming {run_secrets.run}: {index} sessions done, going on with the next")
