@@ -25,6 +25,7 @@ from amqtt.adapters import StreamReaderAdapter, StreamWriterAdapter
 from amqtt.broker import Broker
 from amqtt.contexts import Action
 from amqtt.errors import BrokerError
+from amqtt.mqtt.publish import PublishPacket
 from amqtt.session import Session
 
 from agent.mqtt import run as loop_run
@@ -32,6 +33,8 @@ from agent.topics import MAX_PACKET_SIZE
 
 log = logging.getLogger("privnet.broker")
 VERDICTS = 65_536  # memoized ACL verdicts kept at most (a 30-agent run needs about 2,000)
+ROUTES = 65_536  # memoized topic -> subscribers routes kept at most (one per topic in use)
+BACKLOG = 16 * 2**20  # bytes waiting for one subscriber beyond which QoS-0 copies are dropped
 
 
 class PacketSizeGuard(StreamReaderAdapter):
@@ -88,20 +91,38 @@ class PacketSizeGuard(StreamReaderAdapter):
 
 
 class GuardedBroker(Broker):
-    """amqtt's Broker with every TCP/TLS connection read through a `PacketSizeGuard`, and
-    the ACL's verdicts memoized.
+    """amqtt's Broker with every TCP/TLS connection read through a `PacketSizeGuard`, the
+    ACL's verdicts memoized, and QoS-0 copies written straight to the subscribers.
 
     amqtt asks its topic plugins about every PUBLISH it receives and again about every copy
     it delivers (`Action.RECEIVE`), each time through a new task per plugin: with the ACL on,
     that was a quarter of its CPU on privnet's load. The ACL (`TopicAccessControlListPlugin`
     with the run's static tables) decides on the user, the topic and the action alone, so
     the broker keeps its verdict per (user, topic, action) and asks the plugins only once.
+
+    amqtt then queues every publish for a broadcast task that matches the topic against
+    every subscription filter and starts one task per copy, which encodes the packet again
+    and awaits the socket: over half its CPU on privnet's load. Where every subscription
+    matching a topic is QoS 0 (privnet's whole peer plane), the copies are the same bytes,
+    nothing is kept for offline sessions and nothing awaits an acknowledgement: they are
+    encoded once and written to each subscriber's socket in the order they were published,
+    one write per subscriber per loop turn, with the same ACL verdict per receiver. The
+    subscribers of a topic are remembered until a subscription changes. Anything else
+    (QoS 1 or 2 on either side, retained or internal messages) takes amqtt's own path.
+    A subscriber more than `backlog` bytes behind loses QoS-0 copies instead of growing the
+    broker without bound (MQTT allows dropping QoS 0; `dropped` counts them).
     """
 
-    def __init__(self, config: dict[str, Any], max_packet_size: int) -> None:
+    def __init__(
+        self, config: dict[str, Any], max_packet_size: int, backlog: int = BACKLOG
+    ) -> None:
         super().__init__(config)
         self.max_packet_size = max_packet_size
+        self.backlog = backlog
+        self.dropped = 0  # QoS-0 copies not sent to a subscriber `backlog` bytes behind
         self._verdicts: dict[tuple[str | None, str, Action], bool] = {}
+        self._routes: dict[str, list[tuple[Session, int]]] = {}
+        self._outbox: dict[Any, list[bytes]] = {}  # packets waiting for this loop turn's write
 
     async def _topic_filtering(self, session: Session, topic: str, action: Action) -> bool:
         key = (session.username, topic, action)
@@ -112,6 +133,82 @@ class GuardedBroker(Broker):
                 self._verdicts.clear()
             self._verdicts[key] = verdict
         return verdict
+
+    async def _broadcast_message(
+        self,
+        session: Session | None,
+        topic: str | None,
+        data: bytes | bytearray | None,
+        force_qos: int | None = None,
+    ) -> None:
+        """Write a QoS-0 publish to its subscribers when all of them are QoS 0 (see above)."""
+        if not topic or data is None or force_qos or any(q for _, q in self._route(topic)):
+            await super()._broadcast_message(session, topic, data, force_qos)
+            return
+        packet = PublishPacket.build(topic, bytes(data), None, False, 0, False).to_bytes()
+        for target, _ in self._route(topic):
+            if target.transitions.state != "connected":
+                continue  # QoS 0 is never kept for an offline session
+            if not await self._topic_filtering(target, topic, Action.RECEIVE):
+                continue
+            handler = self._get_handler(target)
+            if handler is not None and handler.writer is not None:
+                self._send(handler.writer, packet, target)
+
+    def _route(self, topic: str) -> list[tuple[Session, int]]:
+        """The (session, QoS) of every subscription matching `topic`, in amqtt's order."""
+        route = self._routes.get(topic)
+        if route is None:
+            route = [
+                pair
+                for a_filter, pairs in self._subscriptions.items()
+                if self._matches(topic, a_filter)
+                for pair in pairs
+            ]
+            if len(self._routes) >= ROUTES:
+                self._routes.clear()
+            self._routes[topic] = route
+        return route
+
+    def _send(self, writer: Any, packet: bytes, target: Session) -> None:
+        """Queue one packet for a subscriber, to be written with its others of this turn."""
+        transport = getattr(getattr(writer, "_writer", None), "transport", None)
+        if transport is not None and transport.get_write_buffer_size() > self.backlog:
+            if not self.dropped:
+                log.warning(
+                    "%s is over %d bytes behind: QoS-0 copies dropped",
+                    target.client_id,
+                    self.backlog,
+                )
+            self.dropped += 1
+            return
+        if not self._outbox:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outbox.setdefault(writer, []).append(packet)
+
+    def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, {}
+        for writer, packets in outbox.items():
+            try:
+                writer.write(b"".join(packets))
+            except (ConnectionError, RuntimeError) as exc:  # amqtt's reader sees the loss too
+                log.debug("a subscriber's socket is gone: %s", exc)
+
+    # Every change to the subscriptions forgets the routes, once it is made.
+
+    async def add_subscription(self, subscription: tuple[str, int], session: Session) -> int:
+        granted = await super().add_subscription(subscription, session)
+        self._routes.clear()
+        return granted
+
+    async def _del_all_subscriptions(self, session: Session) -> None:
+        await super()._del_all_subscriptions(session)
+        self._routes.clear()
+
+    def _del_subscription(self, a_filter: str, session: Session) -> int:
+        deleted = super()._del_subscription(a_filter, session)
+        self._routes.clear()
+        return deleted
 
     async def stream_connected(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, listener_name: str

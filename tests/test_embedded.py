@@ -1,0 +1,130 @@
+"""The embedded broker's own delivery path (`GuardedBroker`): QoS-0 copies written straight
+to the subscribers, everything else on amqtt's path, with real MQTT clients over TCP.
+
+The broker runs in the test's event loop, so the tests can read its counters and spy on
+amqtt's path. Access control and the packet size limit are in test_broker_auth.py.
+"""
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+
+import aiomqtt
+import pytest
+from amqtt.broker import Broker
+
+from agent.topics import MAX_PACKET_SIZE
+from broker.embedded import GuardedBroker, amqtt_config
+from broker.launcher import free_port
+
+WAIT = 10.0
+
+
+@contextlib.asynccontextmanager
+async def serving(backlog: int | None = None) -> AsyncIterator[tuple[GuardedBroker, int]]:
+    port = free_port()
+    kwargs = {} if backlog is None else {"backlog": backlog}
+    broker = GuardedBroker(amqtt_config("127.0.0.1", port), MAX_PACKET_SIZE, **kwargs)
+    await broker.start()
+    try:
+        yield broker, port
+    finally:
+        await broker.shutdown()
+
+
+def client(port: int) -> aiomqtt.Client:
+    return aiomqtt.Client("127.0.0.1", port)
+
+
+async def take(sub: aiomqtt.Client, n: int) -> list[aiomqtt.Message]:
+    got: list[aiomqtt.Message] = []
+    async with asyncio.timeout(WAIT):
+        async for message in sub.messages:
+            got.append(message)
+            if len(got) == n:
+                return got
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture
+def slow_path(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The topics amqtt's own broadcast path was asked to deliver."""
+    topics: list[str] = []
+    original = Broker._broadcast_message
+
+    async def spy(self: Broker, session: object, topic: str, *args: object) -> None:
+        topics.append(topic)
+        await original(self, session, topic, *args)
+
+    monkeypatch.setattr(Broker, "_broadcast_message", spy)
+    return topics
+
+
+async def test_qos0_copies_arrive_complete_and_in_order(slow_path: list[str]) -> None:
+    async with serving() as (_, port), client(port) as a, client(port) as b, client(port) as pub:
+        await a.subscribe("run/to/a/from/+", qos=0)
+        await b.subscribe("run/to/+/from/p", qos=0)
+        for i in range(300):  # some published at QoS 1: delivered at the subscription's 0
+            await pub.publish("run/to/a/from/p", i.to_bytes(2, "big") * 50, qos=int(i % 50 == 0))
+        got_a, got_b = await asyncio.gather(take(a, 300), take(b, 300))
+    for got in (got_a, got_b):
+        assert [int.from_bytes(m.payload[:2], "big") for m in got] == list(range(300))
+        assert {m.qos for m in got} == {0}
+    assert slow_path == [], "every copy went the direct way"
+
+
+async def test_a_qos1_subscriber_keeps_amqtts_path(slow_path: list[str]) -> None:
+    async with serving() as (_, port), client(port) as low, client(port) as high:
+        await low.subscribe("t/x", qos=0)
+        await high.subscribe("t/+", qos=1)
+        async with client(port) as pub:
+            await pub.publish("t/x", b"both", qos=0)
+            got_low, got_high = await asyncio.gather(take(low, 1), take(high, 1))
+    assert got_low[0].payload == got_high[0].payload == b"both"
+    assert (got_low[0].qos, got_high[0].qos) == (0, 1)  # amqtt delivers at the subscription's
+    assert slow_path == ["t/x"]
+
+
+async def test_subscription_changes_reach_the_remembered_routes() -> None:
+    async with serving() as (_, port), client(port) as sub, client(port) as pub:
+        await sub.subscribe("r/one", qos=0)
+        await pub.publish("r/one", b"1")  # the route of r/one is now remembered
+        assert [m.payload for m in await take(sub, 1)] == [b"1"]
+        await sub.unsubscribe("r/one")
+        await sub.subscribe("r/two", qos=0)
+        await pub.publish("r/one", b"after unsubscribe")
+        await pub.publish("r/two", b"2")
+        assert [m.payload for m in await take(sub, 1)] == [b"2"]
+        async with client(port) as late:  # a new subscriber of a remembered topic gets it
+            await late.subscribe("r/+", qos=0)
+            await pub.publish("r/two", b"3")
+            got_sub, got_late = await asyncio.gather(take(sub, 1), take(late, 1))
+        assert got_sub[0].payload == got_late[0].payload == b"3"
+        await pub.publish("r/two", b"4")  # the late one has gone: nothing breaks
+        assert [m.payload for m in await take(sub, 1)] == [b"4"]
+
+
+async def test_a_subscriber_too_far_behind_loses_qos0_copies_not_the_others() -> None:
+    """A client that stops reading costs the broker at most `backlog` bytes of its own."""
+    payload, count = bytes(8192), 400  # 3.2 MB: far beyond the backlog and socket buffers
+    async with serving(backlog=64 * 1024) as (broker, port):
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect(("127.0.0.1", port))
+        stalled.sendall(CONNECT + SUBSCRIBE)  # then never reads
+        async with client(port) as reader, client(port) as pub:
+            await reader.subscribe("big/+", qos=0)
+            await asyncio.sleep(0.2)  # the stalled client's SUBSCRIBE is in
+            for i in range(count):
+                await pub.publish(f"big/{i % 3}", payload)
+            got = await take(reader, count)
+        stalled.close()
+    assert len(got) == count
+    assert broker.dropped > 0
+
+
+# CONNECT (MQTT 3.1.1, clean session, client id "s") and SUBSCRIBE big/+ at QoS 0, by hand:
+# the stalled client is a bare socket, so nothing reads on its behalf.
+CONNECT = bytes([0x10, 13, 0, 4, *b"MQTT", 4, 2, 0, 60, 0, 1, *b"s"])
+SUBSCRIBE = bytes([0x82, 10, 0, 1, 0, 5, *b"big/+", 0])
