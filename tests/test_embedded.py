@@ -12,10 +12,15 @@ from collections.abc import AsyncIterator
 
 import aiomqtt
 import pytest
+from amqtt.adapters import ReaderAdapter
 from amqtt.broker import Broker
+from amqtt.mqtt.packet import MQTTFixedHeader
+from amqtt.mqtt.publish import PublishPacket
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agent.topics import MAX_PACKET_SIZE
-from broker.embedded import GuardedBroker, amqtt_config
+from broker.embedded import GuardedBroker, PacketReader, amqtt_config, publish_bytes
 from broker.launcher import free_port
 
 WAIT = 10.0
@@ -122,6 +127,80 @@ async def test_a_subscriber_too_far_behind_loses_qos0_copies_not_the_others() ->
         stalled.close()
     assert len(got) == count
     assert broker.dropped > 0
+
+
+# --- the bytes ---------------------------------------------------------------------------------
+
+topics = st.text(  # what a client may publish to: no wildcards, no surrogates, no NUL
+    st.characters(exclude_categories=["Cs"], exclude_characters="#+\x00"), min_size=1, max_size=40
+)
+payloads = st.one_of(st.binary(max_size=300), st.integers(0, 70_000).map(bytes))
+
+
+@given(topics, payloads)
+def test_publish_bytes_are_amqtts_own(topic: str, data: bytes) -> None:
+    assert (
+        publish_bytes(topic, data)
+        == PublishPacket.build(topic, data, None, False, 0, False).to_bytes()
+    )
+
+
+class Aborts:
+    """What `PacketReader` needs of a writer: a transport to abort, a peer to name."""
+
+    def __init__(self) -> None:
+        self.transport = self
+        self.aborted = False
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def get_extra_info(self, _name: str) -> str:
+        return "peer"
+
+
+async def decode_all(reader: ReaderAdapter) -> list[tuple[str, bytes]]:
+    """What amqtt makes of the stream, packet by packet, until its end."""
+    got = []
+    while (header := await MQTTFixedHeader.from_stream(reader)) is not None:
+        packet = await PublishPacket.from_stream(reader, fixed_header=header)
+        got.append((packet.topic_name, packet.data))
+    return got
+
+
+@given(
+    st.lists(st.tuples(topics, payloads), max_size=8), st.lists(st.integers(1, 5000), max_size=20)
+)
+async def test_the_reader_hands_amqtt_every_packet_however_the_bytes_come(
+    messages: list[tuple[str, bytes]], cuts: list[int]
+) -> None:
+    wire = b"".join(publish_bytes(t, d) for t, d in messages)
+    stream = asyncio.StreamReader()
+    at = 0
+    for cut in cuts:  # the socket delivers the bytes in arbitrary pieces
+        stream.feed_data(wire[at : at + cut])
+        at += cut
+    stream.feed_data(wire[at:])
+    stream.feed_eof()
+    writer = Aborts()
+    assert await decode_all(PacketReader(stream, writer, MAX_PACKET_SIZE)) == messages  # type: ignore[arg-type]
+    assert not writer.aborted
+
+
+@pytest.mark.parametrize(
+    ("header", "why"),
+    [(b"\x30\xff\xff\xff\xff\x01", "malformed length"), (b"\x30\x80\x80\x40", "oversize packet")],
+)
+async def test_the_reader_refuses_before_the_body(
+    header: bytes, why: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    stream = asyncio.StreamReader()
+    stream.feed_data(publish_bytes("ok", b"1") + header)  # no body follows: none is awaited
+    writer = Aborts()
+    reader = PacketReader(stream, writer, MAX_PACKET_SIZE)  # type: ignore[arg-type]
+    assert await decode_all(reader) == [("ok", b"1")]
+    assert writer.aborted
+    assert why in caplog.text
 
 
 # CONNECT (MQTT 3.1.1, clean session, client id "s") and SUBSCRIBE big/+ at QoS 0, by hand:
