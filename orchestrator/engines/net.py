@@ -43,7 +43,7 @@ from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem, msd
 from orchestrator.experiment.specs import session_list, session_plans
 from orchestrator.faults import parse_faults
-from orchestrator.report import Curve, console, finish, progress_bar
+from orchestrator.report import Curve, console, finish, load_plotting, progress_bar
 
 if TYPE_CHECKING:
     from orchestrator.audit import WireTap
@@ -206,7 +206,11 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
     broker, pool = _runtime(args, run_secrets.credentials, out / "logs")
     docker = broker if isinstance(broker, DockerBroker) else None
     try:
-        broker.start()
+        starting = asyncio.get_running_loop().run_in_executor(None, broker.start)
+        try:
+            load_plotting()  # while the broker starts (and the agents' zygote imports)
+        finally:
+            await starting
         where = "external agents" if args.external_agents else f"agent logs in {out}/logs"
         console.print(f"broker: {broker.kind} at {broker.address}; run {run}; {where}")
         conductor = Conductor(
