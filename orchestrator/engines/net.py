@@ -296,10 +296,10 @@ async def _drive(
     """Register, run every session, write the outputs (privacy accounted with `neighbour`,
     and the audit) and dismiss the agents; the exit code.
 
-    Agents this run started are dismissed first: they leave while the outputs are written.
-    Agents someone else started get their Bye after the outputs: under `docker compose up
+    Agent processes this run started here are dismissed first: they leave while the outputs
+    are written. Other agents get their Bye after the outputs (under `docker compose up
     --exit-code-from orchestrator` the first agent to exit stops every container and ends
-    the log stream, and the operator must still see the results.
+    the log stream, and the operator must still see the results).
     """
     c = problem.config
     conductor, pool = watch.conductor, watch.pool
@@ -346,12 +346,13 @@ async def _drive(
                 rounds = sum(plan.rounds for plan in conductor.plans)
                 nic_after = await asyncio.to_thread(docker.nic)
                 extra["nic"] = nic_window(docker, nic_before, nic_after, rounds)
-            if pool is not None:
+            ours = isinstance(pool, LocalLauncher)  # processes here; containers as before
+            if ours:
                 publish(mqtt, conductor.bye())
             # Off the loop, which keeps answering the broker's keepalives meanwhile: the
             # audit replays the whole run for its ground truth.
             code = await asyncio.to_thread(_outputs, out, problem, curves, extra, tap, neighbour)
-            if pool is None:
+            if not ours:
                 publish(mqtt, conductor.bye())
         except BaseException as exc:  # Ctrl-C included: tell the agents before tearing down
             with contextlib.suppress(MqttError):
