@@ -92,7 +92,10 @@ def test_signals_exits_and_restarts(
         launcher.start({p: given[p] for p in (0, 1)})
         first = launcher.procs[0]
         launcher.signal(0, signal.SIGSTOP)
-        assert psutil.Process(first).status() == psutil.STATUS_STOPPED
+        end = time.monotonic() + 5.0  # a signal is delivered when the kernel gets to it
+        while psutil.Process(first).status() != psutil.STATUS_STOPPED:
+            assert time.monotonic() < end, "SIGSTOP did not stop the agent"
+            time.sleep(0.01)
         launcher.signal(0, signal.SIGKILL)
         how = ended(launcher, 2)
         assert how[0].startswith(f"its process (pid {first}) was killed by SIGKILL")
