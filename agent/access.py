@@ -2,8 +2,9 @@
 
 The orchestrator gives each agent process its own `ClientAccess` through the environment
 (`to_env`: PRIVNET_MQTT_USERNAME, PRIVNET_MQTT_PASSWORD, PRIVNET_MQTT_CAFILE, PRIVNET_MQTT_TLS)
-and the agent rebuilds it (`from_env`). This module needs only the standard library and
-aiomqtt, so agent processes and the broker launcher share it.
+and the agent rebuilds it (`from_env`). This module needs only the standard library (and
+aiomqtt for `client_kwargs`, imported there: agents speak gmqtt), so agent processes and the
+broker launcher share it.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-import aiomqtt
 
 ENV_USERNAME = "PRIVNET_MQTT_USERNAME"
 ENV_PASSWORD = "PRIVNET_MQTT_PASSWORD"
@@ -37,6 +36,8 @@ class ClientAccess:
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `aiomqtt.Client` (besides hostname and port). No client
         identifier: the broker picks a random one (see `Broker.connect_options`)."""
+        import aiomqtt
+
         kwargs: dict[str, Any] = {"username": self.username, "password": self.password}
         if self.tls:
             kwargs["tls_params"] = aiomqtt.TLSParameters(ca_certs=self.ca_file)

@@ -192,7 +192,7 @@ def _role(proc: psutil.Process) -> str:
         name = proc.name()
     except psutil.Error:
         return "other"
-    if "-m agent" in cmd:
+    if "-m agent" in cmd or "-m orchestrator.engines.zygote" in cmd:  # it imports for them
         return "agents"
     if name == "mosquitto" or "broker.embedded" in cmd:
         return "broker"

@@ -14,21 +14,21 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 import numpy as np
-from matplotlib.axes import Axes
-from matplotlib.cm import ScalarMappable
-from matplotlib.colors import Normalize, to_rgba
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
 METRICS_HEADER = ("strategy", "scheme", "repeat", "iter", "msd_centroid", "msd_avg")
 DPI = 120
@@ -237,8 +237,18 @@ def load_summary(path: Path) -> dict[str, Any]:
     return summary
 
 
+def load_plotting() -> None:
+    """Import matplotlib's figures (a third of the CLI's start-up when done on import): the
+    plots import it when they draw; a run calls this while its broker starts, time it would
+    spend waiting anyway."""
+    import matplotlib.cm
+    import matplotlib.figure  # noqa: F401
+
+
 def plot_msd(curves: list[Curve], path: Path, title: str | None = None) -> None:
     """The paper's Fig. 3: strategies as columns, centroid / avg. individual MSD as rows, in dB."""
+    from matplotlib.figure import Figure
+
     if not curves:
         raise ValueError("plot_msd needs at least one curve")
     _check_unique(curves)
@@ -266,6 +276,8 @@ def plot_msd(curves: list[Curve], path: Path, title: str | None = None) -> None:
 def plot_test_error(curves: list[Curve], path: Path) -> None:
     """The paper's Fig. TE: centroid and average individual testing error (%), a row per
     strategy; curves are averaged over repeats."""
+    from matplotlib.figure import Figure
+
     with_errors = [c for c in curves if TEST_ERRORS.keys() <= c.series.keys()]
     strategies = _ordered({c.strategy for c in with_errors}, STRATEGY_ORDER)
     fig = Figure(figsize=(11, 4.2 * len(strategies) + 0.6), dpi=DPI, layout="constrained")
@@ -327,6 +339,10 @@ def _plot_panel(ax: Axes, curves: list[Curve], attr: str) -> dict[str, Line2D]:
 
 def plot_topology(graph: nx.Graph, path: Path, q: np.ndarray | None = None) -> None:
     """Draw the network at its 'pos' coordinates; colour and size nodes by Perron weight q."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize, to_rgba
+    from matplotlib.figure import Figure
+
     if graph.number_of_nodes() == 0:
         raise ValueError("plot_topology needs a graph with at least one node")
     nodes = sorted(graph.nodes)

@@ -13,14 +13,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
 from agent.mqtt import AgentLaunch
+from orchestrator.engines.zygote import Spawn, Zygote
 
 
 def agent_args(agent: int) -> list[str]:
@@ -61,16 +60,20 @@ def log_tail(logs: Path, agent: int, lines: int = 3) -> str:
 
 
 class LocalLauncher:
-    """Agent processes on this machine, each in its own process group: one agent per
-    process by default, or `per_process` consecutive agents sharing one (`--agents-per-
-    process`: each still its own MQTT client, credentials, identity and node; their launches
-    go in $PRIVNET_LAUNCHES, their log is `<logs>/agents-<first>-<last>.log`)."""
+    """Agent processes on this machine, each in its own session and process group: one
+    agent per process by default, or `per_process` consecutive agents sharing one (`--agents-
+    per-process`: each still its own MQTT client, credentials, identity and node; their
+    launches go in $PRIVNET_LAUNCHES, their log is `<logs>/agents-<first>-<last>.log`).
+
+    Each process is forked by a zygote (`orchestrator.engines.zygote`) that imported the
+    agent's modules once; the zygote starts here, so its imports overlap the broker's start."""
 
     def __init__(self, logs: Path, grace: float = 3.0, per_process: int = 1) -> None:
         if per_process < 1:
             raise ValueError(f"agents per process must be >= 1, got {per_process}")
         self.logs, self.grace, self.per_process = logs, grace, per_process
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}  # first agent id -> its process
+        self.zygote = Zygote()
+        self.procs: dict[int, int] = {}  # first agent id -> the pid of its process
         self.groups: dict[int, list[int]] = {}  # first agent id -> the agents it runs
 
     def start(self, launches: Mapping[int, AgentLaunch]) -> None:
@@ -87,14 +90,8 @@ class LocalLauncher:
             args, env = agent_args(first), launches[first].to_env()
         else:
             args, env = ["-m", "agent"], AgentLaunch.group_env([launches[p] for p in group])
-        with open(self._log(first), "ab" if append else "wb") as log:
-            self.procs[first] = subprocess.Popen(
-                [sys.executable, *args],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
-                start_new_session=True,
-            )
+        spawn = Spawn(args, env, str(self._log(first)), append)
+        self.procs[first] = self.zygote.spawn(spawn)
 
     def group(self, group: list[int]) -> int:
         self.groups[group[0]] = group
@@ -112,23 +109,23 @@ class LocalLauncher:
 
     def exited(self) -> dict[int, str]:
         ended: dict[int, str] = {}
-        for first, proc in list(self.procs.items()):
-            code = proc.poll()
+        for first, pid in list(self.procs.items()):
+            code = self.zygote.poll(pid)
             if code is None:
                 continue
             del self.procs[first]
-            how = f"its process (pid {proc.pid}) exited with code {code}"
+            how = f"its process (pid {pid}) exited with code {code}"
             if code < 0:
-                how = f"its process (pid {proc.pid}) was killed by {signal.Signals(-code).name}"
+                how = f"its process (pid {pid}) was killed by {signal.Signals(-code).name}"
             for agent in self.groups.get(first, [first]):
                 ended[agent] = how + log_tail(self.logs, agent, 1)
         return ended
 
     def signal(self, agent: int, sig: int) -> None:
-        proc = self.procs.get(self._first(agent))
-        if proc is not None and proc.poll() is None:
+        pid = self.procs.get(self._first(agent))
+        if pid is not None and self.zygote.poll(pid) is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
+                os.killpg(pid, sig)
 
     def restart(self, agents: list[int], launches: Mapping[int, AgentLaunch]) -> None:
         """Each process again, with every agent it ran (a group restarts whole)."""
@@ -136,16 +133,16 @@ class LocalLauncher:
             self._spawn(self.groups.get(first, [first]), launches, append=True)
 
     def stop(self) -> None:
-        """Wait briefly for clean exits, then terminate and kill whatever is left."""
+        """Wait briefly for clean exits, then terminate and kill whatever is left; then let
+        the zygote go."""
         deadline = time.monotonic() + self.grace
-        for proc in self.procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(max(0.0, deadline - time.monotonic()))
+        for pid in self.procs.values():
+            self.zygote.wait(pid, max(0.0, deadline - time.monotonic()))
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            alive = [p for p in self.procs.values() if p.poll() is None]
-            for proc in alive:
+            alive = [pid for pid in self.procs.values() if self.zygote.poll(pid) is None]
+            for pid in alive:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, sig)
-            for proc in alive:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(2.0)
+                    os.killpg(pid, sig)
+            for pid in alive:
+                self.zygote.wait(pid, 2.0)
+        self.zygote.close()

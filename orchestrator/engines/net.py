@@ -43,7 +43,7 @@ from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem, msd
 from orchestrator.experiment.specs import session_list, session_plans
 from orchestrator.faults import parse_faults
-from orchestrator.report import Curve, console, finish, progress_bar
+from orchestrator.report import Curve, console, finish, load_plotting, progress_bar
 
 if TYPE_CHECKING:
     from orchestrator.audit import WireTap
@@ -206,7 +206,11 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
     broker, pool = _runtime(args, run_secrets.credentials, out / "logs")
     docker = broker if isinstance(broker, DockerBroker) else None
     try:
-        broker.start()
+        starting = asyncio.get_running_loop().run_in_executor(None, broker.start)
+        try:
+            load_plotting()  # while the broker starts (and the agents' zygote imports)
+        finally:
+            await starting
         where = "external agents" if args.external_agents else f"agent logs in {out}/logs"
         console.print(f"broker: {broker.kind} at {broker.address}; run {run}; {where}")
         conductor = Conductor(
@@ -290,15 +294,15 @@ async def _drive(
     neighbour: int | None = None,
 ) -> int:
     """Register, run every session, write the outputs (privacy accounted with `neighbour`,
-    and the audit), then dismiss the agents; the exit code.
+    and the audit) and dismiss the agents; the exit code.
 
-    Outputs come before Bye: under `docker compose up --exit-code-from orchestrator` the
-    first agent to exit stops every container and ends the log stream, and the operator
-    must still see the results.
+    Agent processes this run started here are dismissed first: they leave while the outputs
+    are written. Other agents get their Bye after the outputs (under `docker compose up
+    --exit-code-from orchestrator` the first agent to exit stops every container and ends
+    the log stream, and the operator must still see the results).
     """
     c = problem.config
     conductor, pool = watch.conductor, watch.pool
-    sys_before = await _sys(broker)
     docker = broker if isinstance(broker, DockerBroker) else None
     nic_before = await asyncio.to_thread(docker.nic) if docker is not None else None
     # A broker restart is ridden out as the agents ride it out (`agent.mqtt.Connection`): for
@@ -332,18 +336,24 @@ async def _drive(
             }
             # $SYS and NIC counters over the same window: from before the agents start to
             # the last session's end (registration and every session's setup included).
-            # A restarted broker counts from zero: its window is void then.
+            # The run started its mosquitto, whose counters start at zero with it and count
+            # nothing before the orchestrator connects (nothing to read first, so no wait for
+            # a $SYS tick). A restarted broker counts from zero again: its window is void then.
             restarted = mqtt.outages.losses > 0
-            if sys_before is not None and not restarted and (sys_after := await _sys(broker)):
-                extra["broker_sys"] = {k: sys_after[k] - sys_before[k] for k in sys_after}
+            if not restarted and (sys_after := await _sys(broker)):
+                extra["broker_sys"] = sys_after
             if docker is not None and nic_before is not None:
                 rounds = sum(plan.rounds for plan in conductor.plans)
                 nic_after = await asyncio.to_thread(docker.nic)
                 extra["nic"] = nic_window(docker, nic_before, nic_after, rounds)
+            ours = isinstance(pool, LocalLauncher)  # processes here; containers as before
+            if ours:
+                publish(mqtt, conductor.bye())
             # Off the loop, which keeps answering the broker's keepalives meanwhile: the
             # audit replays the whole run for its ground truth.
             code = await asyncio.to_thread(_outputs, out, problem, curves, extra, tap, neighbour)
-            publish(mqtt, conductor.bye())
+            if not ours:
+                publish(mqtt, conductor.bye())
         except BaseException as exc:  # Ctrl-C included: tell the agents before tearing down
             with contextlib.suppress(MqttError):
                 publish(mqtt, conductor.abort(f"orchestrator stopped: {type(exc).__name__}"))

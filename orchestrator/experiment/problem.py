@@ -12,7 +12,7 @@ import numpy as np
 from agent import datasets
 from agent.losses import NO_NEIGHBOUR, ClassificationSpec, ProblemSpec, RegressionSpec
 from agent.spec import ConfigError, Scheme, Strategy
-from orchestrator.experiment import classification, topology
+from orchestrator.experiment import topology
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.data import draw_problem, global_minimizer, local_moments
 
@@ -65,6 +65,8 @@ class Problem:
     def spec(self, repeat: int) -> ProblemSpec:
         c = self.config
         if self.classifies:
+            from orchestrator.experiment import classification  # scipy: only to classify
+
             return classification.draw_problem(c, repeat, self.neighbour)
         spec = draw_problem(
             c.seed, c.agents, repeat=repeat, dim=c.dim, samples=c.samples, rho=c.rho, batch=c.batch
@@ -82,6 +84,8 @@ class Problem:
         """w^o per repeat, shape (repeats, M)."""
         agents, repeats = self.config.agents, range(self.config.repeats)
         if self.classifies:
+            from orchestrator.experiment import classification
+
             solved = [
                 classification.global_minimizer(self.classification_spec(r), agents)
                 for r in repeats
@@ -95,6 +99,8 @@ class Problem:
         of models (T, P, M); None for regression, which has no test set."""
         if not self.classifies:
             return None
+        from orchestrator.experiment import classification
+
         return classification.test_errors(models, self.q, datasets.load(self.config.dataset))
 
     def moments(self, repeat: int) -> tuple[np.ndarray, np.ndarray]:
