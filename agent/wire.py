@@ -318,7 +318,12 @@ def _tagged(options: Mapping[str, tuple[type, _Kind]]) -> _Kind:
         return [tag, options[tag][1].encode(obj)]
 
     def decode(value: Any, where: str) -> Any:
-        if type(value) is not list or len(value) != 2 or value[0] not in options:
+        if (
+            type(value) is not list
+            or len(value) != 2
+            or type(value[0]) is not str
+            or value[0] not in options
+        ):
             raise _schema(where, f"[kind, record] with kind one of {', '.join(options)}", value)
         return options[value[0]][1].decode(value[1], f"{where}.{value[0]}")
 

@@ -1176,3 +1176,10 @@ def test_mac_is_hmac_sha256(key: bytes, body: bytes, name: str) -> None:
     expected = hmac.digest(key, name.encode() + body, "sha256")[: wire.MAC_BYTES]
     assert wire._mac(key, name, body) == expected
     assert wire._mac(key, name, body) == expected  # and again, from the cached key pads
+
+
+@pytest.mark.parametrize("kind", [[1], {"a": 1}, b"q", 3])
+def test_a_tagged_record_with_a_kind_that_is_no_name_is_a_schema_error(kind: object) -> None:
+    """The fuzz found it: an unhashable kind raised TypeError instead of Rejected."""
+    with pytest.raises(Rejected, match="schema"):
+        wire._PROBLEM.decode([kind, {}], "config.problem")
