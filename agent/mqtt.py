@@ -15,15 +15,19 @@ import os
 import random
 import secrets
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar
 
 import gmqtt
 import gmqtt.mqtt.handler
 import gmqtt.storage
+from gmqtt.mqtt.connection import MQTTConnection
 from gmqtt.mqtt.constants import MQTTv311
+from gmqtt.mqtt.package import Package
+from gmqtt.mqtt.protocol import BaseMQTTProtocol, MQTTProtocol
 
 from agent import keys
 from agent.access import ClientAccess
@@ -98,17 +102,155 @@ class Outages:
     resent: int = 0  # QoS-1 publishes unacknowledged at a loss, sent again after it
 
 
+Deliver = Callable[[str, bytes, bool], None]  # (topic, payload, retained)
+_PUBLISH_QOS0 = 0x30  # fixed-header byte of a QoS-0 PUBLISH, flags DUP and RETAIN masked out
+
+
+class _Protocol(MQTTProtocol):  # type: ignore[misc,unused-ignore]
+    """gmqtt's MQTT protocol, reading where the bytes arrive and writing in batches.
+
+    gmqtt feeds what the socket gives to a StreamReader, and a read task of its own wakes to
+    parse it: one more event-loop turn per read, and amqtt sends every message alone. Here
+    `data_received` parses at once. A QoS-0 PUBLISH (every peer frame: MQTT 3.1.1, no
+    properties) goes straight to `deliver`; gmqtt's handler would unpack it twice, parse
+    properties and ask `inspect` whether our callback is a coroutine, per message. Every
+    other packet takes gmqtt's own path, in order.
+
+    Within `corked()` the packets written are joined into one transport write when it ends:
+    a step's publishes leave in one syscall, and the broker reads them in one."""
+
+    def __init__(self, *args: Any, deliver: Deliver, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deliver = deliver
+        self._unparsed = b""
+        self._corked: list[bytes] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        BaseMQTTProtocol.connection_made(self, transport)  # not gmqtt's: no read task
+
+    def data_received(self, data: bytes) -> None:
+        data = self._unparsed + data if self._unparsed else data
+        parsed = self._read_packet(data)
+        if parsed < 0:  # a malformed length: gmqtt stops reading, the keepalive ends it
+            self._unparsed = b""
+            self._transport.close()
+            return
+        self._unparsed = data[parsed:]
+
+    def eof_received(self) -> bool:
+        return False  # close the transport: `connection_lost` tells gmqtt
+
+    def _read_packet(self, data: bytes) -> int:
+        """Handle every whole packet in `data`; how many bytes they took (-1: malformed)."""
+        connection = self._connection
+        connection._last_data_in = time.monotonic()
+        at, end = 0, len(data)
+        while end - at >= 2:
+            size, shift, body = 0, 0, at + 1
+            while True:  # the remaining length: up to 4 bytes, 7 bits each
+                if body >= end:
+                    return at
+                byte = data[body]
+                size |= (byte & 0x7F) << shift
+                body += 1
+                if not byte & 0x80:
+                    break
+                shift += 7
+                if shift > 21:
+                    return -1
+            if body + size > end:
+                break
+            command, at = data[at], body + size
+            if command & 0xF6 == _PUBLISH_QOS0 and self._deliver_publish(
+                command, data[body:at], connection
+            ):
+                continue
+            connection.put_package(Package(command, data[body:at]))
+        return at
+
+    def _deliver_publish(self, command: int, packet: bytes, connection: MQTTConnection) -> bool:
+        """Deliver a QoS-0 PUBLISH; False leaves it to gmqtt (an unusual topic, an old
+        connection)."""
+        length = int.from_bytes(packet[:2], "big")
+        try:
+            topic = packet[2 : 2 + length].decode()
+        except UnicodeDecodeError:
+            return False
+        if not topic or connection._handler.current_connection is not connection:
+            return False
+        self._deliver(topic, packet[2 + length :], bool(command & 0x01))
+        return True
+
+    def write_data(self, data: bytes) -> None:
+        if self._corked is None:
+            super().write_data(data)
+        else:
+            self._corked.append(data)
+
+    @contextlib.contextmanager
+    def corked(self) -> Iterator[None]:
+        """Hold what is written meanwhile, and write it as one."""
+        if self._corked is not None:  # already corked: the outer block writes
+            yield
+            return
+        held: list[bytes] = []
+        self._corked = held
+        try:
+            yield
+        finally:
+            self._corked = None
+            if held:
+                super().write_data(b"".join(held))
+
+
 class _Client(gmqtt.Client):  # type: ignore[misc,unused-ignore]
-    """gmqtt's client without its own reconnect: `Connection` reconnects.
+    """gmqtt's client without its own reconnect (`Connection` reconnects), on `_Protocol`.
 
     gmqtt's `reconnect` waits a fixed `reconnect_delay`, always asks for a persistent session
     (clean_session=False, whatever the client was made with: the broker would keep a session
     for our random id forever), never resubscribes and gives up silently; `reconnect_retries`
     0 still allows one attempt. Its handler calls `reconnect` on every loss and on refused
-    CONNACKs: here that does nothing."""
+    CONNACKs: here that does nothing.
+
+    `_create_connection` is gmqtt's with `_Protocol` in place of its own (gmqtt takes no
+    protocol class as a parameter)."""
+
+    def __init__(self, *args: Any, deliver: Deliver, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deliver = deliver
+        self.protocol: _Protocol | None = None  # of the latest connection
 
     async def reconnect(self, delay: bool = False) -> None:
         return None
+
+    async def _create_connection(
+        self, host: str, port: int, ssl: Any, clean_session: bool, keepalive: int
+    ) -> MQTTConnection:
+        self._exit_reconnecting_state()
+        self._package_handler.clear_topics_aliases()
+        self._connack_received.clear()
+        self._connection_lost.clear()
+        factory = partial(
+            _Protocol,
+            deliver=self._deliver,
+            connection_state=self._connection_state,
+            id_generator=self._package_handler.id_generator,
+        )
+        transport, self.protocol = await asyncio.get_running_loop().create_connection(
+            factory, host, port, ssl=ssl
+        )
+        return MQTTConnection(
+            transport,
+            self.protocol,
+            clean_session,
+            keepalive,
+            package_handler=self._package_handler,
+            logger=self._logger,
+        )
+
+    def corked(self) -> contextlib.AbstractContextManager[None]:
+        """Publishes made within it leave in one write (`_Protocol.corked`)."""
+        return contextlib.nullcontext() if self.protocol is None else self.protocol.corked()
 
 
 class _Inflight(gmqtt.storage.PersistentStorage):  # type: ignore[misc,unused-ignore]
@@ -180,7 +322,11 @@ class Connection:
         self.broker, self.access, self.keepalive, self.give_up = broker, access, keepalive, give_up
         self._inflight = _Inflight()
         self._client = _Client(
-            "", clean_session=True, logger=_GMQTT_LOG, persistent_storage=self._inflight
+            "",
+            clean_session=True,
+            logger=_GMQTT_LOG,
+            persistent_storage=self._inflight,
+            deliver=self._deliver,
         )
         self._client.on_message = self._on_message
         self._client.on_disconnect = self._on_disconnect
@@ -238,8 +384,11 @@ class Connection:
             await self._client.disconnect()
 
     def _on_message(self, _c: Any, topic: str, payload: bytes, _qos: int, props: Any) -> int:
-        self._queue.put_nowait((topic, payload, bool(props.get("retain"))))
+        self._deliver(topic, payload, bool(props.get("retain")))
         return 0  # PUBACK: success
+
+    def _deliver(self, topic: str, payload: bytes, retained: bool) -> None:
+        self._queue.put_nowait((topic, payload, retained))
 
     def _on_disconnect(self, _c: Any, _packet: Any, exc: BaseException | None = None) -> None:
         for waiter in self._acks.values():
@@ -385,6 +534,10 @@ class Connection:
         else:
             self.outages.dropped += 1
 
+    def corked(self) -> contextlib.AbstractContextManager[None]:
+        """Publishes made within it leave in one socket write, when it ends."""
+        return self._client.corked()
+
     async def get(self, timeout: float | None = None) -> tuple[str, bytes, bool]:
         """The next (topic, payload, retained); TimeoutError after `timeout` s; MqttError once
         the connection is lost for good (an outage is waited through)."""
@@ -499,9 +652,10 @@ PROBE_TIMEOUT = 30.0
 
 
 def publish(client: Connection, out: Output) -> None:
-    """Everything a machine returned, each at its category's QoS (`QOS_OF`)."""
-    for p in out.publish:
-        client.publish(p.topic, p.payload, p.qos)
+    """Everything a machine returned, each at its category's QoS (`QOS_OF`), in one write."""
+    with client.corked():
+        for p in out.publish:
+            client.publish(p.topic, p.payload, p.qos)
 
 
 async def pump(
