@@ -15,6 +15,7 @@ import os
 import random
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -103,6 +104,7 @@ class Outages:
 
 
 Deliver = Callable[[str, bytes, bool], None]  # (topic, payload, retained)
+Taker = Callable[[str, bytes, bool], bool]  # ... True: taken, False: queue it
 _PUBLISH_QOS0 = 0x30  # fixed-header byte of a QoS-0 PUBLISH, flags DUP and RETAIN masked out
 
 
@@ -291,7 +293,8 @@ class Connection:
     gmqtt speaks MQTT straight from an asyncio protocol, where aiomqtt drives paho's
     blocking-socket loop from the event loop: on the bench's raw load (30 clients, two
     processes, mosquitto, QoS 0) it moves 5 to 8 times the messages per CPU second.
-    Deliveries go to a plain queue (cancellation-safe, like `agent.inbox.Inbox`).
+    Deliveries go to a plain queue (cancellation-safe, like `agent.inbox.Inbox`), or while
+    a `get` waits within `taking`, straight to a taker (`pump`'s fast path).
 
     A lost connection is made again: after RECONNECT_FIRST s, doubling to RECONNECT_MAX
     (with jitter, so a restarted broker is not hit by every client at once), for `give_up`
@@ -334,7 +337,10 @@ class Connection:
         self._client.on_unsubscribe = self._on_ack
         if access.username is not None:
             self._client.set_auth_credentials(access.username, access.password)
-        self._queue: asyncio.Queue[tuple[str, bytes, bool] | None] = asyncio.Queue()
+        self._queue: deque[tuple[str, bytes, bool] | None] = deque()  # None: lost for good
+        self._waiter: asyncio.Future[None] | None = None  # of the `get` waiting
+        self._taker: Taker | None = None
+        self._interrupted = False
         self._acks: dict[int, asyncio.Future[None]] = {}  # SUBACKs and UNSUBACKs by mid
         self._lost: str | None = None  # why the connection ended for good
         self._closing = False
@@ -388,7 +394,36 @@ class Connection:
         return 0  # PUBACK: success
 
     def _deliver(self, topic: str, payload: bytes, retained: bool) -> None:
-        self._queue.put_nowait((topic, payload, retained))
+        waiter = self._waiter
+        if (
+            self._taker is None
+            or waiter is None
+            or waiter.done()  # woken already: what comes meanwhile waits its turn
+            or not self._taker(topic, payload, retained)
+        ):
+            self._queue.append((topic, payload, retained))
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def interrupt(self) -> None:
+        """End the `get` under way (or else the next) as if its time had run out, before
+        any delivery."""
+        self._interrupted = True
+        self._wake()
+
+    @contextlib.contextmanager
+    def taking(self, taker: Taker) -> Iterator[None]:
+        """While a `get` waits within this block, a delivery (none being queued) goes to
+        `taker` at once, from the transport's callback: no task wakes for it. A taker
+        returns False to have it queued instead, and returns the next `get`."""
+        self._taker = taker
+        try:
+            yield
+        finally:
+            self._taker = None
 
     def _on_disconnect(self, _c: Any, _packet: Any, exc: BaseException | None = None) -> None:
         for waiter in self._acks.values():
@@ -481,7 +516,8 @@ class Connection:
         self._lost = why
         self.outages.seconds += time.monotonic() - began
         self._settled.set()
-        self._queue.put_nowait(None)
+        self._queue.append(None)
+        self._wake()
         log.error("%s", why)
 
     async def _wait_up(self) -> None:
@@ -539,16 +575,26 @@ class Connection:
         return self._client.corked()
 
     async def get(self, timeout: float | None = None) -> tuple[str, bytes, bool]:
-        """The next (topic, payload, retained); TimeoutError after `timeout` s; MqttError once
-        the connection is lost for good (an outage is waited through)."""
-        if self._queue.empty():
-            async with asyncio.timeout(timeout):
-                item = await self._queue.get()
-        else:
-            item = self._queue.get_nowait()
-        if item is None:
-            self._queue.put_nowait(None)  # every later get sees it too
+        """The next (topic, payload, retained); TimeoutError after `timeout` s (or an
+        `interrupt`); MqttError once the connection is lost for good (an outage is waited
+        through). One caller at a time."""
+        if not self._queue and not self._interrupted:
+            loop = asyncio.get_running_loop()
+            self._waiter = waiter = loop.create_future()
+            timer = None if timeout is None else loop.call_later(max(timeout, 0.0), self._wake)
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+        if self._interrupted or not self._queue:
+            self._interrupted = False
+            raise TimeoutError
+        item = self._queue[0]
+        if item is None:  # left in place: every later get sees it too
             raise MqttError(self._lost or "connection to the broker ended")
+        self._queue.popleft()
         return item
 
 
@@ -672,31 +718,94 @@ async def pump(
     """
     clock = time.monotonic
     last = clock()  # when the machine was last fed
-    reconnects = client.outages.reconnects
+    fast = _FastPath(client, machine, until, on_output)
     while not until():
         wake = machine.next_tick()
         waits = [w for w in (None if wake is None else wake - clock(), every) if w is not None]
         timeout = max(0.0, min(waits)) if waits else None
+        fast.arm(None if timeout is None else last + timeout)
         try:
-            topic, payload, retained = await client.get(timeout)
+            with client.taking(fast):
+                topic, payload, retained = await client.get(timeout)
         except TimeoutError:
             out = Output()
         else:
             out = machine.receive(topic, payload, clock(), retained)
+        if fast.error is not None:
+            raise fast.error
+        if fast.stops:  # the fast path fed the machine, which asked to unsubscribe
+            stops, fast.stops = fast.stops, []
+            for stop in stops:
+                await _drain_and_stop(client, machine, stop, on_output)
+            last = clock()
+            continue
         # Longer since the last feed than the wait allowed: this process was not running
         # (stopped while waiting or while working), whatever it was doing.
-        deaf = client.outages.reconnects != reconnects  # silence meanwhile proves nothing
+        deaf = client.outages.reconnects != fast.reconnects  # silence meanwhile proves nothing
         if timeout is not None and clock() - last > timeout + PAUSED:
             out += await _backlog(client, machine)
             deaf = True
         if deaf or not client.up:  # no deadline runs out while nothing can be heard
-            reconnects = client.outages.reconnects
+            fast.reconnects = client.outages.reconnects
             out += machine.deaf(clock())
         wake = machine.next_tick()
         if wake is not None and clock() >= wake:
             out += machine.tick(clock())
         await _apply(client, machine, out, on_output)
         last = clock()
+
+
+class _FastPath:
+    """`pump`'s work for one delivery, done in the transport's callback while the pump
+    waits (`Connection.taking`): no task wakes, no timer is set per delivery, and the
+    outputs of the deliveries in one read leave at once.
+
+    Only the plain case: the pump's own loop takes a delivery (`False`: queued) that may
+    come after a pause of this process or a reconnect, and is woken (`interrupt`) once the
+    machine is done, wants a tick before the pump's timer, or asked to unsubscribe (the
+    pump drains and stops; what arrives meanwhile is queued behind)."""
+
+    def __init__(
+        self,
+        client: Connection,
+        machine: Machine,
+        until: Callable[[], bool],
+        on_output: Callable[[Output], None] | None,
+    ) -> None:
+        self.client, self.machine, self.until, self.on_output = client, machine, until, on_output
+        self.reconnects = client.outages.reconnects
+        self.stops: list[Unsubscribe] = []
+        self.error: Exception | None = None
+        self._timer: float | None = None  # when the pump wakes by itself
+        self._paused_after: float | None = None  # a delivery later than this: we were paused
+
+    def arm(self, timer: float | None) -> None:
+        """The pump waits until `timer` (None: for a delivery)."""
+        self._timer = timer
+        self._paused_after = None if timer is None else timer + PAUSED
+
+    def __call__(self, topic: str, payload: bytes, retained: bool) -> bool:
+        clock, client, machine = time.monotonic, self.client, self.machine
+        now = clock()
+        paused = self._paused_after is not None and now > self._paused_after
+        if paused or client.outages.reconnects != self.reconnects or not client.up:
+            return False
+        try:
+            out = machine.receive(topic, payload, now, retained)
+            wake = machine.next_tick()
+            if wake is not None and clock() >= wake:
+                out += machine.tick(clock())
+            _report(client, out, self.on_output)
+        except Exception as exc:  # raised by the pump, as its own work would
+            self.error = exc
+            client.interrupt()
+            return True
+        self.stops += out.unsubscribe
+        wake = machine.next_tick()
+        early = wake is not None and (self._timer is None or wake < self._timer)
+        if self.stops or early or self.until():
+            client.interrupt()
+        return True
 
 
 async def _backlog(client: Connection, machine: Machine) -> Output:
@@ -722,11 +831,16 @@ async def _apply(
     on_output: Callable[[Output], None] | None,
 ) -> None:
     """Publish, unsubscribe and report what a machine returned."""
+    _report(client, out, on_output)
+    for stop in out.unsubscribe:
+        await _drain_and_stop(client, machine, stop, on_output)
+
+
+def _report(client: Connection, out: Output, on_output: Callable[[Output], None] | None) -> None:
+    """Publish and report what a machine returned."""
     publish(client, out)
     if on_output is not None:
         on_output(out)
-    for stop in out.unsubscribe:
-        await _drain_and_stop(client, machine, stop, on_output)
 
 
 async def _drain_and_stop(
