@@ -29,6 +29,7 @@ from gmqtt.mqtt.connection import MQTTConnection
 from gmqtt.mqtt.constants import MQTTv311
 from gmqtt.mqtt.package import Package
 from gmqtt.mqtt.protocol import BaseMQTTProtocol, MQTTProtocol
+from gmqtt.mqtt.utils import pack_variable_byte_integer
 
 from agent import keys
 from agent.access import ClientAccess
@@ -116,7 +117,8 @@ class _Protocol(MQTTProtocol):  # type: ignore[misc,unused-ignore]
     `data_received` parses at once. A QoS-0 PUBLISH (every peer frame: MQTT 3.1.1, no
     properties) goes straight to `deliver`; gmqtt's handler would unpack it twice, parse
     properties and ask `inspect` whether our callback is a coroutine, per message. Every
-    other packet takes gmqtt's own path, in order.
+    other packet takes gmqtt's own path, in order. A QoS-0 PUBLISH is also built here
+    (`publish_qos0`): gmqtt's Message and packet builder cost as much as the rest of a send.
 
     Within `corked()` the packets written are joined into one transport write when it ends:
     a step's publishes leave in one syscall, and the broker reads them in one."""
@@ -182,6 +184,12 @@ class _Protocol(MQTTProtocol):  # type: ignore[misc,unused-ignore]
             return False
         self._deliver(topic, packet[2 + length :], bool(command & 0x01))
         return True
+
+    def publish_qos0(self, topic: str, payload: bytes) -> None:
+        """The PUBLISH gmqtt would build for it (MQTT 3.1.1: no properties)."""
+        name = topic.encode()
+        length = pack_variable_byte_integer(2 + len(name) + len(payload))
+        self.write_data(b"".join((b"\x30", length, len(name).to_bytes(2, "big"), name, payload)))
 
     def write_data(self, data: bytes) -> None:
         if self._corked is None:
@@ -558,6 +566,9 @@ class Connection:
         """Queue one PUBLISH on the socket (QoS 1: kept until its PUBACK, and across a
         reconnect). While disconnected QoS 0 is dropped and QoS 1 held (see the class)."""
         if self._up and self._client.is_connected:
+            if not qos and self._client.protocol is not None:
+                self._client.protocol.publish_qos0(topic, payload)
+                return
             self._inflight.next = (topic, payload, qos) if qos else None
             try:
                 self._client.publish(topic, payload, qos=qos)
@@ -699,6 +710,8 @@ PROBE_TIMEOUT = 30.0
 
 def publish(client: Connection, out: Output) -> None:
     """Everything a machine returned, each at its category's QoS (`QOS_OF`), in one write."""
+    if not out.publish:
+        return
     with client.corked():
         for p in out.publish:
             client.publish(p.topic, p.payload, p.qos)

@@ -8,6 +8,9 @@ import asyncio
 from typing import Any
 
 import pytest
+from gmqtt import Message
+from gmqtt.mqtt.constants import MQTTv311
+from gmqtt.mqtt.package import PublishPacket
 from gmqtt.mqtt.utils import ConnectionState, IdGenerator
 
 from agent.access import ClientAccess
@@ -66,7 +69,7 @@ async def protocol() -> tuple[_Protocol, FakeTransport, list[object]]:
     seen: list[object] = []
     proto = _Protocol(
         deliver=lambda *delivery: seen.append(delivery),
-        connection_state=ConnectionState(),
+        connection_state=ConnectionState(protocol_version=MQTTv311),
         id_generator=IdGenerator(),
     )
     transport = FakeTransport()
@@ -115,6 +118,15 @@ async def test_corked_writes_leave_as_one_write_in_order() -> None:
     with proto.corked():
         pass
     assert len(transport.writes) == 3  # nothing held: nothing written
+
+
+@pytest.mark.parametrize("size", [0, 100, 20_000, 3_000_000])
+async def test_qos0_publish_is_the_packet_gmqtt_builds(size: int) -> None:
+    proto, transport, _ = await protocol()
+    payload = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    proto.publish_qos0("privnet/r/to/3/from/é", payload)
+    _, want = PublishPacket.build_package(Message("privnet/r/to/3/from/é", payload), proto)
+    assert transport.writes == [bytes(want)]
 
 
 def connection() -> Connection:
