@@ -770,8 +770,7 @@ async def pump(
 
 class _FastPath:
     """`pump`'s work for one delivery, done in the transport's callback while the pump
-    waits (`Connection.taking`): no task wakes, no timer is set per delivery, and the
-    outputs of the deliveries in one read leave at once.
+    waits (`Connection.taking`): no task wakes and no timer is set per delivery.
 
     Only the plain case: the pump's own loop takes a delivery (`False`: queued) that may
     come after a pause of this process or a reconnect, and is woken (`interrupt`) once the
