@@ -15,15 +15,21 @@ import os
 import random
 import secrets
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar
 
 import gmqtt
 import gmqtt.mqtt.handler
 import gmqtt.storage
+from gmqtt.mqtt.connection import MQTTConnection
 from gmqtt.mqtt.constants import MQTTv311
+from gmqtt.mqtt.package import Package
+from gmqtt.mqtt.protocol import BaseMQTTProtocol, MQTTProtocol
+from gmqtt.mqtt.utils import pack_variable_byte_integer
 
 from agent import keys
 from agent.access import ClientAccess
@@ -98,17 +104,163 @@ class Outages:
     resent: int = 0  # QoS-1 publishes unacknowledged at a loss, sent again after it
 
 
+Deliver = Callable[[str, bytes, bool], None]  # (topic, payload, retained)
+Taker = Callable[[str, bytes, bool], bool]  # ... True: taken, False: queue it
+_PUBLISH_QOS0 = 0x30  # fixed-header byte of a QoS-0 PUBLISH, flags DUP and RETAIN masked out
+
+
+class _Protocol(MQTTProtocol):  # type: ignore[misc,unused-ignore]
+    """gmqtt's MQTT protocol, reading where the bytes arrive and writing in batches.
+
+    gmqtt feeds what the socket gives to a StreamReader, and a read task of its own wakes to
+    parse it: one more event-loop turn per read, and amqtt sends every message alone. Here
+    `data_received` parses at once. A QoS-0 PUBLISH (every peer frame: MQTT 3.1.1, no
+    properties) goes straight to `deliver`; gmqtt's handler would unpack it twice, parse
+    properties and ask `inspect` whether our callback is a coroutine, per message. Every
+    other packet takes gmqtt's own path, in order. A QoS-0 PUBLISH is also built here
+    (`publish_qos0`): gmqtt's Message and packet builder cost as much as the rest of a send.
+
+    Within `corked()` the packets written are joined into one transport write when it ends:
+    a step's publishes leave in one syscall, and the broker reads them in one."""
+
+    def __init__(self, *args: Any, deliver: Deliver, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deliver = deliver
+        self._unparsed = b""
+        self._corked: list[bytes] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        BaseMQTTProtocol.connection_made(self, transport)  # not gmqtt's: no read task
+
+    def data_received(self, data: bytes) -> None:
+        data = self._unparsed + data if self._unparsed else data
+        parsed = self._read_packet(data)
+        if parsed < 0:  # a malformed length: gmqtt stops reading, the keepalive ends it
+            self._unparsed = b""
+            self._transport.close()
+            return
+        self._unparsed = data[parsed:]
+
+    def eof_received(self) -> bool:
+        return False  # close the transport: `connection_lost` tells gmqtt
+
+    def _read_packet(self, data: bytes) -> int:
+        """Handle every whole packet in `data`; how many bytes they took (-1: malformed)."""
+        connection = self._connection
+        connection._last_data_in = time.monotonic()
+        at, end = 0, len(data)
+        while end - at >= 2:
+            size, shift, body = 0, 0, at + 1
+            while True:  # the remaining length: up to 4 bytes, 7 bits each
+                if body >= end:
+                    return at
+                byte = data[body]
+                size |= (byte & 0x7F) << shift
+                body += 1
+                if not byte & 0x80:
+                    break
+                shift += 7
+                if shift > 21:
+                    return -1
+            if body + size > end:
+                break
+            command, at = data[at], body + size
+            if command & 0xF6 == _PUBLISH_QOS0 and self._deliver_publish(
+                command, data[body:at], connection
+            ):
+                continue
+            connection.put_package(Package(command, data[body:at]))
+        return at
+
+    def _deliver_publish(self, command: int, packet: bytes, connection: MQTTConnection) -> bool:
+        """Deliver a QoS-0 PUBLISH; False leaves it to gmqtt (an unusual topic, an old
+        connection)."""
+        length = int.from_bytes(packet[:2], "big")
+        try:
+            topic = packet[2 : 2 + length].decode()
+        except UnicodeDecodeError:
+            return False
+        if not topic or connection._handler.current_connection is not connection:
+            return False
+        self._deliver(topic, packet[2 + length :], bool(command & 0x01))
+        return True
+
+    def publish_qos0(self, topic: str, payload: bytes) -> None:
+        """The PUBLISH gmqtt would build for it (MQTT 3.1.1: no properties)."""
+        name = topic.encode()
+        length = pack_variable_byte_integer(2 + len(name) + len(payload))
+        self.write_data(b"".join((b"\x30", length, len(name).to_bytes(2, "big"), name, payload)))
+
+    def write_data(self, data: bytes) -> None:
+        if self._corked is None:
+            super().write_data(data)
+        else:
+            self._corked.append(data)
+
+    @contextlib.contextmanager
+    def corked(self) -> Iterator[None]:
+        """Hold what is written meanwhile, and write it as one."""
+        if self._corked is not None:  # already corked: the outer block writes
+            yield
+            return
+        held: list[bytes] = []
+        self._corked = held
+        try:
+            yield
+        finally:
+            self._corked = None
+            if held:
+                super().write_data(b"".join(held))
+
+
 class _Client(gmqtt.Client):  # type: ignore[misc,unused-ignore]
-    """gmqtt's client without its own reconnect: `Connection` reconnects.
+    """gmqtt's client without its own reconnect (`Connection` reconnects), on `_Protocol`.
 
     gmqtt's `reconnect` waits a fixed `reconnect_delay`, always asks for a persistent session
     (clean_session=False, whatever the client was made with: the broker would keep a session
     for our random id forever), never resubscribes and gives up silently; `reconnect_retries`
     0 still allows one attempt. Its handler calls `reconnect` on every loss and on refused
-    CONNACKs: here that does nothing."""
+    CONNACKs: here that does nothing.
+
+    `_create_connection` is gmqtt's with `_Protocol` in place of its own (gmqtt takes no
+    protocol class as a parameter)."""
+
+    def __init__(self, *args: Any, deliver: Deliver, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deliver = deliver
+        self.protocol: _Protocol | None = None  # of the latest connection
 
     async def reconnect(self, delay: bool = False) -> None:
         return None
+
+    async def _create_connection(
+        self, host: str, port: int, ssl: Any, clean_session: bool, keepalive: int
+    ) -> MQTTConnection:
+        self._exit_reconnecting_state()
+        self._package_handler.clear_topics_aliases()
+        self._connack_received.clear()
+        self._connection_lost.clear()
+        factory = partial(
+            _Protocol,
+            deliver=self._deliver,
+            connection_state=self._connection_state,
+            id_generator=self._package_handler.id_generator,
+        )
+        transport, self.protocol = await asyncio.get_running_loop().create_connection(
+            factory, host, port, ssl=ssl
+        )
+        return MQTTConnection(
+            transport,
+            self.protocol,
+            clean_session,
+            keepalive,
+            package_handler=self._package_handler,
+            logger=self._logger,
+        )
+
+    def corked(self) -> contextlib.AbstractContextManager[None]:
+        """Publishes made within it leave in one write (`_Protocol.corked`)."""
+        return contextlib.nullcontext() if self.protocol is None else self.protocol.corked()
 
 
 class _Inflight(gmqtt.storage.PersistentStorage):  # type: ignore[misc,unused-ignore]
@@ -149,7 +301,8 @@ class Connection:
     gmqtt speaks MQTT straight from an asyncio protocol, where aiomqtt drives paho's
     blocking-socket loop from the event loop: on the bench's raw load (30 clients, two
     processes, mosquitto, QoS 0) it moves 5 to 8 times the messages per CPU second.
-    Deliveries go to a plain queue (cancellation-safe, like `agent.inbox.Inbox`).
+    Deliveries go to a plain queue (cancellation-safe, like `agent.inbox.Inbox`), or while
+    a `get` waits within `taking`, straight to a taker (`pump`'s fast path).
 
     A lost connection is made again: after RECONNECT_FIRST s, doubling to RECONNECT_MAX
     (with jitter, so a restarted broker is not hit by every client at once), for `give_up`
@@ -180,7 +333,11 @@ class Connection:
         self.broker, self.access, self.keepalive, self.give_up = broker, access, keepalive, give_up
         self._inflight = _Inflight()
         self._client = _Client(
-            "", clean_session=True, logger=_GMQTT_LOG, persistent_storage=self._inflight
+            "",
+            clean_session=True,
+            logger=_GMQTT_LOG,
+            persistent_storage=self._inflight,
+            deliver=self._deliver,
         )
         self._client.on_message = self._on_message
         self._client.on_disconnect = self._on_disconnect
@@ -188,7 +345,10 @@ class Connection:
         self._client.on_unsubscribe = self._on_ack
         if access.username is not None:
             self._client.set_auth_credentials(access.username, access.password)
-        self._queue: asyncio.Queue[tuple[str, bytes, bool] | None] = asyncio.Queue()
+        self._queue: deque[tuple[str, bytes, bool] | None] = deque()  # None: lost for good
+        self._waiter: asyncio.Future[None] | None = None  # of the `get` waiting
+        self._taker: Taker | None = None
+        self._interrupted = False
         self._acks: dict[int, asyncio.Future[None]] = {}  # SUBACKs and UNSUBACKs by mid
         self._lost: str | None = None  # why the connection ended for good
         self._closing = False
@@ -238,8 +398,40 @@ class Connection:
             await self._client.disconnect()
 
     def _on_message(self, _c: Any, topic: str, payload: bytes, _qos: int, props: Any) -> int:
-        self._queue.put_nowait((topic, payload, bool(props.get("retain"))))
+        self._deliver(topic, payload, bool(props.get("retain")))
         return 0  # PUBACK: success
+
+    def _deliver(self, topic: str, payload: bytes, retained: bool) -> None:
+        waiter = self._waiter
+        if (
+            self._taker is None
+            or waiter is None
+            or waiter.done()  # woken already: what comes meanwhile waits its turn
+            or not self._taker(topic, payload, retained)
+        ):
+            self._queue.append((topic, payload, retained))
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def interrupt(self) -> None:
+        """End the `get` under way (or else the next) as if its time had run out, before
+        any delivery."""
+        self._interrupted = True
+        self._wake()
+
+    @contextlib.contextmanager
+    def taking(self, taker: Taker) -> Iterator[None]:
+        """While a `get` waits within this block, a delivery (none being queued) goes to
+        `taker` at once, from the transport's callback: no task wakes for it. A taker
+        returns False to have it queued instead, and returns the next `get`."""
+        self._taker = taker
+        try:
+            yield
+        finally:
+            self._taker = None
 
     def _on_disconnect(self, _c: Any, _packet: Any, exc: BaseException | None = None) -> None:
         for waiter in self._acks.values():
@@ -332,7 +524,8 @@ class Connection:
         self._lost = why
         self.outages.seconds += time.monotonic() - began
         self._settled.set()
-        self._queue.put_nowait(None)
+        self._queue.append(None)
+        self._wake()
         log.error("%s", why)
 
     async def _wait_up(self) -> None:
@@ -373,6 +566,9 @@ class Connection:
         """Queue one PUBLISH on the socket (QoS 1: kept until its PUBACK, and across a
         reconnect). While disconnected QoS 0 is dropped and QoS 1 held (see the class)."""
         if self._up and self._client.is_connected:
+            if not qos and self._client.protocol is not None:
+                self._client.protocol.publish_qos0(topic, payload)
+                return
             self._inflight.next = (topic, payload, qos) if qos else None
             try:
                 self._client.publish(topic, payload, qos=qos)
@@ -385,17 +581,31 @@ class Connection:
         else:
             self.outages.dropped += 1
 
+    def corked(self) -> contextlib.AbstractContextManager[None]:
+        """Publishes made within it leave in one socket write, when it ends."""
+        return self._client.corked()
+
     async def get(self, timeout: float | None = None) -> tuple[str, bytes, bool]:
-        """The next (topic, payload, retained); TimeoutError after `timeout` s; MqttError once
-        the connection is lost for good (an outage is waited through)."""
-        if self._queue.empty():
-            async with asyncio.timeout(timeout):
-                item = await self._queue.get()
-        else:
-            item = self._queue.get_nowait()
-        if item is None:
-            self._queue.put_nowait(None)  # every later get sees it too
+        """The next (topic, payload, retained); TimeoutError after `timeout` s (or an
+        `interrupt`); MqttError once the connection is lost for good (an outage is waited
+        through). One caller at a time."""
+        if not self._queue and not self._interrupted:
+            loop = asyncio.get_running_loop()
+            self._waiter = waiter = loop.create_future()
+            timer = None if timeout is None else loop.call_later(max(timeout, 0.0), self._wake)
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+        if self._interrupted or not self._queue:
+            self._interrupted = False
+            raise TimeoutError
+        item = self._queue[0]
+        if item is None:  # left in place: every later get sees it too
             raise MqttError(self._lost or "connection to the broker ended")
+        self._queue.popleft()
         return item
 
 
@@ -499,9 +709,12 @@ PROBE_TIMEOUT = 30.0
 
 
 def publish(client: Connection, out: Output) -> None:
-    """Everything a machine returned, each at its category's QoS (`QOS_OF`)."""
-    for p in out.publish:
-        client.publish(p.topic, p.payload, p.qos)
+    """Everything a machine returned, each at its category's QoS (`QOS_OF`), in one write."""
+    if not out.publish:
+        return
+    with client.corked():
+        for p in out.publish:
+            client.publish(p.topic, p.payload, p.qos)
 
 
 async def pump(
@@ -518,31 +731,93 @@ async def pump(
     """
     clock = time.monotonic
     last = clock()  # when the machine was last fed
-    reconnects = client.outages.reconnects
+    fast = _FastPath(client, machine, until, on_output)
     while not until():
         wake = machine.next_tick()
         waits = [w for w in (None if wake is None else wake - clock(), every) if w is not None]
         timeout = max(0.0, min(waits)) if waits else None
+        fast.arm(None if timeout is None else last + timeout)
         try:
-            topic, payload, retained = await client.get(timeout)
+            with client.taking(fast):
+                topic, payload, retained = await client.get(timeout)
         except TimeoutError:
             out = Output()
         else:
             out = machine.receive(topic, payload, clock(), retained)
+        if fast.error is not None:
+            raise fast.error
+        if fast.stops:  # the fast path fed the machine, which asked to unsubscribe
+            stops, fast.stops = fast.stops, []
+            for stop in stops:
+                await _drain_and_stop(client, machine, stop, on_output)
+            last = clock()
+            continue
         # Longer since the last feed than the wait allowed: this process was not running
         # (stopped while waiting or while working), whatever it was doing.
-        deaf = client.outages.reconnects != reconnects  # silence meanwhile proves nothing
+        deaf = client.outages.reconnects != fast.reconnects  # silence meanwhile proves nothing
         if timeout is not None and clock() - last > timeout + PAUSED:
             out += await _backlog(client, machine)
             deaf = True
         if deaf or not client.up:  # no deadline runs out while nothing can be heard
-            reconnects = client.outages.reconnects
+            fast.reconnects = client.outages.reconnects
             out += machine.deaf(clock())
         wake = machine.next_tick()
         if wake is not None and clock() >= wake:
             out += machine.tick(clock())
         await _apply(client, machine, out, on_output)
         last = clock()
+
+
+class _FastPath:
+    """`pump`'s work for one delivery, done in the transport's callback while the pump
+    waits (`Connection.taking`): no task wakes and no timer is set per delivery.
+
+    Only the plain case: the pump's own loop takes a delivery (`False`: queued) that may
+    come after a pause of this process or a reconnect, and is woken (`interrupt`) once the
+    machine is done, wants a tick before the pump's timer, or asked to unsubscribe (the
+    pump drains and stops; what arrives meanwhile is queued behind)."""
+
+    def __init__(
+        self,
+        client: Connection,
+        machine: Machine,
+        until: Callable[[], bool],
+        on_output: Callable[[Output], None] | None,
+    ) -> None:
+        self.client, self.machine, self.until, self.on_output = client, machine, until, on_output
+        self.reconnects = client.outages.reconnects
+        self.stops: list[Unsubscribe] = []
+        self.error: Exception | None = None
+        self._timer: float | None = None  # when the pump wakes by itself
+        self._paused_after: float | None = None  # a delivery later than this: we were paused
+
+    def arm(self, timer: float | None) -> None:
+        """The pump waits until `timer` (None: for a delivery)."""
+        self._timer = timer
+        self._paused_after = None if timer is None else timer + PAUSED
+
+    def __call__(self, topic: str, payload: bytes, retained: bool) -> bool:
+        clock, client, machine = time.monotonic, self.client, self.machine
+        now = clock()
+        paused = self._paused_after is not None and now > self._paused_after
+        if paused or client.outages.reconnects != self.reconnects or not client.up:
+            return False
+        try:
+            out = machine.receive(topic, payload, now, retained)
+            wake = machine.next_tick()
+            if wake is not None and clock() >= wake:
+                out += machine.tick(clock())
+            _report(client, out, self.on_output)
+        except Exception as exc:  # raised by the pump, as its own work would
+            self.error = exc
+            client.interrupt()
+            return True
+        self.stops += out.unsubscribe
+        wake = machine.next_tick()
+        early = wake is not None and (self._timer is None or wake < self._timer)
+        if self.stops or early or self.until():
+            client.interrupt()
+        return True
 
 
 async def _backlog(client: Connection, machine: Machine) -> Output:
@@ -568,11 +843,16 @@ async def _apply(
     on_output: Callable[[Output], None] | None,
 ) -> None:
     """Publish, unsubscribe and report what a machine returned."""
+    _report(client, out, on_output)
+    for stop in out.unsubscribe:
+        await _drain_and_stop(client, machine, stop, on_output)
+
+
+def _report(client: Connection, out: Output, on_output: Callable[[Output], None] | None) -> None:
+    """Publish and report what a machine returned."""
     publish(client, out)
     if on_output is not None:
         on_output(out)
-    for stop in out.unsubscribe:
-        await _drain_and_stop(client, machine, stop, on_output)
 
 
 async def _drain_and_stop(
