@@ -402,7 +402,11 @@ class AgentNode:
             ):
                 if self.phase in ACTIVE:
                     self.phase = Phase.HELD
-                return Output([self._progress(now)])
+                # The reports first: the next view starts where one is missing (a broker
+                # that went down with it), so it must not start where one is still here.
+                session = self.session
+                flush = [self._telemetry(session)] if session and session.reports else []
+                return Output([*flush, self._progress(now)])
             case control.Excluded(agent=agent, session=n, view=v) if (
                 agent == self.me and self._holds(n, v) and not self._is(Phase.EXCLUDED)
             ):

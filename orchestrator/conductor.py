@@ -602,7 +602,9 @@ class Conductor:
             return Output()
         if self._splits(staying | self._joining.keys()) and now - self._since < self.deadline:
             return Output()  # a lost cut vertex may be back soon (restarted): wait a deadline
-        start = min((self._held[m] for m in staying), default=0) + 1
+        start = self._first_unrecorded(
+            staying, min((self._held[m] for m in staying), default=0) + 1
+        )
         rounds = self.plans[self.session].rounds
         if start > rounds:  # every member still in has finished: nothing to redo
             self._lost.clear()
@@ -618,6 +620,17 @@ class Conductor:
         for agent, rejoin in self._joining.items():
             resume[agent] = self._resume_of(agent, rejoin, start)
         return self._switch(now, start, self._reason, tuple(sorted(resume)), resume)
+
+    def _first_unrecorded(self, staying: frozenset[int], start: int) -> int:
+        """The round the next view starts at: after the slowest member's last, or earlier
+        where a staying member's report of the current view never came (the broker went
+        down with it): that round is redone, so every round that stands has every member's
+        report. Members hold every model of the session, so any round can be redone."""
+        view = self.view
+        first = view.start if view is not None and view.session == self.session else 1
+        missing = np.isnan(self.models[first - 1 : start - 1, sorted(staying), 0])
+        gaps = np.flatnonzero(missing.any(axis=1))
+        return first + int(gaps[0]) if gaps.size else start
 
     def _splits(self, members: Iterable[int]) -> bool:
         """Whether these members' graph is not connected (a view on it would not run)."""

@@ -975,6 +975,32 @@ def test_a_stalled_round_is_redone_under_a_new_view_and_equals_a_clean_run(
     h.assert_all_counted()
 
 
+def test_a_lost_telemetry_batch_is_redone_by_the_next_view() -> None:
+    """Agent 5's first telemetry batch (rounds 1-10) is lost, as with a broker that goes
+    down holding it; round 15 stalls at agent 8. The next view starts at round 1, the first
+    round missing a member's report, not after the slowest member's last: every round that
+    stands has every member's report, and the models are a clean run's."""
+    h = Harness.build(rounds=25)
+    lost: list[int] = []
+
+    def selected(publisher: str, frame: Publish) -> bool:
+        if frame.category == "telemetry" and frame.topic == topics.telemetry(RUN, 5) and not lost:
+            lost.append(1)
+            return True
+        return lose_15_to_8(publisher, frame)
+
+    lose_models_to(h, 8, 15)
+    lose_15_to_8 = h.lose
+    h.lose = selected
+    h.start()
+    h.advance(40.0)
+    assert lost and views(h) == [(0, 1, EVERYONE, "start"), (1, 1, EVERYONE, "stalled")]
+    (result,) = h.finish()
+    assert result.missed == {}
+    assert_same_models([result], Harness.build(rounds=25).play())
+    h.assert_all_counted()
+
+
 def test_a_finished_a_later_view_voids_gives_its_rejections_back() -> None:
     """Agent 1 drops two junk frames and finishes; agent 8 is stuck in the last round (its
     models lost), so a new view redoes it: agent 1's second Finished reports the two junk
