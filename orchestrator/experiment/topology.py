@@ -7,9 +7,7 @@ a_mp > 0 only for m in N_p (the neighbourhood of p, p included).
 
 from __future__ import annotations
 
-import itertools
 import math
-import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -78,17 +76,9 @@ def _geometric(agents: int, seed: int | None, radius: float) -> nx.Graph:
         raise ConfigError(f"radius must be a positive number, got {radius}")
 
     def draw(s: int | None) -> nx.Graph:
-        """`nx.random_geometric_graph(agents, radius, seed=s)`: the same draws and edges, in
-        the same order, without the scipy KD-tree it imports (half a second of start-up)."""
-        rng = random.Random(s)
-        pos = {node: (rng.random(), rng.random()) for node in range(agents)}
-        graph = nx.empty_graph(agents)
-        nx.set_node_attributes(graph, pos, "pos")
-        graph.add_edges_from(
-            (u, v)
-            for u, v in itertools.combinations(range(agents), 2)
-            if (pos[u][0] - pos[v][0]) ** 2 + (pos[u][1] - pos[v][1]) ** 2 <= radius**2
-        )
+        graph = nx.random_geometric_graph(agents, radius, seed=s)
+        for node, xy in nx.get_node_attributes(graph, "pos").items():
+            graph.nodes[node]["pos"] = (float(xy[0]), float(xy[1]))
         graph.graph["radius"] = radius
         return graph
 
