@@ -212,7 +212,9 @@ def watch(proc: subprocess.Popen[bytes], every: float = 0.25) -> Sample:
         for p in tree:
             try:
                 with p.oneshot():
-                    role = last[p.pid][0] if p.pid in last else _role(p)
+                    known = last.get(p.pid, ("orchestrator", 0.0))[0]
+                    # a child seen before its exec looks like the orchestrator: ask again
+                    role = known if known != "orchestrator" else _role(p)
                     t = p.cpu_times()
                     rss = p.memory_info().rss
             except psutil.Error:
