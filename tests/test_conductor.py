@@ -1083,18 +1083,24 @@ def test_a_member_lost_after_the_last_round_leaves_nothing_to_redo() -> None:
     assert sorted(result.finished) == list(EVERYONE) and not np.isnan(result.models).any()
 
 
-def test_a_network_of_one_stops() -> None:
+@pytest.mark.parametrize("left", [1, 0])
+def test_a_network_of_one_or_none_stops(left: int) -> None:
+    """With none left (a 1000-agent run lost them all at once) no graph is drawn: the run
+    waits a deadline for anyone to come back, then stops saying so."""
     h = Harness.build([(Strategy.ATC, Scheme.NONE)], rounds=LONG)
 
-    def crash_all_but_0() -> None:
-        for m in range(1, AGENTS):
+    def crash() -> None:
+        for m in range(left, AGENTS):
             h.crash(m)
 
-    h.when(at_round(h, 0, 2), crash_all_but_0)
+    h.when(at_round(h, 0, 2), crash)
     h.start()
+    h.advance(60.0)
     c = h.conductor
     assert c.stage is Stage.FAILED
-    assert c.failure.startswith("1 agent(s) left in atc/none/0 (view 1): a network needs two")
+    assert c.failure.startswith(
+        f"{left} agent(s) left in atc/none/0 (view 1): a network needs two"
+    ), c.failure
 
 
 def test_a_session_without_view_specs_cannot_change_membership() -> None:

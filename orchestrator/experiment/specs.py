@@ -70,6 +70,8 @@ def view_matrix(problem: Problem, members: frozenset[int]) -> np.ndarray:
     c = problem.config
     agents = c.agents
     inside = sorted(members)
+    if len(inside) < 2:
+        raise ConfigError(f"{len(inside)} agent(s) left: a network needs two: stopping")
     sub = problem.graph.subgraph(inside)
     if not nx.is_connected(sub):
         parts = sorted((sorted(part) for part in nx.connected_components(sub)), key=len)
