@@ -384,9 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--deadline",
         type=float,
-        default=30.0,
         help="seconds of silence before an agent is left out of the run (a new membership "
-        "view), or an orchestrator given up by the agents",
+        "view), or an orchestrator given up by the agents (default: 30, and 0.12 per agent "
+        "above 250 agents: a large network's keying and heartbeats take longer)",
     )
     p.add_argument(
         "--restart",

@@ -215,7 +215,8 @@ class Conductor:
         self._heard: dict[int, float] = {}  # when each agent last sent a valid frame
         self._ready: set[int] = set()
         self._finished: dict[int, control.Finished] = {}
-        self._completed: dict[int, int] = {}  # rounds each member completed in this view
+        self._completed = np.zeros(agents, dtype=np.int64)  # rounds each completed, this view
+        self._member_ids = (frozenset[int](), np.zeros(0, dtype=np.intp))  # members, as indices
         self._held: dict[int, int] = {}  # members stopped for the next view, at that round
         self._lost: dict[int, str] = {}  # members to leave out of the next view, and why
         self._joining: dict[int, control.Rejoin] = {}  # agents asking back in
@@ -245,8 +246,10 @@ class Conductor:
     def rounds_done(self) -> int:
         """Rounds every member has completed in the current session (by its heartbeats,
         or by its telemetry, which comes more often)."""
-        members = [max(self._completed.get(m, 0), int(self.counts[m])) for m in self.members]
-        return min(members) if members else 0
+        if self._member_ids[0] is not self.members:  # numpy: called per message, P members
+            self._member_ids = (self.members, np.fromiter(self.members, dtype=np.intp))
+        ids = self._member_ids[1]
+        return int(np.maximum(self._completed[ids], self.counts[ids]).min()) if ids.size else 0
 
     @property
     def current(self) -> SessionPlan | None:
@@ -570,7 +573,7 @@ class Conductor:
         if reason == "stalled":
             self._stalls += 1
             if self._stalls > STALLS:
-                waiting = {m: self._completed.get(m, 0) for m in sorted(self.members)}
+                waiting = {m: int(self._completed[m]) for m in sorted(self.members)}
                 return self._fail(
                     f"no round completed through {STALLS} views ({self._label}); rounds per "
                     f"member: {dict(list(waiting.items())[:20])}"
@@ -690,7 +693,8 @@ class Conductor:
         self.members = members
         self.stage, self._since = Stage.CONFIGURING, now
         self._ready, self._finished, self._held = set(), {}, {}
-        self._completed = {m: view.start - 1 for m in members}
+        self._completed[:] = 0
+        self._completed[sorted(members)] = view.start - 1
         self._moved = (view.start - 1, now)
         for m in members:
             self._heard[m] = max(self._heard.get(m, now), now)  # a fresh deadline to answer

@@ -48,7 +48,14 @@ from orchestrator.report import Curve, console, finish, load_plotting, progress_
 if TYPE_CHECKING:
     from orchestrator.audit import WireTap
 
-DEFAULT_DEADLINE = 30.0
+DEFAULT_DEADLINE = 30.0  # s of silence before an agent is left out (--deadline)
+DEADLINE_PER_AGENT = 0.12  # s: a 1000-agent network on 2 cores needs 120 s (keying, heartbeats)
+
+
+def default_deadline(agents: int) -> float:
+    """--deadline when not given: 30 s, longer for networks large enough that 30 s does not
+    cover their keying and heartbeats on one machine (1000 agents: 120 s)."""
+    return max(DEFAULT_DEADLINE, DEADLINE_PER_AGENT * agents)
 
 
 def new_run_name() -> str:
@@ -218,7 +225,7 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
             run_secrets.orchestrator,
             run_secrets.tokens,
             session_plans(problem, session_list(config)),
-            deadline=args.deadline,
+            deadline=args.deadline or default_deadline(config.agents),
             telemetry=not args.no_telemetry,
             checkpoint_every=args.checkpoint_every,
             resume=resume,
