@@ -29,9 +29,8 @@ from gmqtt.mqtt.connection import MQTTConnection
 from gmqtt.mqtt.constants import MQTTv311
 from gmqtt.mqtt.package import Package
 from gmqtt.mqtt.protocol import BaseMQTTProtocol, MQTTProtocol
-from gmqtt.mqtt.utils import pack_variable_byte_integer
 
-from agent import keys
+from agent import keys, topics
 from agent.access import ClientAccess
 from agent.node import PEER_QOS, QOS, AgentNode, Checkpoint, Launch, Output, Phase, Unsubscribe
 
@@ -187,9 +186,7 @@ class _Protocol(MQTTProtocol):  # type: ignore[misc,unused-ignore]
 
     def publish_qos0(self, topic: str, payload: bytes) -> None:
         """The PUBLISH gmqtt would build for it (MQTT 3.1.1: no properties)."""
-        name = topic.encode()
-        length = pack_variable_byte_integer(2 + len(name) + len(payload))
-        self.write_data(b"".join((b"\x30", length, len(name).to_bytes(2, "big"), name, payload)))
+        self.write_data(topics.publish_packet(topic, payload))
 
     def write_data(self, data: bytes) -> None:
         if self._corked is None:

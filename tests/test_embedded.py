@@ -19,8 +19,8 @@ from amqtt.mqtt.publish import PublishPacket
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.topics import MAX_PACKET_SIZE
-from broker.embedded import GuardedBroker, PacketReader, amqtt_config, publish_bytes
+from agent.topics import MAX_PACKET_SIZE, publish_packet
+from broker.embedded import GuardedBroker, PacketReader, amqtt_config
 from broker.launcher import free_port
 
 WAIT = 10.0
@@ -138,9 +138,9 @@ payloads = st.one_of(st.binary(max_size=300), st.integers(0, 70_000).map(bytes))
 
 
 @given(topics, payloads)
-def test_publish_bytes_are_amqtts_own(topic: str, data: bytes) -> None:
+def test_publish_packet_are_amqtts_own(topic: str, data: bytes) -> None:
     assert (
-        publish_bytes(topic, data)
+        publish_packet(topic, data)
         == PublishPacket.build(topic, data, None, False, 0, False).to_bytes()
     )
 
@@ -174,7 +174,7 @@ async def decode_all(reader: ReaderAdapter) -> list[tuple[str, bytes]]:
 async def test_the_reader_hands_amqtt_every_packet_however_the_bytes_come(
     messages: list[tuple[str, bytes]], cuts: list[int]
 ) -> None:
-    wire = b"".join(publish_bytes(t, d) for t, d in messages)
+    wire = b"".join(publish_packet(t, d) for t, d in messages)
     stream = asyncio.StreamReader()
     at = 0
     for cut in cuts:  # the socket delivers the bytes in arbitrary pieces
@@ -195,7 +195,7 @@ async def test_the_reader_refuses_before_the_body(
     header: bytes, why: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     stream = asyncio.StreamReader()
-    stream.feed_data(publish_bytes("ok", b"1") + header)  # no body follows: none is awaited
+    stream.feed_data(publish_packet("ok", b"1") + header)  # no body follows: none is awaited
     writer = Aborts()
     reader = PacketReader(stream, writer, MAX_PACKET_SIZE)  # type: ignore[arg-type]
     assert await decode_all(reader) == [("ok", b"1")]
