@@ -168,7 +168,8 @@ def hostile(run: str, n: int, rng: np.random.Generator) -> list[tuple[str, bytes
                 Model(ATTACKER, k, i, 2, np.array([np.nan, 1.0])), secrets.token_bytes(32)
             )
         elif kind == 2:
-            payload = b"\x94\x01\xa5model\xc4\x00\xc4\x00"  # a frame with an empty body
+            # a frame with an empty body
+            payload = b"\x94" + bytes([wire.VERSION]) + b"\xa5model\xc4\x00\xc4\x00"
         else:
             payload = bytes(wire.MAX_PEER_BYTES + 1)
         out.append((topics.peer_topic(run, k, ATTACKER), payload))
