@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from agent import control, keys, rng, topics, wire
 from agent.losses import RegressionSpec
-from agent.node import Publish, setup_context
+from agent.node import Launch, Publish, setup_context
 from agent.spec import Scheme, Strategy
 from orchestrator.conductor import View
 from orchestrator.engines.memory import Network
@@ -32,7 +32,8 @@ from orchestrator.experiment.problem import Problem
 from orchestrator.experiment.specs import agent_specs, session_list, session_plans
 
 INSIDER = 3
-AGENTS, ITERS = 6, 6
+AGENTS, ITERS = 4, 5
+LEAVER, LEFT = 1, 3  # agent 1 is out of the network from round 3 (a second view)
 SESSIONS = (Scheme.RANDOM, Scheme.GHP)
 OTHERS = [m for m in range(AGENTS) if m != INSIDER]
 APART = 0.05  # relative model distance that no float noise reaches (masks cancel to 1e-15)
@@ -85,9 +86,25 @@ def ints_in(value: Any) -> Iterator[int]:
             yield from ints_in(v)
 
 
-def held_by(agent: int, seed: int, script: list[View]) -> tuple[list[control.Config], bytes]:
-    """A run of `seed`, as agent `agent` lived it: the Configs its Setups opened to (every
-    session and view), and every byte delivered to it, its launch first."""
+@dataclasses.dataclass
+class Insider:
+    """Everything one agent held in a run: its launch, the control messages delivered to
+    it, the Configs its Setups opened to (every session and view), and every byte it
+    received (peer frames included)."""
+
+    seed: int
+    script: list[View]
+    launch: Launch
+    messages: list[control.Control]
+    configs: list[control.Config]
+    received: bytes
+
+    def numbers(self) -> set[int]:
+        return {n for held in (self.launch, self.messages, self.configs) for n in ints_in(held)}
+
+
+def held_by(agent: int, seed: int, script: list[View]) -> Insider:
+    """A run of `seed` as agent `agent` lived it."""
     problem = Problem.build(public_config(seed))
     plans = session_plans(problem, session_list(problem.config))
     frames: list[Publish] = []
@@ -95,65 +112,60 @@ def held_by(agent: int, seed: int, script: list[View]) -> tuple[list[control.Con
     node = net.nodes[agent]
     net.play()
     mine = [f for f in frames if any(topics.matches(p, f.topic) for p in node.subscriptions)]
+    control_topics = (topics.ctl_down(node.run, agent), topics.ctl_down(node.run, "all"))
+    messages = [wire.decode_signed(f.payload).msg for f in mine if f.topic in control_topics]
     configs = []
-    for frame in mine:
-        if frame.topic != topics.ctl_down(node.run, agent):
-            continue
-        setup = wire.decode_signed(frame.payload).msg
-        if isinstance(setup, control.Setup):
+    for setup in messages:
+        if isinstance(setup, control.Setup) and setup.agent == agent:
             context = setup_context(node.run, agent, setup.session, setup.view)
             plain = keys.open_sealed(node.identity.static, setup.sealed, context)
             configs.append(wire.decode_config(plain))
-    launch = node.launch
-    received = b"".join([launch.run.encode(), launch.token, *(f.payload for f in mine)])
-    return configs, received
+    received = b"".join([node.launch.token, *(f.payload for f in mine)])
+    return Insider(seed, script, node.launch, messages, configs, received)
 
 
 @pytest.fixture(scope="module")
-def insider_run() -> tuple[int, list[View], list[control.Config], bytes]:
+def insider() -> Insider:
     seed = secrets.randbits(63)  # as `privnet run` draws it
     # A membership change mid-session, so the insider also opens a later view's Setup.
     script = [
         View(0, 0, 1, tuple(range(AGENTS)), "start"),
-        View(0, 1, 4, tuple(m for m in range(AGENTS) if m != 5), "lost", left={5: "test"}),
+        View(0, 1, LEFT, tuple(m for m in range(AGENTS) if m != LEAVER), "lost", {}, {LEAVER: "x"}),
     ]
-    configs, received = held_by(INSIDER, seed, script)
-    return seed, script, configs, received
+    return held_by(INSIDER, seed, script)
 
 
-def test_the_insider_opened_every_session_and_view(insider_run: Any) -> None:
-    _, _, configs, _ = insider_run
-    assert {(c.spec.view, c.spec.scheme) for c in configs} == {
+def test_the_insider_opened_every_session_and_view(insider: Insider) -> None:
+    assert {(c.spec.view, c.spec.scheme) for c in insider.configs} == {
         (0, Scheme.RANDOM),
         (1, Scheme.RANDOM),
         (0, Scheme.GHP),
     }
 
 
-def test_nothing_an_agent_holds_rebuilds_another_agents_models(insider_run: Any) -> None:
+def test_nothing_an_agent_holds_rebuilds_another_agents_models(insider: Insider) -> None:
     """Every number agent 3 holds, fed to the memory engine as the seed with the public
     defaults, gives every other agent models far from its real ones. (On the old wire,
-    the Setup carried the seed itself, and this rebuilt all of them to 1e-16.)"""
-    seed, script, configs, _ = insider_run
-    real = random_models(seed, script)[:, OTHERS]
-    have = ~np.isnan(real[..., 0])  # agent 5 is out from round 4
+    the Setup carried the seed itself, and this rebuilt all of them exactly.)"""
+    real = random_models(insider.seed, insider.script)[:, OTHERS]
+    have = ~np.isnan(real[..., 0])  # not the leaver's rounds out of the network
     scale = np.median(np.abs(real[have]))
-    guesses = sorted({n for c in configs for n in ints_in(c) if n >= 0})  # seeds are >= 0
-    assert len(guesses) >= 30  # ids, round numbers, its keys, session ids, the directory
+    guesses = sorted(n for n in insider.numbers() if n >= 0)  # seeds are >= 0
+    assert len(guesses) >= 30  # ids, rounds, its keys, session ids, the directory, its token
     for guess in guesses:
-        got = random_models(guess, script)[:, OTHERS]
+        got = random_models(guess, insider.script)[:, OTHERS]
         assert np.median(np.abs(got - real)[have]) > APART * scale, guess
 
 
-def test_no_setup_holds_the_seed_or_another_agents_keys(insider_run: Any) -> None:
+def test_no_setup_holds_the_seed_or_another_agents_keys(insider: Insider) -> None:
     """Neither the seed (as a number, its decimal text, its 8 bytes either way) nor any key
     of another agent, for any purpose, is anywhere in what agent 3 received."""
-    seed, _, configs, received = insider_run
+    seed, configs = insider.seed, insider.configs
     plain = b"".join(wire.encode_config(c) for c in configs)
-    for blob in (plain, received):
+    for blob in (plain, insider.received):
         for form in (b"%d" % seed, seed.to_bytes(8, "big"), seed.to_bytes(8, "little")):
             assert form not in blob
-    numbers = {n for c in configs for n in ints_in(c)}
+    numbers = insider.numbers()
     assert seed not in numbers
     theirs = {
         k
@@ -164,18 +176,13 @@ def test_no_setup_holds_the_seed_or_another_agents_keys(insider_run: Any) -> Non
         for k in key
     }
     assert not numbers & theirs
-    for config in configs:  # and what it holds is exactly its own
-        own = {
-            purpose: seeds.key(seed, purpose, 0, INSIDER)
-            for purpose in (seeds.Purpose.NOISE, seeds.Purpose.DATA, seeds.Purpose.BATCH)
-        }
+    own = {p: seeds.key(seed, p, 0, INSIDER) for p in seeds.Purpose}
+    for config in configs:  # and the keys it holds are its own
         problem = config.problem
         assert isinstance(problem, RegressionSpec)
         assert config.spec.noise_key == own[seeds.Purpose.NOISE]
-        assert (problem.data_key, problem.batch_key) == (
-            own[seeds.Purpose.DATA],
-            own[seeds.Purpose.BATCH],
-        )
+        assert problem.data_key == own[seeds.Purpose.DATA]
+        assert problem.batch_key == own[seeds.Purpose.BATCH]
 
 
 def test_no_agent_can_draw_another_agents_noise() -> None:

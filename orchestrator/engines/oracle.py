@@ -187,13 +187,10 @@ class _Minibatch:
 
     def load(self, first_round: int, rounds: int) -> None:
         samples = self.u.shape[2]
-        raw = np.stack(
+        raw = np.array(
             [
-                [
-                    rng.raw_block(k, rng.Domain.BATCH, 0, first_round, rounds, self.batch)
-                    for k in keys
-                ]
-                for keys in self.keys
+                [rng.raw_block(k, rng.Domain.BATCH, 0, first_round, rounds, self.batch) for k in ks]
+                for ks in self.keys
             ]
         )  # (R, P, rounds, batch)
         self.idx = rng.indices(raw, samples).transpose(2, 1, 0, 3)  # (rounds, P, R, batch)
