@@ -43,15 +43,25 @@ def raw_row(key: tuple[int, int], domain: Domain, step: int, round_: int, width:
     return bitgen.random_raw(width)
 
 
-def raw_block(
-    key: tuple[int, int], domain: Domain, step: int, first_round: int, rounds: int, width: int
-) -> np.ndarray:
-    """Rows of rounds first_round .. first_round+rounds-1, shape (rounds, width), in one go."""
-    padded = _padded(width)
-    bitgen = np.random.Philox(
-        key=np.array(key, dtype=np.uint64), counter=_counter(first_round * padded, domain, step)
-    )
-    return bitgen.random_raw(rounds * padded).reshape(rounds, padded)[:, :width]
+class Rows:
+    """One key's rows read forward a block of rounds at a time (the oracle's chunks): the
+    words raw_row gives round by round, from one generator while the blocks follow each
+    other (the oracle draws every agent's stream, so a generator per block would cost)."""
+
+    def __init__(self, key: tuple[int, int], domain: Domain, step: int, width: int) -> None:
+        self._key, self._domain, self._step = np.array(key, dtype=np.uint64), domain, step
+        self._width, self._padded = width, _padded(width)
+        self._bitgen: np.random.Philox | None = None
+        self._next = -1  # the round the generator stands at
+
+    def block(self, first_round: int, rounds: int) -> np.ndarray:
+        """Rows of rounds first_round .. first_round+rounds-1, shape (rounds, width)."""
+        if self._bitgen is None or first_round != self._next:
+            counter = _counter(first_round * self._padded, self._domain, self._step)
+            self._bitgen = np.random.Philox(key=self._key, counter=counter)
+        self._next = first_round + rounds
+        raw = self._bitgen.random_raw(rounds * self._padded)
+        return raw.reshape(rounds, self._padded)[:, : self._width]
 
 
 def generator(key: tuple[int, int]) -> np.random.Generator:

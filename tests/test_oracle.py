@@ -138,6 +138,16 @@ def test_minibatch_equals_the_per_agent_loop() -> None:
     assert_matches_reference(problem, curves)
 
 
+def test_rows_read_in_blocks_are_the_rows_each_agent_draws() -> None:
+    """The oracle's block reader gives raw_row's words, blocks in order or not (width 7:
+    rows padded to 8 words)."""
+    rows = rng.Rows((5, 6), rng.Domain.NOISE, 2, 7)
+    want = np.array([rng.raw_row((5, 6), rng.Domain.NOISE, 2, i, 7) for i in range(1, 12)])
+    got = np.concatenate([rows.block(1, 4), rows.block(5, 3), rows.block(8, 4)])
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(rows.block(3, 2), want[2:4])  # a jump back
+
+
 def test_none_converges(small) -> None:
     problem, curves = small
     start_db = 10 * np.log10(np.sum(problem.w_opt**2, axis=1).mean())

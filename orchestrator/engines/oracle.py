@@ -177,8 +177,9 @@ class _Minibatch:
 
     def __init__(self, problem: Problem, u: np.ndarray, d: np.ndarray, batch: int) -> None:
         config = problem.config
-        self.keys = [
-            [spec.batch_key for spec in problem.regression_specs(r)] for r in range(config.repeats)
+        self.rows = [
+            [rng.Rows(spec.batch_key, rng.Domain.BATCH, 0, batch) for spec in specs]
+            for specs in map(problem.regression_specs, range(config.repeats))
         ]
         self.u, self.d, self.batch, self.rho = u, d, batch, config.rho  # (P, R, N, M), (P, R, N)
         self.agent = np.arange(config.agents)[:, None, None]
@@ -188,10 +189,7 @@ class _Minibatch:
     def load(self, first_round: int, rounds: int) -> None:
         samples = self.u.shape[2]
         raw = np.array(
-            [
-                [rng.raw_block(k, rng.Domain.BATCH, 0, first_round, rounds, self.batch) for k in ks]
-                for ks in self.keys
-            ]
+            [[rows.block(first_round, rounds) for rows in agents] for agents in self.rows]
         )  # (R, P, rounds, batch)
         self.idx = rng.indices(raw, samples).transpose(2, 1, 0, 3)  # (rounds, P, R, batch)
 
@@ -277,6 +275,10 @@ def _run_strategy(
     combines = {j: _Combine.of(a) for j, a in enumerate(matrices) if not np.array_equal(a, eye)}
     noisy = config.sigma_g > 0 and any(lane is not Scheme.NONE for lane in lanes)
     keys = [seeds.keys(config.seed, seeds.Purpose.NOISE, r, agents) for r in range(repeats)]
+    streams = {  # streams[j][r][m]: sender m's noise rows of step j in repeat r
+        j: [[rng.Rows(key, rng.Domain.NOISE, j, agents * dim) for key in ks] for ks in keys]
+        for j in combines
+    }
     centroid = np.empty((len(lanes), repeats, iters))
     avg = np.empty_like(centroid)
     errors = {name: np.empty_like(centroid) for name in TEST_ERRORS} if problem.classifies else {}
@@ -292,7 +294,9 @@ def _run_strategy(
             rounds = min(CHUNK, iters + 1 - first)
             grads.load(first, rounds)
             noise = {
-                j: _noise(c, j, keys, first, rounds, lanes, dim, config.sigma_g) if noisy else None
+                j: _noise(c, streams[j], first, rounds, lanes, dim, config.sigma_g)
+                if noisy
+                else None
                 for j, c in combines.items()
             }
             history = np.empty((rounds, *w.shape))
@@ -341,28 +345,23 @@ def _apply(
 
 def _noise(
     combine: _Combine,
-    step: int,
-    keys: list[list[tuple[int, int]]],
+    streams: list[list[rng.Rows]],
     first_round: int,
     rounds: int,
     lanes: tuple[Scheme, ...],
     dim: int,
     sigma_g: float,
 ) -> np.ndarray:
-    """The noise each receiver adds in combine step `step`, (rounds, P, R, S, M);
-    keys[r][m] is sender m's noise key in repeat r."""
+    """The noise each receiver adds in the combine step whose rows `streams` reads
+    (streams[r][m]: sender m's in repeat r), shape (rounds, P, R, S, M)."""
     agents = len(combine.a_t)
 
     def draw(raw: np.ndarray) -> np.ndarray:
         return rng.laplace(rng.uniforms(raw), sigma_g)
 
-    out = np.zeros((rounds, agents, len(keys), len(lanes), dim))
-    table = np.empty((rounds, agents, agents * dim), dtype=np.uint64)
-    for r, senders in enumerate(keys):
-        for m, key in enumerate(senders):
-            table[:, m] = rng.raw_block(
-                key, rng.Domain.NOISE, step, first_round, rounds, agents * dim
-            )
+    out = np.zeros((rounds, agents, len(streams), len(lanes), dim))
+    for r, senders in enumerate(streams):
+        table = np.stack([rows.block(first_round, rounds) for rows in senders], axis=1)
         by_sender = table.reshape(rounds, agents, agents, dim)
         for s, lane in enumerate(lanes):
             if lane is not Scheme.NONE:
