@@ -7,8 +7,11 @@ tells nothing about another's, nor about the seed, short of guessing the seed it
 drawn one has 63 bits; one the operator picks, such as 1, is guessable). Every engine
 derives through here, so a run stays reproducible from the master seed alone.
 
-Not numpy's SeedSequence: its hash is invertible, so a Philox key spawned from it gives
-back the entropy, the master seed, it was spawned from.
+A key is the first 16 bytes of HKDF-SHA256 with the seed's decimal digits as input key
+material, SALT as salt and info = purpose, NUL, repeat (8 bytes), agent (4 bytes; none for
+a network-wide key), read as two big-endian 64-bit words. Not numpy's SeedSequence: its
+hash is invertible, so a Philox key spawned from it gives back the entropy, the master
+seed, it was spawned from.
 """
 
 from __future__ import annotations
