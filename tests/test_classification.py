@@ -58,12 +58,12 @@ def test_logistic_gradient_matches_finite_differences() -> None:
 
 
 def test_agents_hold_disjoint_noisy_blocks_and_the_neighbour_a_fresh_draw() -> None:
-    specs = Problem.build(SMALL).specs(0)
+    specs = Problem.build(SMALL).classification_specs(0)
     assert all(isinstance(spec, ClassificationSpec) for spec in specs)
-    blocks = [set(spec.rows) for spec in specs]  # type: ignore[union-attr]
+    blocks = [set(spec.rows) for spec in specs]
     assert sum(map(len, blocks)) == len(set().union(*blocks)) == SMALL.agents * SMALL.samples
-    x0, _ = classification_data(specs[0])  # type: ignore[arg-type]
-    x0_again, _ = classification_data(specs[0])  # type: ignore[arg-type]
+    x0, _ = classification_data(specs[0])
+    x0_again, _ = classification_data(specs[0])
     np.testing.assert_array_equal(x0, x0_again)
     twin = Problem.build(SMALL).twin(0).classification_specs(0)
     x0_twin, _ = classification_data(twin[0])
@@ -77,9 +77,16 @@ def test_the_config_carries_a_classification_problem() -> None:
     config = Config(spec, problem.specs(0)[0], {}, deadline=1.0, telemetry=True)
     back = wire.decode_config(wire.encode_config(config))
     assert back.problem == config.problem
-    unknown = dataclasses.replace(config, problem=dataclasses.replace(config.problem, dataset="x"))
-    with pytest.raises(Rejected, match="dataset 'x' is not shipped"):
-        wire.decode_config(wire.encode_config(unknown))
+    for change, words in (
+        ({"dataset": "x"}, "dataset 'x' is not shipped"),
+        ({"rows": (0, 32561)}, "rows must name at least one of the 32561 training rows"),
+        ({"rows": ()}, "got 0 rows"),
+        ({"rows": (5, 5)}, "distinct entries"),
+        ({"feature_noise": -0.1}, "feature_noise is a standard deviation"),
+    ):
+        bad = dataclasses.replace(config, problem=dataclasses.replace(config.problem, **change))
+        with pytest.raises(Rejected, match=words):
+            wire.decode_config(wire.encode_config(bad))
 
 
 def test_memory_engine_matches_the_oracle_on_classification() -> None:
