@@ -252,7 +252,7 @@ class Conductor:
         return int(np.maximum(self._completed[ids], self.counts[ids]).min()) if ids.size else 0
 
     @property
-    def progress(self) -> np.ndarray:
+    def completed(self) -> np.ndarray:
         """Rounds each agent has completed in the current session as far as the conductor
         knows (heartbeats or telemetry, whichever says more): read-only, for the live view."""
         if self.counts.size != self._completed.size:  # no session yet

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -159,6 +160,10 @@ def test_a_finished_simulation_loads_as_the_page_state(tmp_path: Path) -> None:
         curve = snap["series"][f"curve:{label}"]
         assert curve["round"] == list(range(1, 31)) and None not in curve["centroid"]
     assert {r["label"] for r in snap["results"]} == {"atc/none", "atc/local-ghp"}
+    with socket.create_server(("127.0.0.1", 0)) as taken:  # a port in use: a clear error
+        port = str(taken.getsockname()[1])
+        assert main(["view", str(tmp_path), "--port", port]) == 2
+    assert main(["view", str(tmp_path / "nowhere")]) == 2
 
 
 # ---- the page, in a real browser ----------------------------------------------------------

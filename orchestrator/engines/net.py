@@ -286,7 +286,7 @@ async def _view(
     from orchestrator.view.live import LiveView  # aiohttp: only when watched
 
     view = LiveView(watch, problem, out, neighbour=neighbour, tap=tap)
-    url = await view.start(args.view_host, args.view_port)
+    url = await view.start(args.view_host, args.view_port)  # ConfigError: cannot listen
     console.print(f"view: {url}", soft_wrap=True)
     return view
 

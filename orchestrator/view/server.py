@@ -23,6 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
+from agent.spec import ConfigError
 from orchestrator.view.state import Cursor, ViewState
 
 PERIOD = 0.5  # s between deltas on the stream
@@ -74,7 +75,14 @@ class ViewServer:
         self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.create_server((host, port), family=family)
+        try:
+            sock = socket.create_server((host, port), family=family)
+        except OSError as exc:
+            await self._runner.cleanup()
+            raise ConfigError(
+                f"the view cannot listen on {host}:{port} ({exc.strerror or exc}): give "
+                "another port, or 0 for any free one"
+            ) from None
         await web.SockSite(self._runner, sock).start()
         bound = sock.getsockname()[1]
         shown = f"[{host}]" if ":" in host else host
