@@ -327,9 +327,12 @@ class LiveView:
         pool = self.watch.pool
         if not isinstance(pool, LocalLauncher):
             return  # containers: `docker stats` is the place
-        for agent, (rss, pct, cpu) in self._procs.sample(pool.pids(), now).items():
-            row = self.state.agents[agent]
-            row.rss_mb, row.cpu_pct, row.cpu_s = rss, pct, cpu
+        sampled = self._procs.sample(pool.pids(), now)
+        for agent, row in enumerate(self.state.agents):
+            if agent in sampled:
+                row.rss_mb, row.cpu_pct, row.cpu_s = sampled[agent]
+            else:  # its process is gone: CPU s is what it had used
+                row.rss_mb = row.cpu_pct = None
 
     # ---- privacy and audit -------------------------------------------------------------
 

@@ -242,7 +242,11 @@ function sessions(results) {
 function privacy(epsilon, audit) {
   const m = store.meta, svg = $("epsilon");
   svg.textContent = "";
-  const label = store.live.label || (m.sessions || []).slice(-1)[0];
+  // The session shown, or else the latest one the accountant is done with.
+  const done = (m.sessions || []).filter((s) => epsilon && epsilon.sessions &&
+    epsilon.sessions[s] && epsilon.sessions[s].agents);
+  let label = store.live.label || (m.sessions || []).slice(-1)[0];
+  if (epsilon && !(epsilon.sessions[label] || {}).agents && done.length) label = done[done.length - 1];
   const eps = epsilon && epsilon.sessions ? epsilon.sessions[label] : null;
   if (!epsilon) {
     $("eps-note").textContent = m.live ? "accounting is off (privnet run --account)" : "no accounting in this run";
