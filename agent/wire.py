@@ -26,6 +26,7 @@ import hashlib
 import hmac
 import math
 import reprlib
+import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -33,6 +34,8 @@ from typing import Any, TypeVar, cast
 
 import msgpack
 import numpy as np
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from agent import datasets, keys
 from agent.control import (
@@ -42,6 +45,7 @@ from agent.control import (
     Close,
     Config,
     Control,
+    Escrow,
     Excluded,
     Failed,
     Finished,
@@ -569,6 +573,11 @@ _CONTROL_SCHEMAS = (
         ),
     ),
     _Schema(
+        "escrow",
+        Escrow,
+        _named(("agent", _ID), ("session", _SESSION), ("view", _COUNT), ("sealed", _BLOB)),
+    ),
+    _Schema(
         "finished",
         Finished,
         _named(
@@ -595,6 +604,8 @@ _CONFIG = _Schema(
         ("telemetry", _BOOL),
         ("resume", _COUNT),
         ("checkpoint_every", _COUNT),
+        ("seal_links", _BOOL),
+        ("escrow", _BOOL),
     ),
     _check_config,
 )
@@ -630,6 +641,7 @@ _CATEGORY = {
     KeyShare: "keys",
     Telemetry: "telemetry",
     Report: "telemetry",
+    Escrow: "audit",
 }
 
 
@@ -718,9 +730,10 @@ class _Opened:
     fields: dict[str, Any]
 
 
-def _open(
-    data: bytes, max_size: int, limits: _Limits, schemas: Mapping[str, _Schema], what: str
-) -> _Opened:
+def _outer(
+    data: bytes, max_size: int, limits: _Limits, what: str, parts: str = "body, mac"
+) -> tuple[str, bytes, bytes]:
+    """(type, and the frame's two bins) of a frame of the right shape and version."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise Rejected("malformed", f"a {what} is bytes, got {type(data).__name__}")
     if len(data) > max_size:
@@ -729,23 +742,34 @@ def _open(
     if type(outer) is not list or not outer or type(outer[0]) is not int:
         raise Rejected(
             "malformed",
-            f"{what} must be a msgpack array [version, type, body, mac], got {_show(outer)}",
+            f"{what} must be a msgpack array [version, type, {parts}], got {_show(outer)}",
         )
     if outer[0] != VERSION:
         raise Rejected(
             "version", f"{what} has wire version {outer[0]}; this agent speaks {VERSION}"
         )
     if len(outer) != 4 or [type(x) for x in outer[1:]] != [str, bytes, bytes]:
+        bins = ", ".join(f"{part}: bin" for part in parts.split(", "))
         raise Rejected(
-            "malformed",
-            f"{what} must be [version: int, type: str, body: bin, mac: bin], got {_show(outer)}",
+            "malformed", f"{what} must be [version: int, type: str, {bins}], got {_show(outer)}"
         )
-    _, name, body, mac = outer
+    return outer[1], outer[2], outer[3]
+
+
+def _schema_named(name: str, schemas: Mapping[str, _Schema], what: str) -> _Schema:
     schema = schemas.get(name)
     if schema is None:
         raise Rejected(
             "schema", f"unknown {what} type {name!r}; expected one of {', '.join(schemas)}"
         )
+    return schema
+
+
+def _open(
+    data: bytes, max_size: int, limits: _Limits, schemas: Mapping[str, _Schema], what: str
+) -> _Opened:
+    name, body, mac = _outer(data, max_size, limits, what)
+    schema = _schema_named(name, schemas, what)
     fields = _fields(_unpack(body, max_size, limits, f"{name} body"), schema.fields, name)
     return _Opened(schema, body, mac, fields)
 
@@ -919,20 +943,8 @@ def decode_peer(
     if model is not None:
         return model
     opened = _open(data, max_size, _PEER_LIMITS, _PEER, "peer message")
-    if opened.fields["view"] != view:
-        which = "stale-view" if opened.fields["view"] < view else "ahead-view"
-        raise Rejected(which, f"frame of view {opened.fields['view']}, this agent is at {view}")
     name, sender = opened.schema.name, opened.fields["sender"]
-    if sender != topic_sender:
-        raise Rejected(
-            "spoofed",
-            f"{name} claims sender {sender} but came on the topic of agent {topic_sender}",
-        )
-    addressee = opened.fields["receiver"]
-    if addressee != receiver:
-        raise Rejected(
-            "wrong-receiver", f"{name} is for agent {addressee}, this is agent {receiver}"
-        )
+    check_route(name, opened.fields, topic_sender=topic_sender, receiver=receiver, view=view)
     key = link_keys.get(sender)
     if key is None:
         raise Rejected(
@@ -946,6 +958,27 @@ def decode_peer(
     return _build_peer(opened, dim)
 
 
+def check_route(
+    name: str, fields: Mapping[str, Any], *, topic_sender: int, receiver: int, view: int
+) -> None:
+    """Rejected unless a peer frame's view, sender and receiver are this link's: checked
+    before any key is used. A frame of another view: `stale-view` for an earlier one,
+    `ahead-view` for a later one, which the node keeps until its Setup for that view."""
+    if fields["view"] != view:
+        which = "stale-view" if fields["view"] < view else "ahead-view"
+        raise Rejected(which, f"frame of view {fields['view']}, this agent is at {view}")
+    if fields["sender"] != topic_sender:
+        raise Rejected(
+            "spoofed",
+            f"{name} claims sender {fields['sender']} but came on the topic of agent "
+            f"{topic_sender}",
+        )
+    if fields["receiver"] != receiver:
+        raise Rejected(
+            "wrong-receiver", f"{name} is for agent {fields['receiver']}, this is agent {receiver}"
+        )
+
+
 def _build_peer(opened: _Opened, dim: int) -> Peer:
     msg = _build(opened, object, dim)
     if not isinstance(msg, Model | KeyPlan | KeyShare):
@@ -954,12 +987,147 @@ def _build_peer(opened: _Opened, dim: int) -> Peer:
 
 
 def peek_peer(data: bytes, dim: int, max_size: int = MAX_PEER_BYTES) -> Peer:
-    """The peer message in `data` read WITHOUT its MAC check: what anyone on the wire sees.
+    """The peer message in `data` read WITHOUT its MAC check: what anyone on the wire sees
+    of a MACed frame (`--seal-links off`), or Rejected("sealed") for a sealed one.
 
-    The MAC authenticates, it does not encrypt, so an eavesdropper reads every body; the
-    auditor (`privnet inspect`) uses this to show exactly that. Agents use `decode_peer`.
-    """
-    return _build_peer(_open(data, max_size, _PEER_LIMITS, _PEER, "peer message"), dim)
+    The MAC authenticates, it does not encrypt, so an eavesdropper reads every body of the
+    visible wire; the auditor (`privnet inspect`) uses this to show exactly that. Agents use
+    `decode_peer` or `PeerCodec`."""
+    try:
+        opened = _open(data, max_size, _PEER_LIMITS, _PEER, "peer message")
+    except Rejected as exc:
+        if exc.reason != "schema" or not _is_sealed(data, max_size):
+            raise
+        raise Rejected(
+            "sealed", "a sealed peer frame: only its two ends (or an escrow) hold the key"
+        ) from None
+    return _build_peer(opened, dim)
+
+
+# ---- sealed peer frames ----
+# Frame `[VERSION, type, head, box]`: `head` is the msgpack map of the clear fields (who,
+# which view, and where the frame sits in its link's order, from which both ends derive
+# the nonce); `box` is ChaCha20-Poly1305 under the link's seal key of the msgpack map of
+# every other field, with the run, the type and the head as associated data. The tag
+# replaces the MAC: it authenticates what the MAC did and hides the rest.
+
+SEAL_AD_TAG = b"privnet/link-frame/v1\0"
+_NONCE = struct.Struct(">BBQ2x")  # kind << 1 | direction, step, round (model) or seq (keys)
+_MODEL_KIND, _KEY_KIND = 1, 2
+_SEQ = _Field("seq", "n", _COUNT)  # key frames: the sender's count of key frames on the link
+
+
+def _split(schema: _Schema, clear: tuple[str, ...]) -> tuple[tuple[_Field, ...], ...]:
+    head = tuple(f for f in schema.fields if f.key in clear)
+    secret = tuple(f for f in schema.fields if f.key not in clear)
+    return (head if schema.name == "model" else (*head, _SEQ)), secret
+
+
+_SEALED = {
+    s.name: _split(s, ("s", "r", "i", "j", "v") if s.name == "model" else ("s", "r", "v"))
+    for s in _PEER_SCHEMAS
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """The clear part of a sealed peer frame, schema-checked; its box still closed."""
+
+    schema: _Schema
+    fields: dict[str, Any]
+    raw: bytes  # the head's bytes as sent: associated data
+    box: bytes
+
+    @property
+    def sender(self) -> int:
+        return int(self.fields["sender"])
+
+    @property
+    def receiver(self) -> int:
+        return int(self.fields["receiver"])
+
+    @property
+    def view(self) -> int:
+        return int(self.fields["view"])
+
+    @property
+    def kind(self) -> int:
+        return _MODEL_KIND if self.schema.name == "model" else _KEY_KIND
+
+    @property
+    def at(self) -> tuple[int, int]:
+        """Where the frame sits in its link's order of its kind: frames only move forward."""
+        f = self.fields
+        return (f["round"], STEPS.index(f["step"])) if "round" in f else (0, f["seq"])
+
+    @property
+    def nonce(self) -> bytes:
+        f, direction = self.fields, int(self.sender > self.receiver)
+        step, count = (f["step"], f["round"]) if "round" in f else (0, f["seq"])
+        return _NONCE.pack(self.kind << 1 | direction, step, count)
+
+
+def seal_peer(msg: Peer, aead: ChaCha20Poly1305, run: str, seq: int = 0) -> bytes:
+    """`msg` as a sealed frame for its link (`aead` under the link's seal key); `seq`
+    numbers the key frames a sender puts on one link (models are numbered by round)."""
+    schema = _schema_of(msg, _PEER, "a peer frame")
+    head_fields, secret_fields = _SEALED[schema.name]
+    fields = _encode_fields(msg, schema.fields)
+    if schema.name != "model":
+        fields["n"] = seq
+    raw = _pack({f.key: fields[f.key] for f in head_fields})
+    head = Head(schema, {f.name: fields[f.key] for f in head_fields}, raw, b"")
+    plain = _pack({f.key: fields[f.key] for f in secret_fields})
+    box = aead.encrypt(head.nonce, plain, _associated(run, schema.name, raw))
+    return _pack([VERSION, schema.name, raw, box])
+
+
+def _associated(run: str, name: str, raw: bytes) -> bytes:
+    return b"".join((SEAL_AD_TAG, run.encode(), b"\0", name.encode(), b"\0", raw))
+
+
+def read_head(data: bytes, max_size: int = MAX_PEER_BYTES) -> Head:
+    """The head of a sealed frame, checked (what anyone on the wire sees), or Rejected;
+    `unsealed` for a MACed frame, which a sealed link does not take."""
+    name, raw, box = _outer(data, max_size, _PEER_LIMITS, "peer message", "head, box")
+    schema = _schema_named(name, _PEER, "peer message")
+    head_fields, secret_fields = _SEALED[name]
+    got = _unpack(raw, max_size, _PEER_LIMITS, f"{name} head")
+    if type(got) is dict and any(f.key in got for f in secret_fields):
+        raise Rejected(
+            "unsealed",
+            f"{name} with its fields in the clear on a sealed link (the sender runs "
+            "--seal-links off, or is not privnet)",
+        )
+    return Head(schema, _fields(got, head_fields, f"{name} head"), raw, box)
+
+
+def open_head(head: Head, aead: ChaCha20Poly1305, run: str, dim: int) -> Peer:
+    """The message under `head`'s box, opened with the link's key, checked, or Rejected:
+    `bad-seal` when the tag fails (a wrong key, or any byte of head or box altered)."""
+    name = head.schema.name
+    try:
+        plain = aead.decrypt(head.nonce, head.box, _associated(run, name, head.raw))
+    except InvalidTag:
+        raise Rejected(
+            "bad-seal",
+            f"{name} from agent {head.sender}: the seal failed (another link's key, or "
+            "altered on the way)",
+        ) from None
+    _, secret_fields = _SEALED[name]
+    secret = _fields(
+        _unpack(plain, MAX_PEER_BYTES, _PEER_LIMITS, f"{name} box"), secret_fields, name
+    )
+    fields = {k: v for k, v in head.fields.items() if k != "seq"} | secret
+    return _build_peer(_Opened(head.schema, head.raw, head.box, fields), dim)
+
+
+def _is_sealed(data: bytes, max_size: int) -> bool:
+    try:
+        read_head(data, max_size)
+    except Rejected:
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -1048,8 +1216,25 @@ def decode_reports(data: bytes, dim: int, max_size: int = MAX_CONTROL_BYTES) -> 
     return [decode_report(f, dim, max_size) for f in frames]
 
 
+def encode_link_keys(link_keys: Mapping[int, bytes]) -> bytes:
+    """The plaintext an Escrow seals: neighbour id -> link key."""
+    return _pack({int(m): bytes(k) for m, k in link_keys.items()})
+
+
+_LINK_KEYS = _mapping(_ID, _bytes(keys.KEY_BYTES))
+
+
+def decode_link_keys(data: bytes) -> dict[int, bytes]:
+    """The link keys in an opened Escrow, or Rejected."""
+    keys_: dict[int, bytes] = _LINK_KEYS.decode(
+        _unpack(data, MAX_CONTROL_BYTES, _CONTROL_LIMITS, "escrow"), "escrow"
+    )
+    return keys_
+
+
 def category(msg: object) -> str:
-    """Byte-accounting bucket: model, keys, telemetry (Telemetry and its Report) or control."""
+    """Byte-accounting bucket: model, keys, telemetry (Telemetry and its Report), audit
+    (Escrow) or control."""
     return _CATEGORY.get(type(msg), "control")
 
 

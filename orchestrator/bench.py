@@ -266,7 +266,7 @@ def memory_rate(problem: Problem, strategy: Strategy, scheme: Scheme) -> tuple[f
             sizes.append(len(frame.payload))
 
     plans = session_plans(problem, [(strategy, scheme, 0)])
-    network = Network.build(plans, tap=tap)
+    network = Network.build(plans, tap=tap, seal_links=problem.config.seal_links)
     start = time.perf_counter()
     result = network.play()[0]
     took = result.wall or (time.perf_counter() - start)

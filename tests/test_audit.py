@@ -67,22 +67,25 @@ def recorded(
     problem: Problem,
     sessions: Iterable[tuple[Strategy, Scheme, int]],
     core: Callable[..., AgentCore] = AgentCore,
-) -> tuple[list[audit.WireRecord], list[np.ndarray]]:
+) -> tuple[list[audit.WireRecord], list[np.ndarray], audit.Escrowed]:
     """A run of `sessions` on the memory engine: every frame published, as the live tap
-    records it, and each session's true models from the sealed telemetry."""
+    records it, each session's true models from the sealed telemetry, and the link keys
+    the agents escrowed."""
     records: list[audit.WireRecord] = []
 
     def tap(publisher: str, frame: Publish) -> None:
         records.append(audit.WireRecord(0.0, frame.topic, frame.payload))
 
-    network = Network.build(specs.session_plans(problem, sessions), core=core, tap=tap, run=RUN)
-    return records, [result.models for result in network.play()]
+    plans = specs.session_plans(problem, sessions)
+    network = Network.build(plans, core=core, tap=tap, run=RUN, escrow=True)
+    telemetry = [result.models for result in network.play()]
+    return records, telemetry, network.conductor.link_keys
 
 
 def memory_recording(c: ExperimentConfig) -> tuple[audit.Recording, list[np.ndarray]]:
     """A whole run on the memory engine, recorded like `privnet run --audit` records it."""
-    records, telemetry = recorded(Problem.build(c), specs.session_list(c))
-    return audit.Recording(RUN, "127.0.0.1:1883", c, records), telemetry
+    records, telemetry, escrowed = recorded(Problem.build(c), specs.session_list(c))
+    return audit.Recording(RUN, "127.0.0.1:1883", c, records, escrowed), telemetry
 
 
 # ---- the wire codec addition ----------------------------------------------------------------
@@ -202,8 +205,8 @@ def local_run() -> tuple[Problem, Witnessed]:
     problem = Problem.build(config(agents=20, iters=30, schemes=(Scheme.LOCAL_GHP,)))
     clear: dict[tuple[int, int, int], np.ndarray] = {}
     witness = partial(audit._Witness, clear=clear)
-    records, _ = recorded(problem, [(Strategy.ATC, Scheme.LOCAL_GHP, 0)], witness)
-    (seen,) = audit.split_sessions(records, RUN, problem.config.dim)
+    records, _, escrowed = recorded(problem, [(Strategy.ATC, Scheme.LOCAL_GHP, 0)], witness)
+    (seen,) = audit.split_sessions(records, RUN, problem.config.dim, escrowed)
     sent = {(s, r, i): vector for (s, r, i, _), vector in seen.models.items()}
     return problem, Witnessed(sent, clear)
 
