@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from agent import wire
 from agent.messages import Model, Rejected
+from agent.spec import STEPS
 
 
 class Links:
@@ -67,10 +68,23 @@ class Links:
                 link_keys=self.keys,
                 view=self.view,
             )
+        aead = self._aead.get(sender)
+        model = wire.open_model(
+            data,
+            receiver=self.me,
+            topic_sender=sender,
+            dim=self.dim,
+            view=self.view,
+            aead=aead,
+            run=self.run,
+            after=self._last.get((sender, wire.MODEL_KIND)),
+        )
+        if model is not None:
+            self._last[(sender, wire.MODEL_KIND)] = (model.round, STEPS.index(model.step))
+            return model
         head = wire.read_head(data)
         name = head.schema.name
         wire.check_route(name, head.fields, topic_sender=sender, receiver=self.me, view=self.view)
-        aead = self._aead.get(sender)
         if aead is None:
             raise Rejected(
                 "unknown-sender", f"{name} from agent {sender}, with whom there is no link key"
