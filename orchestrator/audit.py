@@ -411,7 +411,7 @@ def split_sessions(
     first Setup, not its Go: local-ghp agents agree their keys in between."""
     down = topics.ctl_down(run, "all").removesuffix("all")
     sessions: list[SessionWire] = []
-    opener = _Opener(run, dim, escrowed or {})
+    opener = Opener(run, dim, escrowed or {})
     for rec in records:
         if rec.topic.startswith(down):
             with contextlib.suppress(Rejected):  # signed, not secret: anyone can read it
@@ -430,7 +430,7 @@ def split_sessions(
 
 
 @dataclass
-class _Opener:
+class Opener:
     """Reads a peer frame as the audit can: the visible wire's as anyone, a sealed one
     with its link's escrowed key, if the agents escrowed it."""
 
