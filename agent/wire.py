@@ -822,6 +822,22 @@ def _finite(vector: np.ndarray) -> bool:
     return bool(np.isfinite(vector).all())
 
 
+def _routed(s: Any, r: Any, i: Any, j: Any, v: Any, sender: int, receiver: int, view: int) -> bool:
+    """Whether a model frame's fields are well typed and this link's, this view's."""
+    return (
+        type(s) is int
+        and s == sender
+        and type(r) is int
+        and r == receiver
+        and type(i) is int
+        and 0 <= i < COUNT_LIMIT
+        and type(j) is int
+        and j in STEPS
+        and type(v) is int
+        and v == view
+    )
+
+
 def _encode_model(msg: Model, link_key: bytes) -> bytes | None:
     """The frame `_frame` would build for `msg`; None if a field is not of the usual type."""
     vector = msg.vector
@@ -881,19 +897,7 @@ def _decode_model(
         and type(mac) is bytes
         and type(fields) is dict
         and len(fields) == 6
-        and type(s) is int
-        and 0 <= s < ID_LIMIT
-        and s == topic_sender
-        and type(r) is int
-        and 0 <= r < ID_LIMIT
-        and r == receiver
-        and type(i) is int
-        and 0 <= i < COUNT_LIMIT
-        and type(j) is int
-        and j in STEPS
-        and type(v) is int
-        and 0 <= v < COUNT_LIMIT
-        and v == view
+        and _routed(s, r, i, j, v, topic_sender, receiver, view)
         and type(w) is dict
         and len(w) == 3
         and w.get("dtype") == DTYPE
@@ -1156,16 +1160,7 @@ def open_model(
         and type(raw) is bytes
         and type(box) is bytes
         and len(head) == 5
-        and type(s) is int
-        and s == topic_sender
-        and type(r) is int
-        and r == receiver
-        and type(i) is int
-        and 0 <= i < COUNT_LIMIT
-        and type(j) is int
-        and j in STEPS
-        and type(v) is int
-        and v == view
+        and _routed(s, r, i, j, v, topic_sender, receiver, view)
         and (after is None or (i, STEPS.index(j)) > after)
     ):
         return None
