@@ -196,7 +196,8 @@ def _links(state: ViewState, problem: Problem, run: str, views: list[View]) -> N
     specs = plan.specs
     if len(view.members) != len(specs) and plan.view_specs is not None:
         specs = plan.view_specs(frozenset(view.members))
-    sent = link_bytes(run, specs, view.members, view.start, view.view)
+    sealed = problem.config.seal_links
+    sent = link_bytes(run, specs, view.members, view.start, view.view, sealed)
     state.edge_bytes = [sent.get(edge, 0.0) for edge in state.edges]
 
 

@@ -252,8 +252,10 @@ class LiveView:
         specs = plan.specs
         if len(members) != len(specs) and plan.view_specs is not None:
             specs = plan.view_specs(members)
-        run = self.watch.conductor.run
-        sent = link_bytes(run, specs, members, view.start, view.view)
+        conductor = self.watch.conductor
+        sent = link_bytes(
+            conductor.run, specs, members, view.start, view.view, conductor.seal_links
+        )
         self.state.edge_bytes = [sent.get(edge, 0.0) for edge in self.state.edges]
         self._model_per_round = sum(sent.values())
         self.state.touch()
