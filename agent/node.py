@@ -37,7 +37,7 @@ from agent.core import AgentCore
 from agent.links import Links
 from agent.losses import make_loss
 from agent.messages import Message, Rejected, Report
-from agent.spec import AgentSpec
+from agent.spec import AgentSpec, ConfigError
 
 QOS = 1  # the control plane (control, telemetry): at-least-once; duplicates are dropped
 # The peer plane (models, key shares) goes at most once: on a live TCP connection the broker
@@ -501,7 +501,10 @@ class AgentNode:
                 f"{config.resume}, which I do not hold (I hold {sorted(history)[-5:]})"
             )
         history = {r: w for r, w in history.items() if r <= config.resume}
-        loss = make_loss(config.problem)
+        try:
+            loss = make_loss(config.problem)
+        except ConfigError as exc:  # a problem or dataset this agent cannot build
+            return self._fail(f"agent {self.me}: {exc}")
         core = self._core_type(spec, loss, self.identity, directory)
         core.resume_from(history[config.resume])
         self.session = self._next_session(setup, config, core, links, history)

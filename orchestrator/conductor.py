@@ -27,7 +27,6 @@ from typing import Any, Literal
 import numpy as np
 
 from agent import control, keys, topics, wire
-from agent.losses import ProblemSpec
 from agent.messages import Rejected
 from agent.node import (
     BEATS,
@@ -41,6 +40,7 @@ from agent.node import (
     setup_context,
     telemetry_context,
 )
+from agent.problems import Share
 from agent.spec import AgentSpec, ConfigError
 
 REGISTER_DEADLINE = 120.0  # seconds from start for every agent to register
@@ -73,7 +73,7 @@ class SessionPlan:
 
     label: str
     specs: list[AgentSpec]
-    problems: tuple[ProblemSpec, ...]
+    problems: tuple[Share, ...]
     view_specs: ViewSpecs | None = None
 
     @property

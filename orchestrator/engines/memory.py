@@ -26,7 +26,7 @@ from agent.spec import Scheme, Strategy
 from orchestrator.conductor import Conductor, SessionPlan, SessionResult, Stage, View, add_counts
 from orchestrator.experiment.problem import Problem, msd
 from orchestrator.experiment.specs import session_list, session_plans
-from orchestrator.report import TEST_ERRORS, Curve
+from orchestrator.report import Curve
 
 CONDUCTOR = "orchestrator"
 Tap = Callable[[str, Publish], None]  # (publisher, frame)
@@ -268,14 +268,14 @@ def curve_of(
     """MSD (and testing errors, for classification) over repeats of models (T, P, M)."""
     cent = np.zeros((len(runs), problem.config.iters))
     avg = np.zeros_like(cent)
-    errors = np.zeros((2, *cent.shape))
+    scored = np.zeros((2, *cent.shape))
     for r, models in enumerate(runs):
         for i, w in enumerate(models):
             cent[r, i], avg[r, i] = msd(w, problem.w_opt[r], problem.q)
-        tested = problem.test_errors(models)
+        tested = problem.scores(models)
         if tested is not None:
-            errors[:, r] = tested
-    series = dict(zip(TEST_ERRORS, errors, strict=True)) if problem.classifies else {}
+            scored[:, r] = tested
+    series = {name: scored[n] for n, name in enumerate(problem.metric_series)}
     return Curve(strategy, scheme, cent, avg, rounds_per_s, extra or {}, series)
 
 

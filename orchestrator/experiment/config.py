@@ -11,9 +11,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
+from agent import plugins, problems
 from agent.spec import ConfigError, Rekey, Scheme, Strategy
-
-PROBLEMS = ("regression", "classification")
+from orchestrator.experiment import partition
 
 
 @dataclass(frozen=True)
@@ -39,13 +39,19 @@ class ExperimentConfig:
     rule: str = "metropolis"
     matrix: str | None = None  # a user-given combination matrix (overrides rule)
     rekey: Rekey = Rekey.ONCE
-    problem: str = "regression"  # or "classification" (logistic regression on `dataset`)
-    dataset: str = "adult"
-    feature_noise: float = 0.5  # classification: agent p's feature noise std ~ U[0, this]
+    # The problem plug-in (agent.problems): least-squares, logistic, mlp, a registered name
+    # or module:Class (the paper's `regression` and `classification` name the first two),
+    # built with `params` (and `rho`, when it takes one).
+    problem: str = "least-squares"
+    params: dict[str, Any] = field(default_factory=dict)
+    dataset: str | None = None  # linear (generated) or a dataset; None: the problem's own
+    partition: str = "iid"  # how a dataset's rows are dealt out (orchestrator.experiment.partition)
+    feature_noise: float = 0.5  # datasets: agent p's feature noise std ~ U[0, this]
     seal_links: bool = True  # peer frames sealed end to end (False: the paper's visible wire)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self._coerce()
         checks = [
             (self.agents >= 2, f"agents must be >= 2, got {self.agents}"),
             (self.dim >= 1, f"dim must be >= 1, got {self.dim}"),
@@ -59,10 +65,6 @@ class ExperimentConfig:
             ),
             (self.rho >= 0, f"rho must be >= 0, got {self.rho}"),
             (self.batch is None or self.batch >= 1, f"batch must be >= 1, got {self.batch}"),
-            (
-                self.problem in PROBLEMS,
-                f"unknown problem {self.problem!r}; choose one of {', '.join(PROBLEMS)}",
-            ),
             (self.feature_noise >= 0, f"feature_noise must be >= 0, got {self.feature_noise}"),
             (bool(self.strategies), "choose at least one strategy"),
             (bool(self.schemes), "choose at least one scheme"),
@@ -74,6 +76,23 @@ class ExperimentConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        plugins.check_name("problem", self.problem)
+        if self.dataset is not None:
+            plugins.check_name("dataset", self.dataset)
+        partition.check(self.partition)
+        problems.params(self.params)  # numbers, strings, booleans and lists only
+
+    def _coerce(self) -> None:
+        """Names as a user writes them (`"atc"`, `"all"`, `"none,local-ghp"`, `"once"`, the
+        paper's problem names) as the members and names privnet runs."""
+        coerced = {
+            "strategies": parse_choices(self.strategies, Strategy),
+            "schemes": parse_choices(self.schemes, Scheme),
+            "rekey": _member(self.rekey, Rekey),
+            "problem": problems.ALIASES.get(self.problem, self.problem),
+        }
+        for name, value in coerced.items():
+            object.__setattr__(self, name, value)
 
     @property
     def sigma_g(self) -> float:
@@ -107,6 +126,16 @@ def parse_choices(value: str | Iterable[str], kind: type[E]) -> tuple[E, ...]:
     return chosen
 
 
+def _member(value: str, kind: type[E]) -> E:
+    try:
+        return kind(value)
+    except ValueError:
+        valid = ", ".join(str(k) for k in kind)
+        raise ConfigError(
+            f"unknown {kind.__name__.lower()} {value!r}; choose from: {valid}"
+        ) from None
+
+
 def with_overrides(config: ExperimentConfig, overrides: dict[str, Any]) -> ExperimentConfig:
     """Apply non-None overrides (CLI flags, TOML tables), coercing names to enums."""
     clean: dict[str, Any] = {}
@@ -118,12 +147,6 @@ def with_overrides(config: ExperimentConfig, overrides: dict[str, Any]) -> Exper
             raise ConfigError(
                 f"unknown setting {key!r}; valid settings: {', '.join(sorted(_FIELDS))}"
             )
-        if key == "strategies":
-            value = parse_choices(value, Strategy)
-        elif key == "schemes":
-            value = parse_choices(value, Scheme)
-        elif key == "rekey":
-            value = Rekey(value)
         clean[key] = value
     return replace(config, **clean)
 
