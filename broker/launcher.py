@@ -226,7 +226,8 @@ class Broker:
             conf.write_text(mosquitto_config(f"{self.address.port} 127.0.0.1", settings))
             _give_to_mosquitto_user(self._tmp)
             return [_mosquitto_path(), "-c", str(conf)]
-        command = [sys.executable, "-m", "broker.embedded", "--port", str(self.address.port)]
+        # -P: a module of the user's in the working directory must not shadow broker's
+        command = [sys.executable, "-P", "-m", "broker.embedded", "--port", str(self.address.port)]
         if self.credentials is not None:
             passwd = write_private(self._tmp / "passwd", self.credentials.amqtt_password_file())
             acl = write_private(self._tmp / "acl.json", json.dumps(self.credentials.amqtt_acl()))

@@ -35,8 +35,8 @@ from agent.control import (
     Telemetry,
     Welcome,
 )
-from agent.problems import Linear, Share
 from agent.messages import KeyPlan, KeyShare, Model, Rejected, Report
+from agent.problems import Linear, Share
 from agent.spec import AgentSpec, Rekey, Scheme, StepPlan
 
 KEY = bytes(range(32))

@@ -229,10 +229,15 @@ class Network:
         return self.conductor.results
 
 
+def run_session(problem: Problem, strategy: Strategy, scheme: Scheme, repeat: int) -> SessionResult:
+    """One session through conductor and nodes: its models, bytes, messages, views."""
+    plans = session_plans(problem, [(strategy, scheme, repeat)])
+    return Network.build(plans, seal_links=problem.config.seal_links).play()[0]
+
+
 def run_once(problem: Problem, strategy: Strategy, scheme: Scheme, repeat: int) -> np.ndarray:
     """The models of every agent after every round, shape (iters, P, M)."""
-    plans = session_plans(problem, [(strategy, scheme, repeat)])
-    return Network.build(plans, seal_links=problem.config.seal_links).play()[0].models
+    return run_session(problem, strategy, scheme, repeat).models
 
 
 def run_memory(
@@ -240,20 +245,23 @@ def run_memory(
     strategies: Iterable[Strategy] | None = None,
     schemes: Iterable[Scheme] | None = None,
     progress: Callable[[int], None] | None = None,
+    models: dict[str, np.ndarray] | None = None,
 ) -> list[Curve]:
-    """Every strategy x scheme x repeat through conductor and nodes; one Curve per pair."""
+    """Every strategy x scheme x repeat through conductor and nodes; one Curve per pair,
+    with what the wire cost (the bytes the agents' shells would publish). `models` gets
+    every session's models, (iters, P, M), by its label (`atc/none/0`)."""
     c = problem.config
     curves = []
     for strategy in strategies or c.strategies:
         for scheme in schemes or c.schemes:
-            start = time.perf_counter()
-            runs = []
+            results = []
             for r in range(c.repeats):
-                runs.append(run_once(problem, strategy, scheme, r))
+                results.append(run_session(problem, strategy, scheme, r))
+                if models is not None:
+                    models[results[-1].label] = results[-1].models
                 if progress:
                     progress(1)
-            rate = c.iters * c.repeats / (time.perf_counter() - start)
-            curves.append(curve_of(problem, str(strategy), str(scheme), runs, rate))
+            curves.append(results_curve(problem, str(strategy), str(scheme), results))
     return curves
 
 
@@ -316,9 +324,15 @@ def results_curves(problem: Problem, results: list[SessionResult]) -> list[Curve
     return curves
 
 
-def replay(problem: Problem, membership: list[View]) -> list[Curve]:
+def replay(
+    problem: Problem, membership: list[View], models: dict[str, np.ndarray] | None = None
+) -> list[Curve]:
     """Every session of a run, applying its recorded membership views at their rounds (a
-    faulty network run, reproduced in memory: same config and seed, same trajectories)."""
+    faulty network run, reproduced in memory: same config and seed, same trajectories).
+    `models` gets every session's models by its label."""
     plans = session_plans(problem, session_list(problem.config))
     network = Network.build(plans, script=membership, seal_links=problem.config.seal_links)
-    return results_curves(problem, network.play())
+    results = network.play()
+    if models is not None:
+        models.update((r.label, r.models) for r in results)
+    return results_curves(problem, results)

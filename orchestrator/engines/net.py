@@ -16,6 +16,7 @@ import json
 import os
 import secrets
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -186,7 +187,15 @@ async def run_network(config: ExperimentConfig, args: argparse.Namespace, out: P
     try:
         return await _run_network(config, args, out)
     finally:
-        signal.signal(signal.SIGTERM, previous)  # _drive ignores SIGTERM once the run is done
+        _on_sigterm(previous)  # _drive ignores SIGTERM once the run is done
+
+
+def _on_sigterm(handler: Any) -> None:
+    """SIGTERM's handler from now on, where Python lets us set it: in the main thread.
+    (`privnet.run` inside a running event loop runs the network on a thread of its own,
+    and the caller's handlers stay as they are.)"""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
 
 
 async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: Path) -> int:
@@ -358,7 +367,7 @@ async def _drive(
                     tap.link_keys = conductor.link_keys  # to open the sealed frames
             # The run is complete. Under compose the first agent to leave stops every
             # container: a SIGTERM from here on must not cut the outputs short.
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            _on_sigterm(signal.SIG_IGN)
             curves = memory.results_curves(problem, conductor.results)
             save_models(out / "models.npz", conductor.results)
             extra: dict[str, Any] = {
