@@ -1,5 +1,6 @@
 """Fixtures shared by the tests that need a real broker or a real packet capture."""
 
+import asyncio
 import contextlib
 import dataclasses
 import os
@@ -13,7 +14,10 @@ from typing import NoReturn
 
 import aiomqtt
 import pytest
+from amqtt.adapters import BufferReader
+from amqtt.mqtt.connect import ConnectPacket
 
+from agent.mqtt import BrokerAddress
 from broker.launcher import Broker, has_mosquitto, launch
 from orchestrator.engines.net import RunSecrets
 
@@ -132,3 +136,62 @@ async def prepared(kind: str, run: str, agents: int, out: Path) -> AsyncIterator
     run_json.write_text(run_secrets.to_json())
     async with launch(kind, credentials=run_secrets.credentials) as broker:
         yield Prepared(broker, run, run_json, run_secrets)
+
+
+@dataclasses.dataclass
+class Eavesdropper:
+    """What anyone on the wire reads of the clients that connect through `address`: MQTT
+    3.1.1 sends every CONNECT's username and client id in the clear."""
+
+    address: BrokerAddress
+    ids: dict[str | None, list[str]]  # username -> the client ids its CONNECTs named
+
+    def others(self, user: str) -> list[str]:
+        """Every client id the wire showed for users other than `user`, and their names."""
+        named = [u for u in self.ids if u is not None and u != user]
+        return sorted({i for u, ids in self.ids.items() if u != user for i in ids} | set(named))
+
+
+async def read_packet(reader: asyncio.StreamReader) -> bytes:
+    """One whole MQTT packet from the stream (b"" at its end)."""
+    try:
+        header = await reader.readexactly(2)
+        while header[-1] & 0x80 and len(header) < 5:
+            header += await reader.readexactly(1)
+    except asyncio.IncompleteReadError:
+        return b""
+    remaining = sum((b & 0x7F) << 7 * k for k, b in enumerate(header[1:]))
+    return header + await reader.readexactly(remaining)
+
+
+@contextlib.asynccontextmanager
+async def eavesdropper(broker: BrokerAddress) -> AsyncIterator[Eavesdropper]:
+    """A TCP relay in front of `broker` that notes every CONNECT's username and client id."""
+    ids: dict[str | None, list[str]] = {}
+    writers: list[asyncio.StreamWriter] = []
+
+    async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await source.read(65_536):
+                sink.write(data)
+                await sink.drain()
+        sink.close()
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream, up = await asyncio.open_connection(broker.host, broker.port)
+        writers.extend((writer, up))
+        connect = await read_packet(reader)
+        with contextlib.suppress(Exception):  # not a CONNECT: the broker says so
+            packet = await ConnectPacket.from_stream(BufferReader(connect))
+            if not packet.payload.client_id_is_random:
+                ids.setdefault(packet.username, []).append(packet.client_id)
+        up.write(connect)
+        await asyncio.gather(pipe(reader, up), pipe(upstream, writer))
+
+    server = await asyncio.start_server(relay, "127.0.0.1", 0)
+    try:
+        async with server:
+            yield Eavesdropper(BrokerAddress("127.0.0.1", server.sockets[0].getsockname()[1]), ids)
+    finally:
+        for writer in writers:
+            writer.close()

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import secrets
 import subprocess
@@ -22,7 +23,7 @@ from typing import Any
 import aiomqtt
 import numpy as np
 import pytest
-from conftest import Prepared, prepared
+from conftest import Prepared, eavesdropper, need_mosquitto, prepared
 
 from agent import control, keys, topics, wire
 from agent.messages import Model, Rejected
@@ -146,6 +147,65 @@ async def test_agent3_credentials_forge_every_control_frame(kind: str, tmp_path:
     assert "bad-seal" not in orchestrator["rejected"]  # no telemetry it could not open
     assert rejected_by_agents(summary) == len(inboxes) * len(frames)
     assert_same_as_memory(tmp_path, flags)
+
+
+# ---- an insider under everyone's client ids ------------------------------------------------
+
+INSIDER = ["--agents", "6", "--iters", "600", "--seed", "4", "--strategy", "atc", "--scheme", "ghp"]
+
+
+@pytest.mark.parametrize("kind", ["mosquitto", "embedded"])
+async def test_an_insider_under_every_partys_client_id_changes_nothing(
+    kind: str, tmp_path: Path
+) -> None:
+    """Agent 3's credentials, connecting again and again under every other party's client id
+    (as the wire shows it, and by name), with the right password and a wrong one: each
+    valid connect gets agent 3's own id and can only displace agent 3 itself. Nobody else
+    ever loses the broker, and the run completes with the memory engine's result (agent 3's
+    lost frames only stall rounds, which are redone)."""
+    if kind == "mosquitto":
+        need_mosquitto()
+    run = f"insider-{kind}"
+    async with (
+        prepared(kind, run, 6, tmp_path) as setup,
+        eavesdropper(setup.broker.address) as wire,
+    ):
+        with (tmp_path / "privnet.err").open("w") as err:
+            where = ["--broker", str(wire.address), "--prepared", str(setup.run_json)]
+            privnet = subprocess.Popen(
+                [*PRIVNET, *INSIDER, "--deadline", "2", *where, "--out", str(tmp_path)],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        try:
+            async with setup.client(INSPECTOR) as operator, asyncio.timeout(60):
+                await wait_until_running(operator, run, 20)
+            address, own = setup.broker.address, setup.broker.access(str(ATTACKER))
+            connects = 0
+            for identifier in wire.others(str(ATTACKER)):
+                for password in (own.password, "wrong"):
+                    with contextlib.suppress(aiomqtt.MqttError):
+                        async with aiomqtt.Client(
+                            address.host,
+                            address.port,
+                            username=own.username,
+                            password=password,
+                            identifier=identifier,
+                        ):
+                            connects += 1
+            assert privnet.poll() is None, "the run ended before the insider: more rounds"
+            code = await asyncio.to_thread(privnet.wait, 120)
+        finally:
+            if privnet.poll() is None:
+                privnet.kill()
+    assert code == 0, (tmp_path / "privnet.err").read_text()
+    assert connects >= 12  # 6 parties, each by name and by the id the wire showed
+    summary = load_summary(tmp_path / "summary.json")
+    assert summary["config"]["broker_outages"]["losses"] == 0, "the orchestrator was displaced"
+    for p in (0, 1, 2, 4, 5):
+        log = (tmp_path / "logs" / f"agent-{p}.log").read_text()
+        assert "lost the broker" not in log, f"agent {p} was displaced"
+    assert_same_as_memory(tmp_path, INSIDER)
 
 
 # ---- 10,000 hostile frames ------------------------------------------------------------------

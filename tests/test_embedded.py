@@ -9,6 +9,8 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import aiomqtt
 import pytest
@@ -19,7 +21,9 @@ from amqtt.mqtt.publish import PublishPacket
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agent import topics as T
 from agent.topics import MAX_PACKET_SIZE, publish_packet
+from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials
 from broker.embedded import GuardedBroker, PacketReader, amqtt_config
 from broker.launcher import free_port
 
@@ -27,10 +31,20 @@ WAIT = 10.0
 
 
 @contextlib.asynccontextmanager
-async def serving(backlog: int | None = None) -> AsyncIterator[tuple[GuardedBroker, int]]:
+async def serving(
+    backlog: int | None = None, credentials: Credentials | None = None, tmp: Path | None = None
+) -> AsyncIterator[tuple[GuardedBroker, int]]:
+    """An anonymous broker, or with `credentials` (files written into `tmp`) the run's users
+    and ACL, as privnet starts it."""
     port = free_port()
     kwargs = {} if backlog is None else {"backlog": backlog}
-    broker = GuardedBroker(amqtt_config("127.0.0.1", port), MAX_PACKET_SIZE, **kwargs)
+    users: dict[str, Any] = {}
+    if credentials is not None and tmp is not None:
+        passwd = tmp / "passwd"
+        passwd.write_text(credentials.amqtt_password_file())
+        users = {"password_file": passwd, "acl": credentials.amqtt_acl()}
+    config = amqtt_config("127.0.0.1", port, **users)
+    broker = GuardedBroker(config, MAX_PACKET_SIZE, **kwargs)
     await broker.start()
     try:
         yield broker, port
@@ -127,6 +141,45 @@ async def test_a_subscriber_too_far_behind_loses_qos0_copies_not_the_others() ->
         stalled.close()
     assert len(got) == count
     assert broker.dropped > 0
+
+
+async def test_a_broadcast_reaches_every_subscriber_while_others_subscribe(
+    tmp_path: Path,
+) -> None:
+    """amqtt's broadcast loop iterated the live subscription table across the ACL plugins'
+    awaits: an agent subscribing meanwhile raised "dictionary changed size during iteration",
+    and the subscribers after that point never got the message (agents left out at start-up).
+    Here, as at a run's start: a tap reads everything, agents wait for their Setup on
+    ctl/down/m while the others are still subscribing."""
+    run, waiting, joining = "race", 12, 24
+    creds = Credentials.generate(run, waiting + joining)
+
+    def user(name: str | int) -> aiomqtt.Client:
+        name = str(name)
+        return aiomqtt.Client("127.0.0.1", port, username=name, password=creds.passwords[name])
+
+    async def join(m: int) -> None:
+        async with user(m) as agent:
+            for topic in (T.inbox_filter(run, m), T.ctl_down(run, m), T.ctl_down(run, "all")):
+                await agent.subscribe(topic, qos=1)
+
+    async with contextlib.AsyncExitStack() as stack:
+        _, port = await stack.enter_async_context(serving(credentials=creds, tmp=tmp_path))
+        tap = await stack.enter_async_context(user(INSPECTOR))
+        await tap.subscribe(T.run_filter(run), qos=1)  # the first filter every match meets
+        agents = [await stack.enter_async_context(user(m)) for m in range(waiting)]
+        for m, agent in enumerate(agents):
+            await agent.subscribe(T.ctl_down(run, m), qos=1)
+        orchestrator = await stack.enter_async_context(user(ORCHESTRATOR))
+        setups = [orchestrator.publish(T.ctl_down(run, m), b"setup", qos=1) for m in range(waiting)]
+        joins = [join(m) for m in range(waiting, waiting + joining)]
+        await asyncio.gather(*setups, *joins)
+        got = await asyncio.gather(*(take(agent, 1) for agent in agents))
+        tapped = await take(tap, waiting)
+    assert [m[0].topic.value for m in got] == [T.ctl_down(run, m) for m in range(waiting)]
+    assert sorted(m.topic.value for m in tapped) == sorted(
+        T.ctl_down(run, m) for m in range(waiting)
+    )
 
 
 # --- the bytes ---------------------------------------------------------------------------------

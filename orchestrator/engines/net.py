@@ -486,8 +486,11 @@ def _outputs(
 
 
 async def _sys(broker: Broker | DockerBroker) -> dict[str, int] | None:
+    """mosquitto's $SYS counters, read as the inspector: the orchestrator's own connection
+    is still up (a second one of its user would displace it) and the audit's tap, the other
+    inspector, has closed."""
     if broker.kind != "mosquitto":
         return None
     with contextlib.suppress(TimeoutError, aiomqtt.MqttError):
-        return await read_sys_bytes(broker.address, access=broker.access(ORCHESTRATOR))
+        return await read_sys_bytes(broker.address, access=broker.access(INSPECTOR))
     return None
