@@ -24,7 +24,7 @@ from typing import Any
 import aiomqtt
 import psutil
 import pytest
-from conftest import eavesdropper, need_mosquitto
+from conftest import need_mosquitto, relay
 from pwdlib import PasswordHash
 from pwdlib.hashers.argon2 import Argon2Hasher
 
@@ -139,7 +139,7 @@ async def test_a_refused_impostor_under_a_partys_client_id_disturbs_nothing(
 ) -> None:
     """Wrong password or none, under the client id the wire showed or the party's name:
     refused, and the party keeps its connection (amqtt 0.12 alone dropped its session)."""
-    async with eavesdropper(broker.address) as wire, party(broker, wire.address, victim) as v:
+    async with relay(broker.address) as wire, party(broker, wire.address, victim) as v:
         for identifier in [*wire.ids[victim], victim]:
             for username, password in ((victim, "wrong"), (None, None), ("3", "wrong")):
                 with pytest.raises(aiomqtt.MqttError, match=REFUSED):
@@ -157,7 +157,7 @@ async def test_agent3s_credentials_under_another_partys_client_id_take_agent3s(
     the broker gives the impostor agent 3's own id, so agent 3's connection is the one it
     displaces, never the victim's."""
     async with (
-        eavesdropper(broker.address) as wire,
+        relay(broker.address) as wire,
         party(broker, wire.address, victim) as v,
         party(broker, wire.address, "3") as agent3,
     ):

@@ -24,7 +24,7 @@ import msgpack
 import numpy as np
 import psutil
 import pytest
-from conftest import prepared
+from conftest import insider_run, prepared
 
 from agent import topics, wire
 from agent.control import Telemetry
@@ -141,36 +141,53 @@ def peek(payload: bytes) -> tuple[str, dict[str, Any]]:
     return name, msgpack.unpackb(body)
 
 
-async def eavesdrop(
-    client: aiomqtt.Client,
-) -> tuple[int, int, dict[int, tuple[str, bytes, dict[str, Any]]]]:
-    """Record round-1 models until an agent with two in-neighbours reports round 2 or later.
+def target() -> tuple[int, int, int]:
+    """The victim (the first agent with two in-neighbours besides itself) and those two: m,
+    whose operator injects into the victim's inbox, and another."""
+    config = ExperimentConfig(agents=6, iters=400, strategies=("atc",), schemes=("ghp",), seed=5)
+    a = Problem.build(config).A
+    for k in range(len(a)):
+        senders = [m for m in range(len(a)) if m != k and a[m, k] > 0]
+        if len(senders) >= 2:
+            return k, senders[0], senders[1]
+    raise AssertionError("no agent has two in-neighbours")
 
-    Returns that victim, the round it is in, and its captured round-1 messages by sender.
+
+Captured = dict[int, tuple[str, bytes, dict[str, Any]]]  # sender -> (topic, payload, body)
+
+
+async def eavesdrop(
+    client: aiomqtt.Client, victim: int, senders: tuple[int, int]
+) -> tuple[int, Captured]:
+    """Record the round-1 models `senders` send the victim until it reports round 2 or later.
+
+    Returns the round it is in, and those messages by sender.
     """
-    captured: dict[int, dict[int, tuple[str, bytes, dict[str, Any]]]] = {}
+    captured: Captured = {}
     async for message in client.messages:
         topic, payload = message.topic.value, bytes(message.payload)  # type: ignore[arg-type]
         peer = topics.parse_peer_topic(topic)
         if peer is not None:
             name, body = peek(payload)
-            if name == "model" and body["i"] == 1:
-                captured.setdefault(peer[1], {})[peer[2]] = (topic, payload, body)
+            if name == "model" and body["i"] == 1 and peer[1] == victim:
+                captured[peer[2]] = (topic, payload, body)
             continue
         report = wire.decode_signed(payload).msg  # signed, not secret
         assert isinstance(report, Telemetry)
-        senders = captured.get(report.agent, {})
-        if report.round >= 2 and len(senders) >= 2:
-            return report.agent, report.round + 1, senders
+        if report.agent == victim and report.round >= 2 and set(senders) <= captured.keys():
+            return report.round + 1, captured
     raise AssertionError("the subscription ended before the run reached round 2")
 
 
 def attacks(
-    victim: int, now: int, captured: dict[int, tuple[str, bytes, dict[str, Any]]]
-) -> tuple[int, list[tuple[str, bytes]]]:
-    """Whose credentials the attacker holds (neighbour m of the victim), and what it
-    publishes into the victim's inbox as m, in EXPECTED_REJECTIONS order."""
-    m, other = sorted(captured)[:2]
+    victim: int,
+    m: int,
+    other: int,
+    now: int,
+    captured: dict[int, tuple[str, bytes, dict[str, Any]]],
+) -> list[tuple[str, bytes]]:
+    """What m's operator publishes into the victim's inbox as m, in EXPECTED_REJECTIONS
+    order (`other`: another of the victim's neighbours)."""
     topic, replay, body = captured[m]
     step, wrong_key = body["j"], secrets.token_bytes(32)
 
@@ -178,7 +195,7 @@ def attacks(
         model = Model(sender=m, receiver=victim, round=now, step=step, vector=np.array(vector))
         return wire.encode_peer(model, wrong_key)
 
-    return m, [
+    return [
         (topic, b"\xc1 this is not msgpack"),  # malformed
         (topic, b"\x00" * (wire.MAX_PEER_BYTES + 1)),  # oversized
         (topic, forged([float("nan"), 0.0])),  # bad-mac: NaN never gets past the MAC
@@ -192,31 +209,25 @@ def attacks(
 async def test_injected_messages_are_counted_and_change_nothing(
     broker_kind: str, tmp_path: Path
 ) -> None:
-    """The broker operator reads everything (the inspector's view); an attacker holding a
-    neighbour's broker credentials injects into the victim's inbox."""
+    """The broker operator reads everything (the inspector's view); the operator of one of
+    the victim's neighbours, m, injects into the victim's inbox over m's own connection (its
+    credentials have one at a time: a second would displace m)."""
     run = f"attack-{broker_kind}"
-    errors = tmp_path / "privnet.err"
+    victim, m, other = target()
     async with (
         prepared(broker_kind, run, 6, tmp_path) as setup,
         setup.client(INSPECTOR) as operator,
     ):
         await operator.subscribe(f"{topics.PREFIX}/{run}/to/+/from/+", qos=1)
         await operator.subscribe(f"{topics.PREFIX}/{run}/telemetry/+", qos=1)
-        with errors.open("w") as err:
-            privnet = subprocess.Popen(
-                [*PRIVNET, *ATTACK, *setup.flags(), "--out", str(tmp_path)],
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-            )
-        with stopped(privnet):
+        async with insider_run(setup, tmp_path, m, ATTACK) as attack:
             async with asyncio.timeout(60):
-                victim, now, captured = await eavesdrop(operator)
-                neighbour, frames = attacks(victim, now, captured)
-                async with setup.client(str(neighbour)) as attacker:
-                    for topic, payload in frames:
-                        await attacker.publish(topic, payload, qos=1)
-                code = await asyncio.to_thread(privnet.wait)
-    assert code == 0, errors.read_text()
+                now, captured = await eavesdrop(operator, victim, (m, other))
+            for topic, payload in attacks(victim, m, other, now, captured):
+                attack.insider.publish(topic, payload, 1)
+            assert attack.privnet.poll() is None, "the run ended before the injection"
+            code = await asyncio.to_thread(attack.privnet.wait, 120)
+    assert code == 0, (tmp_path / "privnet.err").read_text()
     (result,) = load_summary(tmp_path / "summary.json")["results"]
     assert result["rejected"] == EXPECTED_REJECTIONS
     clean = tmp_path / "memory"
@@ -304,7 +315,7 @@ async def flood(attacker: aiomqtt.Client, topic: str, privnet: subprocess.Popen[
 async def test_a_killed_agent_is_left_out_and_the_run_completes(
     broker_kind: str, tmp_path: Path
 ) -> None:
-    """SIGKILL one agent mid-run, while an attacker with agent 3's credentials floods agent
+    """SIGKILL one agent mid-run, then an attacker with agent 3's credentials floods agent
     3's upward topic with junk: the run goes on without it under a new membership view,
     completes, names it in membership.json, and its survivors' models equal the memory
     engine's replay of that file; nothing is left running."""
@@ -319,10 +330,12 @@ async def test_a_killed_agent_is_left_out_and_the_run_completes(
         )
         with stopped(privnet):
             family = await asyncio.to_thread(wait_for_rounds, privnet, tmp_path)
+            killed = agent_process(family, 3)
+            killed.send_signal(signal.SIGKILL)
+            await asyncio.to_thread(killed.wait, 10)
+            # Its credentials now: while agent 3 lived, they would only have displaced it.
             async with setup.client("3") as attacker:
                 junk = asyncio.create_task(flood(attacker, topics.ctl_up(run, 3), privnet))
-                await asyncio.sleep(0.3)
-                agent_process(family, 3).send_signal(signal.SIGKILL)
                 code = await asyncio.to_thread(privnet.wait, 60)
                 junked = await junk
     stderr = (tmp_path / "privnet.err").read_text()
