@@ -135,9 +135,9 @@ class GuardedBroker(Broker):
     sees it (`_admit`): a refused one is answered "not authorized" and closed, and no session
     is touched; an accepted one reaches amqtt with the username as its client id. So a client
     can only ever take the session of its own user, as on mosquitto with
-    `use_username_as_clientid`, and, as there, the connection it displaces is closed (amqtt
-    left it open, receiving nothing). The session monitor never removes a session that its
-    user has connected again meanwhile.
+    `use_username_as_clientid`. As there, the connection a client id had is closed when a new
+    one takes it (`_hold`; amqtt left it open, receiving nothing), and the session monitor
+    never removes a session that was connected again since it looked.
 
     amqtt asks its topic plugins about every PUBLISH it receives and again about every copy
     it delivers (`Action.RECEIVE`), each time through a new task per plugin: with the ACL on,
@@ -152,8 +152,9 @@ class GuardedBroker(Broker):
     nothing is kept for offline sessions and nothing awaits an acknowledgement: they are
     encoded once and written to each subscriber's socket in the order they were published,
     one write per subscriber per loop turn, with the same ACL verdict per receiver. The
-    subscribers of a topic are remembered until a subscription changes. Anything else
-    (QoS 1 or 2 on either side, retained or internal messages) takes amqtt's own path.
+    subscribers of a topic are remembered until a subscription changes: a route, a list made
+    at once, which amqtt's own broadcast walks too (`_run_broadcast`). Anything else (QoS 1
+    or 2 on either side, retained or internal messages) takes amqtt's own path.
     A subscriber more than `backlog` bytes behind loses QoS-0 copies instead of growing the
     broker without bound (MQTT allows dropping QoS 0; `dropped` counts them).
     """

@@ -8,6 +8,7 @@ amqtt's path. Access control and the packet size limit are in test_broker_auth.p
 import asyncio
 import contextlib
 import socket
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -260,3 +261,46 @@ async def test_the_reader_refuses_before_the_body(
 # the stalled client is a bare socket, so nothing reads on its behalf.
 CONNECT = bytes([0x10, 13, 0, 4, *b"MQTT", 4, 2, 0, 60, 0, 1, *b"s"])
 SUBSCRIBE = bytes([0x82, 10, 0, 1, 0, 5, *b"big/+", 0])
+
+
+class Answers:
+    """What `GuardedBroker._admit` needs of a writer: it answers, closes, names the peer."""
+
+    def __init__(self) -> None:
+        self.written = b""
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    async def close(self) -> None:
+        self.closed = True
+
+    def get_peer_info(self) -> tuple[str, int]:
+        return ("peer", 1)
+
+
+ADMIT_CREDS = Credentials.generate("admit", 1)
+
+
+@given(st.binary(max_size=80), st.sampled_from([b"", b"\x00\x04MQTT\x04\xc2\x00\x3c"]))
+async def test_admission_refuses_or_hands_on_any_connect_and_never_raises(
+    body: bytes, head: bytes
+) -> None:
+    """Whatever a CONNECT holds: refused (CONNACK 5, closed), or handed to amqtt as it came
+    (unreadable: amqtt refuses it its own way) or with its username as client id."""
+    with tempfile.TemporaryDirectory() as tmp:
+        passwd = Path(tmp) / "passwd"
+        passwd.write_text(ADMIT_CREDS.amqtt_password_file())
+        config = amqtt_config("127.0.0.1", 1, password_file=passwd, acl=ADMIT_CREDS.amqtt_acl())
+        broker = GuardedBroker(config, MAX_PACKET_SIZE)
+        packet = bytes([0x10, len(head + body)]) + head + body
+        stream = asyncio.StreamReader()
+        stream.feed_data(packet)
+        stream.feed_eof()
+        reader, writer = PacketReader(stream, Aborts(), MAX_PACKET_SIZE), Answers()  # type: ignore[arg-type]
+        admitted = await broker._admit(reader, writer, "default")  # type: ignore[arg-type]
+    if admitted:
+        assert not writer.written and await reader.read() in (packet, b"")
+    else:
+        assert writer.written == bytes([0x20, 2, 0, 5]) and writer.closed
