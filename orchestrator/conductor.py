@@ -605,9 +605,7 @@ class Conductor:
             return Output()
         if self._splits(staying | self._joining.keys()) and now - self._since < self.deadline:
             return Output()  # a lost cut vertex may be back soon (restarted): wait a deadline
-        start = self._first_unrecorded(
-            staying, min((self._held[m] for m in staying), default=0) + 1
-        )
+        start = self._first_unrecorded(min((self._held[m] for m in staying), default=0) + 1)
         rounds = self.plans[self.session].rounds
         if start > rounds:  # every member still in has finished: nothing to redo
             self._lost.clear()
@@ -624,14 +622,18 @@ class Conductor:
             resume[agent] = self._resume_of(agent, rejoin, start)
         return self._switch(now, start, self._reason, tuple(sorted(resume)), resume)
 
-    def _first_unrecorded(self, staying: frozenset[int], start: int) -> int:
+    def _first_unrecorded(self, start: int) -> int:
         """The round the next view starts at: after the slowest member's last, or earlier
-        where a staying member's report of the current view never came (the broker went
-        down with it): that round is redone, so every round that stands has every member's
-        report. Members hold every model of the session, so any round can be redone."""
+        where a report of the current view's members never came: a lost member's last
+        batch (killed, or stopped, before it sealed it) or one a broker went down with.
+        That round is redone under the new view, so every round that stands has every
+        member's report. Staying members hold every model of the session, so any round can
+        be redone; without telemetry there are no reports to wait for."""
         view = self.view
         first = view.start if view is not None and view.session == self.session else 1
-        missing = np.isnan(self.models[first - 1 : start - 1, sorted(staying), 0])
+        if not self.telemetry:
+            return start
+        missing = np.isnan(self.models[first - 1 : start - 1, sorted(self.members), 0])
         gaps = np.flatnonzero(missing.any(axis=1))
         return first + int(gaps[0]) if gaps.size else start
 

@@ -32,13 +32,23 @@ from runs import (
 
 from agent import control, keys, topics, wire
 from agent.messages import Model, Report
-from agent.node import Checkpoint, Event, Output, Phase, Publish, hello_proof, telemetry_context
+from agent.node import (
+    TELEMETRY_BATCH,
+    Checkpoint,
+    Event,
+    Output,
+    Phase,
+    Publish,
+    hello_proof,
+    telemetry_context,
+)
 from agent.spec import Scheme, Strategy
 from orchestrator.conductor import (
     REGISTER_DEADLINE,
     STALLS,
     Conductor,
     SessionPlan,
+    SessionResult,
     Stage,
     View,
     describe,
@@ -720,6 +730,7 @@ def test_an_agent_silent_after_its_last_finished_costs_only_its_left() -> None:
 
 VICTIM = 3  # not a cut vertex of seed 34's graph: its neighbours 2 and 7 are hubs
 LONG = 8  # rounds: room for a fault mid-run
+LATE = 2 * TELEMETRY_BATCH  # rounds: room for a fault after a telemetry batch went out
 
 
 def survivors(without: int = VICTIM) -> list[int]:
@@ -770,25 +781,66 @@ def assert_replay_matches(h: Harness, got: list, agents: list[int] | None = None
 def test_a_crashed_agent_is_left_out_and_the_replay_reproduces_the_run(
     session: tuple[Strategy, Scheme],
 ) -> None:
-    """Agent 3 dies (kill -9) after 3 rounds: the survivors hold, a view without it runs
-    from the slowest survivor's round + 1, the run completes, and the memory engine
-    replaying the recorded views gives the same models."""
-    h = Harness.build([session], rounds=LONG)
-    h.when(at_round(h, VICTIM, 3), lambda: h.crash(VICTIM))
+    """Agent 3 dies (kill -9) after 13 rounds, its first telemetry batch (rounds 1-10) in
+    and rounds 11-13 still unsealed: the survivors hold, a view without it runs from round
+    11 (not from the slowest survivor's round + 1: rounds 11-13 lack its report), the run
+    completes, and the memory engine replaying the recorded views gives the same models."""
+    h = Harness.build([session], rounds=LATE)
+    h.when(at_round(h, VICTIM, 13), lambda: h.crash(VICTIM))
     (result,) = h.play()
     c = h.conductor
     first, second = c.membership
     assert (first.view, first.members, first.reason) == (0, EVERYONE, "start")
     assert (second.view, second.members, second.reason) == (1, tuple(survivors()), "lost")
     assert second.left == {VICTIM: "crashed"}
-    assert second.start == min(held_rounds(h, 0).values()) + 1 > 1
+    assert min(held_rounds(h, 0).values()) >= 13 and second.start == TELEMETRY_BATCH + 1
     assert second.resume == {m: second.start - 1 for m in survivors()}
     assert not np.isnan(result.models[:, survivors()]).any()
-    assert result.missed == {VICTIM: LONG}  # its telemetry batch never left it
+    assert result.missed == {VICTIM: LATE - TELEMETRY_BATCH}  # its last batch never left it
+    assert_whole_rounds(result, c.membership)
     assert sorted(result.finished) == survivors()
     assert all(result.finished[m].view == 1 for m in survivors())
-    assert_replay_matches(h, [result], survivors())
+    assert_replay_matches(h, [result])
     h.assert_all_counted()
+
+
+def assert_whole_rounds(result: SessionResult, membership: list[View]) -> None:
+    """Every round that stands has the report of every member of the view it stands in."""
+    mine = [v for v in membership if v.session == membership[-1].session]
+    ends = [v.start - 1 for v in mine[1:]] + [result.models.shape[0]]
+    for view, end in zip(mine, ends, strict=True):
+        got = ~np.isnan(result.models[view.start - 1 : end, list(view.members), 0])
+        assert got.all(), (view, np.argwhere(~got) + [view.start, 0])
+
+
+@pytest.mark.parametrize("stop", [False, True], ids=["killed", "stopped"])
+def test_a_lost_members_unsealed_rounds_are_redone_without_it(stop: bool) -> None:
+    """Agent 3 is killed, or stopped (SIGSTOP) and left out for its silence, in round 17:
+    its reports of rounds 11-16 were never sealed. On the old rule they stood under view
+    0 with the survivors' reports only (metrics then held the survivors' MSD, not the
+    network's); now view 1 redoes them without it, and every round equals the replay."""
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)], rounds=LATE)
+    hit = h.stop if stop else h.crash
+    h.when(at_round(h, VICTIM, 16), lambda: hit(VICTIM))
+    h.start()
+    h.advance(h.conductor.deadline)
+    (result,) = h.finish()
+    c = h.conductor
+    assert [(v.start, v.reason) for v in c.membership] == [(1, "start"), (11, "lost")]
+    assert_whole_rounds(result, c.membership)
+    assert np.isnan(result.models[TELEMETRY_BATCH:, VICTIM]).all()
+    assert not np.isnan(result.models[:TELEMETRY_BATCH, VICTIM]).any()
+    assert c.pauses[0]["rounds_redone"] >= 16 - TELEMETRY_BATCH
+    assert_replay_matches(h, [result])
+
+
+def test_without_telemetry_a_loss_redoes_no_round_that_every_member_completed() -> None:
+    """No reports to wait for: the next view starts after the slowest survivor's round."""
+    h = Harness.build(rounds=LONG, telemetry=False)
+    h.when(at_round(h, VICTIM, 5), lambda: h.crash(VICTIM))
+    h.play()
+    (_, second) = h.conductor.membership
+    assert second.start == min(held_rounds(h, 0).values()) + 1 > 5
 
 
 def test_a_silent_agent_is_excluded_by_the_silence_rule() -> None:
