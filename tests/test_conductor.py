@@ -26,6 +26,7 @@ from runs import (
     RUN,
     Harness,
     assert_same_models,
+    assert_whole_rounds,
     clean,
     problem,
 )
@@ -48,7 +49,6 @@ from orchestrator.conductor import (
     STALLS,
     Conductor,
     SessionPlan,
-    SessionResult,
     Stage,
     View,
     describe,
@@ -797,20 +797,11 @@ def test_a_crashed_agent_is_left_out_and_the_replay_reproduces_the_run(
     assert second.resume == {m: second.start - 1 for m in survivors()}
     assert not np.isnan(result.models[:, survivors()]).any()
     assert result.missed == {VICTIM: LATE - TELEMETRY_BATCH}  # its last batch never left it
-    assert_whole_rounds(result, c.membership)
+    assert_whole_rounds(result.models, c.membership)
     assert sorted(result.finished) == survivors()
     assert all(result.finished[m].view == 1 for m in survivors())
     assert_replay_matches(h, [result])
     h.assert_all_counted()
-
-
-def assert_whole_rounds(result: SessionResult, membership: list[View]) -> None:
-    """Every round that stands has the report of every member of the view it stands in."""
-    mine = [v for v in membership if v.session == membership[-1].session]
-    ends = [v.start - 1 for v in mine[1:]] + [result.models.shape[0]]
-    for view, end in zip(mine, ends, strict=True):
-        got = ~np.isnan(result.models[view.start - 1 : end, list(view.members), 0])
-        assert got.all(), (view, np.argwhere(~got) + [view.start, 0])
 
 
 @pytest.mark.parametrize("stop", [False, True], ids=["killed", "stopped"])
@@ -827,7 +818,7 @@ def test_a_lost_members_unsealed_rounds_are_redone_without_it(stop: bool) -> Non
     (result,) = h.finish()
     c = h.conductor
     assert [(v.start, v.reason) for v in c.membership] == [(1, "start"), (11, "lost")]
-    assert_whole_rounds(result, c.membership)
+    assert_whole_rounds(result.models, c.membership)
     assert np.isnan(result.models[TELEMETRY_BATCH:, VICTIM]).all()
     assert not np.isnan(result.models[:TELEMETRY_BATCH, VICTIM]).any()
     assert c.pauses[0]["rounds_redone"] >= 16 - TELEMETRY_BATCH
