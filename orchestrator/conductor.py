@@ -143,6 +143,14 @@ class SessionResult:
         return add_counts(getattr(done, field_name) for done in self.finished.values())
 
     @property
+    def counted(self) -> int:
+        """Rounds its counts (bytes, messages, `wall`) cover: every round, or of a session
+        `privnet run --resume` went on with, those from where it went on (the counts of the
+        rounds before died with the first run's agents)."""
+        resumed = self.views and self.views[0].reason == "resumed"
+        return self.models.shape[0] - (self.views[0].start - 1 if resumed else 0)
+
+    @property
     def missed(self) -> dict[int, int]:
         """Rounds whose model each agent did not report (out of the view, or lost)."""
         counts = np.isnan(self.models[..., 0]).sum(axis=0) if self.models.size else []
@@ -151,12 +159,15 @@ class SessionResult:
 
 @dataclass(frozen=True)
 class Resume:
-    """Where a run started again goes on: the session it was in, and the models of it the
-    first run received (rounds x P x M, NaN where none); the agents say which of their own
-    models they hold (checkpoints), and the session goes on after the latest round all do."""
+    """Where a run started again goes on: the session it was in, the models of it the first
+    run received (rounds x P x M, NaN where none) and how many of its rounds it recorded
+    (every member's report in). The agents say which of their own models they hold
+    (checkpoints); the session goes on after the latest round all do and that the first run
+    recorded: agents that outlived their orchestrator ran on unrecorded, and are rewound."""
 
     session: int
     models: np.ndarray
+    recorded: int
 
 
 @dataclass
@@ -797,7 +808,8 @@ class Conductor:
         reason = scripted.reason if scripted is not None else "start"
         start = 1
         if self.resume is not None:  # the interrupted session: on from what all agents hold
-            start, reason = self._resume_point(plan.rounds) + 1, "resumed"
+            start = self._resume_point(plan.rounds, self.resume.recorded) + 1
+            reason = "resumed"
             self.models[: start - 1] = self.resume.models[: start - 1]
             self.counts = (~np.isnan(self.models[..., 0])).sum(axis=0)
             self.resume, self._offers = None, {}
@@ -806,11 +818,14 @@ class Conductor:
         out = Output(events=[Event("view", describe(view))] if start > 1 else [])
         return out + self._configure(view, now)
 
-    def _resume_point(self, rounds: int) -> int:
-        """The latest round before the last whose model every agent holds (0: the start)."""
+    def _resume_point(self, rounds: int, recorded: int) -> int:
+        """The latest round before the last whose model every agent holds and, with
+        telemetry, whose models the first run `recorded` (0: the start): no round after it
+        goes without a model."""
         held = [set(o.rounds) if o.session == self.session else {0} for o in self._offers.values()]
         common = set.intersection(*held) if held else {0}
-        return max((r for r in common if r < rounds), default=0)
+        last = min(rounds - 1, recorded) if self.telemetry else rounds - 1
+        return max((r for r in common if r <= last), default=0)
 
     # ---- helpers ----------------------------------------------------------------------
 

@@ -366,7 +366,7 @@ def assert_whole_rounds(models: np.ndarray, membership: list[View]) -> None:
     ends = [v.start - 1 for v in membership[1:]] + [models.shape[0]]
     for view, end in zip(membership, ends, strict=True):
         got = ~np.isnan(models[view.start - 1 : end, list(view.members), 0])
-        assert got.all(), (view, np.argwhere(~got) + [view.start, 0])
+        assert got.all(), (view, np.argwhere(~got) + np.array([view.start, 0]))
 
 
 @functools.cache

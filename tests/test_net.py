@@ -29,10 +29,11 @@ from conftest import prepared
 from agent import topics, wire
 from agent.control import Telemetry
 from agent.messages import Model
+from agent.mqtt import checkpoint_path, load_checkpoint
 from agent.node import QOS_OF
 from broker.credentials import INSPECTOR
 from orchestrator.cli import main
-from orchestrator.engines.memory import Network
+from orchestrator.engines.memory import Network, results_curve
 from orchestrator.engines.watch import read_membership
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
@@ -384,9 +385,11 @@ def test_a_killed_orchestrator_leaves_no_agent_running(broker_kind: str, tmp_pat
 
 def test_a_run_whose_orchestrator_died_resumes(tmp_path: Path) -> None:
     """SIGKILL the orchestrator mid-run: metrics.csv already holds every round all agents
-    completed; `privnet run --resume` brings the agents back from their checkpoints and
-    completes the run, every round of it in the final metrics."""
-    flags = ("--iters", "6000", "--checkpoint-every", "50", "--seed", "3")
+    completed. The agents run on, checkpointing, until their deadline (3 s); `privnet run
+    --resume` rewinds them to their latest checkpoint that the first run recorded, so no
+    round goes without a model (before, the rounds they ran on alone had none: NaN rows),
+    and the resumed session's bytes and rounds/s cover the rounds the resumed run did."""
+    flags = ("--iters", "3000", "--checkpoint-every", "50", "--seed", "3", "--deadline", "3")
     privnet = start_privnet("mosquitto", tmp_path, *flags)
     family: list[psutil.Process] = []
     try:
@@ -401,7 +404,9 @@ def test_a_run_whose_orchestrator_died_resumes(tmp_path: Path) -> None:
     with (tmp_path / "metrics.csv").open() as fh:
         streamed = [int(row[3]) for row in list(csv.reader(fh))[1:]]
     assert streamed and streamed == list(range(1, len(streamed) + 1))
-    assert len(streamed) < 6000
+    held = [load_checkpoint(checkpoint_path(tmp_path / "checkpoints", p)) for p in range(6)]
+    ran_on = min(max(c.models) for c in held if c is not None)
+    assert ran_on > len(streamed) + 50, "the agents did not outlive their orchestrator"
     resumed = subprocess.run(
         [*PRIVNET, "--resume", str(tmp_path), "--broker", "mosquitto", "--deadline", "10"],
         capture_output=True,
@@ -410,7 +415,25 @@ def test_a_run_whose_orchestrator_died_resumes(tmp_path: Path) -> None:
         env={**os.environ, "COLUMNS": "400"},
     )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "Mean of empty slice" not in resumed.stderr
     (view,) = read_membership(tmp_path / "membership.json")
-    assert view.reason == "resumed" and view.start > 1
-    ((centroid, _),) = read_metrics(tmp_path / "metrics.csv").values()
-    assert centroid.shape == (1, 6000) and not np.isnan(centroid).any()
+    assert view.reason == "resumed" and len(streamed) - 50 < view.start <= len(streamed) + 1
+    ((centroid, average),) = read_metrics(tmp_path / "metrics.csv").values()
+    assert centroid.shape == (1, 3000) and not np.isnan(average).any()
+    models = np.load(tmp_path / "models.npz")["atc/local-ghp/0"]
+    assert not np.isnan(models).any()  # every agent's model after every round
+    (record,) = load_summary(tmp_path / "summary.json")["results"]
+    counted = 3000 - (view.start - 1)
+    assert record["rounds_counted"] == counted
+    assert record["rounds_per_s"] == pytest.approx(counted / record["wall_s"])
+    # The peer plane sends as many frames every round: per round as many as in memory.
+    config = ExperimentConfig(
+        agents=6, iters=20, strategies=("atc",), schemes=("local-ghp",), seed=3
+    )
+    problem = Problem.build(config)
+    (whole,) = Network.build(session_plans(problem, session_list(config))).play()
+    memory = results_curve(problem, "atc", "local-ghp", [whole]).extra
+    assert record["messages"]["model"] / counted == memory["messages"]["model"] / 20
+    assert record["bytes_per_round"] * counted == pytest.approx(
+        sum(n for kind, n in record["bytes"].items() if kind != "control")
+    )
