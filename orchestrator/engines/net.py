@@ -513,6 +513,7 @@ class _Show:
         self.tasks: dict[str, TaskID] = {}
         self.t0 = time.perf_counter()
         self.session = -1
+        self.first = 0  # rounds done when the session was first seen
 
     def update(self) -> None:
         conductor, c = self.watch.conductor, self.problem.config
@@ -523,10 +524,10 @@ class _Show:
         name = f"{strategy}/{scheme}"
         if name not in self.tasks:
             self.tasks[name] = self.bar.add_task(name, total=c.iters * c.repeats, status="")
-        if conductor.session != self.session:
-            self.session, self.t0 = conductor.session, time.perf_counter()
         rounds = conductor.rounds_done
-        rate = rounds / max(time.perf_counter() - self.t0, 1e-9)
+        if conductor.session != self.session:  # from where it starts (later, when resumed)
+            self.session, self.t0, self.first = conductor.session, time.perf_counter(), rounds
+        rate = (rounds - self.first) / max(time.perf_counter() - self.t0, 1e-9)
         status = f"{rate:6.1f} rounds/s"
         if shown := self.watch.reported:  # the rows Watch streamed: complete, never redone
             w_opt = self.problem.w_opt[int(repeat)]
