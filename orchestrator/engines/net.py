@@ -248,11 +248,13 @@ async def run_network(problem: Problem, args: argparse.Namespace, out: Path) -> 
 
 async def _settled(job: asyncio.Future[T], hurry: Callable[[], None]) -> T:
     """A job in a thread. If the run is stopped meanwhile, `hurry` it to its end and wait
-    for that (it may start what the teardown must then stop), then stop."""
+    for that (it may start what the teardown must then stop), then stop. What `hurry` or the
+    job raise then is the teardown's to meet again."""
     try:
         return await asyncio.shield(job)
     except asyncio.CancelledError:
-        hurry()
+        with contextlib.suppress(Exception):
+            hurry()
         await asyncio.wait([job])
         raise
 
