@@ -13,6 +13,7 @@ import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -53,7 +54,8 @@ from orchestrator.conductor import (
     View,
     describe,
 )
-from orchestrator.engines.memory import CONDUCTOR, Network, RunFailed
+from orchestrator.engines import journal
+from orchestrator.engines.memory import CONDUCTOR, Network, RunFailed, results_curve
 from orchestrator.engines.oracle import run_oracle
 from orchestrator.experiment.problem import msd
 from orchestrator.experiment.specs import session_plans
@@ -1154,3 +1156,20 @@ def test_a_session_without_view_specs_cannot_change_membership() -> None:
     c = h.conductor
     assert c.stage is Stage.FAILED
     assert "view 1 of atc/none/0: this session cannot change membership" in c.failure
+
+
+def test_a_resumed_sessions_bytes_and_speed_cover_the_rounds_it_ran(tmp_path: Path) -> None:
+    """A session `privnet run --resume` went on with from round 11 of 20: its agents' counts
+    and its wall are those of rounds 11-20 (the first run's died with it), so bytes per
+    round and rounds/s are over 10 rounds, not 20; the journal keeps what says so."""
+    (whole,) = Harness.build(rounds=20).play()
+    resumed = View(0, 0, 11, EVERYONE, "resumed", {m: 10 for m in EVERYONE})
+    journal.begin(tmp_path, problem(20).config, "{}")
+    journal.session_done(tmp_path, 0, dataclasses.replace(whole, views=[resumed], wall=2.0))
+    _, (loaded,), _, _ = journal.load(tmp_path)
+    assert loaded.views == [resumed] and loaded.counted == 10
+    extra = results_curve(problem(20), "atc", "local-ghp", [loaded]).extra
+    sent = sum(n for kind, n in whole.totals("bytes").items() if kind != "control")
+    assert extra["rounds_counted"] == 10 and extra["bytes_per_round"] == sent / 10
+    assert results_curve(problem(20), "atc", "local-ghp", [loaded]).rounds_per_s == 10 / 2.0
+    assert results_curve(problem(20), "atc", "local-ghp", [whole]).extra["rounds_counted"] == 20
