@@ -219,7 +219,8 @@ class Stop:
         loop = asyncio.get_running_loop()
         for s, previous in self._previous.items():
             loop.remove_signal_handler(s)
-            signal.signal(s, previous)
+            if previous is not None:  # else not installed from Python: the loop's default
+                signal.signal(s, previous)
 
 
 STOP_GRACE = 0.3  # s for agents told Abort to leave by themselves, after a stop signal
