@@ -300,6 +300,8 @@ async def _run_network(problem: Problem, args: argparse.Namespace, out: Path, st
             telemetry=not args.no_telemetry,
             checkpoint_every=args.checkpoint_every,
             resume=resume,
+            seal_links=config.seal_links,
+            escrow=bool(args.audit),
         )
         conductor.results = done
         reach = broker.agent_address if isinstance(broker, DockerBroker) else broker.address
@@ -402,6 +404,7 @@ async def _drive(
                 write_membership(out / "membership.json", conductor.membership)
                 if tap is not None:  # the sealed telemetry validates the audit's truth
                     tap.telemetry += [r.models for r in conductor.results]
+                    tap.link_keys = conductor.link_keys  # to open the sealed frames
             curves = memory.results_curves(problem, conductor.results)
             save_models(out / "models.npz", conductor.results)
             extra: dict[str, Any] = {
