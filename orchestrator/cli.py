@@ -200,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
     from agent.mqtt import run as run_loop
     from orchestrator.engines.net import run_network
 
+    _check_view(args)
     # The seed determines every agent's data: unless the operator picks one, it is a
     # secret drawn here, kept in the run's summary.json and sealed in each agent's Setup.
     seed = secrets.randbits(63)
@@ -219,6 +220,17 @@ def run(args: argparse.Namespace) -> int:
         out = out_dir(args, config, "run")
     # Built before the event loop, where a stop signal ends it at once: nothing has started.
     return run_loop(run_network(Problem.build(config), args, out))
+
+
+def _check_view(args: argparse.Namespace) -> None:
+    """--view-port and --view-host only mean something with --view."""
+    if not args.view:
+        given = {"--view-port": args.view_port != 0, "--view-host": args.view_host != "127.0.0.1"}
+        if any(given.values()):
+            flags = ", ".join(flag for flag, on in given.items() if on)
+            raise ConfigError(f"{flags} without --view: add --view to watch the run")
+        return
+    check_view_host(args.view_host)
 
 
 def prepare(args: argparse.Namespace) -> int:
@@ -336,6 +348,53 @@ def dp_audit(args: argparse.Namespace) -> int:
     table_console().print(dpaudit.sampler_table(samplers))
     console.print(f"wrote {out}/dp_audit.json")
     return 0 if all(r["consistent"] for r in records) else 1
+
+
+def view(args: argparse.Namespace) -> int:
+    """Serve a run's directory through the live view's page until Ctrl-C."""
+    from agent.mqtt import run as run_loop
+    from orchestrator.view.server import serve_run
+
+    check_view_host(args.view_host)
+    return run_loop(serve_run(args.run_dir, args.view_host, args.view_port))
+
+
+def _view_flags(parser: argparse.ArgumentParser, prefix: str) -> None:
+    parser.add_argument(
+        f"{prefix}port",
+        dest="view_port",
+        type=_port,
+        default=0,
+        metavar="N",
+        help="the page's TCP port (default: any free one)",
+    )
+    parser.add_argument(
+        f"{prefix}host",
+        dest="view_host",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="the address the page listens on (default 127.0.0.1; any other address lets "
+        "other machines reach it, still only with the token in the URL)",
+    )
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a TCP port, 0-65535") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port}: give a TCP port, 0-65535 (0: any free one)")
+    return port
+
+
+def check_view_host(host: str) -> None:
+    """Say so when the page is reachable beyond this machine (it still needs the token)."""
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(
+            f"[yellow]view:[/yellow] listening on {host}, beyond loopback: anyone who can reach "
+            "it and has the URL's token can read the run"
+        )
 
 
 def _yes_no(text: str) -> bool:
@@ -469,7 +528,19 @@ def main(argv: list[str] | None = None) -> int:
         metavar="yes|no",
         help="record and audit the wire (`privnet inspect`); a value, for docker-compose's env",
     )
+    _view_flags(p, "--view-")
+    p.add_argument(
+        "--view",
+        action="store_true",
+        help="watch the run in a browser: a page served by the orchestrator (URL printed, "
+        "with its token); read-only; `privnet view RUN_DIR` shows it again later",
+    )
     p.set_defaults(func=run)
+
+    p = sub.add_parser("view", help="a finished run's directory, in the live view's page")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run's --out directory")
+    _view_flags(p, "--")
+    p.set_defaults(func=view)
 
     p = sub.add_parser("inspect", help="audit the wire of a `privnet run --audit`")
     p.add_argument("--run", type=Path, required=True, help="the run's --out directory")

@@ -269,6 +269,14 @@ class Conductor:
         return int(np.maximum(self._completed[ids], self.counts[ids]).min()) if ids.size else 0
 
     @property
+    def completed(self) -> np.ndarray:
+        """Rounds each agent has completed in the current session as far as the conductor
+        knows (heartbeats or telemetry, whichever says more): read-only, for the live view."""
+        if self.counts.size != self._completed.size:  # no session yet
+            return self._completed.copy()
+        return np.maximum(self._completed, self.counts)
+
+    @property
     def current(self) -> SessionPlan | None:
         return self.plans[self.session] if 0 <= self.session < len(self.plans) else None
 

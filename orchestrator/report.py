@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -504,14 +504,16 @@ def finish(
     engine: str,
     extra: dict[str, Any] | None = None,
     neighbour: int | None = None,
+    account_of: Callable[..., Any] | None = None,
 ) -> None:
-    """Write and show the results; with `neighbour`, account privacy first (--account)."""
+    """Write and show the results; with `neighbour`, account privacy first (--account),
+    with `account_of` where given (`accountant.attach`)."""
     if neighbour is not None:
         from orchestrator.privacy import accountant
 
         with console.status(f"accounting: twin runs with agent {neighbour}'s data replaced"):
             for curve in curves:
-                accountant.attach(curve, problem, neighbour)
+                accountant.attach(curve, problem, neighbour, account_of)
     summary = write_outputs(
         out,
         {**config.to_dict(), **(extra or {})},

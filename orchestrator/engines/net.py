@@ -29,7 +29,7 @@ from rich.progress import Progress, TaskID
 
 from agent import keys
 from agent.access import ClientAccess
-from agent.mqtt import QOS, AgentLaunch, Connection, MqttError, client, publish, pump
+from agent.mqtt import QOS, AgentLaunch, Connection, Machine, MqttError, client, publish, pump
 from agent.node import Output
 from agent.spec import ConfigError
 from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, write_private
@@ -47,6 +47,7 @@ from orchestrator.report import Curve, console, finish, load_plotting, progress_
 
 if TYPE_CHECKING:
     from orchestrator.audit import WireTap
+    from orchestrator.view.live import LiveView
 
 T = TypeVar("T")
 DEFAULT_DEADLINE = 30.0  # s of silence before an agent is left out (--deadline)
@@ -320,7 +321,12 @@ async def _run_network(problem: Problem, args: argparse.Namespace, out: Path, st
         neighbour = args.neighbour if args.account else None  # --account
         restart = args.restart == "on-failure"
         watch = Watch(conductor, pool, broker, launches, problem, out, faults, restart)
-        return await _drive(problem, broker, watch, out, stop, tap, neighbour)
+        view = await _view(args, watch, problem, out, tap, neighbour)
+        try:
+            return await _drive(problem, broker, watch, out, stop, tap, neighbour, view)
+        finally:
+            if view is not None:
+                await view.close()
     except RunFailed as exc:
         console.print(f"[red]run failed:[/red] {exc}")
         return 1
@@ -337,6 +343,25 @@ async def _run_network(problem: Problem, args: argparse.Namespace, out: Path, st
         if pool is not None:
             pool.stop(STOP_GRACE if stop.stopping else None)
         broker.stop()
+
+
+async def _view(
+    args: argparse.Namespace,
+    watch: Watch,
+    problem: Problem,
+    out: Path,
+    tap: WireTap | None,
+    neighbour: int | None,
+) -> LiveView | None:
+    """With --view, the page of this run, served from this event loop (its URL printed)."""
+    if not getattr(args, "view", False):
+        return None
+    from orchestrator.view.live import LiveView  # aiohttp: only when watched
+
+    view = LiveView(watch, problem, out, neighbour=neighbour, tap=tap)
+    url = await view.start(args.view_host, args.view_port)  # ConfigError: cannot listen
+    console.print(f"view: {url}", soft_wrap=True)
+    return view
 
 
 def _runtime(
@@ -373,9 +398,10 @@ async def _drive(
     stop: Stop,
     tap: WireTap | None = None,
     neighbour: int | None = None,
+    view: LiveView | None = None,
 ) -> int:
     """Register, run every session, write the outputs (privacy accounted with `neighbour`,
-    and the audit) and dismiss the agents; the exit code.
+    and the audit) and dismiss the agents; the exit code. A `view` watches the pump.
 
     Agent processes this run started here are dismissed first: they leave while the outputs
     are written. Other agents get their Bye after the outputs (under `docker compose up
@@ -399,7 +425,7 @@ async def _drive(
                     await pool.zygote.started()  # its imports: spawns are quick from then on
                 if pool is not None:
                     pool.start(watch.launches)
-                await _conduct(mqtt, watch, problem)
+                await _conduct(mqtt, watch, problem, view.machine() if view else watch)
                 stop.finishing = True  # complete: a signal from here on waits for the outputs
                 write_membership(out / "membership.json", conductor.membership)
                 if tap is not None:  # the sealed telemetry validates the audit's truth
@@ -433,7 +459,10 @@ async def _drive(
                 publish(mqtt, conductor.bye())
             # Off the loop, which keeps answering the broker's keepalives meanwhile: the
             # audit replays the whole run for its ground truth.
-            code = await asyncio.to_thread(_outputs, out, problem, curves, extra, tap, neighbour)
+            accounts = view.account if view is not None else None  # its twin runs, if done
+            code = await asyncio.to_thread(
+                _outputs, out, problem, curves, extra, tap, neighbour, accounts
+            )
             if not ours:
                 publish(mqtt, conductor.bye())
         except BaseException as exc:  # a stop signal included: tell the agents first
@@ -444,8 +473,9 @@ async def _drive(
     return code
 
 
-async def _conduct(mqtt: Connection, watch: Watch, problem: Problem) -> None:
-    """Pump until every session is done; RunFailed when the conductor fails."""
+async def _conduct(mqtt: Connection, watch: Watch, problem: Problem, machine: Machine) -> None:
+    """Pump `machine` (the watch, or a view's lookout on it) until every session is done;
+    RunFailed when the conductor fails."""
     conductor = watch.conductor
     started = time.perf_counter()
     with progress_bar() as bar:
@@ -462,7 +492,7 @@ async def _conduct(mqtt: Connection, watch: Watch, problem: Problem) -> None:
             show.update()
 
         try:
-            await pump(mqtt, watch, until, on_output, every=POLL)
+            await pump(mqtt, machine, until, on_output, every=POLL)
         except RunFailed as exc:
             publish(mqtt, conductor.abort(str(exc)))
             raise
@@ -550,10 +580,11 @@ def _outputs(
     extra: dict[str, Any],
     tap: WireTap | None,
     neighbour: int | None = None,
+    account_of: Callable[..., Any] | None = None,
 ) -> int:
-    """Write the run's outputs (privacy accounted with `neighbour`), and audit its wire when
-    it was tapped; the exit code."""
-    finish(out, problem.config, problem, curves, "net", extra, neighbour)
+    """Write the run's outputs (privacy accounted with `neighbour`, by `account_of` where
+    given), and audit its wire when it was tapped; the exit code."""
+    finish(out, problem.config, problem, curves, "net", extra, neighbour, account_of)
     if tap is None:
         return 0
     from orchestrator.audit import show_audit
