@@ -28,6 +28,7 @@ ENGINES = ("oracle", "memory")
 RUNTIMES = ("local", "docker")
 RESTARTS = ("never", "on-failure")
 CONFIG_FIELDS = tuple(f.name for f in fields(ExperimentConfig))
+STOPPED = 128  # a run's exit code above this: stopped by signal (code - 128)
 
 
 @dataclass(frozen=True)
@@ -196,10 +197,13 @@ async def run_async(experiment: ExperimentConfig) -> Result:
     else:
         out = Path(exp.out or default_out(config, "run"))
         out.mkdir(parents=True, exist_ok=True)
-    code = await run_network(config, exp.args(out), out)
+    problem = Problem.build(config)
+    code = await run_network(problem, exp.args(out), out)
+    if code > STOPPED:
+        raise KeyboardInterrupt(f"the run was stopped by signal {code - STOPPED}; {out} holds it")
     if code != 0:
         raise RunFailed(f"the run failed (exit code {code}); its logs are in {out}/logs")
-    return Result.load(out, Problem.build(config))
+    return Result.load(out, problem)
 
 
 def default_out(config: ExperimentConfig, command: str) -> Path:
