@@ -144,7 +144,7 @@ def _engine(
             raise ConfigError("membership replays on the memory engine: set engine='memory'")
         from orchestrator.engines.oracle import run_oracle
 
-        curves: list[Curve] = run_oracle(problem, progress=progress)
+        curves: list[Curve] = run_oracle(problem, progress=progress, models=models)
         return curves
     from orchestrator.engines import memory
 

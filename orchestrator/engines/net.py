@@ -568,8 +568,8 @@ class _Show:
             self.session, self.t0, self.first = conductor.session, time.perf_counter(), rounds
         rate = (rounds - self.first) / max(time.perf_counter() - self.t0, 1e-9)
         status = f"{rate:6.1f} rounds/s"
-        if shown := self.watch.reported:  # the rows Watch streamed: complete, never redone
-            w_opt = self.problem.w_opt[int(repeat)]
+        w_opt = self.problem.w_opt[int(repeat)]  # NaN: no MSD (a test metric instead)
+        if (shown := self.watch.reported) and not np.isnan(w_opt).any():  # rows Watch streamed
             cent, _ = msd(conductor.models[shown - 1], w_opt, self.problem.q)
             status += f"  MSD {10 * np.log10(cent):7.2f} dB"
         done = int(repeat) * c.iters + rounds

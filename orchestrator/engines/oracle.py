@@ -56,13 +56,15 @@ def run_oracle(
     strategies: Iterable[Strategy | str] | None = None,
     schemes: Iterable[Scheme | str] | None = None,
     progress: Callable[[int], None] | None = None,
+    models: dict[str, np.ndarray] | None = None,
 ) -> list[Curve]:
     """One Curve per (strategy, scheme), in the order strategies x schemes.
 
     Defaults come from problem.config. `progress(n)` reports n more units done (one unit
     per strategy, so n = 1 as each finishes; the memory engine reports the same way).
     rounds_per_s is iters * repeats over the wall time of the strategy; all its schemes ran
-    in that time, so they share the figure.
+    in that time, so they share the figure. `models` gets every session's models, (iters,
+    P, M), by its label (`atc/none/0`), as the memory engine gives them.
     """
     config = problem.config
     strategies = parse_choices(config.strategies if strategies is None else strategies, Strategy)
@@ -72,10 +74,15 @@ def run_oracle(
     curves: list[Curve] = []
     for strategy in strategies:
         start = perf_counter()
-        centroid, avg, errors = _run_strategy(problem, strategy, lanes, grads)
+        kept: list[np.ndarray] | None = None if models is None else []
+        centroid, avg, errors = _run_strategy(problem, strategy, lanes, grads, kept)
         rate = config.iters * config.repeats / (perf_counter() - start)
         for scheme in schemes:
             s = lanes.index(_LANE[scheme])
+            if models is not None and kept is not None:
+                history = np.concatenate(kept)  # (T, P, R, S, M)
+                for r in range(config.repeats):
+                    models[f"{strategy}/{scheme}/{r}"] = history[:, :, r, s]
             series = {name: e[s] for name, e in errors.items()}
             curves.append(
                 Curve(strategy.value, scheme.value, centroid[s], avg[s], rate, {}, series)
@@ -212,10 +219,15 @@ class _Gradients:
 
 
 def _run_strategy(
-    problem: Problem, strategy: Strategy, lanes: tuple[Scheme, ...], grads: _Gradients
+    problem: Problem,
+    strategy: Strategy,
+    lanes: tuple[Scheme, ...],
+    grads: _Gradients,
+    kept: list[np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Centroid and average MSD, each (S, R, T), of every lane and repeat of one strategy,
-    and for classification the two testing errors, each (S, R, T)."""
+    and the problem's test metric of the centroid and on average, each (S, R, T); `kept`
+    gets every chunk's models, (rounds, P, R, S, M)."""
     config = problem.config
     agents, repeats, dim, iters = config.agents, config.repeats, config.dim, config.iters
     matrices = problem.matrices(strategy)
@@ -254,6 +266,8 @@ def _run_strategy(
                 psi = _apply(combines, noise, 0, phi, t, snapped) - config.mu * grads(phi, t)
                 w = _apply(combines, noise, 2, psi, t, snapped)
                 history[t] = w
+            if kept is not None:
+                kept.append(history)
             window = slice(first - 1, first - 1 + rounds)
             centroid[..., window], avg[..., window] = _msd(history, problem.q, problem.w_opt)
             if names:
@@ -263,7 +277,7 @@ def _run_strategy(
                     errors[name][..., window] = values.reshape(rounds, repeats, -1).transpose(
                         2, 1, 0
                     )
-    if not np.all(np.isfinite(avg)):
+    if np.isfinite(problem.w_opt).all() and not np.all(np.isfinite(avg)):  # NaN w^o: no MSD
         warnings.warn(
             f"{strategy}: the models diverged (MSD overflowed) with mu = {config.mu}; "
             "lower mu until the recursion is stable",
