@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import time
 from dataclasses import dataclass, fields
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from orchestrator.experiment.problem import Problem
 from orchestrator.report import Curve, finish, progress_bar, result_record, settings
 from orchestrator.result import Result
 
+VERSION = metadata.version("privnet")  # privnet.__version__, `privnet --version`
 ENGINES = ("oracle", "memory")
 RUNTIMES = ("local", "docker")
 RESTARTS = ("never", "on-failure")
@@ -141,7 +143,9 @@ def _engine(
 ) -> list[Curve]:
     if engine == "oracle":
         if exp.membership is not None:
-            raise ConfigError("membership replays on the memory engine: set engine='memory'")
+            raise ConfigError(
+                "membership replays on the memory engine: set engine='memory' (--engine memory)"
+            )
         from orchestrator.engines.oracle import run_oracle
 
         curves: list[Curve] = run_oracle(problem, progress=progress, models=models)

@@ -10,7 +10,6 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from orchestrator.experiment import config as configuration
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 from orchestrator.experiment.topology import RULES, TOPOLOGIES
-from orchestrator.report import Curve, console, finish, progress_bar, table_console
+from orchestrator.report import console, progress_bar, table_console
 
 
 def _experiment_flags(parser: argparse.ArgumentParser) -> None:
@@ -124,58 +123,25 @@ def out_dir(args: argparse.Namespace, config: ExperimentConfig, command: str) ->
 def simulate(
     args: argparse.Namespace, base: ExperimentConfig | None = None, engine: str | None = None
 ) -> int:
+    """`privnet simulate`: the flags as a privnet.Experiment, through privnet.simulate."""
+    from orchestrator import api
+
     config = experiment(args, base)
-    engine = engine or args.engine
-    problem = Problem.build(config)
-    out = out_dir(args, config, "simulate")
-    runner = _engine(engine)
-    membership = getattr(args, "membership", None)
-    if membership is not None:
-        if engine != "memory":
-            raise ConfigError("--membership replays on the memory engine: add --engine memory")
-        runner = _replay(membership)
-    units = len(config.strategies) * (
-        config.repeats * len(config.schemes) if engine == "memory" else 1
+    exp = api.Experiment(
+        **{name: getattr(config, name) for name in api.CONFIG_FIELDS},
+        out=out_dir(args, config, "simulate"),
+        account=args.account,
+        neighbour=args.neighbour,
+        engine=engine or args.engine,
+        membership=getattr(args, "membership", None),
     )
     start = time.perf_counter()
-    with progress_bar() as bar:
-        task = bar.add_task(f"{engine} engine", total=units, status="")
-        curves = runner(problem, progress=lambda n: bar.advance(task, n))
-    wall = time.perf_counter() - start
+    result = api.simulate(exp)
     console.print(
-        f"{engine} engine: {len(curves)} curves x {config.repeats} repeats x "
-        f"{config.iters} iterations in {wall:.2f} s"
+        f"{exp.engine} engine: {len(result.curves)} curves x {config.repeats} repeats x "
+        f"{config.iters} iterations in {time.perf_counter() - start:.2f} s"
     )
-    neighbour = args.neighbour if args.account else None
-    finish(out, config, problem, curves, engine, {"wall_s": wall}, neighbour)
     return 0
-
-
-def _engine(name: str) -> Callable[..., list[Curve]]:
-    if name == "oracle":
-        from orchestrator.engines.oracle import run_oracle
-
-        return run_oracle
-    from orchestrator.engines.memory import run_memory
-
-    return run_memory
-
-
-def _replay(path: Path) -> Callable[..., list[Curve]]:
-    from orchestrator.engines.memory import replay
-    from orchestrator.engines.watch import read_membership
-
-    try:
-        views = read_membership(path)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-
-    def runner(problem: Problem, progress: Callable[[int], None]) -> list[Curve]:
-        curves = replay(problem, views)
-        progress(len(curves) * problem.config.repeats)
-        return curves
-
-    return runner
 
 
 def reproduce(args: argparse.Namespace) -> int:
@@ -406,7 +372,10 @@ def _yes_no(text: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from orchestrator.api import VERSION
+
     parser = argparse.ArgumentParser(prog="privnet", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"privnet {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser(

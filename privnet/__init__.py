@@ -28,7 +28,6 @@ from __future__ import annotations
 import importlib.util
 import sys
 import warnings
-from importlib import metadata
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent.parent  # where agent/, broker/, orchestrator/ are
@@ -67,11 +66,11 @@ from agent.datasets import Dataset, standardized  # noqa: E402
 from agent.losses import LeastSquares, Logistic  # noqa: E402
 from agent.problems import Problem, Risk  # noqa: E402
 from agent.spec import ConfigError  # noqa: E402
-from orchestrator.api import Experiment, run, run_async, simulate  # noqa: E402
+from orchestrator.api import VERSION, Experiment, run, run_async, simulate  # noqa: E402
 from orchestrator.engines.memory import RunFailed  # noqa: E402
 from orchestrator.result import Result  # noqa: E402
 
-__version__ = metadata.version("privnet")
+__version__ = VERSION
 
 __all__ = [
     "ConfigError",
