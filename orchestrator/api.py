@@ -90,6 +90,19 @@ class Experiment(ExperimentConfig):
         except TypeError as exc:
             raise ConfigError(f"{exc}; the settings are Experiment's fields") from None
 
+    @classmethod
+    def of(cls, config: ExperimentConfig, flags: argparse.Namespace) -> Experiment:
+        """The experiment `config` with the run options the CLI's `flags` give (the rest at
+        their defaults): how `privnet simulate` and `privnet run` call this API."""
+        options = {
+            f.name: getattr(flags, f.name)
+            for f in fields(cls)
+            if f.name not in CONFIG_FIELDS and hasattr(flags, f.name)
+        }
+        if hasattr(flags, "no_telemetry"):
+            options["telemetry"] = not flags.no_telemetry
+        return cls(**{name: getattr(config, name) for name in CONFIG_FIELDS}, **options)
+
     @property
     def config(self) -> ExperimentConfig:
         """The experiment alone, as summary.json records it (no run options)."""
@@ -188,9 +201,20 @@ async def run_async(experiment: ExperimentConfig) -> Result:
     """`run` on the caller's event loop: `result = await privnet.run_async(experiment)`."""
     from orchestrator.engines.net import run_network
 
-    exp = _experiment(experiment)
+    problem, options, out = network(_experiment(experiment))
+    code = await run_network(problem, options, out)
+    if code > STOPPED:
+        raise KeyboardInterrupt(f"the run was stopped by signal {code - STOPPED}; {out} holds it")
+    if code != 0:
+        raise RunFailed(f"the run failed (exit code {code}); its logs are in {out}/logs")
+    return Result.load(out, problem)
+
+
+def network(exp: Experiment) -> tuple[Problem, argparse.Namespace, Path]:
+    """What the net engine takes for `exp`: its problem (a resumed run's own, secret seed
+    included), its run options, and its output directory (made)."""
     config = exp.config
-    if exp.resume is not None:  # the interrupted run's experiment, secret seed included
+    if exp.resume is not None:
         from orchestrator.engines import journal
 
         out = Path(exp.resume)
@@ -201,13 +225,7 @@ async def run_async(experiment: ExperimentConfig) -> Result:
     else:
         out = Path(exp.out or default_out(config, "run"))
         out.mkdir(parents=True, exist_ok=True)
-    problem = Problem.build(config)
-    code = await run_network(problem, exp.args(out), out)
-    if code > STOPPED:
-        raise KeyboardInterrupt(f"the run was stopped by signal {code - STOPPED}; {out} holds it")
-    if code != 0:
-        raise RunFailed(f"the run failed (exit code {code}); its logs are in {out}/logs")
-    return Result.load(out, problem)
+    return Problem.build(config), exp.args(out), out
 
 
 def default_out(config: ExperimentConfig, command: str) -> Path:

@@ -10,6 +10,7 @@ import secrets
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -127,14 +128,9 @@ def simulate(
     from orchestrator import api
 
     config = experiment(args, base)
-    exp = api.Experiment(
-        **{name: getattr(config, name) for name in api.CONFIG_FIELDS},
-        out=out_dir(args, config, "simulate"),
-        account=args.account,
-        neighbour=args.neighbour,
-        engine=engine or args.engine,
-        membership=getattr(args, "membership", None),
-    )
+    exp = replace(api.Experiment.of(config, args), out=out_dir(args, config, "simulate"))
+    if engine is not None:
+        exp = replace(exp, engine=engine)
     start = time.perf_counter()
     result = api.simulate(exp)
     console.print(
@@ -163,7 +159,10 @@ def _interrupt(signum: int, _frame: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """`privnet run`: the flags as a privnet.Experiment, on the net engine. The event loop
+    is this process's own, on the main thread, where a stop signal ends the run cleanly."""
     from agent.mqtt import run as run_loop
+    from orchestrator import api
     from orchestrator.engines.net import run_network
 
     _check_view(args)
@@ -173,19 +172,9 @@ def run(args: argparse.Namespace) -> int:
     base = ExperimentConfig(
         strategies=(Strategy.ATC,), schemes=(Scheme.LOCAL_GHP,), repeats=1, seed=seed
     )
-    if args.resume is not None:  # the interrupted run's experiment, secret seed included
-        from orchestrator.engines import journal
-
-        try:
-            config = journal.config(args.resume)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        out = args.resume
-    else:
-        config = experiment(args, base)
-        out = out_dir(args, config, "run")
     # Built before the event loop, where a stop signal ends it at once: nothing has started.
-    return run_loop(run_network(Problem.build(config), args, out))
+    problem, options, out = api.network(api.Experiment.of(experiment(args, base), args))
+    return run_loop(run_network(problem, options, out))
 
 
 def _check_view(args: argparse.Namespace) -> None:
