@@ -103,8 +103,8 @@ class TorchRisk:
     def __init__(self, problem: TorchProblem, x: np.ndarray, y: np.ndarray, classes: int) -> None:
         self.problem = problem
         self.net = problem.built(x.shape[1], classes)
-        self.x = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64))
-        self.y = torch.from_numpy(np.asarray(y, dtype=np.int64))
+        self.x = torch.tensor(x, dtype=torch.float64)  # copies: datasets are read-only
+        self.y = torch.tensor(y, dtype=torch.int64)
 
     def _batch(self, rows: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor]:
         if rows is None:

@@ -40,8 +40,9 @@ def iid(
 def label_skew(
     labels: np.ndarray, agents: int, samples: int, gen: np.random.Generator, value: float | None
 ) -> list[np.ndarray]:
-    """Each agent holds rows of `value` classes only (McMahan et al.'s pathological non-iid
-    split): the rows sorted by label, cut into agents x value shards, `value` shards each."""
+    """Each agent holds about `value` classes (McMahan et al.'s pathological non-iid split):
+    the rows sorted by label, cut into agents x value shards, `value` shards each (a shard
+    that straddles two classes gives its agent one more)."""
     per = _count(value, "label-skew:C takes C, the classes each agent holds, an integer >= 1")
     order = gen.permutation(len(labels))[: agents * samples]
     order = order[np.argsort(labels[order], kind="stable")]
