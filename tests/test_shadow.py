@@ -12,7 +12,10 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 from conftest import need_mosquitto
+
+from orchestrator.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 # A user's module that would break privnet if privnet ever ran it in place of its own.
@@ -28,7 +31,9 @@ def beside(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path}  # `python -c` and `-m` put the cwd before it
 
 
-def test_import_privnet_beside_a_users_agent_py(tmp_path: Path) -> None:
+def test_import_privnet_beside_a_users_agent_py(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code = (
         "import privnet, agent, broker, orchestrator\n"
         "print(privnet.__version__, agent.__file__, broker.__file__, orchestrator.__file__)"
@@ -43,18 +48,9 @@ def test_import_privnet_beside_a_users_agent_py(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     version, *files = done.stdout.split()
-    assert (
-        version
-        == subprocess.run(
-            [sys.executable, "-m", "privnet", "--version"],
-            cwd=tmp_path,
-            env=beside(tmp_path),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        ).stdout.split()[-1]
-    )
+    with pytest.raises(SystemExit) as done_cli:  # `privnet --version`, in this process
+        main(["--version"])
+    assert done_cli.value.code == 0 and capsys.readouterr().out == f"privnet {version}\n"
     assert [Path(f) for f in files] == [
         ROOT / name / "__init__.py" for name in ("agent", "broker", "orchestrator")
     ]
