@@ -31,6 +31,7 @@ from agent.access import ClientAccess
 from agent.mqtt import QOS, AgentLaunch, Connection, Machine, MqttError, client, publish, pump
 from agent.node import Output
 from agent.spec import ConfigError
+from broker.bridge import CoreBroker
 from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, write_private
 from broker.launcher import Broker, launch, read_sys_bytes, write_compose_files
 from orchestrator.conductor import Conductor, Resume, SessionResult, Stage, add_counts, describe
@@ -211,7 +212,15 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
     if resume is None:
         journal.begin(out, config, run_secrets.to_json())
     faults = parse_faults(args.faults or "", config.agents)
-    broker, pool = _runtime(args, run_secrets.credentials, out / "logs")
+    broker: Broker | DockerBroker
+    pool: Launcher | None
+    if getattr(args, "hosts", None) is not None:  # across hosts: the agents run there
+        from orchestrator import sites
+
+        sites.check_run_flags(args, faults)
+        broker, pool = sites.core_broker(args.hosts, args.prepared, run_secrets), None
+    else:
+        broker, pool = _runtime(args, run_secrets.credentials, out / "logs")
     docker = broker if isinstance(broker, DockerBroker) else None
     try:
         starting = asyncio.get_running_loop().run_in_executor(None, broker.start)
@@ -219,7 +228,9 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
             load_plotting()  # while the broker starts (and the agents' zygote imports)
         finally:
             await starting
-        where = "external agents" if args.external_agents else f"agent logs in {out}/logs"
+        where = "external agents" if pool is None else f"agent logs in {out}/logs"
+        if isinstance(broker, CoreBroker):
+            where = "agents on " + ", ".join(f"{b.host} ({len(b.agents)})" for b in broker.bridges)
         console.print(f"broker: {broker.kind} at {broker.address}; run {run}; {where}")
         conductor = Conductor(
             run,
@@ -363,7 +374,7 @@ async def _drive(
             save_models(out / "models.npz", conductor.results)
             extra: dict[str, Any] = {
                 "broker": broker.kind,
-                "runtime": "local" if docker is None else "docker",
+                "runtime": _runtime_name(broker),
                 "run": conductor.run,
                 "seed": c.seed,
                 "orchestrator": _orchestrator(conductor),
@@ -376,8 +387,8 @@ async def _drive(
             # nothing before the orchestrator connects (nothing to read first, so no wait for
             # a $SYS tick). A restarted broker counts from zero again: its window is void then.
             restarted = mqtt.outages.losses > 0
-            if not restarted and (sys_after := await _sys(broker)):
-                extra["broker_sys"] = sys_after
+            if not restarted:
+                extra |= await _sys(broker)
             if docker is not None and nic_before is not None:
                 rounds = sum(plan.rounds for plan in conductor.plans)
                 nic_after = await asyncio.to_thread(docker.nic)
@@ -519,9 +530,22 @@ def _outputs(
     return show_audit(out)
 
 
-async def _sys(broker: Broker | DockerBroker) -> dict[str, int] | None:
+async def _sys(broker: Broker | DockerBroker) -> dict[str, Any]:
+    """summary.json's `broker_sys` (mosquitto's counters), and across hosts every broker's."""
+    if isinstance(broker, CoreBroker):
+        from orchestrator import sites
+
+        return await sites.counters(broker)
     if broker.kind != "mosquitto":
-        return None
+        return {}
     with contextlib.suppress(TimeoutError, aiomqtt.MqttError):
-        return await read_sys_bytes(broker.address, access=broker.access(ORCHESTRATOR))
-    return None
+        return {
+            "broker_sys": await read_sys_bytes(broker.address, access=broker.access(ORCHESTRATOR))
+        }
+    return {}
+
+
+def _runtime_name(broker: Broker | DockerBroker) -> str:
+    if isinstance(broker, DockerBroker):
+        return "docker"
+    return "sites" if isinstance(broker, CoreBroker) else "local"
