@@ -501,7 +501,7 @@ class AgentNode:
                 f"{config.resume}, which I do not hold (I hold {sorted(history)[-5:]})"
             )
         history = {r: w for r, w in history.items() if r <= config.resume}
-        loss = make_loss(config.problem, spec.agent, spec.agents)
+        loss = make_loss(config.problem)
         core = self._core_type(spec, loss, self.identity, directory)
         core.resume_from(history[config.resume])
         self.session = self._next_session(setup, config, core, links, history)

@@ -67,12 +67,13 @@ ViewSpecs = Callable[[frozenset[int]], list[AgentSpec]]
 
 @dataclass(frozen=True)
 class SessionPlan:
-    """One session: every agent's spec and the problem they sample their data from;
-    `view_specs` gives the specs of a membership view (weights on its graph)."""
+    """One session: every agent's spec and its own problem spec (by agent id: the data
+    model and that agent's keys); `view_specs` gives the specs of a membership view
+    (weights on its graph)."""
 
     label: str
     specs: list[AgentSpec]
-    problem: ProblemSpec
+    problems: tuple[ProblemSpec, ...]
     view_specs: ViewSpecs | None = None
 
     @property
@@ -746,7 +747,7 @@ class Conductor:
             directory = {m: identities[m] for m in sorted(reach)}
             config = control.Config(
                 spec,
-                plan.problem,
+                plan.problems[spec.agent],
                 directory,
                 self.deadline,
                 self.telemetry,

@@ -183,7 +183,8 @@ def attacks(
         return wire.seal_peer(model, wrong_key, run)
 
     _, name, head, box = msgpack.unpackb(replay)
-    tampered = msgpack.packb([1, name, msgpack.packb(msgpack.unpackb(head) | {"i": ahead}), box])
+    head = msgpack.packb(msgpack.unpackb(head) | {"i": ahead})
+    tampered = msgpack.packb([wire.VERSION, name, head, box])
     return m, [
         (topic, b"\xc1 this is not msgpack"),  # malformed
         (topic, b"\x00" * (wire.MAX_PEER_BYTES + 1)),  # oversized

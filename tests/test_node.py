@@ -58,7 +58,7 @@ def config_for(h: Harness, agent: int, *, view: int = 0, **changes: object) -> c
     plan = h.conductor.plans[0]
     directory = {m: node.identity.public.to_bytes() for m, node in enumerate(h.nodes)}
     spec = dataclasses.replace(plan.specs[agent], view=view)
-    config = control.Config(spec, plan.problem, directory, h.conductor.deadline, True)
+    config = control.Config(spec, plan.problems[agent], directory, h.conductor.deadline, True)
     return dataclasses.replace(config, **changes)  # type: ignore[arg-type]
 
 
@@ -736,7 +736,7 @@ def test_without_telemetry_no_model_leaves_the_node() -> None:
 def test_control_junk_never_raises_and_never_moves_the_node() -> None:
     node, orchestrator, _ = bare_node()
     node.start(0.0)
-    junk = [b"", b"\x00", msgpack.packb([1, "go", b"", b""]), bytes(100)]
+    junk = [b"", b"\x00", msgpack.packb([wire.VERSION, "go", b"", b""]), bytes(100)]
     for payload in junk:
         assert node.receive(topics.ctl_down(RUN, "all"), payload, 1.0) == Output()
     forged = wire.encode_signed(control.Welcome(TARGET), RUN, 1, STRANGER)
