@@ -261,7 +261,8 @@ def site(args: argparse.Namespace) -> int:
     host = bundle.bridge.host
     out = args.out or Path("runs") / f"site-{host}-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
-    pool = LocalLauncher(out / "logs", per_process=args.agents_per_process)
+    # grace 0: by the time the site stops its agents, they have ended, or it was interrupted
+    pool = LocalLauncher(out / "logs", grace=0.0, per_process=args.agents_per_process)
     ended = asyncio.run(_site(bundle, via, args.port, pool))
     failed = {a: how for a, how in ended.items() if not re.search(r"exited with code 0\b", how)}
     for agent, how in sorted(failed.items()):

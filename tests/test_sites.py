@@ -8,6 +8,7 @@ what a bridge outage loses.
 
 import asyncio
 import contextlib
+import functools
 import json
 import subprocess
 import sys
@@ -207,24 +208,23 @@ async def received(client: aiomqtt.Client, until: float, count: int) -> list[tup
     return got
 
 
+async def through(lab: Bridged, broker: str, user: str, *frames: str) -> list[str]:
+    """Which of `frames` (peer topics), published by `user` on `broker`, reach the core."""
+    async with lab.client("core", ORCHESTRATOR) as watcher, lab.client(broker, user) as sender:
+        await watcher.subscribe("privnet/acl/to/+/from/+")
+        for topic in frames:
+            await sender.publish(topic, b"frame")
+        return [topic for topic, _ in await received(watcher, 1.5, len(frames))]
+
+
 async def test_every_broker_keeps_an_agent_to_its_own_name() -> None:
     """Agent m writes only `from/m` on its site; a bridge writes only as its agents at the
-    core: a site that forges another host's agent gets nothing through."""
+    core (here its credential used by hand): a site that forges another host's agent gets
+    nothing through."""
+    peer = functools.partial(topics.peer_topic, "acl")
     async with bridged("acl") as lab:
-        peers = "privnet/acl/to/+/from/+"
-        async with lab.client("core", ORCHESTRATOR) as watcher, lab.client("site", "0") as agent:
-            await watcher.subscribe(peers)
-            await agent.publish(topics.peer_topic("acl", 2, 1), b"forged on the site")
-            await agent.publish(topics.peer_topic("acl", 2, 0), b"mine")
-            got = await received(watcher, 1.5, 2)
-        assert got == [(topics.peer_topic("acl", 2, 0), b"mine")]
-        # the bridge's own credential, used by hand at the core: only its agents' names
-        async with lab.client("core", ORCHESTRATOR) as watcher, lab.client("core", "site-a") as a:
-            await watcher.subscribe(peers)
-            await a.publish(topics.peer_topic("acl", 3, 2), b"forged at the core")
-            await a.publish(topics.peer_topic("acl", 3, 1), b"its own agent")
-            got = await received(watcher, 1.5, 2)
-        assert got == [(topics.peer_topic("acl", 3, 1), b"its own agent")]
+        assert await through(lab, "site", "0", peer(2, 1), peer(2, 0)) == [peer(2, 0)]
+        assert await through(lab, "core", "site-a", peer(3, 2), peer(3, 1)) == [peer(3, 1)]
 
 
 async def test_a_bridge_outage_loses_nothing() -> None:

@@ -37,6 +37,7 @@ from orchestrator.sites import Hosts, prepare_hosts
 MQTT_PORT = 1883  # the core broker's, in the core namespace
 PROXY = "127.0.0.1:1884"  # a host's delay proxy, in its namespace
 SITES_GRACE = 30.0  # s for the sites to end after the orchestrator
+FAILED_GRACE = 2.0  # ... after an orchestrator that failed
 TICK = 0.05  # s between looks at the run's progress
 PYTHON = [sys.executable, "-m"]
 
@@ -185,9 +186,13 @@ def _run(
         started.start(host, _in(lab.host(i), site), lab_dir / f"site-{host}.log")
     processes = _watch(lab, orchestrator, cuts, Progress(out / "metrics.csv"))
     codes = {"orchestrator": orchestrator.returncode}
+    # after a run that completed, the sites end by themselves; after one that failed, their
+    # agents may never have heard of it
+    grace = SITES_GRACE if orchestrator.returncode == 0 else FAILED_GRACE
+    end = time.monotonic() + grace
     for i in range(1, lab.hosts + 1):
         try:
-            codes[f"h{i}"] = started.procs[f"h{i}"].wait(SITES_GRACE)
+            codes[f"h{i}"] = started.procs[f"h{i}"].wait(max(end - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
             codes[f"h{i}"] = None
     return {
