@@ -740,7 +740,9 @@ def _redo(parts: Sequence[Part], seen: SessionWire, truth: Replay, step: int) ->
                 f"redone rounds sent {again} frames again, {fresh} under a fresh mask: "
                 "one of a same_value re-release is an independent noisy look at a value "
                 "it saw before (privacy accounting must count it as another release); a "
-                "frame identical to the earlier one adds nothing; none is in the clear"
+                "frame identical to the earlier one adds nothing; under random and ghp an "
+                "another_value frame carries the same noise draw as the first sending, so "
+                "the two differ by the values' difference; none is in the clear"
             ),
             "hub": (
                 "of a round it did not complete, the masked messages that arrived, whose "

@@ -52,7 +52,7 @@ from broker.launcher import SYS_COUNTERS, SYS_PREFIX, free_port, has_mosquitto, 
 from broker.relay import Relay
 from broker.tls import make_tls
 from orchestrator.engines.launch import LocalLauncher
-from orchestrator.engines.net import RunSecrets
+from orchestrator.engines.net import RunSecrets, Stop
 from orchestrator.faults import Fault
 from orchestrator.report import console
 
@@ -253,7 +253,8 @@ class SiteBundle:
 
 
 def site(args: argparse.Namespace) -> int:
-    """Run one host's part: its broker bridged to the core, its agents, until they leave."""
+    """Run one host's part: its broker bridged to the core, its agents, until they leave;
+    the exit code (1: an agent failed; 128 + the signal when SIGINT or SIGTERM stopped it)."""
     bundle = SiteBundle.load(args.bundle)
     if not has_mosquitto():
         raise ConfigError("a site needs mosquitto (apt-get install mosquitto): it bridges")
@@ -261,9 +262,13 @@ def site(args: argparse.Namespace) -> int:
     host = bundle.bridge.host
     out = args.out or Path("runs") / f"site-{host}-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
-    # grace 0: by the time the site stops its agents, they have ended, or it was interrupted
-    pool = LocalLauncher(out / "logs", grace=0.0, per_process=args.agents_per_process)
+    pool = LocalLauncher(out / "logs", per_process=args.agents_per_process)
     ended = asyncio.run(_site(bundle, via, args.port, pool))
+    if isinstance(ended, int):
+        console.print(
+            f"[yellow]site {host}: interrupted; its broker and agents were stopped[/yellow]"
+        )
+        return ended
     failed = {a: how for a, how in ended.items() if not re.search(r"exited with code 0\b", how)}
     for agent, how in sorted(failed.items()):
         console.print(f"[red]agent {agent}:[/red] {how}")
@@ -273,11 +278,14 @@ def site(args: argparse.Namespace) -> int:
 
 async def _site(
     bundle: SiteBundle, core: BrokerAddress, port: int | None, pool: LocalLauncher
-) -> dict[int, str]:
-    """The relay to the core, the broker bridged through it, the agents; how each ended.
-    Whatever was started is stopped on every way out."""
+) -> dict[int, str] | int:
+    """The relay to the core, the broker bridged through it, the agents: how each ended, or
+    128 + the signal that stopped the site. Whatever was started is stopped on every way
+    out (SIGINT and SIGTERM are taken on the loop, as `privnet run` takes them)."""
+    task = asyncio.current_task()
+    assert task is not None
+    stop = Stop(task)
     relay = Relay(BrokerAddress("127.0.0.1", 0), core)
-    await relay.start()
     monitor = secrets.token_urlsafe(32)
     broker = SiteBroker(
         "mosquitto",
@@ -287,23 +295,32 @@ async def _site(
         agents=bundle.agents,
         passwords=bundle.passwords,
         monitor=monitor,
-        core=relay.address,
+        core=core,
         ca=bundle.ca,
     )
     try:
-        await asyncio.to_thread(broker.start)
+        await relay.start()
+        broker.core = relay.address
+        broker.start()  # a tenth of a second: a signal meanwhile is taken at the next await
         console.print(
             f"site {bundle.bridge.host}: agents {_ids(bundle.bridge.agents)} on "
             f"{broker.address}, bridged to {core} as {bundle.bridge.user}"
         )
+        await pool.zygote.started()
         pool.start(bundle.launches(broker.address))
         ended = await _serve(bundle, broker, pool, relay, ClientAccess(MONITOR, monitor))
         await asyncio.sleep(LINGER)  # their last frames (Left) leave over the bridge
         return ended
+    except asyncio.CancelledError:
+        if not stop.stopping:
+            raise
+        assert stop.signum is not None
+        return 128 + stop.signum
     finally:
-        pool.stop()
+        pool.stop(0.0)  # they have left, or the site was stopped: no grace to wait out
         broker.stop()
         await relay.close()
+        stop.close()
 
 
 async def _serve(
