@@ -494,7 +494,7 @@ async def read_counters(
                     stale.discard(prefix)
     except TimeoutError:
         raise TimeoutError(
-            f"no live counters under {sorted(stale)} from {address} within {timeout} s: is it "
+            f"no live $SYS counters under {sorted(stale)} from {address} within {timeout} s: is it "
             "mosquitto with sys_interval set, and may this client read them?"
         ) from None
 

@@ -241,6 +241,17 @@ def prepare(args: argparse.Namespace) -> int:
     if args.hosts is not None:
         from orchestrator import sites
 
+        compose = {
+            "--broker": args.broker != "broker:1883",
+            "--mount": args.mount != Path("/privnet"),
+            "--broker-uid": args.broker_uid is not None,
+            "--client-uid": args.client_uid is not None,
+        }
+        if any(compose.values()):
+            flags = ", ".join(flag for flag, given in compose.items() if given)
+            raise ConfigError(
+                f"prepare --hosts: drop {flags} (compose's); the core's address is hosts.toml's"
+            )
         hosts = sites.Hosts.load(args.hosts)
         if args.agents is not None:
             hosts.check(args.agents, str(args.hosts))

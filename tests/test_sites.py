@@ -326,3 +326,13 @@ def test_run_across_hosts_refuses_what_it_cannot_do(
     ]
     assert main(argv) == 2
     assert says in " ".join(capsys.readouterr().err.split())
+
+
+def test_prepare_hosts_refuses_compose_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hosts = host_map(tmp_path, 8883)
+    argv = ["prepare", "--hosts", str(hosts), "--out", str(tmp_path / "b"), "--run-name", RUN]
+    assert main([*argv, "--broker", "broker:1884", "--client-uid", "1000"]) == 2
+    assert "drop --broker, --client-uid (compose's)" in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "b").exists()

@@ -99,7 +99,7 @@ class Started:
         for proc in self.procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(5)
-        for log in self.logs:
+        for log in [*self.logs, *(p.stdout for p in self.procs.values() if p.stdout)]:
             log.close()
 
 
