@@ -828,6 +828,10 @@ class _FastPath:
             return False
         try:
             out = machine.receive(topic, payload, now, retained)
+            if clock() - now > PAUSED:  # stopped while it worked: no tick may count that time
+                _report(client, out, self.on_output)
+                client.interrupt()  # the pump's loop sees the pause, and says so (deaf)
+                return True
             wake = machine.next_tick()
             if wake is not None and clock() >= wake:
                 out += machine.tick(clock())
