@@ -337,8 +337,8 @@ async def _serve(
     async with client(broker.address, access) as mqtt:
         while len(ended) < len(bundle.tokens):
             ended |= pool.exited()
-            mqtt.publish(prefix + "sent", str(relay.sent).encode(), 0)
-            mqtt.publish(prefix + "received", str(relay.received).encode(), 0)
+            for name in BRIDGE_COUNTERS:  # the relay's counts of the same names
+                mqtt.publish(prefix + name, str(getattr(relay, name)).encode(), 0)
             await asyncio.sleep(MONITOR_EVERY)
     return ended
 
