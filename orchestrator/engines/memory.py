@@ -285,6 +285,8 @@ def results_curve(
         "messages": messages,
         "rejected": rejected,
         "bytes_per_round": sum(per_round.values()),
+        # what privacy costs, as `privnet overhead` defines it: peer-plane bytes per round
+        "peer_bytes_per_round": (traffic.get("model", 0) + traffic.get("keys", 0)) / rounds,
         "bytes_per_round_by_category": per_round,
         "wall_s": wall,
         # where membership changed (a mark on the MSD plot): [round, why] per session

@@ -28,8 +28,19 @@ from rich.progress import Progress, TaskID
 
 from agent import keys
 from agent.access import ClientAccess
-from agent.mqtt import QOS, AgentLaunch, Connection, MqttError, client, publish, pump
-from agent.node import Output
+from agent.mqtt import (
+    QOS,
+    AgentLaunch,
+    BrokerAddress,
+    Connection,
+    CouldNotConnect,
+    MqttError,
+    client,
+    publish,
+    pump,
+)
+from agent.node import Event, Output
+from agent.private import private_dir, private_file
 from agent.spec import ConfigError
 from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, write_private
 from broker.launcher import Broker, launch, read_sys_bytes, write_compose_files
@@ -135,7 +146,7 @@ class RunSecrets:
 def write_launches(directory: Path, launches: dict[int, AgentLaunch]) -> None:
     """Launch files for agents started by someone else (compose): 0600, one per agent.
     Whatever an earlier run left there (files, claims) goes first."""
-    directory.mkdir(parents=True, exist_ok=True)
+    private_dir(directory)
     for stale in [*directory.glob("agent-*.json"), *directory.glob("agent-*.claimed")]:
         stale.unlink()
     for p, agent_launch in launches.items():
@@ -164,6 +175,7 @@ def prepare(
         mount=mount,
         broker_uid=broker_uid,
         client_uid=client_uid,
+        port=BrokerAddress.parse(broker).port,
     )
     ca = str(mount / "ca.crt") if tls_hostnames is not None else None
 
@@ -189,6 +201,7 @@ async def run_network(config: ExperimentConfig, args: argparse.Namespace, out: P
 
 
 async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: Path) -> int:
+    began = time.perf_counter()
     problem = Problem.build(config)
     resume: Resume | None = None
     done: list[SessionResult] = []
@@ -207,19 +220,14 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
     else:
         run_secrets = RunSecrets.generate(args.run_name or new_run_name(), config.agents)
     run = run_secrets.run
-    if resume is None:
-        journal.begin(out, config, run_secrets.to_json())
     faults = parse_faults(args.faults or "", config.agents)
     broker, pool = _runtime(args, run_secrets.credentials, out / "logs")
     docker = broker if isinstance(broker, DockerBroker) else None
+    code = 1
     try:
-        starting = asyncio.get_running_loop().run_in_executor(None, broker.start)
-        try:
-            load_plotting()  # while the broker starts (and the agents' zygote imports)
-        finally:
-            await starting
-        where = "external agents" if args.external_agents else f"agent logs in {out}/logs"
-        console.print(f"broker: {broker.kind} at {broker.address}; run {run}; {where}")
+        if resume is None:
+            journal.begin(out, config, run_secrets.to_json(), args.secret_seed)
+        await _start(broker)
         conductor = Conductor(
             run,
             run_secrets.orchestrator,
@@ -247,8 +255,14 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
         neighbour = args.neighbour if args.account else None  # --account
         restart = args.restart == "on-failure"
         watch = Watch(conductor, pool, broker, launches, problem, out, faults, restart)
-        return await _drive(problem, broker, watch, out, tap, neighbour)
+        code = await _drive(problem, broker, watch, out, began, tap, neighbour)
+        return code
     except RunFailed as exc:
+        console.print(f"[red]run failed:[/red] {exc}")
+        return 1
+    except CouldNotConnect as exc:
+        if broker.kind == "external":  # the address the user gave
+            raise ConfigError(f"{exc}: give --broker the HOST:PORT of an MQTT broker") from None
         console.print(f"[red]run failed:[/red] {exc}")
         return 1
     except (MqttError, aiomqtt.MqttError) as exc:  # ours, or the tap's and $SYS reader's
@@ -264,6 +278,20 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
         if pool is not None:
             pool.stop()
         broker.stop()
+        if code != 0 and resume is None:  # nothing to resume from: no journal
+            journal.discard_if_empty(out)
+
+
+async def _start(broker: Broker | DockerBroker) -> None:
+    """Start the broker (an external one: check it answers) while matplotlib loads."""
+    starting = asyncio.get_running_loop().run_in_executor(None, broker.start)
+    try:
+        load_plotting()  # while the broker starts (and the agents' zygote imports)
+    finally:
+        try:
+            await starting
+        except ConnectionError as exc:  # an external broker not there: the user's address
+            raise ConfigError(str(exc)) from None
 
 
 def _runtime(
@@ -297,11 +325,13 @@ async def _drive(
     broker: Broker | DockerBroker,
     watch: Watch,
     out: Path,
+    began: float,
     tap: WireTap | None = None,
     neighbour: int | None = None,
 ) -> int:
     """Register, run every session, write the outputs (privacy accounted with `neighbour`,
-    and the audit) and dismiss the agents; the exit code.
+    and the audit) and dismiss the agents; the exit code. `began`: when the run began, which
+    the console's set-up times count from.
 
     Agent processes this run started here are dismissed first: they leave while the outputs
     are written. Other agents get their Bye after the outputs (under `docker compose up
@@ -315,7 +345,14 @@ async def _drive(
     # A broker restart is ridden out as the agents ride it out (`agent.mqtt.Connection`): for
     # as long as the conductor would wait for a silent session anyway, at least 10 s.
     give_up = max(conductor.deadline, 10.0)
-    async with client(broker.address, broker.access(ORCHESTRATOR), give_up) as mqtt:
+    access = broker.access(ORCHESTRATOR)
+    async with client(broker.address, access, give_up, conductor.deadline) as mqtt:
+        where = "external agents" if pool is None else f"agent logs in {out}/logs"
+        took = time.perf_counter() - began
+        console.print(
+            f"broker: {broker.kind} at {broker.address}, connected at {took:.1f} s; "
+            f"run {conductor.run}; {where}"
+        )
         try:
             async with tap or contextlib.nullcontext():  # the audit's tap, before any agent
                 for topic in conductor.subscriptions:
@@ -323,7 +360,7 @@ async def _drive(
                 publish(mqtt, conductor.start(time.monotonic()))
                 if pool is not None:
                     pool.start(watch.launches)
-                await _conduct(mqtt, watch, problem)
+                await _conduct(mqtt, watch, problem, began)
                 write_membership(out / "membership.json", conductor.membership)
                 if tap is not None:  # the sealed telemetry validates the audit's truth
                     tap.telemetry += [r.models for r in conductor.results]
@@ -336,7 +373,7 @@ async def _drive(
                 "broker": broker.kind,
                 "runtime": "local" if docker is None else "docker",
                 "run": conductor.run,
-                "seed": c.seed,
+                "seed": journal.SECRETS if journal.secret_seed(out) else c.seed,
                 "orchestrator": _orchestrator(conductor),
                 "broker_outages": asdict(mqtt.outages),  # as the orchestrator lived them
                 "membership": _membership(watch),
@@ -368,10 +405,10 @@ async def _drive(
     return code
 
 
-async def _conduct(mqtt: Connection, watch: Watch, problem: Problem) -> None:
-    """Pump until every session is done; RunFailed when the conductor fails."""
+async def _conduct(mqtt: Connection, watch: Watch, problem: Problem, began: float) -> None:
+    """Pump until every session is done; RunFailed when the conductor fails. `began`: when
+    the run began (perf_counter), which the set-up times on the console count from."""
     conductor = watch.conductor
-    started = time.perf_counter()
     with progress_bar() as bar:
         show = _Show(bar, problem, watch)
 
@@ -381,8 +418,9 @@ async def _conduct(mqtt: Connection, watch: Watch, problem: Problem) -> None:
         def on_output(out: Output) -> None:
             for event in out.events:
                 if event.kind == "registered":
-                    took = time.perf_counter() - started
-                    console.print(f"{conductor.agents} agents registered in {took:.1f} s")
+                    took = time.perf_counter() - began
+                    console.print(f"{conductor.agents} agents registered at {took:.1f} s")
+                show.event(event)
             show.update()
 
         try:
@@ -390,6 +428,8 @@ async def _conduct(mqtt: Connection, watch: Watch, problem: Problem) -> None:
         except RunFailed as exc:
             publish(mqtt, conductor.abort(str(exc)))
             raise
+        finally:
+            show.settle()
     if conductor.stage is Stage.FAILED:
         raise RunFailed(conductor.failure)
 
@@ -416,8 +456,7 @@ def _orchestrator(conductor: Conductor) -> dict[str, Any]:
 def save_models(path: Path, results: list[SessionResult]) -> None:
     """Every agent's true model after every round, per session (NaN: not reported): what a
     replay (`privnet simulate --membership`) is checked against. 0600: true models."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
+    with private_file(path) as fh:
         arrays: dict[str, Any] = {r.label: r.models for r in results}
         np.savez_compressed(fh, **arrays)
 
@@ -436,34 +475,69 @@ def _membership(watch: Watch) -> dict[str, Any]:
 
 
 class _Show:
-    """Progress lines: rounds done, rounds/s, current centroid MSD, per session."""
+    """Progress lines, one per strategy/scheme: rounds done, rounds/s, the current centroid
+    MSD, and the seconds its sessions spent being set up (Setup to Go: the agents building
+    their data and agreeing keys; a new view's re-keying too). A session's line ends as the
+    session did (`settle`), so a log shows final lines, not the last refresh."""
 
     def __init__(self, bar: Progress, problem: Problem, watch: Watch) -> None:
         self.bar, self.problem, self.watch = bar, problem, watch
         self.tasks: dict[str, TaskID] = {}
-        self.t0 = time.perf_counter()
-        self.session = -1
+        self.t0 = time.perf_counter()  # when the session under way started its rounds
+        self.began: float | None = None  # ... or began being set up, while it is
+        self.setup: dict[str, float] = {}  # seconds of set-up, by line
+        self.settled = len(watch.conductor.results)  # sessions done before (--resume)
+
+    def event(self, event: Event) -> None:
+        now = time.perf_counter()
+        if event.kind == "configuring":
+            self.began = now
+        elif event.kind == "started" and self.began is not None:
+            name, _ = _line(event.detail)
+            self.setup[name] = self.setup.get(name, 0.0) + now - self.began
+            self.began, self.t0 = None, now
 
     def update(self) -> None:
+        self.settle()
         conductor, c = self.watch.conductor, self.problem.config
         plan = conductor.current
         if plan is None:
             return
-        strategy, scheme, repeat = plan.label.split("/")
-        name = f"{strategy}/{scheme}"
-        if name not in self.tasks:
-            self.tasks[name] = self.bar.add_task(name, total=c.iters * c.repeats, status="")
-        if conductor.session != self.session:
-            self.session, self.t0 = conductor.session, time.perf_counter()
+        name, repeat = _line(plan.label)
         rounds = conductor.rounds_done
-        rate = rounds / max(time.perf_counter() - self.t0, 1e-9)
-        status = f"{rate:6.1f} rounds/s"
+        rate = 0.0 if self.began is not None else rounds / max(time.perf_counter() - self.t0, 1e-9)
+        cent = None
         if shown := self.watch.reported:  # the rows Watch streamed: complete, never redone
-            w_opt = self.problem.w_opt[int(repeat)]
-            cent, _ = msd(conductor.models[shown - 1], w_opt, self.problem.q)
+            cent = msd(conductor.models[shown - 1], self.problem.w_opt[repeat], self.problem.q)[0]
+        self._line(name, repeat * c.iters + rounds, rate, cent)
+
+    def settle(self) -> None:
+        """Every session done since: its line at all its rounds, its rate (rounds over Go
+        to the last Finished) and its last centroid MSD."""
+        results, c = self.watch.conductor.results, self.problem.config
+        for result in results[self.settled :]:
+            name, repeat = _line(result.label)
+            rate = c.iters / result.wall if result.wall > 0 else 0.0
+            w_opt, q = self.problem.w_opt[repeat], self.problem.q
+            self._line(name, (repeat + 1) * c.iters, rate, msd(result.models[-1], w_opt, q)[0])
+        self.settled = len(results)
+
+    def _line(self, name: str, done: int, rate: float, cent: float | None) -> None:
+        if name not in self.tasks:
+            total = self.problem.config.iters * self.problem.config.repeats
+            self.tasks[name] = self.bar.add_task(name, total=total, status="")
+        status = f"{rate:6.1f} rounds/s"
+        if cent is not None and np.isfinite(cent) and cent > 0:
             status += f"  MSD {10 * np.log10(cent):7.2f} dB"
-        done = int(repeat) * c.iters + rounds
+        if name in self.setup:
+            status += f"  set-up {self.setup[name]:.1f} s"
         self.bar.update(self.tasks[name], completed=done, status=status)
+
+
+def _line(label: str) -> tuple[str, int]:
+    """A session label `strategy/scheme/repeat` as its progress line and repeat."""
+    name, repeat = label.rsplit("/", 1)
+    return name, int(repeat)
 
 
 def _outputs(
@@ -476,13 +550,14 @@ def _outputs(
 ) -> int:
     """Write the run's outputs (privacy accounted with `neighbour`), and audit its wire when
     it was tapped; the exit code."""
-    finish(out, problem.config, problem, curves, "net", extra, neighbour)
+    if tap is not None:
+        tap.save(out, problem.config)
+    code = finish(out, problem.config, problem, curves, "net", extra, neighbour)
     if tap is None:
-        return 0
+        return code
     from orchestrator.audit import show_audit
 
-    tap.save(out, problem.config)
-    return show_audit(out)
+    return max(code, show_audit(out))
 
 
 async def _sys(broker: Broker | DockerBroker) -> dict[str, int] | None:
