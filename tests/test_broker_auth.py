@@ -17,7 +17,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiomqtt
@@ -444,26 +444,35 @@ async def test_the_compose_config_runs_on_mosquitto() -> None:
     conf = (out / "broker" / "mosquitto.conf").read_text()
     conf = conf.replace("listener 1883\n", f"listener {port} 127.0.0.1\n")
     (base / "test.conf").write_text(conf)
+    try:
+        async with serving(base / "test.conf", port):
+            access = ClientAccess.from_env(env_file(out / "users" / "3.env"))
+            async with aiomqtt.Client("localhost", port, **access.client_kwargs()) as agent:
+                await agent.publish(T.ctl_up(RUN, 3), b"from compose", qos=1)
+            anonymous = ClientAccess(tls=True, ca_file=access.ca_file)
+            with pytest.raises(aiomqtt.MqttError, match="Not authorized"):
+                async with aiomqtt.Client("localhost", port, **anonymous.client_kwargs()):
+                    pass
+    finally:
+        shutil.rmtree(base)
+
+
+@contextlib.asynccontextmanager
+async def serving(conf: Path, port: int) -> AsyncIterator[None]:
+    """mosquitto started on `conf` (as this user: root drops to "mosquitto") while the block
+    runs, answering on `port`."""
     proc = subprocess.Popen(
-        [shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(base / "test.conf")],
+        [shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)],
         stderr=subprocess.PIPE,
     )
     try:
-        address = BrokerAddress("127.0.0.1", port)
-        while not accepts(address, timeout=0.2):
+        while not accepts(BrokerAddress("127.0.0.1", port), timeout=0.2):
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             await asyncio.sleep(0.05)
-        access = ClientAccess.from_env(env_file(out / "users" / "3.env"))
-        async with aiomqtt.Client("localhost", port, **access.client_kwargs()) as agent:
-            await agent.publish(T.ctl_up(RUN, 3), b"from compose", qos=1)
-        anonymous = ClientAccess(tls=True, ca_file=access.ca_file)
-        with pytest.raises(aiomqtt.MqttError, match="Not authorized"):
-            async with aiomqtt.Client("localhost", port, **anonymous.client_kwargs()):
-                pass
+        yield
     finally:
         proc.terminate()
         proc.wait(5)
-        shutil.rmtree(base)
 
 
 async def test_prepare_serves_mosquitto_at_its_broker_port_as_it_starts() -> None:
@@ -480,22 +489,13 @@ async def test_prepare_serves_mosquitto_at_its_broker_port_as_it_starts() -> Non
     assert main(["prepare", *flags, "--broker", f"127.0.0.1:{port}", "--mount", str(base)]) == 0
     conf = base / "broker" / "mosquitto.conf"
     assert f"listener {port}\n" in conf.read_text()
-    proc = subprocess.Popen(
-        [shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)],
-        stderr=subprocess.PIPE,
-    )
     try:
-        address = BrokerAddress("127.0.0.1", port)
-        while not accepts(address, timeout=0.2):
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            await asyncio.sleep(0.05)
-        launch = json.loads((base / "agents" / "agent-1.json").read_text())
-        access = ClientAccess(launch["username"], launch["password"])
-        async with aiomqtt.Client("127.0.0.1", port, **access.client_kwargs()) as agent:
-            await agent.publish(T.ctl_up(RUN, 1), b"from prepare", qos=1)
+        async with serving(conf, port):
+            launch = json.loads((base / "agents" / "agent-1.json").read_text())
+            access = ClientAccess(launch["username"], launch["password"])
+            async with aiomqtt.Client("127.0.0.1", port, **access.client_kwargs()) as agent:
+                await agent.publish(T.ctl_up(RUN, 1), b"from prepare", qos=1)
     finally:
-        proc.terminate()
-        proc.wait(5)
         shutil.rmtree(base)
 
 

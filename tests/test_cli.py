@@ -103,7 +103,8 @@ async def test_the_first_connect_has_its_own_timeout() -> None:
     with server(None) as port:
         began = time.monotonic()
         with pytest.raises(CouldNotConnect, match=r"no answer to CONNECT in 1 s"):
-            async with Connection(BrokerAddress("127.0.0.1", port), ClientAccess(), 30, 60, 1.0):
+            address = BrokerAddress("127.0.0.1", port)
+            async with Connection(address, ClientAccess(), connect_timeout=1.0):
                 pass
         assert time.monotonic() - began < 3
 

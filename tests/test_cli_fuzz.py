@@ -35,7 +35,7 @@ from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 from orchestrator.flags import user_error
 
-SUITE_EXAMPLES = 120
+SUITE_EXAMPLES = 60
 BUILD_LIMIT = 50 * 2**20  # bytes: configs above this are checked, not built (time)
 PATHS = ("missing", "afile", "adir", "exp.toml", "junk.toml", "full")  # in the fuzz's cwd
 SETTINGS = [name for name in ExperimentConfig.__dataclass_fields__ if name != "extra"]
@@ -65,11 +65,18 @@ text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",))
 
 
 def _value(action: argparse.Action) -> st.SearchStrategy[str]:
+    """Mostly a value of the flag's own kind (so the checks past argparse are reached),
+    else junk."""
     if action.choices is not None:
         return st.one_of(st.sampled_from([str(c) for c in action.choices]), hostile)
     if action.dest in {"out", "config", "matrix", "edges", "membership", "run", "pcap",
                        "prepared", "launch_dir", "ca_file", "resume", "mount"}:  # fmt: skip
         return st.sampled_from(PATHS)
+    kind = getattr(action.type, "__name__", "")
+    if kind in ("int", "parse", "check"):  # int, flags.integer, flags.comma_list
+        return st.one_of(st.integers(-2, 40).map(str), st.integers(-2, 40).map(str), hostile)
+    if kind in ("float", "positive"):
+        return st.one_of(st.floats(-1, 2).map(repr), st.floats(-1, 2).map(repr), numbers)
     return st.one_of(hostile, numbers, text)
 
 

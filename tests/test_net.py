@@ -364,6 +364,10 @@ def test_a_run_keeps_its_secrets_to_itself_and_logs_what_agents_did(
     assert "connected at" in err and "4 agents registered at" in err, err
     bars = [line for line in err.splitlines() if line.startswith("atc/")]
     assert len(bars) == 2 and all(" 12/12 " in b and "set-up" in b for b in bars), bars
+    metrics = read_metrics(tmp_path / "metrics.csv").values()
+    for bar, (centroid, _) in zip(bars, metrics, strict=True):
+        assert f"MSD {10 * np.log10(centroid[0, -1]):.2f} dB" in bar  # the last round's
+        assert len(bar) <= 80 and "…" not in bar
     assert_private_run(tmp_path)
     seed = json.loads((tmp_path / "secrets.json").read_text())["seed"]
     assert load_summary(tmp_path / "summary.json")["config"]["seed"] == "secrets.json" != seed

@@ -298,23 +298,12 @@ def _runtime(
     args: argparse.Namespace, credentials: Credentials, logs: Path
 ) -> tuple[Broker | DockerBroker, Launcher | None]:
     """The broker, and the launcher of the agents (None: external agents register by
-    themselves): on this machine, or with --runtime docker both in containers."""
+    themselves): on this machine, or with --runtime docker both in containers (the flags it
+    cannot honour are refused before: `orchestrator.cli`)."""
     if args.runtime == "local":
         local = launch(args.broker, credentials=credentials, tls=args.tls, ca_file=args.ca_file)
         return local, None if args.external_agents else LocalLauncher(
             logs, per_process=getattr(args, "agents_per_process", 1)
-        )
-    given = {
-        "--broker": args.broker != "auto",
-        "--external-agents": args.external_agents,
-        "--tls": args.tls,
-        "--ca-file": args.ca_file is not None,
-        "--agents-per-process": getattr(args, "agents_per_process", 1) != 1,
-    }
-    if any(given.values()):
-        raise ConfigError(
-            "--runtime docker starts its own broker (plain TCP on the run's network) and agent "
-            f"containers: drop {', '.join(flag for flag, on in given.items() if on)}"
         )
     broker = DockerBroker(credentials, logs, image=args.image)
     return broker, DockerAgents(broker)
@@ -493,7 +482,7 @@ class _Show:
         if event.kind == "configuring":
             self.began = now
         elif event.kind == "started" and self.began is not None:
-            name, _ = _line(event.detail)
+            name, _ = _progress_line(event.detail)
             self.setup[name] = self.setup.get(name, 0.0) + now - self.began
             self.began, self.t0 = None, now
 
@@ -503,38 +492,38 @@ class _Show:
         plan = conductor.current
         if plan is None:
             return
-        name, repeat = _line(plan.label)
+        name, repeat = _progress_line(plan.label)
         rounds = conductor.rounds_done
         rate = 0.0 if self.began is not None else rounds / max(time.perf_counter() - self.t0, 1e-9)
         cent = None
         if shown := self.watch.reported:  # the rows Watch streamed: complete, never redone
             cent = msd(conductor.models[shown - 1], self.problem.w_opt[repeat], self.problem.q)[0]
-        self._line(name, repeat * c.iters + rounds, rate, cent)
+        self._show(name, repeat * c.iters + rounds, rate, cent)
 
     def settle(self) -> None:
         """Every session done since: its line at all its rounds, its rate (rounds over Go
         to the last Finished) and its last centroid MSD."""
         results, c = self.watch.conductor.results, self.problem.config
         for result in results[self.settled :]:
-            name, repeat = _line(result.label)
+            name, repeat = _progress_line(result.label)
             rate = c.iters / result.wall if result.wall > 0 else 0.0
             w_opt, q = self.problem.w_opt[repeat], self.problem.q
-            self._line(name, (repeat + 1) * c.iters, rate, msd(result.models[-1], w_opt, q)[0])
+            self._show(name, (repeat + 1) * c.iters, rate, msd(result.models[-1], w_opt, q)[0])
         self.settled = len(results)
 
-    def _line(self, name: str, done: int, rate: float, cent: float | None) -> None:
+    def _show(self, name: str, done: int, rate: float, cent: float | None) -> None:
         if name not in self.tasks:
             total = self.problem.config.iters * self.problem.config.repeats
             self.tasks[name] = self.bar.add_task(name, total=total, status="")
-        status = f"{rate:6.1f} rounds/s"
+        status = f"{rate:.1f} rounds/s"  # short: the line fits 80 columns, even piped
         if cent is not None and np.isfinite(cent) and cent > 0:
-            status += f"  MSD {10 * np.log10(cent):7.2f} dB"
+            status += f", MSD {10 * np.log10(cent):.2f} dB"
         if name in self.setup:
-            status += f"  set-up {self.setup[name]:.1f} s"
+            status += f", set-up {self.setup[name]:.1f} s"
         self.bar.update(self.tasks[name], completed=done, status=status)
 
 
-def _line(label: str) -> tuple[str, int]:
+def _progress_line(label: str) -> tuple[str, int]:
     """A session label `strategy/scheme/repeat` as its progress line and repeat."""
     name, repeat = label.rsplit("/", 1)
     return name, int(repeat)
