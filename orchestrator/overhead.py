@@ -298,7 +298,7 @@ def _wire_table(rows: list[dict[str, Any]]) -> Table:
 
 def _keys_table(rows: list[dict[str, Any]]) -> Table:
     table = narrow_table(
-        "local-ghp: DH agreements; key messages/agent against the paper's bound",
+        "local-ghp: DH agreements, key messages vs the paper's bound",
         "msgs/agent: key plans and shares an agent originates in its first key epoch "
         "(relays not counted); bound: |N_p| + sum_k |N_k| / 2 (Sec. IV-C)",
     )

@@ -476,9 +476,8 @@ def titled_table(title: str, columns: Iterable[str], left: int = 1) -> Table:
 
 
 PEER_BYTES = (
-    "peer B/rd: the model and key bytes the agents published per round (MQTT PUBLISH sizes, "
-    "each at its QoS), the one-off key set-up spread over the run's {rounds} rounds: the "
-    "figure `privnet overhead` calls amortized"
+    "peer B/rd: models and key shares the agents published per round (MQTT PUBLISH bytes), "
+    "key set-up spread over the {rounds} rounds: `privnet overhead`'s amortized"
 )
 
 

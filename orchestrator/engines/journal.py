@@ -44,11 +44,13 @@ def secret_seed(out: Path) -> bool:
 
 
 def discard_if_empty(out: Path) -> None:
-    """Remove the journal of a run that ended before any round it could carry on from."""
+    """Remove the journal (and secrets.json) of a run that ended before any round it could
+    carry on from."""
     where = out / JOURNAL
     kept = [*where.glob("session-*.json"), *where.glob("rounds-*.bin")]
     if where.is_dir() and not any(path.stat().st_size for path in kept):
         shutil.rmtree(where)
+        (out / SECRETS).unlink(missing_ok=True)
 
 
 def session_done(out: Path, index: int, result: SessionResult) -> None:
