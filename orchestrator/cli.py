@@ -50,6 +50,13 @@ def _experiment_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, help="minibatch size (default: full batch)")
     parser.add_argument("--rekey", choices=[str(r) for r in Rekey])
     parser.add_argument(
+        "--seal-links",
+        dest="seal_links",
+        type=_on_off,
+        metavar="on|off",
+        help="seal every peer frame end to end (default on); off: the paper's visible wire",
+    )
+    parser.add_argument(
         "--seed",
         type=_seed,
         help="data, graph and noise seed; `random` (or empty): a fresh one (`privnet run`: "
@@ -87,7 +94,16 @@ OVERRIDES = (
     "batch",
     "rekey",
     "seed",
+    "seal_links",
 )
+
+
+def _on_off(text: str) -> bool:
+    if text.lower() in ("on", "yes", "true"):
+        return True
+    if text.lower() in ("off", "no", "false"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r}: give on or off")
 
 
 def _seed(text: str) -> int | str:
@@ -237,6 +253,7 @@ def _run_config(args: argparse.Namespace) -> ExperimentConfig:
         config = experiment(args, base, drawn)
         args.secret_seed = config.seed == drawn
     _check_runtime(args)
+    _check_view(args)
     from orchestrator.faults import parse_faults
 
     parse_faults(args.faults or "", config.agents)
@@ -272,6 +289,17 @@ def _check_runtime(args: argparse.Namespace) -> None:
             "--runtime docker starts its own broker (plain TCP on the run's network) and agent "
             f"containers: drop {', '.join(flag for flag, on in given.items() if on)}"
         )
+
+
+def _check_view(args: argparse.Namespace) -> None:
+    """--view-port and --view-host only mean something with --view."""
+    if not args.view:
+        given = {"--view-port": args.view_port != 0, "--view-host": args.view_host != "127.0.0.1"}
+        if any(given.values()):
+            flags = ", ".join(flag for flag, on in given.items() if on)
+            raise ConfigError(f"{flags} without --view: add --view to watch the run")
+        return
+    check_view_host(args.view_host)
 
 
 def prepare(args: argparse.Namespace, _: None) -> int:
@@ -414,6 +442,57 @@ def _dp_audit_config(args: argparse.Namespace) -> ExperimentConfig:
         name="dp-audit", agents=10, iters=1, sigma_g2=0.01, strategies=(Strategy.ATC,), repeats=1
     )
     return experiment(args, base)
+
+
+def view(args: argparse.Namespace, _: None) -> int:
+    """Serve a run's directory through the live view's page until Ctrl-C."""
+    from agent.mqtt import run as run_loop
+    from orchestrator.view.server import serve_run
+
+    check_view_host(args.view_host)
+    return run_loop(serve_run(args.run_dir, args.view_host, args.view_port))
+
+
+def _view_config(args: argparse.Namespace) -> None:
+    """Nothing to check before: the page reads the run directory, and says what it lacks."""
+
+
+def _view_flags(parser: argparse.ArgumentParser, prefix: str) -> None:
+    parser.add_argument(
+        f"{prefix}port",
+        dest="view_port",
+        type=_port,
+        default=0,
+        metavar="N",
+        help="the page's TCP port (default: any free one)",
+    )
+    parser.add_argument(
+        f"{prefix}host",
+        dest="view_host",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="the address the page listens on (default 127.0.0.1; any other address lets "
+        "other machines reach it, still only with the token in the URL)",
+    )
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a TCP port, 0-65535") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port}: give a TCP port, 0-65535 (0: any free one)")
+    return port
+
+
+def check_view_host(host: str) -> None:
+    """Say so when the page is reachable beyond this machine (it still needs the token)."""
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(
+            f"[yellow]view:[/yellow] listening on {host}, beyond loopback: anyone who can reach "
+            "it and has the URL's token can read the run"
+        )
 
 
 def _yes_no(text: str) -> bool:
@@ -567,7 +646,19 @@ def parser() -> argparse.ArgumentParser:
         metavar="yes|no",
         help="record and audit the wire (`privnet inspect`); a value, for docker-compose's env",
     )
+    _view_flags(p, "--view-")
+    p.add_argument(
+        "--view",
+        action="store_true",
+        help="watch the run in a browser: a page served by the orchestrator (URL printed, "
+        "with its token); read-only; `privnet view RUN_DIR` shows it again later",
+    )
     p.set_defaults(func=run, configure=_run_config)
+
+    p = sub.add_parser("view", help="a finished run's directory, in the live view's page")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run's --out directory")
+    _view_flags(p, "--")
+    p.set_defaults(func=view, configure=_view_config)
 
     p = sub.add_parser("inspect", help="audit the wire of a `privnet run --audit`")
     p.add_argument("--run", type=Path, required=True, help="the run's --out directory")

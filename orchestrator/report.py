@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -60,8 +60,9 @@ TEST_ERRORS = {"test_error_centroid": "centroid", "test_error_avg": "average ind
 OUTPUTS = (
     "summary.json", "metrics.csv", "msd.png", "topology.png", "testing_error.png",
     "epsilon.png", "membership.json", "models.npz", "secrets.json", "wire.msgpack",
-    "telemetry.npz", "audit.json", "audit.png", "audit-pcap.json", "audit-pcap.png",
-    "dp_audit.json", "journal", "logs", "checkpoints", "launch",
+    "telemetry.npz", "link_keys.msgpack", "audit.json", "audit.png", "audit-pcap.json",
+    "audit-pcap.png",
+    "dp_audit.json", "view.json", "journal", "logs", "checkpoints", "launch",
 )  # fmt: skip
 PIPED_WIDTH = 160  # columns for tables on a pipe or file, where rich would assume 80
 
@@ -589,15 +590,17 @@ def finish(
     engine: str,
     extra: dict[str, Any] | None = None,
     neighbour: int | None = None,
+    account_of: Callable[..., Any] | None = None,
 ) -> int:
-    """Write and show the results; with `neighbour`, account privacy first (--account).
-    The exit code: 1 when a curve diverged (its numbers mean nothing), else 0."""
+    """Write and show the results; with `neighbour`, account privacy first (--account),
+    with `account_of` where given (`accountant.attach`). The exit code: 1 when a curve
+    diverged (its numbers mean nothing), else 0."""
     if neighbour is not None:
         from orchestrator.privacy import accountant
 
         with console.status(f"accounting: twin runs with agent {neighbour}'s data replaced"):
             for curve in curves:
-                accountant.attach(curve, problem, neighbour)
+                accountant.attach(curve, problem, neighbour, account_of)
     summary = write_outputs(
         out,
         {**config.to_dict(), **(extra or {})},

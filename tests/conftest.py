@@ -137,7 +137,7 @@ async def prepared(kind: str, run: str, agents: int, out: Path) -> AsyncIterator
 
 # Where a run keeps true models, keys, seeds and passwords: never readable by group or others.
 SECRET_DIRS = ("journal", "checkpoints", "launch")
-SECRET_FILES = ("models.npz", "telemetry.npz", "wire.msgpack", "secrets.json")
+SECRET_FILES = ("models.npz", "telemetry.npz", "wire.msgpack", "link_keys.msgpack", "secrets.json")
 
 
 def assert_private_run(out: Path, *others: str) -> None:

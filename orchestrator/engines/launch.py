@@ -97,6 +97,12 @@ class LocalLauncher:
         self.groups[group[0]] = group
         return group[0]
 
+    def pids(self) -> dict[int, int]:
+        """The pid of the process running each agent now (what the live view samples)."""
+        return {
+            a: pid for first, pid in self.procs.items() for a in self.groups.get(first, [first])
+        }
+
     def _first(self, agent: int) -> int:
         """The first agent of the process that runs `agent` (the key of `procs`)."""
         return next((f for f, group in self.groups.items() if agent in group), agent)

@@ -34,6 +34,7 @@ from agent.mqtt import (
     BrokerAddress,
     Connection,
     CouldNotConnect,
+    Machine,
     MqttError,
     client,
     publish,
@@ -58,6 +59,7 @@ from orchestrator.report import Curve, console, finish, load_plotting, progress_
 
 if TYPE_CHECKING:
     from orchestrator.audit import WireTap
+    from orchestrator.view.live import LiveView
 
 DEFAULT_DEADLINE = 30.0  # s of silence before an agent is left out (--deadline)
 DEADLINE_PER_AGENT = 0.12  # s: a 1000-agent network on 2 cores needs 120 s (keying, heartbeats)
@@ -237,6 +239,8 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
             telemetry=not args.no_telemetry,
             checkpoint_every=args.checkpoint_every,
             resume=resume,
+            seal_links=config.seal_links,
+            escrow=bool(args.audit),
         )
         conductor.results = done
         reach = broker.agent_address if isinstance(broker, DockerBroker) else broker.address
@@ -255,8 +259,13 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
         neighbour = args.neighbour if args.account else None  # --account
         restart = args.restart == "on-failure"
         watch = Watch(conductor, pool, broker, launches, problem, out, faults, restart)
-        code = await _drive(problem, broker, watch, out, began, tap, neighbour)
-        return code
+        view = await _view(args, watch, problem, out, tap, neighbour)
+        try:
+            code = await _drive(problem, broker, watch, out, began, tap, neighbour, view)
+            return code
+        finally:
+            if view is not None:
+                await view.close()
     except RunFailed as exc:
         console.print(f"[red]run failed:[/red] {exc}")
         return 1
@@ -294,6 +303,25 @@ async def _start(broker: Broker | DockerBroker) -> None:
             raise ConfigError(str(exc)) from None
 
 
+async def _view(
+    args: argparse.Namespace,
+    watch: Watch,
+    problem: Problem,
+    out: Path,
+    tap: WireTap | None,
+    neighbour: int | None,
+) -> LiveView | None:
+    """With --view, the page of this run, served from this event loop (its URL printed)."""
+    if not getattr(args, "view", False):
+        return None
+    from orchestrator.view.live import LiveView  # aiohttp: only when watched
+
+    view = LiveView(watch, problem, out, neighbour=neighbour, tap=tap)
+    url = await view.start(args.view_host, args.view_port)  # ConfigError: cannot listen
+    console.print(f"view: {url}", soft_wrap=True)
+    return view
+
+
 def _runtime(
     args: argparse.Namespace, credentials: Credentials, logs: Path
 ) -> tuple[Broker | DockerBroker, Launcher | None]:
@@ -317,10 +345,11 @@ async def _drive(
     began: float,
     tap: WireTap | None = None,
     neighbour: int | None = None,
+    view: LiveView | None = None,
 ) -> int:
     """Register, run every session, write the outputs (privacy accounted with `neighbour`,
     and the audit) and dismiss the agents; the exit code. `began`: when the run began, which
-    the console's set-up times count from.
+    the console's set-up times count from. A `view` watches the pump.
 
     Agent processes this run started here are dismissed first: they leave while the outputs
     are written. Other agents get their Bye after the outputs (under `docker compose up
@@ -349,10 +378,11 @@ async def _drive(
                 publish(mqtt, conductor.start(time.monotonic()))
                 if pool is not None:
                     pool.start(watch.launches)
-                await _conduct(mqtt, watch, problem, began)
+                await _conduct(mqtt, watch, problem, view.machine() if view else watch, began)
                 write_membership(out / "membership.json", conductor.membership)
                 if tap is not None:  # the sealed telemetry validates the audit's truth
                     tap.telemetry += [r.models for r in conductor.results]
+                    tap.link_keys = conductor.link_keys  # to open the sealed frames
             # The run is complete. Under compose the first agent to leave stops every
             # container: a SIGTERM from here on must not cut the outputs short.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -384,7 +414,10 @@ async def _drive(
                 publish(mqtt, conductor.bye())
             # Off the loop, which keeps answering the broker's keepalives meanwhile: the
             # audit replays the whole run for its ground truth.
-            code = await asyncio.to_thread(_outputs, out, problem, curves, extra, tap, neighbour)
+            accounts = view.account if view is not None else None  # its twin runs, if done
+            code = await asyncio.to_thread(
+                _outputs, out, problem, curves, extra, tap, neighbour, accounts
+            )
             if not ours:
                 publish(mqtt, conductor.bye())
         except BaseException as exc:  # Ctrl-C included: tell the agents before tearing down
@@ -394,9 +427,12 @@ async def _drive(
     return code
 
 
-async def _conduct(mqtt: Connection, watch: Watch, problem: Problem, began: float) -> None:
-    """Pump until every session is done; RunFailed when the conductor fails. `began`: when
-    the run began (perf_counter), which the set-up times on the console count from."""
+async def _conduct(
+    mqtt: Connection, watch: Watch, problem: Problem, machine: Machine, began: float
+) -> None:
+    """Pump `machine` (the watch, or a view's lookout on it) until every session is done;
+    RunFailed when the conductor fails. `began`: when the run began (perf_counter), which
+    the set-up times on the console count from."""
     conductor = watch.conductor
     with progress_bar() as bar:
         show = _Show(bar, problem, watch)
@@ -413,7 +449,7 @@ async def _conduct(mqtt: Connection, watch: Watch, problem: Problem, began: floa
             show.update()
 
         try:
-            await pump(mqtt, watch, until, on_output, every=POLL)
+            await pump(mqtt, machine, until, on_output, every=POLL)
         except RunFailed as exc:
             publish(mqtt, conductor.abort(str(exc)))
             raise
@@ -536,12 +572,13 @@ def _outputs(
     extra: dict[str, Any],
     tap: WireTap | None,
     neighbour: int | None = None,
+    account_of: Callable[..., Any] | None = None,
 ) -> int:
-    """Write the run's outputs (privacy accounted with `neighbour`), and audit its wire when
-    it was tapped; the exit code."""
+    """Write the run's outputs (privacy accounted with `neighbour`, by `account_of` where
+    given), and audit its wire when it was tapped; the exit code."""
     if tap is not None:
         tap.save(out, problem.config)
-    code = finish(out, problem.config, problem, curves, "net", extra, neighbour)
+    code = finish(out, problem.config, problem, curves, "net", extra, neighbour, account_of)
     if tap is None:
         return code
     from orchestrator.audit import show_audit

@@ -43,6 +43,7 @@ class ExperimentConfig:
     problem: str = "regression"  # or "classification" (logistic regression on `dataset`)
     dataset: str = "adult"
     feature_noise: float = 0.5  # classification: agent p's feature noise std ~ U[0, this]
+    seal_links: bool = True  # peer frames sealed end to end (False: the paper's visible wire)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -69,6 +70,10 @@ class ExperimentConfig:
             ),
             (bool(self.strategies), "choose at least one strategy"),
             (bool(self.schemes), "choose at least one scheme"),
+            (
+                type(self.seal_links) is bool,
+                f"seal_links must be true or false, got {self.seal_links!r}",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -134,7 +139,7 @@ def _memory() -> int | None:
 
 
 # The plain type each setting takes (None, where a field allows it, means "not given").
-_TYPES = {"int": int, "float": float, "str": str, "dict[str, Any]": dict}
+_TYPES = {"int": int, "float": float, "str": str, "bool": bool, "dict[str, Any]": dict}
 
 
 def _typed(key: str, value: Any) -> Any:
@@ -156,9 +161,9 @@ def _typed(key: str, value: Any) -> Any:
     want = _TYPES[str(_FIELD_TYPES[key]).removesuffix(" | None")]
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if not isinstance(value, want) or isinstance(value, bool):
-        article = {int: "an integer", float: "a number", str: "text", dict: "a table"}[want]
-        raise ConfigError(f"{key} = {value!r}: give {article}")
+    if not isinstance(value, want) or (isinstance(value, bool) and want is not bool):
+        article = {int: "an integer", float: "a number", str: "text", dict: "a table"}
+        raise ConfigError(f"{key} = {value!r}: give {article.get(want, 'true or false')}")
     return value
 
 

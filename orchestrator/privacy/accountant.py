@@ -28,7 +28,7 @@ to a hub and cancel the masks (the hub sums are in the clear), so its epsilon is
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,12 +121,19 @@ def account(
     return Account(delta, epsilon, network, paper, float(slope), ours.models, theirs.models)
 
 
-def attach(curve: Curve, problem: Problem, neighbour: int) -> list[Account]:
+Accounting = Callable[[Problem, Strategy, Scheme, int, int], Account]
+
+
+def attach(
+    curve: Curve, problem: Problem, neighbour: int, account_of: Accounting | None = None
+) -> list[Account]:
     """Account every repeat of `curve` and add the result to it: per-round series for
-    metrics.csv and a `privacy` record for summary.json."""
+    metrics.csv and a `privacy` record for summary.json. `account_of`: where the accounts
+    come from (default `account`; the live view's, which ran them while the network did)."""
     strategy, scheme = Strategy(curve.strategy), Scheme(curve.scheme)
     accounts = [
-        account(problem, strategy, scheme, neighbour, r) for r in range(problem.config.repeats)
+        (account_of or account)(problem, strategy, scheme, neighbour, r)
+        for r in range(problem.config.repeats)
     ]
     curve.series["delta"] = np.stack([a.delta for a in accounts])
     curve.series["epsilon_network"] = np.stack([a.epsilon_network for a in accounts])
