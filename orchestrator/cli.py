@@ -745,7 +745,14 @@ def configure(argv: list[str] | None = None) -> tuple[argparse.Namespace, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    console.quiet = args.quiet
+    quiet, console.quiet = console.quiet, console.quiet or args.quiet  # nested: as the outer
+    try:
+        return _main(args)
+    finally:
+        console.quiet = quiet
+
+
+def _main(args: argparse.Namespace) -> int:
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     # `docker stop` and friends send SIGTERM: clean up as for Ctrl-C.

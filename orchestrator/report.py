@@ -134,19 +134,19 @@ def steady_state_db(msd: np.ndarray, tail: float = 0.2) -> float:
 
 
 def diverged(curve: Curve, tail: float = 0.2) -> bool:
-    """Whether the recursion ran away (a step size mu too large): MSD not finite, or its
-    last `tail` of rounds above its first round and DIVERGED_GROWTH times the window
-    before: a stable run's noise floor is flat, an unstable one grows geometrically."""
+    """Whether the recursion ran away (a step size mu too large): MSD overflowed, or its
+    last `tail` of rounds is above its first round and DIVERGED_GROWTH times the window
+    before: a stable run's noise floor is flat, an unstable one grows geometrically.
+    Rounds nobody reported (NaN: a lost agent, a resumed run) are left out, not counted."""
     for msd in (curve.msd_centroid, curve.msd_avg):
-        with np.errstate(all="ignore"):
-            mean = msd.mean(axis=0)
-        if not np.all(np.isfinite(mean)):
+        if np.isinf(msd).any():
             return True
-        count = max(1, round(tail * len(mean)))
-        if len(mean) < 2 * count:
+        reported = msd[:, ~np.isnan(msd).any(axis=0)].mean(axis=0)
+        count = max(1, round(tail * len(reported)))
+        if len(reported) < 2 * count:
             continue
-        last, before = mean[-count:].mean(), mean[-2 * count : -count].mean()
-        if last > DIVERGED_GROWTH * before and last > mean[0]:
+        last, before = reported[-count:].mean(), reported[-2 * count : -count].mean()
+        if last > DIVERGED_GROWTH * before and last > reported[0]:
             return True
     return False
 

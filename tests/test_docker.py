@@ -223,7 +223,7 @@ def test_compose_run_completes(compose_run: ComposeRun) -> None:
     assert compose_run.agent_exit_codes == [0] * AGENTS, "every agent container exits 0 on Bye"
     # The operator sees the results in `up`'s own output: they are written before Bye, and
     # the first agent to leave ends compose's log stream.
-    assert "wrote /app/runs/compose/summary.json" in compose_run.log, tail
+    assert "wrote /app/runs/compose/: summary.json" in compose_run.log, tail
 
 
 def test_compose_broker_refuses_anonymous_clients(compose_run: ComposeRun) -> None:

@@ -334,6 +334,9 @@ def test_a_diverged_curve_is_called_so() -> None:
     assert diverged(Curve("atc", "none", grows, grows, 1.0))
     assert diverged(Curve("atc", "none", flat, np.full((1, 30), np.inf), 1.0))
     assert not diverged(Curve("atc", "none", flat, noisy, 1.0))
+    unreported = flat.copy()
+    unreported[0, 10:20] = np.nan  # rounds nobody reported (a lost agent, a resumed run)
+    assert not diverged(Curve("atc", "none", unreported, unreported, 1.0))
     record = result_record(Curve("atc", "none", grows, grows, 1.0), {})
     assert record["diverged"] and [list(c.cells) for c in results_table([record]).columns][2:4] == [
         ["diverged"],

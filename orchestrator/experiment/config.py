@@ -159,11 +159,13 @@ def _typed(key: str, value: Any) -> Any:
             choices = ", ".join(str(r) for r in Rekey)
             raise ConfigError(f"rekey = {value!r}: choose {choices}") from None
     want = _TYPES[str(_FIELD_TYPES[key]).removesuffix(" | None")]
+    if want is bool:  # ExperimentConfig checks it, saying so
+        return value
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if not isinstance(value, want) or (isinstance(value, bool) and want is not bool):
-        article = {int: "an integer", float: "a number", str: "text", dict: "a table"}
-        raise ConfigError(f"{key} = {value!r}: give {article.get(want, 'true or false')}")
+    if not isinstance(value, want) or isinstance(value, bool):
+        article = {int: "an integer", float: "a number", str: "text", dict: "a table"}[want]
+        raise ConfigError(f"{key} = {value!r}: give {article}")
     return value
 
 
