@@ -415,6 +415,8 @@ class Connection:
             with contextlib.suppress(BaseException):
                 await attempt
             await self._close()
+            if isinstance(exc, gmqtt.mqtt.handler.MQTTConnectError):  # a broker, saying no
+                raise MqttError(f"the broker at {self.broker} refused us: {exc}") from None
             raise CouldNotConnect(
                 f"could not connect to the broker at {self.broker}: {exc}"
             ) from None

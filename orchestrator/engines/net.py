@@ -281,7 +281,8 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
             if broker.kind == "external"
             else ""
         )
-        console.print(f"[red]run failed:[/red] the broker at {broker.address}: {exc}{hint}")
+        said = exc if isinstance(exc, MqttError) else f"the broker at {broker.address}: {exc}"
+        console.print(f"[red]run failed:[/red] {said}{hint}")  # ours name the broker
         return 1
     finally:
         if pool is not None:
