@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import json
 import logging
 import secrets
@@ -223,12 +225,25 @@ def _replay(path: Path) -> Callable[..., list[Curve]]:
     return runner
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM (`signum`), raised where Python was when it came."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise Interrupted(signum)
+
+
 def run(args: argparse.Namespace, config: ExperimentConfig) -> int:
     from agent.mqtt import run as run_loop
     from orchestrator.engines.net import run_network
 
     out = args.resume if args.resume is not None else out_dir(args, config, "run", private=True)
-    return run_loop(run_network(config, args, out))
+    # Built before the event loop, where a stop signal ends it at once: nothing has started.
+    return run_loop(run_network(Problem.build(config), args, out))
 
 
 def _run_config(args: argparse.Namespace) -> ExperimentConfig:
@@ -755,13 +770,21 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: argparse.Namespace) -> int:
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    # `docker stop` and friends send SIGTERM: clean up as for Ctrl-C.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # `docker stop` and friends send SIGTERM: clean up as for Ctrl-C. SIGINT too when the
+    # shell started us with it ignored (`privnet run &` in a script). `privnet run` takes
+    # both on its event loop while the run goes on (`orchestrator.engines.net.Stop`).
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _interrupt)
+    # The interpreter's last collections walk every object a command loaded (0.9 s of a
+    # stopped run's exit with matplotlib, scipy and networkx, on 2 cores): the process is
+    # ending and its memory goes with it, so they are skipped.
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
     try:
         return int(args.func(args, args.configure(args)))
-    except KeyboardInterrupt:
+    except Interrupted as exc:
         console.print("[yellow]interrupted; everything started was stopped[/yellow]")
-        return 130
+        return 128 + exc.signum
     except Exception as exc:  # the one place a user's mistake becomes one line
         message = user_error(exc)
         if message is None:

@@ -16,11 +16,12 @@ import json
 import os
 import secrets
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiomqtt
 import numpy as np
@@ -51,7 +52,6 @@ from orchestrator.engines.docker import DockerAgents, DockerBroker, nic_window
 from orchestrator.engines.launch import Launcher, LocalLauncher
 from orchestrator.engines.memory import RunFailed
 from orchestrator.engines.watch import POLL, Watch, write_membership
-from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem, msd
 from orchestrator.experiment.specs import session_list, session_plans
 from orchestrator.faults import parse_faults
@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from orchestrator.audit import WireTap
     from orchestrator.view.live import LiveView
 
+T = TypeVar("T")
 DEFAULT_DEADLINE = 30.0  # s of silence before an agent is left out (--deadline)
 DEADLINE_PER_AGENT = 0.12  # s: a 1000-agent network on 2 cores needs 120 s (keying, heartbeats)
 
@@ -194,17 +195,88 @@ def prepare(
     return run_secrets
 
 
-async def run_network(config: ExperimentConfig, args: argparse.Namespace, out: Path) -> int:
-    previous = signal.getsignal(signal.SIGTERM)
+class Stop:
+    """SIGINT and SIGTERM while a run goes on, taken on its event loop (between callbacks,
+    never raised inside one: a protocol's read callback, say): the first cancels the run's
+    task, whose teardown tells the agents (Abort) and stops what the run started. Once the
+    run is complete (`finishing`) a signal lets its outputs be written first (under compose
+    the first agent to leave stops every container, the orchestrator's included). Also when
+    the shell started us with SIGINT ignored (`privnet run &` in a script)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.signum: int | None = None  # the first signal received
+        self.finishing = False
+        self._previous = {s: signal.getsignal(s) for s in self.SIGNALS}
+        loop = asyncio.get_running_loop()
+        for s in self.SIGNALS:
+            loop.add_signal_handler(s, self._received, s)
+
+    def _received(self, signum: int) -> None:
+        if self.signum is not None:
+            return
+        self.signum = signum
+        name = signal.Signals(signum).name
+        if self.finishing:
+            console.print(f"[yellow]{name}: the run is complete; its outputs go first[/yellow]")
+        else:
+            self.task.cancel(name)
+
+    @property
+    def stopping(self) -> bool:
+        """A signal stops the run (it came before the run was complete)."""
+        return self.signum is not None and not self.finishing
+
+    def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        for s, previous in self._previous.items():
+            loop.remove_signal_handler(s)
+            if previous is not None:  # else not installed from Python: the loop's default
+                signal.signal(s, previous)
+
+
+STOP_GRACE = 0.3  # s for agents told Abort to leave by themselves, after a stop signal
+
+
+async def run_network(problem: Problem, args: argparse.Namespace, out: Path) -> int:
+    """`privnet run`; its exit code (128 + the signal when SIGINT or SIGTERM stopped it)."""
+    task = asyncio.current_task()
+    assert task is not None
+    stop = Stop(task)
     try:
-        return await _run_network(config, args, out)
+        return await _run_network(problem, args, out, stop)
+    except asyncio.CancelledError:
+        if not stop.stopping:
+            raise
+        assert stop.signum is not None
+        name = signal.Signals(stop.signum).name
+        console.print(
+            f"[yellow]interrupted ({name}); everything started was stopped. {out}/metrics.csv "
+            f"holds every round completed; `privnet run --resume {out}` goes on[/yellow]"
+        )
+        return 128 + stop.signum
     finally:
-        signal.signal(signal.SIGTERM, previous)  # _drive ignores SIGTERM once the run is done
+        stop.close()
 
 
-async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: Path) -> int:
+async def _settled(job: asyncio.Future[T], hurry: Callable[[], None]) -> T:
+    """A job in a thread. If the run is stopped meanwhile, `hurry` it to its end and wait
+    for that (it may start what the teardown must then stop), then stop. What `hurry` or the
+    job raise then is the teardown's to meet again."""
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            hurry()
+        await asyncio.wait([job])
+        raise
+
+
+async def _run_network(problem: Problem, args: argparse.Namespace, out: Path, stop: Stop) -> int:
     began = time.perf_counter()
-    problem = Problem.build(config)
+    config = problem.config
     resume: Resume | None = None
     done: list[SessionResult] = []
     if args.resume is not None:
@@ -261,7 +333,7 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
         watch = Watch(conductor, pool, broker, launches, problem, out, faults, restart)
         view = await _view(args, watch, problem, out, tap, neighbour)
         try:
-            code = await _drive(problem, broker, watch, out, began, tap, neighbour, view)
+            code = await _drive(problem, broker, watch, out, began, stop, tap, neighbour, view)
             return code
         finally:
             if view is not None:
@@ -286,22 +358,22 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
         return 1
     finally:
         if pool is not None:
-            pool.stop()
+            pool.stop(STOP_GRACE if stop.stopping else None)
         broker.stop()
         if code != 0 and resume is None:  # nothing to resume from: no journal
             journal.discard_if_empty(out)
 
 
 async def _start(broker: Broker | DockerBroker) -> None:
-    """Start the broker (an external one: check it answers) while matplotlib loads."""
+    """Start the broker (an external one: check it answers). matplotlib loads meanwhile
+    (and the agents' zygote imports), in a thread that nothing waits for: the event loop
+    stays free to hear a stop."""
+    threading.Thread(target=load_plotting, name="load-plotting", daemon=True).start()
     starting = asyncio.get_running_loop().run_in_executor(None, broker.start)
     try:
-        load_plotting()  # while the broker starts (and the agents' zygote imports)
-    finally:
-        try:
-            await starting
-        except ConnectionError as exc:  # an external broker not there: the user's address
-            raise ConfigError(str(exc)) from None
+        await _settled(starting, broker.stop)
+    except ConnectionError as exc:  # an external broker not there: the user's address
+        raise ConfigError(str(exc)) from None
 
 
 async def _view(
@@ -344,6 +416,7 @@ async def _drive(
     watch: Watch,
     out: Path,
     began: float,
+    stop: Stop,
     tap: WireTap | None = None,
     neighbour: int | None = None,
     view: LiveView | None = None,
@@ -377,16 +450,16 @@ async def _drive(
                 for topic in conductor.subscriptions:
                     await mqtt.subscribe(topic, qos=QOS)
                 publish(mqtt, conductor.start(time.monotonic()))
+                if isinstance(pool, LocalLauncher):
+                    await pool.zygote.started()  # its imports: spawns are quick from then on
                 if pool is not None:
                     pool.start(watch.launches)
                 await _conduct(mqtt, watch, problem, view.machine() if view else watch, began)
+                stop.finishing = True  # complete: a signal from here on waits for the outputs
                 write_membership(out / "membership.json", conductor.membership)
                 if tap is not None:  # the sealed telemetry validates the audit's truth
                     tap.telemetry += [r.models for r in conductor.results]
                     tap.link_keys = conductor.link_keys  # to open the sealed frames
-            # The run is complete. Under compose the first agent to leave stops every
-            # container: a SIGTERM from here on must not cut the outputs short.
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             curves = memory.results_curves(problem, conductor.results)
             save_models(out / "models.npz", conductor.results)
             extra: dict[str, Any] = {
@@ -421,9 +494,10 @@ async def _drive(
             )
             if not ours:
                 publish(mqtt, conductor.bye())
-        except BaseException as exc:  # Ctrl-C included: tell the agents before tearing down
+        except BaseException as exc:  # a stop signal included: tell the agents first
+            why = str(exc) if isinstance(exc, asyncio.CancelledError) else type(exc).__name__
             with contextlib.suppress(MqttError):
-                publish(mqtt, conductor.abort(f"orchestrator stopped: {type(exc).__name__}"))
+                publish(mqtt, conductor.abort(f"orchestrator stopped: {why}"))
             raise
     return code
 
@@ -512,6 +586,7 @@ class _Show:
         self.t0 = time.perf_counter()  # when the session under way started its rounds
         self.began: float | None = None  # ... or began being set up, while it is
         self.setup: dict[str, float] = {}  # seconds of set-up, by line
+        self.first = 0  # rounds done when it started them (later than 0, when resumed)
         self.settled = len(watch.conductor.results)  # sessions done before (--resume)
 
     def event(self, event: Event) -> None:
@@ -521,7 +596,7 @@ class _Show:
         elif event.kind == "started" and self.began is not None:
             name, _ = _progress_line(event.detail)
             self.setup[name] = self.setup.get(name, 0.0) + now - self.began
-            self.began, self.t0 = None, now
+            self.began, self.t0, self.first = None, now, self.watch.conductor.rounds_done
 
     def update(self) -> None:
         self.settle()
@@ -531,19 +606,20 @@ class _Show:
             return
         name, repeat = _progress_line(plan.label)
         rounds = conductor.rounds_done
-        rate = 0.0 if self.began is not None else rounds / max(time.perf_counter() - self.t0, 1e-9)
+        rate = (rounds - self.first) / max(time.perf_counter() - self.t0, 1e-9)
+        rate = 0.0 if self.began is not None else rate
         cent = None
         if shown := self.watch.reported:  # the rows Watch streamed: complete, never redone
             cent = msd(conductor.models[shown - 1], self.problem.w_opt[repeat], self.problem.q)[0]
         self._show(name, repeat * c.iters + rounds, rate, cent)
 
     def settle(self) -> None:
-        """Every session done since: its line at all its rounds, its rate (rounds over Go
-        to the last Finished) and its last centroid MSD."""
+        """Every session done since: its line at all its rounds, its rate (the rounds it
+        ran, over Go to the last Finished) and its last centroid MSD."""
         results, c = self.watch.conductor.results, self.problem.config
         for result in results[self.settled :]:
             name, repeat = _progress_line(result.label)
-            rate = c.iters / result.wall if result.wall > 0 else 0.0
+            rate = result.counted / result.wall if result.wall > 0 else 0.0
             w_opt, q = self.problem.w_opt[repeat], self.problem.q
             self._show(name, (repeat + 1) * c.iters, rate, msd(result.models[-1], w_opt, q)[0])
         self.settled = len(results)
