@@ -241,6 +241,8 @@ def run(args: argparse.Namespace, config: ExperimentConfig) -> int:
     from agent.mqtt import run as run_loop
     from orchestrator.engines.net import run_network
 
+    if args.view:
+        check_view_host(args.view_host)  # a warning: once every check has passed
     out = args.resume if args.resume is not None else out_dir(args, config, "run", private=True)
     # Built before the event loop, where a stop signal ends it at once: nothing has started.
     return run_loop(run_network(Problem.build(config), args, out))
@@ -313,8 +315,8 @@ def _check_view(args: argparse.Namespace) -> None:
         if any(given.values()):
             flags = ", ".join(flag for flag, on in given.items() if on)
             raise ConfigError(f"{flags} without --view: add --view to watch the run")
-        return
-    check_view_host(args.view_host)
+    elif not args.view_host.strip():
+        raise ConfigError("--view-host '': give the address the page listens on, e.g. 127.0.0.1")
 
 
 def prepare(args: argparse.Namespace, _: None) -> int:
@@ -469,7 +471,9 @@ def view(args: argparse.Namespace, _: None) -> int:
 
 
 def _view_config(args: argparse.Namespace) -> None:
-    """Nothing to check before: the page reads the run directory, and says what it lacks."""
+    """The page reads the run directory itself, and says what it lacks."""
+    if not args.view_host.strip():
+        raise ConfigError("--host '': give the address the page listens on, e.g. 127.0.0.1")
 
 
 def _view_flags(parser: argparse.ArgumentParser, prefix: str) -> None:
