@@ -721,9 +721,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--iters",
         type=integer(1),
-        default=1000,
-        help="the run's rounds, which the key set-up is amortized over (a round costs the "
-        "same from first to last: the meter plays at most 10)",
+        default=100,
+        help="the run's rounds: played, and the key set-up amortized over them",
     )
     p.add_argument("--strategy", choices=[str(s) for s in Strategy], default="atc")
     p.add_argument("--topologies", default="ring,geometric,complete")

@@ -7,14 +7,16 @@ telemetry 1: agent.topics.mqtt_publish_size). Nothing is estimated from formulas
 numbers match a `privnet run` of the same config (tests check this).
 
 What privacy costs is a peer-plane figure, as `privnet run`'s table names it too:
-- models B/rd: the model frames of a round, in steady state;
+- models B/rd: the model frames of a round, on average over the run;
 - keys B/rd: the key shares of a round (re-key `every-round` only);
 - key set-up B: what keying costs once (local-ghp's key plans, and its shares with `once`);
 - amortized B/rd: models + keys per round + key set-up / T, over the T rounds asked for
   (`--iters`), which is what a run of T rounds publishes per round (`peer B/rd`).
 Control frames (Hello, Ready, Finished: the same for every scheme) and telemetry (sealed
-true models for the MSD, not part of learning) are counted apart. A round costs the same
-from the first to the last, so the meter plays min(T, MEASURED) rounds and amortizes over T.
+true models for the MSD, not part of learning) are counted apart. The meter plays all T
+rounds: a frame's clear head carries its round (and a key frame its count on the link),
+whose encoding grows past 127, so a round late in a run can cost a byte more per frame than
+an early one.
 
 The paper (Sec. IV-C) bounds the extra communication of agent p under local-ghp by
 |N_p| + sum_{k in N_p} |N_k| / 2 (neighbourhoods without the agent itself): one split
@@ -47,7 +49,6 @@ from orchestrator.experiment.specs import session_plans
 from orchestrator.report import narrow_table
 
 RUN = "run-00000000"  # as long as the names `privnet run` draws (net.new_run_name)
-MEASURED = 10  # rounds the meter plays at most: every round costs the same
 TOPOLOGIES = ("ring", "geometric", "complete")
 CATEGORIES = ("model", "keys", "telemetry", "control")
 
@@ -116,10 +117,8 @@ def paper_bound(A: np.ndarray) -> np.ndarray:
     return deg + (neighbours.astype(float) @ deg) / 2
 
 
-def row(
-    problem: Problem, strategy: Strategy, scheme: Scheme, measured: Measured, rounds: int
-) -> dict[str, Any]:
-    """One scheme on one graph, measured over the config's rounds, amortized over `rounds`."""
+def row(problem: Problem, strategy: Strategy, scheme: Scheme, measured: Measured) -> dict[str, Any]:
+    """One scheme on one graph, measured over its config's rounds."""
     c = problem.config
     step = STRATEGY_STEP[strategy]
     A = problem.matrices(strategy)[(0, 1, 2).index(step)]
@@ -136,13 +135,12 @@ def row(
         "scheme": str(scheme),
         "rekey": str(c.rekey) if local else "n/a",
         "agents": c.agents,
-        "rounds": rounds,  # what the figures are amortized over
-        "rounds_measured": c.iters,
+        "rounds": c.iters,  # what the figures are measured and amortized over
         "privacy": {  # peer-plane bytes, as the module says
             "models_per_round": models,
             "keys_per_round": keys,
             "key_setup": key_setup,
-            "amortized_per_round": models + keys + key_setup / rounds,
+            "amortized_per_round": models + keys + key_setup / c.iters,
         },
         "setup": setup,
         "per_round": per_round,
@@ -187,8 +185,8 @@ def overhead(
     wire: WireFigures | None = None,
 ) -> list[dict[str, Any]]:
     """Every scheme (local-ghp under both re-key policies) on every topology, over
-    `base.iters` rounds (min(that, MEASURED) of them played); with `wire`, each row also gets
-    what a real run of it carried: the agents' interfaces (NIC) and the broker ($SYS)."""
+    `base.iters` rounds; with `wire`, each row also gets what a real run of it carried: the
+    agents' interfaces (NIC) and the broker ($SYS)."""
     rows = []
     for topology in topologies:
         none: dict[str, Any] = {}
@@ -200,12 +198,11 @@ def overhead(
                 schemes=(scheme,),
                 rekey=rekey,
                 repeats=1,
-                iters=min(base.iters, MEASURED),
             )
             problem = Problem.build(config)
             started = time.perf_counter()
             measured = measure(problem, strategy, scheme)
-            result = row(problem, strategy, scheme, measured, base.iters)
+            result = row(problem, strategy, scheme, measured)
             result["wall_s"] = time.perf_counter() - started
             figures = {"amortized": result["privacy"]["amortized_per_round"]}
             real = (wire or {}).get((topology, str(scheme), str(rekey)), {})
@@ -230,7 +227,7 @@ def overhead(
 
 COST_CAPTION = (
     "Peer-plane MQTT PUBLISH bytes (models and key shares go at QoS 0). models, keys: per "
-    "round, steady state; key set-up: once per run; amortized: models + keys + key set-up / "
+    "round, over the run; key set-up: once per run; amortized: models + keys + key set-up / "
     "{rounds} rounds, which is `privnet run`'s peer B/rd for this config. x none: amortized "
     "over none's."
 )
@@ -329,14 +326,14 @@ def _ratio(value: float | None) -> str:
 
 def plot_overhead(rows: list[dict[str, Any]], path: Path) -> None:
     """Peer bytes per round against mean degree, one line per scheme (and re-key policy):
-    in steady state, and amortized over the run with the key set-up."""
+    a round's, and amortized over the run with the key set-up."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import NullFormatter
 
     fig = Figure(figsize=(10, 4.4), layout="constrained")
     axes = fig.subplots(1, 2, sharey=True)
     panels = (
-        ("steady_state", "(a) a round in steady state (models, every-round's keys)"),
+        ("per_round", "(a) a round (models, every-round's keys)"),
         ("amortized_per_round", f"(b) amortized over {rows[0]['rounds']} rounds (+ key set-up)"),
     )
     where = {r["mean_degree"]: r["topology"] for r in rows}  # a tick per topology
@@ -347,7 +344,7 @@ def plot_overhead(rows: list[dict[str, Any]], path: Path) -> None:
             cost = r["privacy"]
             value = (
                 cost["models_per_round"] + cost["keys_per_round"]
-                if field == "steady_state"
+                if field == "per_round"
                 else cost[field]
             )
             lines.setdefault(name, []).append((r["mean_degree"], value))
