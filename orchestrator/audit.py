@@ -28,7 +28,6 @@ import contextlib
 import itertools
 import json
 import math
-import os
 import shutil
 import subprocess
 import threading
@@ -39,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
@@ -55,6 +54,7 @@ from agent.losses import Loss
 from agent.messages import ORCHESTRATOR, KeyPlan, KeyShare, Message, Rejected
 from agent.mqtt import BrokerAddress
 from agent.node import Publish
+from agent.private import private_file, write_private
 from agent.spec import STRATEGY_STEP, AgentSpec, Scheme, StepPlan, Strategy
 from orchestrator.conductor import View
 from orchestrator.engines.memory import Network
@@ -64,6 +64,9 @@ from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 from orchestrator.experiment.specs import session_list, session_plans, view_matrix
 from orchestrator.report import table_console
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 WIRE_FILE = "wire.msgpack"
 TELEMETRY_FILE = "telemetry.npz"
@@ -168,7 +171,8 @@ class WireTap:
         save_recording(out, recording)
         # Any: numpy types **kwds as if a name could be its allow_pickle flag
         arrays: dict[str, Any] = {f"session_{s}": m for s, m in enumerate(self.telemetry)}
-        np.savez_compressed(out / TELEMETRY_FILE, **arrays)
+        with private_file(out / TELEMETRY_FILE) as fh:  # true models
+            np.savez_compressed(fh, **arrays)
 
 
 def save_recording(out: Path, rec: Recording) -> None:
@@ -179,7 +183,7 @@ def save_recording(out: Path, rec: Recording) -> None:
         "config": rec.config.to_dict(),
         "records": [[r.t, r.topic, r.payload] for r in rec.records],
     }
-    (out / WIRE_FILE).write_bytes(msgpack.packb(doc, use_bin_type=True))
+    write_private(out / WIRE_FILE, msgpack.packb(doc, use_bin_type=True))  # the seed
     if rec.link_keys:
         save_link_keys(out, rec.link_keys)
 
@@ -201,9 +205,7 @@ def load_recording(run_dir: Path) -> Recording:
 def save_link_keys(out: Path, escrowed: Escrowed) -> None:
     """The escrowed link keys, 0600 from creation: they open every frame of the run."""
     doc = [[s, v, a, b, key] for (s, v), links in escrowed.items() for (a, b), key in links.items()]
-    fd = os.open(out / LINK_KEYS_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(msgpack.packb(doc, use_bin_type=True))
+    write_private(out / LINK_KEYS_FILE, msgpack.packb(doc, use_bin_type=True))
 
 
 def load_link_keys(run_dir: Path) -> Escrowed:
@@ -1011,9 +1013,9 @@ def audit(
                 attack_session(problem, strategy, scheme, repeat, seen.models, truth.clear)
             )
         if noise.samples.size and b > 0:
-            plotted[f"{strategy}/{scheme} r{repeat}: p = {_fmt(result['noise']['p_value'])}"] = (
-                noise.samples / b
-            )
+            which = f"{strategy}/{scheme}" + (f", repeat {repeat}" if c.repeats > 1 else "")
+            p_value = _fmt(result["noise"]["p_value"])
+            plotted[f"{which}\nKS test against Laplace(0, b): p = {p_value}"] = noise.samples / b
     report = {
         "run": recording.run,
         "source": source,
@@ -1102,11 +1104,16 @@ def _fmt(value: float | None) -> str:
 
 
 def plot_noise(noise: dict[str, np.ndarray], path: Path) -> None:
-    """Histogram of (wire - true) / b per private session, against the Laplace(0, 1) density."""
+    noise_figure(noise).savefig(path, dpi=110)
+
+
+def noise_figure(noise: dict[str, np.ndarray]) -> Figure:
+    """Histogram of (wire - true) / b per private session, against the Laplace(0, 1) density:
+    what masking added to each model on the wire, in units of the noise scale b."""
     from matplotlib.figure import Figure
 
     panels = max(1, len(noise))
-    fig = Figure(figsize=(4 * panels, 3.4))
+    fig = Figure(figsize=(4 * panels, 3.6))
     axes = fig.subplots(1, panels, squeeze=False)[0]
     grid = np.linspace(-6, 6, 400)
     for ax, (name, samples) in zip(axes, noise.items(), strict=False):
@@ -1114,12 +1121,13 @@ def plot_noise(noise: dict[str, np.ndarray], path: Path) -> None:
         ax.stairs(density, edges, fill=True, alpha=0.6, label="wire - true")
         ax.plot(grid, 0.5 * np.exp(-np.abs(grid)), "k", lw=1.2, label="Laplace(0, 1)")
         ax.set_title(name, fontsize=9)
-        ax.set_xlabel("(wire - true) / b")
+        ax.set_xlabel("(model on the wire - true model) / b")
+        ax.set_ylabel("probability density")
         ax.legend(fontsize=7)
     if not noise:
         axes[0].text(0.5, 0.5, "no private scheme with noise in this run", ha="center")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    return fig
 
 
 def inspect(

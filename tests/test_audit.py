@@ -9,7 +9,11 @@ messages the live tap saw.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
+import os
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -18,20 +22,23 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import capture_tools, tcpdump
+from conftest import assert_private_run, capture_tools, tcpdump
+from rich.console import Console
 
 from agent import keys, topics, wire
 from agent.core import AgentCore, split_senders
 from agent.messages import KeyShare, Model, Rejected
 from agent.node import Phase, Publish
-from agent.spec import STRATEGY_STEP, AgentSpec, Scheme, Strategy
+from agent.spec import STRATEGY_STEP, AgentSpec, Rekey, Scheme, Strategy
 from broker.launcher import launch
 from orchestrator import audit, overhead
 from orchestrator.cli import main
+from orchestrator.engines import memory
 from orchestrator.engines.memory import Network, RunFailed
 from orchestrator.experiment import specs
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
+from orchestrator.experiment.specs import session_plans
 
 SEED = 3
 SIGMA_G = 0.1
@@ -185,7 +192,11 @@ def test_inspect_cli_writes_json_and_plot(tmp_path: Path) -> None:
         (str(st), str(sc)) for st, sc, _ in specs.session_list(c)
     ]
     assert (tmp_path / "audit.png").stat().st_size > 0
-    assert main(["inspect", "--run", str(tmp_path / "missing")]) == 1
+    assert main(["inspect", "--run", str(tmp_path / "missing")]) == 2  # a user error
+    noise = audit.audit(recording, telemetry, "live MQTT tap", False, None).noise
+    for ax in audit.noise_figure(noise).axes:  # what audit.png shows, each axis named
+        assert ax.get_ylabel() == "probability density" and "true model" in ax.get_xlabel()
+        assert " r0" not in ax.get_title() and "KS test against Laplace" in ax.get_title()
 
 
 # ---- attackers --------------------------------------------------------------------------------
@@ -328,6 +339,56 @@ def test_overhead_on_a_ring_meets_the_paper_bound_exactly(tmp_path: Path) -> Non
     assert (tmp_path / "overhead.png").stat().st_size > 0
 
 
+def test_overhead_amortizes_over_the_run_length_asked_for() -> None:
+    """Amortized over T: exactly the peer bytes per round that a run of T rounds publishes
+    (the memory engine's count here; a network's equals it, see
+    test_pcap_shows_what_the_live_tap_saw), also past round 127, where a frame's round (and
+    a key frame's count on its link) takes one more byte in its head."""
+    rounds = 140
+    rows = overhead.overhead(config(agents=6, iters=rounds), topologies=("ring",))
+    by = {(r["scheme"], r["rekey"]): r for r in rows}
+    assert {r["rounds"] for r in rows} == {rounds}
+    for rekey in Rekey:
+        c = config(agents=6, iters=rounds, topology="ring", rekey=rekey)
+        problem = Problem.build(c)
+        played = Network.build(session_plans(problem, specs.session_list(c)), run=overhead.RUN)
+        for curve in memory.results_curves(problem, played.play()):
+            key = (curve.scheme, str(rekey) if curve.scheme == "local-ghp" else "n/a")
+            cost = by[key]["privacy"]
+            assert cost["amortized_per_round"] == pytest.approx(
+                curve.extra["peer_bytes_per_round"], rel=1e-12
+            ), key
+    once, every = by[("local-ghp", "once")]["privacy"], by[("local-ghp", "every-round")]["privacy"]
+    assert once["keys_per_round"] == 0 < once["key_setup"] and every["keys_per_round"] > 0
+    assert by[("none", "n/a")]["ratio_to_none"]["amortized"] == 1.0
+
+
+def test_overhead_tables_fit_80_columns(tmp_path: Path) -> None:
+    """Never cut: at 80 columns with the numbers of a network 1000 times larger, and in a
+    pipe; the QoS said is the models' (0)."""
+    rows = overhead.overhead(config(agents=6, iters=20), topologies=("ring", "complete"))
+    for r in rows:
+        r["privacy"] = {k: 1000 * v for k, v in r["privacy"].items()}
+        r["dh_agreements_setup"] *= 1000
+        r["dh_agreements_per_round"] *= 1000
+    text = ""
+    for table in overhead.overhead_tables(rows):
+        console = Console(width=80, record=True, file=io.StringIO())
+        console.print(table)
+        text += console.export_text()
+    assert max(map(len, text.splitlines())) <= 80 and "…" not in text
+    assert "QoS 1" not in text and "key shares go at QoS 0" in text
+    assert "agents" in text and "over it" in text  # key messages against the paper's bound
+    piped = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "overhead", "--agents", "6", "--iters",
+         "20", "--topologies", "ring,complete", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "80"},
+    )  # fmt: skip
+    assert piped.returncode == 0, piped.stderr[-2000:]
+    assert max(map(len, piped.stdout.splitlines())) <= 80 and "…" not in piped.stdout
+    assert piped.stdout.count("What privacy costs") == 2
+
+
 # ---- a real capture ---------------------------------------------------------------------------
 
 
@@ -346,6 +407,7 @@ def test_pcap_shows_what_the_live_tap_saw(tmp_path: Path) -> None:
             ]
         )  # fmt: skip
     assert code == 0
+    assert_private_run(out)  # the recording and the sealed telemetry it opened: 0600
     live = json.loads((out / "audit.json").read_text())
     assert main(["inspect", "--run", str(out), "--pcap", str(pcap)]) == 0
     captured = json.loads((out / "audit-pcap.json").read_text())
