@@ -42,7 +42,7 @@ import paho.mqtt.client as mqtt
 from rich.table import Table
 from scipy import stats
 
-from agent import control, topics, wire
+from agent import control, rng, topics, wire
 from agent.access import ClientAccess
 from agent.core import AgentCore, split_senders
 from agent.losses import Loss
@@ -242,7 +242,9 @@ def read_pcap(path: Path, port: int) -> list[WireRecord]:
 
 class _Witness(AgentCore):
     """An AgentCore that notes the clear value behind every model it is about to send
-    (in `clear` by (sender, round, step), and in `views` by (view, sender, round, step));
+    (in `clear` by (sender, round, step), and in `views` by (view, sender, round, step)),
+    and the scheme's release to each target before any mask (in `released` by (view,
+    sender, receiver, round, step));
     given `losses`, agent p runs losses[p] instead of the one its Config describes; given
     `cores`, it leaves itself there under (view, agent), so a replay can run it on."""
 
@@ -254,10 +256,11 @@ class _Witness(AgentCore):
         clear: dict[tuple[int, int, int], np.ndarray],
         losses: Sequence[Loss] | None = None,
         views: dict[tuple[int, int, int, int], np.ndarray] | None = None,
+        released: dict[tuple[int, int, int, int, int], np.ndarray] | None = None,
         cores: dict[tuple[int, int], _Witness] | None = None,
     ) -> None:
         super().__init__(spec, loss if losses is None else losses[spec.agent], *args)
-        self.clear, self.views = clear, views
+        self.clear, self.views, self.released = clear, views, released
         if cores is not None:
             cores[(spec.view, spec.agent)] = self
 
@@ -268,18 +271,27 @@ class _Witness(AgentCore):
             self.views[(self.spec.view, self.me, self.round, plan.step)] = value
         return super()._send(plan)
 
+    def _release(self, plan: StepPlan) -> dict[int, np.ndarray]:
+        out = super()._release(plan)
+        if self.released is not None:
+            for k, vector in out.items():
+                self.released[(self.spec.view, self.me, k, self.round, plan.step)] = vector
+        return out
+
 
 @dataclass
 class Replay:
     """A memory-engine run: clear values (sender, round, step), the true models and the
     model messages on its wire, as an eavesdropper decodes them; `views` holds the clear
     values by (view, sender, round, step), those of rounds a later view redid included
-    (`clear` keeps the ones that stand)."""
+    (`clear` keeps the ones that stand), and `released` the scheme's release to each target
+    before any mask by (view, sender, receiver, round, step)."""
 
     clear: dict[tuple[int, int, int], np.ndarray]
     models: np.ndarray  # (iters, P, M)
     wire: SessionWire
     views: dict[tuple[int, int, int, int], np.ndarray] = field(default_factory=dict)
+    released: dict[tuple[int, int, int, int, int], np.ndarray] = field(default_factory=dict)
 
 
 def replay(
@@ -305,6 +317,7 @@ def replay(
     frame of it has its clear value in `Replay.views`."""
     clear: dict[tuple[int, int, int], np.ndarray] = {}
     by_view: dict[tuple[int, int, int, int], np.ndarray] = {}
+    released: dict[tuple[int, int, int, int, int], np.ndarray] = {}
     cores: dict[tuple[int, int], _Witness] = {}
     (plan,) = session_plans(problem, [(strategy, scheme, repeat)])
     if noise_key is not None:
@@ -315,7 +328,9 @@ def replay(
         if topics.parse_peer_topic(frame.topic) is not None:
             _add(seen, frame.payload, problem.config.dim)
 
-    witness = partial(_Witness, clear=clear, losses=losses, views=by_view, cores=cores)
+    witness = partial(
+        _Witness, clear=clear, losses=losses, views=by_view, released=released, cores=cores
+    )
     script = None if views is None else [replace(v, session=0) for v in views]
     network = Network.build([plan], core=witness, tap=tap, script=script)
     models = network.play()[0].models
@@ -324,7 +339,7 @@ def replay(
         last = (reach or {}).get(view.view, 0)
         if members and last > min(core.until for core in members.values()):
             _run_on(members, last)
-    return Replay(clear, models, seen, by_view)
+    return Replay(clear, models, seen, by_view, released)
 
 
 def _run_on(cores: Mapping[int, _Witness], until: int) -> None:
@@ -519,7 +534,7 @@ def audit_session(
             link.strengths.append(gap / size)
     strengths = [x for link in links.values() for x in link.strengths]
     expected = {part.view.view: (part.end - part.view.start + 1) * _links(part.A) for part in parts}
-    cancel = [_cancellation(part, seen, truth, step) for part in parts]
+    cancel = [_cancellation(part, seen, truth, step, c.sigma_g) for part in parts]
     learns = [_hub_learns(scheme, part.A) for part in parts]
     result: dict[str, Any] = {
         "strategy": str(strategy),
@@ -553,7 +568,7 @@ def audit_session(
             for (s, r), link in sorted(links.items())
         ],
     }
-    if scheme is Scheme.LOCAL_GHP:
+    if scheme.masked:
         result["max_cancellation_residual"] = _merge(checked for checked, _ in cancel)
     if views is None:
         return result, noise
@@ -572,7 +587,7 @@ def audit_session(
             ),
             "key_messages": seen.view_keys[part.view.view],
             "plaintext_messages": plain[part.view.view],
-            "max_cancellation_residual": checked if scheme is Scheme.LOCAL_GHP else None,
+            "max_cancellation_residual": checked if scheme.masked else None,
             "hub_rounds_not_combined": not_combined,
             "fallback_hubs": one["fallback_hubs"],
         }
@@ -714,9 +729,10 @@ def noise_samples(
     scheme: Scheme, parts: Sequence[Part], seen: SessionWire, truth: Replay, sigma_g: float
 ) -> Noise:
     """random: every link's wire - true; ghp: one per sender and round (g_m is the same on
-    all links); local-ghp: (wire - true) * a_mk of N+ senders with a single partner, so each
-    pair's mask counts once. A redone round counts once more only under local-ghp: random
-    and ghp draw the same seeded noise again, local-ghp masks are fresh in every view."""
+    all links); masked schemes: (wire - release) * a_mk of N+ senders with a single partner,
+    so each pair's mask counts once, and for masked-ghp its release - true as ghp's. A
+    redone round counts once more only for the masks: random and ghp draw the same seeded
+    noise again, masks are fresh in every view."""
     samples: list[np.ndarray] = []
     noise = Noise(np.zeros(0))
     once: set[tuple[int, ...]] = set()
@@ -728,20 +744,21 @@ def noise_samples(
         true = truth.views.get((v, s, i, j))
         if true is None or scheme is Scheme.NONE or v not in seats:
             continue
-        diff = vector - true
+        release = truth.released[(v, s, r, i, j)] if scheme.masked else vector
         if scheme is not Scheme.LOCAL_GHP:
             draw = (s, r, i, j) if scheme is Scheme.RANDOM else (s, i)
             if draw not in once:
                 once.add(draw)
-                samples.append(diff)
+                samples.append(release - rng.snap(true, sigma_g))
+        if not scheme.masked:
             continue
         A, at = seats[v]
         seat = at[r].get(s)
         if seat is None:  # no link of this view's matrix: unmatched
             continue
-        scaled = diff * A[s, r]
+        scaled = (vector - release) * A[s, r]
         noise.power += float(scaled @ scaled)
-        noise.expected_power += len(seat.partners) * sigma_g**2 * diff.size
+        noise.expected_power += len(seat.partners) * sigma_g**2 * scaled.size
         if seat.side == 1 and len(seat.partners) == 1:
             samples.append(scaled)
     noise.samples = np.concatenate(samples) if samples else np.zeros(0)
@@ -753,6 +770,10 @@ _LAW = {
     Scheme.RANDOM: "Laplace(0, b) per coordinate, every directed link",
     Scheme.GHP: "Laplace(0, b) per coordinate, one g_m per sender and round",
     Scheme.LOCAL_GHP: "(wire - true) * a_mk ~ Laplace(0, b) for N+ senders with one partner",
+    Scheme.MASKED_GHP: (
+        "(wire - release) * a_mk ~ Laplace(0, b) for N+ senders with one partner, and "
+        "release - true ~ Laplace(0, b), one g_m per sender and round"
+    ),
 }
 
 
@@ -779,14 +800,15 @@ def _noise_report(scheme: Scheme, noise: Noise, sigma_g: float) -> dict[str, Any
 
 
 def _cancellation(
-    part: Part, seen: SessionWire, truth: Replay, step: int
+    part: Part, seen: SessionWire, truth: Replay, step: int, sigma_g: float
 ) -> tuple[dict[str, Any], int]:
     """Max over hubs and rounds of one view of |wire combination - true combination| /
-    |true combination|, with the view's matrix; and how many hub-rounds the next view
-    redid before they were complete (never combined, nothing to check).
+    |true combination|, with the view's matrix, each term on the lattice as the hub takes
+    it (rng.on_lattice: the masks cancel exactly, so this is 0); and how many hub-rounds
+    the next view redid before they were complete (never combined, nothing to check).
 
-    The hub's own term is not on the wire; it is its clear value (from the truth), except at
-    a fallback hub (one other neighbour), whose own term carries the pair's mask: there the
+    The hub's own term is not on the wire; it is its release (from the truth), except at a
+    fallback hub (one other neighbour), whose own term carries the pair's mask: there the
     cancellation happens inside the hub and is not observable on the wire.
     """
     A, v = part.A, part.view.view
@@ -799,9 +821,15 @@ def _cancellation(
             continue
         for i in range(part.view.start, part.last + 1):
             try:
-                own = A[hub, hub] * truth.views[(v, hub, i, step)]
-                on_wire = sum(A[m, hub] * seen.views[(v, m, hub, i, step)] for m in senders)
-                true = sum(A[m, hub] * truth.views[(v, m, i, step)] for m in senders)
+                own = rng.on_lattice(truth.released[(v, hub, hub, i, step)], A[hub, hub], sigma_g)
+                on_wire = sum(
+                    rng.on_lattice(seen.views[(v, m, hub, i, step)], A[m, hub], sigma_g)
+                    for m in senders
+                )
+                true = sum(
+                    rng.on_lattice(truth.released[(v, m, hub, i, step)], A[m, hub], sigma_g)
+                    for m in senders
+                )
             except KeyError:
                 if i <= part.end:
                     missing += 1
@@ -853,6 +881,11 @@ def _hub_learns(scheme: Scheme, A: np.ndarray) -> dict[str, Any]:
         Scheme.RANDOM: "each neighbour's model plus independent Laplace noise (per link)",
         Scheme.GHP: "each neighbour's model plus that neighbour's g_m (the same on all its links)",
         Scheme.LOCAL_GHP: "only its weighted aggregate sum_m a_mk w_m: single masks do not cancel",
+        Scheme.MASKED_GHP: (
+            "only its weighted aggregate of its neighbours' ghp releases, sum_m a_mk (w_m + g_m):"
+            " single masks do not cancel, and each w_m carries its own Laplace draw (a hub "
+            "with one other neighbour pairs with it and learns that neighbour's w_m + g_m)"
+        ),
     }[scheme]
     fallback = []
     if scheme is Scheme.LOCAL_GHP:

@@ -29,7 +29,7 @@ def _experiment_flags(parser: argparse.ArgumentParser) -> None:
         "--strategy", dest="strategies", help="consensus|cta|atc|all or a comma list"
     )
     parser.add_argument(
-        "--scheme", dest="schemes", help="none|random|ghp|local-ghp|all or a comma list"
+        "--scheme", dest="schemes", help="none|random|ghp|local-ghp|masked-ghp|all or a comma list"
     )
     parser.add_argument("--agents", type=int)
     parser.add_argument("--iters", type=int, help="rounds (iterations)")
@@ -161,7 +161,7 @@ def _replay(path: Path) -> Callable[..., list[Curve]]:
 
 
 def reproduce(args: argparse.Namespace) -> int:
-    """The paper's preset on the vectorized oracle: 20 repeats, 3 strategies, 4 schemes."""
+    """The paper's preset on the vectorized oracle: 20 repeats, 3 strategies, 5 schemes."""
     base = configuration.load("paper-regression")
     return simulate(args, base, engine="oracle")
 

@@ -5,9 +5,10 @@ included), and every frame an agent publishes is tapped and sized as an MQTT 3.1
 at QoS 1 (agent.topics.mqtt_publish_size). Nothing is estimated from formulas, so the
 numbers match a `privnet run` of the same config (tests check this).
 
-One-time setup: the agent's control frames (Hello, Ready, Finished) and local-ghp's key
-plans, plus its key shares with re-key `once`. Per round: models, telemetry (sealed true
-models, batched as the shell batches them) and, with `every-round`, that round's key shares.
+One-time setup: the agent's control frames (Hello, Ready, Finished) and the masked
+schemes' (local-ghp, masked-ghp) key plans, plus their key shares with re-key `once`.
+Per round: models, telemetry (sealed true models, batched as the shell batches them) and,
+with `every-round`, that round's key shares.
 
 The paper (Sec. IV-C) bounds the extra communication of agent p under local-ghp by
 |N_p| + sum_{k in N_p} |N_k| / 2 (neighbourhoods without the agent itself): one split
@@ -115,14 +116,14 @@ def row(problem: Problem, strategy: Strategy, scheme: Scheme, measured: Measured
     c = problem.config
     step = STRATEGY_STEP[strategy]
     A = problem.matrices(strategy)[(0, 1, 2).index(step)]
-    local = scheme is Scheme.LOCAL_GHP
+    masked = scheme.masked
     epochs = c.iters if c.rekey is Rekey.EVERY_ROUND else 1
     result: dict[str, Any] = {
         "topology": c.topology,
         "mean_degree": float(np.mean(degrees(A))),
         "strategy": str(strategy),
         "scheme": str(scheme),
-        "rekey": str(c.rekey) if local else "n/a",
+        "rekey": str(c.rekey) if masked else "n/a",
         "agents": c.agents,
         "rounds": c.iters,
         "setup": measured.setup.as_dict(),
@@ -133,7 +134,7 @@ def row(problem: Problem, strategy: Strategy, scheme: Scheme, measured: Measured
         if c.rekey is Rekey.EVERY_ROUND
         else 0.0,
     }
-    if local:
+    if masked:
         plans = np.count_nonzero(A, axis=1) - 1  # one plan per neighbour, sent once
         first_epoch = plans + (measured.originated - plans) / epochs
         bound = paper_bound(A)
@@ -155,9 +156,8 @@ NicFigures = dict[tuple[str, str, str], dict[str, Any]]
 
 
 def runs() -> list[tuple[Scheme, Rekey]]:
-    """The rows of a topology: every scheme, local-ghp under both re-key policies."""
-    plain = [s for s in Scheme if s is not Scheme.LOCAL_GHP]
-    return [(s, Rekey.ONCE) for s in plain] + [(Scheme.LOCAL_GHP, r) for r in Rekey]
+    """The rows of a topology: every scheme, the masked ones under both re-key policies."""
+    return [(s, r) for s in Scheme for r in (Rekey if s.masked else [Rekey.ONCE])]
 
 
 def overhead(
@@ -167,7 +167,7 @@ def overhead(
     progress: Callable[[str], None] | None = None,
     nic: NicFigures | None = None,
 ) -> list[dict[str, Any]]:
-    """Every scheme (local-ghp under both re-key policies) on every topology; with `nic`,
+    """Every scheme (the masked ones under both re-key policies) on every topology; with `nic`,
     each row also gets the bytes the agents' network interfaces sent per round."""
     rows = []
     for topology in topologies:

@@ -34,10 +34,11 @@ METRICS_HEADER = ("strategy", "scheme", "repeat", "iter", "msd_centroid", "msd_a
 DPI = 120
 UNIFORM_Q_RTOL = 1e-9  # q entries closer than this (relative) are drawn as uniform
 
-# The paper's Fig. 3: columns consensus, ATC, CTA; blue / yellow / red curves, plus local-ghp.
+# The paper's Fig. 3: columns consensus, ATC, CTA; blue / yellow / red curves, plus local-ghp
+# and masked-ghp.
 STRATEGY_ORDER = ("consensus", "atc", "cta")
 STRATEGY_TITLE = {"consensus": "Consensus", "atc": "ATC", "cta": "CTA"}
-SCHEME_ORDER = ("none", "random", "ghp", "local-ghp")
+SCHEME_ORDER = ("none", "random", "ghp", "local-ghp", "masked-ghp")
 SCHEME_STYLE: dict[str, dict[str, Any]] = {
     "none": {"label": "no privacy", "color": "tab:blue", "linestyle": "-", "linewidth": 1.6},
     "random": {"label": "random (Laplace)", "color": "orange", "linestyle": "-", "linewidth": 1.4},
@@ -46,6 +47,12 @@ SCHEME_STYLE: dict[str, dict[str, Any]] = {
         "label": "local graph-homomorphic",
         "color": "tab:green",
         "linestyle": (0, (5, 3)),
+        "linewidth": 1.8,
+    },
+    "masked-ghp": {
+        "label": "masked graph-homomorphic",
+        "color": "tab:purple",
+        "linestyle": (0, (1, 2)),
         "linewidth": 1.8,
     },
 }
