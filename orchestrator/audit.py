@@ -470,6 +470,11 @@ def session_views(
     return views or None
 
 
+def reach_of(records: Iterable[WireRecord], run: str, dim: int) -> dict[int, dict[int, int]]:
+    """Per session of a recorded wire, how far each view ran (`_reach`)."""
+    return {s: _reach(seen) for s, seen in enumerate(split_sessions(records, run, dim))}
+
+
 def _reach(seen: SessionWire) -> dict[int, int]:
     """view -> the last round of it a model on the wire belongs to."""
     reach: dict[int, int] = {}
@@ -899,23 +904,74 @@ def _hub_learns(scheme: Scheme, A: np.ndarray) -> dict[str, Any]:
 # ---- the whole run ------------------------------------------------------------------------
 
 
+def _adversary_rows(
+    problem: Problem,
+    session: tuple[Strategy, Scheme, int],
+    seen: SessionWire,
+    truth: Replay,
+    plan: AttackPlan,
+    views: Sequence[View] | None,
+    reach: Mapping[int, int] | None,
+) -> list[dict[str, Any]]:
+    """One session's rows of the adversary table: what each rebuilds, and its epsilon."""
+    from orchestrator.attack import adversaries, attack_session, insider_knowledge
+    from orchestrator.privacy.accountant import account, finite
+
+    strategy, scheme, repeat = session
+    accounted = account(
+        problem, strategy, scheme, plan.agent, repeat, views=views, reach=reach, ours=truth
+    )
+    released = {
+        slot: truth.released[(view, *slot)]
+        for slot, view in seen.latest.items()
+        if (view, *slot) in truth.released
+    }
+    rows = []
+    for adversary in adversaries(problem, plan.agent, plan.coalition):
+        known = insider_knowledge(problem, strategy, scheme, adversary, released)
+        row = attack_session(
+            problem,
+            strategy,
+            scheme,
+            repeat,
+            seen.models,
+            truth.clear,
+            adversary,
+            known,
+            plan.agent,
+        )
+        row["epsilon"] = finite(accounted.against(adversary)[-1])
+        rows.append(row)
+    return rows
+
+
 @dataclass
 class Audit:
     report: dict[str, Any]  # what audit.json holds
     noise: dict[str, np.ndarray]  # per private session, the KS samples / b (for the plot)
 
 
+@dataclass(frozen=True)
+class AttackPlan:
+    """`inspect --attack`: whose data the epsilons are for, and the coalition (default:
+    attack.adversaries')."""
+
+    agent: int = 0
+    coalition: tuple[int, ...] | None = None
+
+
 def audit(
     recording: Recording,
     telemetry: list[np.ndarray] | None,
     source: str,
-    attack: bool = False,
+    attack: AttackPlan | None = None,
     membership: Sequence[View] | None = None,
 ) -> Audit:
     """Audit every session found on the wire of a recorded run; with `attack`, also try to
-    reconstruct every agent's trajectory and local minimizer from it (orchestrator.attack).
-    `membership`: the run's views (membership.json), which the replay plays as the
-    conductor's script, session by session."""
+    reconstruct every agent's trajectory and local minimizer from it, as the whole wire
+    and as each adversary of the table (orchestrator.attack), with the epsilon that holds
+    against each (privacy.accountant). `membership`: the run's views (membership.json),
+    which the replay plays as the conductor's script, session by session."""
     c = recording.config
     problem = Problem.build(c)
     planned = session_list(c)
@@ -924,7 +980,7 @@ def audit(
         raise AuditError(f"no session of run {recording.run!r} on the wire ({source})")
     if len(found) > len(planned):
         raise AuditError(f"{len(found)} sessions on the wire, the config plans {len(planned)}")
-    sessions, plotted, attempts = [], {}, []
+    sessions, plotted, attempts, rows = [], {}, [], []
     b = c.sigma_g / math.sqrt(2)
     changed = False
     for s, ((strategy, scheme, repeat), seen) in enumerate(zip(planned, found, strict=False)):
@@ -935,12 +991,14 @@ def audit(
         told = telemetry[s] if telemetry is not None and s < len(telemetry) else None
         result, noise = audit_session(problem, strategy, scheme, repeat, seen, truth, told, views)
         sessions.append(result)
-        if attack:
+        if attack is not None:
             from orchestrator.attack import attack_session
 
             attempts.append(
                 attack_session(problem, strategy, scheme, repeat, seen.models, truth.clear)
             )
+            session = (strategy, scheme, repeat)
+            rows += _adversary_rows(problem, session, seen, truth, attack, views, reach)
         if noise.samples.size and b > 0:
             plotted[f"{strategy}/{scheme} r{repeat}: p = {_fmt(result['noise']['p_value'])}"] = (
                 noise.samples / b
@@ -962,7 +1020,19 @@ def audit(
         "sigma_g": c.sigma_g,
         "sessions": sessions,
     }
-    if attack:
+    if attack is not None:
+        report["adversaries"] = {
+            "agent": attack.agent,
+            "epsilon": (
+                f"for agent {attack.agent}'s data replaced (the accountant's twin replay), at the"
+                " last round, every frame of every view charged, redone rounds included"
+            ),
+            "sealing": (
+                "modelled: with sealed links an outsider (one link, the broker or the whole "
+                "wire) reads no peer frame; an insider reads the frames addressed to it"
+            ),
+            "rows": rows,
+        }
         report["reconstruction"] = {
             "sessions": attempts,
             "breaks": sorted({a["scheme"] for a in attempts if a["broken"]}),
@@ -1045,7 +1115,10 @@ def plot_noise(noise: dict[str, np.ndarray], path: Path) -> None:
 
 
 def inspect(
-    run_dir: Path, pcap: Path | None = None, port: int | None = None, attack: bool = False
+    run_dir: Path,
+    pcap: Path | None = None,
+    port: int | None = None,
+    attack: AttackPlan | None = None,
 ) -> dict[str, Any]:
     """Audit a recorded run (live tap, or a pcap); write audit[-pcap].json and .png."""
     recording = load_recording(run_dir)
@@ -1062,7 +1135,10 @@ def inspect(
 
 
 def show_audit(
-    run_dir: Path, pcap: Path | None = None, port: int | None = None, attack: bool = False
+    run_dir: Path,
+    pcap: Path | None = None,
+    port: int | None = None,
+    attack: AttackPlan | None = None,
 ) -> int:
     """`privnet inspect`: audit, print the table, say where the files are; exit code."""
     from rich.console import Console
@@ -1074,10 +1150,11 @@ def show_audit(
         err.print(f"[red]audit failed:[/red] {exc}")
         return 1
     table_console().print(audit_table(report))
-    if attack:
-        from orchestrator.attack import attack_table
+    if attack is not None:
+        from orchestrator.attack import adversary_table, attack_table
 
         table_console().print(attack_table(report["reconstruction"]["sessions"]))
+        table_console().print(adversary_table(report["adversaries"]["rows"], attack.agent))
     for s in report["sessions"]:
         for hub in s["hub_learns"]["fallback_hubs"]:
             err.print(

@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.spec import ConfigError, Rekey, Scheme, Strategy
 from orchestrator.experiment import config as configuration
@@ -18,6 +18,9 @@ from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 from orchestrator.experiment.topology import RULES, TOPOLOGIES
 from orchestrator.report import Curve, console, finish, progress_bar, table_console
+
+if TYPE_CHECKING:
+    from orchestrator.conductor import View
 
 
 def _experiment_flags(parser: argparse.ArgumentParser) -> None:
@@ -129,7 +132,8 @@ def simulate(
         f"{config.iters} iterations in {wall:.2f} s"
     )
     neighbour = args.neighbour if args.account else None
-    finish(out, config, problem, curves, engine, {"wall_s": wall}, neighbour)
+    views = _views(membership) if membership is not None and neighbour is not None else None
+    finish(out, config, problem, curves, engine, {"wall_s": wall}, neighbour, views)
     return 0
 
 
@@ -143,14 +147,19 @@ def _engine(name: str) -> Callable[..., list[Curve]]:
     return run_memory
 
 
-def _replay(path: Path) -> Callable[..., list[Curve]]:
-    from orchestrator.engines.memory import replay
+def _views(path: Path) -> list[View]:
     from orchestrator.engines.watch import read_membership
 
     try:
-        views = read_membership(path)
+        return read_membership(path)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _replay(path: Path) -> Callable[..., list[Curve]]:
+    from orchestrator.engines.memory import replay
+
+    views = _views(path)
 
     def runner(problem: Problem, progress: Callable[[int], None]) -> list[Curve]:
         curves = replay(problem, views)
@@ -211,9 +220,10 @@ def prepare(args: argparse.Namespace) -> int:
 
 def inspect(args: argparse.Namespace) -> int:
     """Audit the wire of a `privnet run --audit` (its live recording, or a pcap of it)."""
-    from orchestrator.audit import show_audit
+    from orchestrator.audit import AttackPlan, show_audit
 
-    return show_audit(args.run, args.pcap, args.port, args.attack)
+    plan = AttackPlan(args.neighbour, args.coalition) if args.attack else None
+    return show_audit(args.run, args.pcap, args.port, plan)
 
 
 def overhead(args: argparse.Namespace) -> int:
@@ -304,6 +314,13 @@ def dp_audit(args: argparse.Namespace) -> int:
     table_console().print(dpaudit.sampler_table(samplers))
     console.print(f"wrote {out}/dp_audit.json")
     return 0 if all(r["consistent"] for r in records) else 1
+
+
+def _agents(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(m) for m in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give agent ids, e.g. 3,7") from None
 
 
 def _yes_no(text: str) -> bool:
@@ -446,7 +463,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--attack",
         action="store_true",
-        help="also reconstruct every agent's models and local minimizer from the wire",
+        help="also reconstruct every agent's models and local minimizer, from the whole wire "
+        "and as each adversary (one link, a hub, a coalition, the broker; sealed or open), "
+        "with the epsilon that holds against each",
+    )
+    p.add_argument(
+        "--neighbour-agent",
+        dest="neighbour",
+        type=int,
+        default=0,
+        metavar="P",
+        help="--attack: the agent whose data the epsilons are for, whose link and hub are "
+        "attacked (default 0)",
+    )
+    p.add_argument(
+        "--coalition",
+        type=_agents,
+        metavar="M,N",
+        help="--attack: the colluding agents (default: the two that weigh agent P most)",
     )
     p.set_defaults(func=inspect)
 

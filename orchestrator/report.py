@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from agent.spec import Scheme, Strategy
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
+
+    from orchestrator.conductor import View
 
 METRICS_HEADER = ("strategy", "scheme", "repeat", "iter", "msd_centroid", "msd_avg")
 DPI = 120
@@ -511,14 +514,24 @@ def finish(
     engine: str,
     extra: dict[str, Any] | None = None,
     neighbour: int | None = None,
+    membership: Sequence[View] | None = None,
+    reach: Mapping[int, Mapping[int, int]] | None = None,
 ) -> None:
-    """Write and show the results; with `neighbour`, account privacy first (--account)."""
+    """Write and show the results; with `neighbour`, account privacy first (--account),
+    under the run's `membership` views (and per session the `reach` of each view on its
+    recorded wire, see accountant.attach)."""
     if neighbour is not None:
+        from orchestrator.experiment.specs import session_list
         from orchestrator.privacy import accountant
 
+        order = session_list(config)
         with console.status(f"accounting: twin runs with agent {neighbour}'s data replaced"):
             for curve in curves:
-                accountant.attach(curve, problem, neighbour)
+                sessions = [
+                    order.index((Strategy(curve.strategy), Scheme(curve.scheme), r))
+                    for r in range(config.repeats)
+                ]
+                accountant.attach(curve, problem, neighbour, sessions, membership, reach)
     summary = write_outputs(
         out,
         {**config.to_dict(), **(extra or {})},

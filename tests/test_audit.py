@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -184,6 +185,39 @@ def test_inspect_cli_writes_json_and_plot(tmp_path: Path) -> None:
     ]
     assert (tmp_path / "audit.png").stat().st_size > 0
     assert main(["inspect", "--run", str(tmp_path / "missing")]) == 1
+
+
+def test_inspect_attack_tables_every_adversary(tmp_path: Path) -> None:
+    """`inspect --attack --coalition 3,7` on an 8-agent complete graph: sealed outsiders
+    read nothing; with the wire open local-ghp falls to it (epsilon infinite) and masked-ghp
+    does not (finite, and finite for each hub and the coalition too)."""
+    schemes = (Scheme.NONE, Scheme.LOCAL_GHP, Scheme.MASKED_GHP)
+    c = config(agents=8, iters=6, topology="complete", schemes=schemes)
+    recording, telemetry = memory_recording(c)
+    audit.save_recording(tmp_path, recording)
+    np.savez(
+        tmp_path / audit.TELEMETRY_FILE, **{f"session_{s}": m for s, m in enumerate(telemetry)}
+    )
+    assert main(["inspect", "--run", str(tmp_path), "--attack", "--coalition", "3,7"]) == 0
+    table = json.loads((tmp_path / "audit.json").read_text())["adversaries"]
+    assert table["agent"] == 0
+    rows = {(r["scheme"], r["adversary"]): r for r in table["rows"]}
+    assert len(rows) == 3 * 6
+    hub = next(r["adversary"] for r in table["rows"] if r["kind"] == "hub")
+    for scheme in ("none", "local-ghp", "masked-ghp"):
+        for sealed in ("whole wire (sealed)", "link 0->1 (sealed)"):
+            r = rows[(scheme, sealed)]
+            assert r["frames_read"] == r["agents_recovered"] == r["epsilon"] == 0
+        assert rows[(scheme, "coalition 3,7")]["members"] == [3, 7]
+        assert rows[(scheme, "whole wire")]["frames_read"] == 8 * 7 * 6
+    assert rows[("none", hub)]["epsilon"] == "inf" and rows[("none", hub)]["agents_recovered"] == 7
+    local, masked = rows[("local-ghp", "whole wire")], rows[("masked-ghp", "whole wire")]
+    assert local["broken"] and local["epsilon"] == "inf"
+    assert masked["agents_recovered"] == 0 and 0 < masked["epsilon"] < math.inf
+    assert rows[("local-ghp", hub)]["epsilon"] == "inf"
+    for adversary in (hub, "coalition 3,7", "link 0->1"):
+        assert 0 < rows[("masked-ghp", adversary)]["epsilon"] <= masked["epsilon"]
+    assert main(["inspect", "--run", str(tmp_path), "--attack", "--coalition", "0,3"]) == 2
 
 
 # ---- attackers --------------------------------------------------------------------------------

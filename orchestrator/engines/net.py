@@ -17,7 +17,7 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +33,15 @@ from agent.node import Output
 from agent.spec import ConfigError
 from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, write_private
 from broker.launcher import Broker, launch, read_sys_bytes, write_compose_files
-from orchestrator.conductor import Conductor, Resume, SessionResult, Stage, add_counts, describe
+from orchestrator.conductor import (
+    Conductor,
+    Resume,
+    SessionResult,
+    Stage,
+    View,
+    add_counts,
+    describe,
+)
 from orchestrator.engines import journal, memory
 from orchestrator.engines.docker import DockerAgents, DockerBroker, nic_window
 from orchestrator.engines.launch import Launcher, LocalLauncher
@@ -358,7 +366,9 @@ async def _drive(
                 publish(mqtt, conductor.bye())
             # Off the loop, which keeps answering the broker's keepalives meanwhile: the
             # audit replays the whole run for its ground truth.
-            code = await asyncio.to_thread(_outputs, out, problem, curves, extra, tap, neighbour)
+            code = await asyncio.to_thread(
+                _outputs, out, problem, curves, extra, tap, neighbour, conductor.membership
+            )
             if not ours:
                 publish(mqtt, conductor.bye())
         except BaseException as exc:  # Ctrl-C included: tell the agents before tearing down
@@ -473,10 +483,19 @@ def _outputs(
     extra: dict[str, Any],
     tap: WireTap | None,
     neighbour: int | None = None,
+    membership: Sequence[View] = (),
 ) -> int:
-    """Write the run's outputs (privacy accounted with `neighbour`), and audit its wire when
-    it was tapped; the exit code."""
-    finish(out, problem.config, problem, curves, "net", extra, neighbour)
+    """Write the run's outputs (privacy accounted with `neighbour` under the run's
+    `membership`, with the tapped wire's reach of each view), and audit its wire when it
+    was tapped; the exit code."""
+    changed = any(view.view for view in membership)
+    reach = None
+    if tap is not None and changed and neighbour is not None:
+        from orchestrator.audit import reach_of
+
+        reach = reach_of(tap.records, tap.run, problem.config.dim)
+    views = membership if changed else None
+    finish(out, problem.config, problem, curves, "net", extra, neighbour, views, reach)
     if tap is None:
         return 0
     from orchestrator.audit import show_audit

@@ -68,8 +68,9 @@ class Adversary:
 
     `link`: an outsider on the link sender -> receiver; `links-out`: on every link out of
     `sender`; `hub` and `coalition`: insiders, who read the frames addressed to `members`
-    (with or without sealing: their own link keys open them); `wire`: the broker, or anyone
-    on every link. `sealed`: peer frames sealed end to end, so an outsider reads none.
+    (with or without sealing: their own link keys open them), know their own values and
+    hold their own pair masks; `wire`: the broker, or anyone on every link. `sealed`: peer
+    frames sealed end to end, so an outsider reads none.
     """
 
     kind: str
@@ -93,9 +94,11 @@ class Adversary:
         return self.insider or self.kind == "wire"
 
     def reads(self, sender: int, receiver: int) -> bool:
-        """Whether it reads the frame sender -> receiver (an insider's own need no reading)."""
+        """Whether it reads the frame sender -> receiver: an insider every frame addressed to
+        it (its members' own too: charging them keeps a coalition's bound above each of
+        its hubs'), an outsider those on its links unless they are sealed."""
         if self.insider:
-            return receiver in self.members and sender not in self.members
+            return receiver in self.members
         if self.sealed:
             return False
         if self.kind == "wire":
@@ -241,6 +244,7 @@ def account(
     losses: tuple[Sequence[Loss], Sequence[Loss]] | None = None,
     views: Sequence[View] | None = None,
     reach: Mapping[int, int] | None = None,
+    ours: Replay | None = None,
 ) -> Account:
     """Run D and D' (agent `neighbour`'s data replaced) and account every release.
 
@@ -248,13 +252,17 @@ def account(
     e.g. losses written by hand. `views`, `reach`: the membership views the session ran
     under and how far each ran on the wire (audit.replay): both twins replay them, and
     the frames of every round a later view redid are charged as the releases they are.
+    `ours`: the replay on D, when the caller has it (the audit's ground truth).
     """
     from orchestrator.audit import replay  # the memory engine, noting clear values
 
     c = problem.config
     twin = problem.twin(neighbour)
     ours_losses, twin_losses = losses or (None, None)
-    ours = replay(problem, strategy, scheme, repeat, losses=ours_losses, views=views, reach=reach)
+    if ours is None:
+        ours = replay(
+            problem, strategy, scheme, repeat, losses=ours_losses, views=views, reach=reach
+        )
     theirs = replay(twin, strategy, scheme, repeat, losses=twin_losses, views=views, reach=reach)
     charges = Charges(
         scheme, c.sigma_g, c.iters, ours, theirs, view_weights(problem, strategy, views)
@@ -276,16 +284,36 @@ def account(
 
 
 def attach(
-    curve: Curve, problem: Problem, neighbour: int, views: Sequence[View] | None = None
+    curve: Curve,
+    problem: Problem,
+    neighbour: int,
+    sessions: Sequence[int] = (),
+    membership: Sequence[View] | None = None,
+    reach: Mapping[int, Mapping[int, int]] | None = None,
 ) -> list[Account]:
-    """Account every repeat of `curve` (under the membership `views` it ran under) and add
-    the result to it: per-round series for metrics.csv and a `privacy` record for
-    summary.json."""
+    """Account every repeat of `curve` and add the result to it: per-round series for
+    metrics.csv and a `privacy` record for summary.json. `sessions`: the session of each
+    repeat, whose views in `membership` (the run's) both twins replay; `reach`: per
+    session, how far each view ran on the wire (audit.Recording), whose redone rounds are
+    then charged too."""
+    from orchestrator.audit import SessionWire, session_views
+
     strategy, scheme = Strategy(curve.strategy), Scheme(curve.scheme)
-    accounts = [
-        account(problem, strategy, scheme, neighbour, r, views=views)
-        for r in range(problem.config.repeats)
-    ]
+    everyone = SessionWire(setups={0: set(range(problem.config.agents))})
+    accounts, redone = [], "no membership change"
+    for r in range(problem.config.repeats):
+        s = sessions[r] if sessions else r
+        views = session_views(membership, s, everyone, problem.config.agents)
+        seen = (reach or {}).get(s) if views is not None else None
+        if views is not None:
+            redone = "membership changed: the twins replay the run's views; the rounds a view " + (
+                "began before the next redid them were read off the recorded wire and "
+                "their re-releases charged"
+                if seen is not None
+                else "began before the next redid them are not known without the recorded "
+                "wire (run with --audit, or `privnet inspect --attack`): not charged"
+            )
+        accounts.append(account(problem, strategy, scheme, neighbour, r, views=views, reach=seen))
     curve.series["delta"] = np.stack([a.delta for a in accounts])
     curve.series["epsilon_network"] = np.stack([a.epsilon_network for a in accounts])
     curve.series["epsilon_paper"] = np.stack([a.epsilon_paper for a in accounts])
@@ -296,13 +324,14 @@ def attach(
         "neighbour_agent": neighbour,
         "changed_data": _changed(problem, neighbour),
         "sigma_g": problem.config.sigma_g,
-        "epsilon_per_agent": [_finite(e) for e in first.epsilon[-1]],
-        "epsilon_neighbour": _finite(first.epsilon[-1, neighbour]),
-        "epsilon_network": _finite(first.epsilon_network[-1]),
-        "epsilon_paper": _finite(first.epsilon_paper[-1]),
-        "paper_bound_slope_per_round": _finite(first.bound_slope),
+        "epsilon_per_agent": [finite(e) for e in first.epsilon[-1]],
+        "epsilon_neighbour": finite(first.epsilon[-1, neighbour]),
+        "epsilon_network": finite(first.epsilon_network[-1]),
+        "epsilon_paper": finite(first.epsilon_paper[-1]),
+        "paper_bound_slope_per_round": finite(first.bound_slope),
         "final_delta": float(first.delta[-1]),
         "holds_against": HOLDS_AGAINST[scheme],
+        "redone_rounds": redone,
         "what_this_is": (
             "epsilon(i) for this neighbouring pair (D, D'), this noise level and this noise "
             "realisation, repeat 0; per agent: an eavesdropper on the links out of that agent"
@@ -343,7 +372,8 @@ def _changed(problem: Problem, neighbour: int) -> str:
     return f"agent {neighbour}'s {problem.config.samples} samples redrawn from the data model"
 
 
-def _finite(value: float) -> float | str:
+def finite(value: float) -> float | str:
+    """An epsilon for JSON: the number, or INFINITE."""
     return float(value) if math.isfinite(value) else INFINITE
 
 
