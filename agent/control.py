@@ -80,6 +80,17 @@ class Telemetry:
 
 
 @dataclass(frozen=True, slots=True)
+class Escrow:
+    """Under `--audit` only: the agent's link keys of `view`, sealed to the orchestrator's
+    key, so `privnet inspect` can open the sealed frames it recorded (and no one else can)."""
+
+    agent: int
+    session: int
+    view: int
+    sealed: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     """Done with `session`: what it dropped (by reason), what it sent (by category)."""
 
@@ -191,8 +202,10 @@ class Config:
     telemetry: bool
     resume: int = 0  # start from the agent's own model after this round (0: spec.w0)
     checkpoint_every: int = 0  # rounds between checkpoints (0: none)
+    seal_links: bool = True  # peer frames sealed (False: the paper's visible wire, MACed)
+    escrow: bool = False  # send the view's link keys to the orchestrator (`--audit`)
 
 
-Up = Hello | Ready | Progress | Rejoin | Telemetry | Finished | Left | Failed
+Up = Hello | Ready | Progress | Rejoin | Telemetry | Escrow | Finished | Left | Failed
 Down = Welcome | Setup | Go | Beat | Hold | Excluded | Close | Abort | Bye
 Control = Up | Down

@@ -48,12 +48,14 @@ SEAL_OVERHEAD = KEY_BYTES + NONCE_BYTES + TAG_BYTES
 SHARE_TAG = b"privnet/keyshare/v1"
 MASK_TAG = b"privnet/mask/v2"
 LINK_TAG = b"privnet/link/v1"
+LINK_SEAL_TAG = b"privnet/link-seal/v1"
 SEAL_TAG = b"privnet/seal/v1"
 
 # Fixed-width big-endian fields, so no two different tuples encode to the same bytes.
 _SHARE_FIELDS = struct.Struct(">IIIBQ")  # owner, hub, partner, step, epoch
 _MASK_FIELDS = struct.Struct(">IIIBQI")  # hub, min(pair), max(pair), step, epoch, dim
 _LINK_FIELDS = struct.Struct(">II")  # min(a, b), max(a, b)
+_LINK_SEAL_FIELDS = struct.Struct(">IIQ")  # min(a, b), max(a, b), view
 _BLOCK = 64  # bytes of one ChaCha20 block
 _COUNTER_BLOCKS = 2**32  # ChaCha20's block counter is 32 bits (RFC 8439)
 
@@ -427,13 +429,24 @@ def pair_noise(
     return stream_laplace(stream, dim, sigma_g).reshape(dim)  # its one row
 
 
-def link_key(me: Identity, peer: PublicIdentity, session: bytes, a: int, b: int) -> bytes:
-    """The 32-byte MAC key of the link a <-> b; both ends derive the same one."""
+def link_key(
+    me: Identity, peer: PublicIdentity, session: bytes, a: int, b: int, *, view: int | None = None
+) -> bytes:
+    """The 32-byte key of the link a <-> b; both ends derive the same one.
+
+    With `view`, the key that seals the link's frames (ChaCha20-Poly1305, `wire.PeerCodec`):
+    its own tag and the view in the HKDF info, so no seal key is a MAC key, and none
+    outlives a membership change even where the session id would not change. Without, the
+    MAC key of the visible wire (`--seal-links off`). Both come from the two ends' static
+    X25519 keys, which are fresh per process and never leave it: a link key is known to
+    its two ends only, and it is not the mask keys' (those come from ephemeral keys)."""
     if a == b:
         raise ValueError(f"a link joins two different agents, got {a} and {b}")
     shared = _exchange(me.static, peer.static, f"peer's static key on link {a} <-> {b}")
-    fields = _pack(_LINK_FIELDS, "a, b", min(a, b), max(a, b))
-    return _hkdf(shared, session, LINK_TAG + fields)
+    if view is None:
+        return _hkdf(shared, session, LINK_TAG + _pack(_LINK_FIELDS, "a, b", min(a, b), max(a, b)))
+    fields = _pack(_LINK_SEAL_FIELDS, "a, b, view", min(a, b), max(a, b), view)
+    return _hkdf(shared, session, LINK_SEAL_TAG + fields)
 
 
 def seal(recipient_static_public: bytes, plaintext: bytes, context: bytes) -> bytes:

@@ -34,6 +34,7 @@ import numpy as np
 
 from agent import control, keys, topics, wire
 from agent.core import AgentCore
+from agent.links import Links
 from agent.losses import make_loss
 from agent.messages import Message, Rejected, Report
 from agent.spec import AgentSpec
@@ -46,7 +47,7 @@ QOS = 1  # the control plane (control, telemetry): at-least-once; duplicates are
 # copies either. A round whose frames did not all arrive is redone under the next membership
 # view (DESIGN: Membership and faults), never repaired by a resend.
 PEER_QOS = 0
-QOS_OF = {"model": PEER_QOS, "keys": PEER_QOS, "telemetry": QOS, "control": QOS}
+QOS_OF = {"model": PEER_QOS, "keys": PEER_QOS, "telemetry": QOS, "control": QOS, "audit": QOS}
 HELLO_EVERY = 2.0  # seconds between Hellos until Welcome: the orchestrator may subscribe late
 REGISTER_TIMEOUT = 120.0
 IDLE_TIMEOUT = 600.0  # between sessions: an orchestrator gone this long is not coming back
@@ -108,6 +109,11 @@ def setup_context(run: str, agent: int, session: int, view: int) -> bytes:
     return f"privnet/setup/{run}/{agent}/{session}/{view}".encode()
 
 
+def escrow_context(run: str, agent: int, session: int, view: int) -> bytes:
+    """Associated data of an agent's escrowed link keys."""
+    return f"privnet/escrow/{run}/{agent}/{session}/{view}".encode()
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """An agent's own models after some rounds of a session: what it restarts from."""
@@ -130,7 +136,7 @@ class Checkpoint:
 class Publish:
     topic: str
     payload: bytes
-    category: str  # model, keys, telemetry or control: the byte-accounting bucket
+    category: str  # model, keys, telemetry, control or audit (escrow): the byte-accounting bucket
 
     @property
     def qos(self) -> int:
@@ -210,7 +216,7 @@ class _Session:
     view: int
     config: control.Config
     core: AgentCore
-    link_keys: dict[int, bytes]
+    links: Links
     history: dict[int, np.ndarray]  # round -> own model after it, on this view's branch
     started: float = 0.0
     reports: list[Report] = field(default_factory=list)  # telemetry not yet sealed
@@ -479,13 +485,15 @@ class AgentNode:
             directory = {m: keys.PublicIdentity.from_bytes(b) for m, b in config.directory.items()}
             if missing := sorted(spec.neighbours - directory.keys()):
                 raise keys.BadKey(f"no identity key for neighbours {missing}")
+            view = spec.view if config.seal_links else None
             link_keys = {
-                m: keys.link_key(self.identity, pub, spec.session, self.me, m)
+                m: keys.link_key(self.identity, pub, spec.session, self.me, m, view=view)
                 for m, pub in directory.items()
                 if m in spec.neighbours  # peer frames travel only between neighbours
             }
         except keys.BadKey as exc:
             raise Rejected("bad-key", f"Config directory: {exc}") from exc
+        links = Links(self.run, self.me, spec.dim, spec.view, link_keys, sealed=config.seal_links)
         history = self._history_for(setup.session, spec)
         if config.resume not in history:
             return self._fail(
@@ -496,10 +504,12 @@ class AgentNode:
         loss = make_loss(config.problem, spec.agent, spec.agents)
         core = self._core_type(spec, loss, self.identity, directory)
         core.resume_from(history[config.resume])
-        self.session = self._next_session(setup, config, core, link_keys, history)
+        self.session = self._next_session(setup, config, core, links, history)
         self.phase = Phase.CONFIGURED
         self._next_progress = now + config.deadline / BEATS
         out = Output(events=[Event("configured", f"session {setup.session} view {setup.view}")])
+        if config.escrow:
+            out.publish.append(self._escrow(self.session))
         out += self._emit(core.prepare())
         early, self._early, self._early_bytes = self._early, [], 0
         for sender, payload in early:  # now they can be authenticated, or counted
@@ -526,7 +536,7 @@ class AgentNode:
         setup: control.Setup,
         config: control.Config,
         core: AgentCore,
-        link_keys: dict[int, bytes],
+        links: Links,
         history: dict[int, np.ndarray],
     ) -> _Session:
         """A new session, or the next view of this one: traffic, started time and the
@@ -535,9 +545,7 @@ class AgentNode:
         old = self.session
         if old is None or old.number != setup.session:
             first, self._registration = self._registration, Traffic()
-            return _Session(
-                setup.session, setup.view, config, core, link_keys, history, traffic=first
-            )
+            return _Session(setup.session, setup.view, config, core, links, history, traffic=first)
         if self.phase is Phase.FINISHED:
             self._unreported += old.finished
         return _Session(
@@ -545,7 +553,7 @@ class AgentNode:
             setup.view,
             config,
             core,
-            link_keys,
+            links,
             history,
             old.started,
             [r for r in old.reports if r.round <= config.resume],  # what stands
@@ -655,14 +663,7 @@ class AgentNode:
         session = self.session
         assert session is not None
         core = session.core
-        msg = wire.decode_peer(
-            payload,
-            receiver=self.me,
-            topic_sender=sender,
-            dim=core.spec.dim,
-            link_keys=session.link_keys,
-            view=session.view,
-        )
+        msg = session.links.decode(payload, sender)
         try:
             produced = core.receive(msg)
         except keys.BadKey as exc:
@@ -675,7 +676,7 @@ class AgentNode:
         return out
 
     def _emit(self, messages: list[Message]) -> Output:
-        """Peer messages MACed for their link; reports kept, batched and sealed."""
+        """Peer messages sealed (or MACed) for their link; reports kept, batched and sealed."""
         session = self.session
         assert session is not None
         out = Output()
@@ -689,7 +690,7 @@ class AgentNode:
                     out.checkpoint = self._checkpoint(session, every)
                 continue
             topic = topics.peer_topic(self.run, msg.receiver, self.me)
-            payload = wire.encode_peer(msg, session.link_keys[msg.receiver])
+            payload = session.links.encode(msg)
             category = wire.category(msg)
             session.traffic.add(category, topic, payload)
             out.publish.append(Publish(topic, payload, category))
@@ -712,6 +713,16 @@ class AgentNode:
         )
         msg = control.Telemetry(self.me, session.number, session.view, last, sealed)
         return self._up(topics.telemetry(self.run, self.me), msg, "telemetry")
+
+    def _escrow(self, session: _Session) -> Publish:
+        """The view's link keys, sealed to the orchestrator: the audit opens the frames."""
+        sealed = keys.seal(
+            self.launch.orchestrator.static,
+            wire.encode_link_keys(session.links.keys),
+            escrow_context(self.run, self.me, session.number, session.view),
+        )
+        msg = control.Escrow(self.me, session.number, session.view, sealed)
+        return self._up(topics.telemetry(self.run, self.me), msg, "audit")
 
     def _maybe_finish(self, now: float) -> Output:
         session = self.session

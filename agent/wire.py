@@ -22,10 +22,12 @@ so the cheap checks run before the MAC and no unauthenticated vector is ever par
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import math
 import reprlib
+import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -33,6 +35,8 @@ from typing import Any, TypeVar, cast
 
 import msgpack
 import numpy as np
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from agent import datasets, keys
 from agent.control import (
@@ -42,6 +46,7 @@ from agent.control import (
     Close,
     Config,
     Control,
+    Escrow,
     Excluded,
     Failed,
     Finished,
@@ -569,6 +574,11 @@ _CONTROL_SCHEMAS = (
         ),
     ),
     _Schema(
+        "escrow",
+        Escrow,
+        _named(("agent", _ID), ("session", _SESSION), ("view", _COUNT), ("sealed", _BLOB)),
+    ),
+    _Schema(
         "finished",
         Finished,
         _named(
@@ -595,6 +605,8 @@ _CONFIG = _Schema(
         ("telemetry", _BOOL),
         ("resume", _COUNT),
         ("checkpoint_every", _COUNT),
+        ("seal_links", _BOOL),
+        ("escrow", _BOOL),
     ),
     _check_config,
 )
@@ -630,6 +642,7 @@ _CATEGORY = {
     KeyShare: "keys",
     Telemetry: "telemetry",
     Report: "telemetry",
+    Escrow: "audit",
 }
 
 
@@ -718,9 +731,10 @@ class _Opened:
     fields: dict[str, Any]
 
 
-def _open(
-    data: bytes, max_size: int, limits: _Limits, schemas: Mapping[str, _Schema], what: str
-) -> _Opened:
+def _outer(
+    data: bytes, max_size: int, limits: _Limits, what: str, parts: str = "body, mac"
+) -> tuple[str, bytes, bytes]:
+    """(type, and the frame's two bins) of a frame of the right shape and version."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise Rejected("malformed", f"a {what} is bytes, got {type(data).__name__}")
     if len(data) > max_size:
@@ -729,23 +743,34 @@ def _open(
     if type(outer) is not list or not outer or type(outer[0]) is not int:
         raise Rejected(
             "malformed",
-            f"{what} must be a msgpack array [version, type, body, mac], got {_show(outer)}",
+            f"{what} must be a msgpack array [version, type, {parts}], got {_show(outer)}",
         )
     if outer[0] != VERSION:
         raise Rejected(
             "version", f"{what} has wire version {outer[0]}; this agent speaks {VERSION}"
         )
     if len(outer) != 4 or [type(x) for x in outer[1:]] != [str, bytes, bytes]:
+        bins = ", ".join(f"{part}: bin" for part in parts.split(", "))
         raise Rejected(
-            "malformed",
-            f"{what} must be [version: int, type: str, body: bin, mac: bin], got {_show(outer)}",
+            "malformed", f"{what} must be [version: int, type: str, {bins}], got {_show(outer)}"
         )
-    _, name, body, mac = outer
+    return outer[1], outer[2], outer[3]
+
+
+def _schema_named(name: str, schemas: Mapping[str, _Schema], what: str) -> _Schema:
     schema = schemas.get(name)
     if schema is None:
         raise Rejected(
             "schema", f"unknown {what} type {name!r}; expected one of {', '.join(schemas)}"
         )
+    return schema
+
+
+def _open(
+    data: bytes, max_size: int, limits: _Limits, schemas: Mapping[str, _Schema], what: str
+) -> _Opened:
+    name, body, mac = _outer(data, max_size, limits, what)
+    schema = _schema_named(name, schemas, what)
     fields = _fields(_unpack(body, max_size, limits, f"{name} body"), schema.fields, name)
     return _Opened(schema, body, mac, fields)
 
@@ -795,6 +820,22 @@ def _finite(vector: np.ndarray) -> bool:
     if len(vector) <= _SHORT:
         return all(map(math.isfinite, vector.tolist()))
     return bool(np.isfinite(vector).all())
+
+
+def _routed(s: Any, r: Any, i: Any, j: Any, v: Any, sender: int, receiver: int, view: int) -> bool:
+    """Whether a model frame's fields are well typed and this link's, this view's."""
+    return (
+        type(s) is int
+        and s == sender
+        and type(r) is int
+        and r == receiver
+        and type(i) is int
+        and 0 <= i < COUNT_LIMIT
+        and type(j) is int
+        and j in STEPS
+        and type(v) is int
+        and v == view
+    )
 
 
 def _encode_model(msg: Model, link_key: bytes) -> bytes | None:
@@ -856,19 +897,7 @@ def _decode_model(
         and type(mac) is bytes
         and type(fields) is dict
         and len(fields) == 6
-        and type(s) is int
-        and 0 <= s < ID_LIMIT
-        and s == topic_sender
-        and type(r) is int
-        and 0 <= r < ID_LIMIT
-        and r == receiver
-        and type(i) is int
-        and 0 <= i < COUNT_LIMIT
-        and type(j) is int
-        and j in STEPS
-        and type(v) is int
-        and 0 <= v < COUNT_LIMIT
-        and v == view
+        and _routed(s, r, i, j, v, topic_sender, receiver, view)
         and type(w) is dict
         and len(w) == 3
         and w.get("dtype") == DTYPE
@@ -919,20 +948,8 @@ def decode_peer(
     if model is not None:
         return model
     opened = _open(data, max_size, _PEER_LIMITS, _PEER, "peer message")
-    if opened.fields["view"] != view:
-        which = "stale-view" if opened.fields["view"] < view else "ahead-view"
-        raise Rejected(which, f"frame of view {opened.fields['view']}, this agent is at {view}")
     name, sender = opened.schema.name, opened.fields["sender"]
-    if sender != topic_sender:
-        raise Rejected(
-            "spoofed",
-            f"{name} claims sender {sender} but came on the topic of agent {topic_sender}",
-        )
-    addressee = opened.fields["receiver"]
-    if addressee != receiver:
-        raise Rejected(
-            "wrong-receiver", f"{name} is for agent {addressee}, this is agent {receiver}"
-        )
+    check_route(name, opened.fields, topic_sender=topic_sender, receiver=receiver, view=view)
     key = link_keys.get(sender)
     if key is None:
         raise Rejected(
@@ -946,6 +963,27 @@ def decode_peer(
     return _build_peer(opened, dim)
 
 
+def check_route(
+    name: str, fields: Mapping[str, Any], *, topic_sender: int, receiver: int, view: int
+) -> None:
+    """Rejected unless a peer frame's view, sender and receiver are this link's: checked
+    before any key is used. A frame of another view: `stale-view` for an earlier one,
+    `ahead-view` for a later one, which the node keeps until its Setup for that view."""
+    if fields["view"] != view:
+        which = "stale-view" if fields["view"] < view else "ahead-view"
+        raise Rejected(which, f"frame of view {fields['view']}, this agent is at {view}")
+    if fields["sender"] != topic_sender:
+        raise Rejected(
+            "spoofed",
+            f"{name} claims sender {fields['sender']} but came on the topic of agent "
+            f"{topic_sender}",
+        )
+    if fields["receiver"] != receiver:
+        raise Rejected(
+            "wrong-receiver", f"{name} is for agent {fields['receiver']}, this is agent {receiver}"
+        )
+
+
 def _build_peer(opened: _Opened, dim: int) -> Peer:
     msg = _build(opened, object, dim)
     if not isinstance(msg, Model | KeyPlan | KeyShare):
@@ -954,12 +992,234 @@ def _build_peer(opened: _Opened, dim: int) -> Peer:
 
 
 def peek_peer(data: bytes, dim: int, max_size: int = MAX_PEER_BYTES) -> Peer:
-    """The peer message in `data` read WITHOUT its MAC check: what anyone on the wire sees.
+    """The peer message in `data` read WITHOUT its MAC check: what anyone on the wire sees
+    of a MACed frame (`--seal-links off`), or Rejected("sealed") for a sealed one.
 
-    The MAC authenticates, it does not encrypt, so an eavesdropper reads every body; the
-    auditor (`privnet inspect`) uses this to show exactly that. Agents use `decode_peer`.
-    """
-    return _build_peer(_open(data, max_size, _PEER_LIMITS, _PEER, "peer message"), dim)
+    The MAC authenticates, it does not encrypt, so an eavesdropper reads every body of the
+    visible wire; the auditor (`privnet inspect`) uses this to show exactly that. Agents use
+    `decode_peer` or `PeerCodec`."""
+    try:
+        opened = _open(data, max_size, _PEER_LIMITS, _PEER, "peer message")
+    except Rejected as exc:
+        if exc.reason != "schema" or not _is_sealed(data, max_size):
+            raise
+        raise Rejected(
+            "sealed", "a sealed peer frame: only its two ends (or an escrow) hold the key"
+        ) from None
+    return _build_peer(opened, dim)
+
+
+# ---- sealed peer frames ----
+# Frame `[VERSION, type, head, box]`: `head` is the msgpack map of the clear fields (who,
+# which view, and where the frame sits in its link's order, from which both ends derive
+# the nonce); `box` is ChaCha20-Poly1305 under the link's seal key of the msgpack map of
+# every other field, with the run, the type and the head as associated data. The tag
+# replaces the MAC: it authenticates what the MAC did and hides the rest.
+
+SEAL_AD_TAG = b"privnet/link-frame/v1\0"
+_NONCE = struct.Struct(">BBQ2x")  # kind << 1 | direction, step, round (model) or seq (keys)
+MODEL_KIND, KEY_KIND = 1, 2
+_SEQ = _Field("seq", "n", _COUNT)  # key frames: the sender's count of key frames on the link
+
+
+def _split(schema: _Schema, clear: tuple[str, ...]) -> tuple[tuple[_Field, ...], ...]:
+    head = tuple(f for f in schema.fields if f.key in clear)
+    secret = tuple(f for f in schema.fields if f.key not in clear)
+    return (head if schema.name == "model" else (*head, _SEQ)), secret
+
+
+_SEALED = {
+    s.name: _split(s, ("s", "r", "i", "j", "v") if s.name == "model" else ("s", "r", "v"))
+    for s in _PEER_SCHEMAS
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """The clear part of a sealed peer frame, schema-checked; its box still closed."""
+
+    schema: _Schema
+    fields: dict[str, Any]
+    raw: bytes  # the head's bytes as sent: associated data
+    box: bytes
+
+    @property
+    def sender(self) -> int:
+        return int(self.fields["sender"])
+
+    @property
+    def receiver(self) -> int:
+        return int(self.fields["receiver"])
+
+    @property
+    def view(self) -> int:
+        return int(self.fields["view"])
+
+    @property
+    def kind(self) -> int:
+        return MODEL_KIND if self.schema.name == "model" else KEY_KIND
+
+    @property
+    def at(self) -> tuple[int, int]:
+        """Where the frame sits in its link's order of its kind: frames only move forward."""
+        f = self.fields
+        return (f["round"], STEPS.index(f["step"])) if "round" in f else (0, f["seq"])
+
+    @property
+    def nonce(self) -> bytes:
+        f, direction = self.fields, int(self.sender > self.receiver)
+        step, count = (f["step"], f["round"]) if "round" in f else (0, f["seq"])
+        return _NONCE.pack(self.kind << 1 | direction, step, count)
+
+
+def seal_peer(msg: Peer, aead: ChaCha20Poly1305, run: str, seq: int = 0) -> bytes:
+    """`msg` as a sealed frame for its link (`aead` under the link's seal key); `seq`
+    numbers the key frames a sender puts on one link (models are numbered by round)."""
+    if type(msg) is Model:
+        frame = _seal_model(msg, aead, _run_ad(run))
+        if frame is not None:
+            return frame
+    schema = _schema_of(msg, _PEER, "a peer frame")
+    head_fields, secret_fields = _SEALED[schema.name]
+    fields = _encode_fields(msg, schema.fields)
+    if schema.name != "model":
+        fields["n"] = seq
+    raw = _pack({f.key: fields[f.key] for f in head_fields})
+    head = Head(schema, {f.name: fields[f.key] for f in head_fields}, raw, b"")
+    plain = _pack({f.key: fields[f.key] for f in secret_fields})
+    box = aead.encrypt(head.nonce, plain, _associated(run, schema.name, raw))
+    return _pack([VERSION, schema.name, raw, box])
+
+
+def _associated(run: str, name: str, raw: bytes) -> bytes:
+    return b"".join((_run_ad(run), name.encode(), b"\0", raw))
+
+
+@functools.cache
+def _run_ad(run: str) -> bytes:
+    return SEAL_AD_TAG + run.encode() + b"\0"
+
+
+# Sealed model frames, nearly all of the traffic, have a fast path like the MACed ones: the
+# same bytes as the generic path, anything unusual left to it (which says why it refuses).
+_MODEL_AD = _MODEL_NAME + b"\0"
+
+
+def _seal_model(msg: Model, aead: ChaCha20Poly1305, run_ad: bytes) -> bytes | None:
+    vector = msg.vector
+    s, r, i, j, v = msg.sender, msg.receiver, msg.round, msg.step, msg.view
+    if not (
+        type(s) is int
+        and type(r) is int
+        and type(i) is int
+        and type(j) is int
+        and type(v) is int
+        and type(vector) is np.ndarray
+        and vector.dtype == _F8
+        and vector.ndim == 1
+    ):
+        return None
+    raw = _pack({"s": s, "r": r, "i": i, "j": j, "v": v})
+    plain = _box_prefix(len(vector)) + vector.tobytes()
+    nonce = _NONCE.pack(MODEL_KIND << 1 | (s > r), j, i)
+    box = aead.encrypt(nonce, plain, run_ad + _MODEL_AD + raw)
+    return b"".join((_MODEL_HEAD, _bin_head(len(raw)), raw, _bin_head(len(box)), box))
+
+
+@functools.cache
+def _box_prefix(dim: int) -> bytes:
+    """A sealed model's box up to its vector's bytes: {"w": {dtype, shape, data: bin}}."""
+    return _pack({"w": {"dtype": DTYPE, "shape": [dim], "data": bytes(8 * dim)}})[: -8 * dim]
+
+
+def open_model(
+    data: bytes,
+    *,
+    receiver: int,
+    topic_sender: int,
+    dim: int,
+    view: int,
+    aead: ChaCha20Poly1305 | None,
+    run: str,
+    after: tuple[int, int] | None,
+) -> Model | None:
+    """The Model in `data` if it is a well-formed, authentic sealed model frame for this
+    link, placed after `after`; None for anything else (`read_head`, `open_head` then
+    accept it or say why not)."""
+    if aead is None or type(data) is not bytes or not data.startswith(_MODEL_HEAD):
+        return None
+    try:
+        outer = _unpack(data, MAX_PEER_BYTES, _PEER_LIMITS, "peer message")
+        _, name, raw, box = cast(list[Any], outer)
+        head = cast(dict[str, Any], _unpack(raw, MAX_PEER_BYTES, _PEER_LIMITS, "model head"))
+        s, r, i, j, v = head["s"], head["r"], head["i"], head["j"], head["v"]
+    except (Rejected, ValueError, TypeError, KeyError):
+        return None
+    if not (
+        name == "model"
+        and type(raw) is bytes
+        and type(box) is bytes
+        and len(head) == 5
+        and _routed(s, r, i, j, v, topic_sender, receiver, view)
+        and (after is None or (i, STEPS.index(j)) > after)
+    ):
+        return None
+    try:
+        nonce = _NONCE.pack(MODEL_KIND << 1 | (s > r), j, i)
+        plain = aead.decrypt(nonce, box, _run_ad(run) + _MODEL_AD + raw)
+    except (InvalidTag, ValueError):
+        return None
+    prefix = _box_prefix(dim)
+    if len(plain) != len(prefix) + 8 * dim or not plain.startswith(prefix):
+        return None
+    vector = np.frombuffer(plain, dtype=_F8, offset=len(prefix)).astype(np.float64)
+    if not _finite(vector):
+        return None
+    return Model(s, r, i, j, vector, v)
+
+
+def read_head(data: bytes, max_size: int = MAX_PEER_BYTES) -> Head:
+    """The head of a sealed frame, checked (what anyone on the wire sees), or Rejected;
+    `unsealed` for a MACed frame, which a sealed link does not take."""
+    name, raw, box = _outer(data, max_size, _PEER_LIMITS, "peer message", "head, box")
+    schema = _schema_named(name, _PEER, "peer message")
+    head_fields, secret_fields = _SEALED[name]
+    got = _unpack(raw, max_size, _PEER_LIMITS, f"{name} head")
+    if type(got) is dict and any(f.key in got for f in secret_fields):
+        raise Rejected(
+            "unsealed",
+            f"{name} with its fields in the clear on a sealed link (the sender runs "
+            "--seal-links off, or is not privnet)",
+        )
+    return Head(schema, _fields(got, head_fields, f"{name} head"), raw, box)
+
+
+def open_head(head: Head, aead: ChaCha20Poly1305, run: str, dim: int) -> Peer:
+    """The message under `head`'s box, opened with the link's key, checked, or Rejected:
+    `bad-seal` when the tag fails (a wrong key, or any byte of head or box altered)."""
+    name = head.schema.name
+    try:
+        plain = aead.decrypt(head.nonce, head.box, _associated(run, name, head.raw))
+    except InvalidTag:
+        raise Rejected(
+            "bad-seal",
+            f"{name} from agent {head.sender}: the seal failed (another link's key, or "
+            "altered on the way)",
+        ) from None
+    _, secret_fields = _SEALED[name]
+    secret = _fields(
+        _unpack(plain, MAX_PEER_BYTES, _PEER_LIMITS, f"{name} box"), secret_fields, name
+    )
+    fields = {k: v for k, v in head.fields.items() if k != "seq"} | secret
+    return _build_peer(_Opened(head.schema, head.raw, head.box, fields), dim)
+
+
+def _is_sealed(data: bytes, max_size: int) -> bool:
+    try:
+        read_head(data, max_size)
+    except Rejected:
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -1048,8 +1308,25 @@ def decode_reports(data: bytes, dim: int, max_size: int = MAX_CONTROL_BYTES) -> 
     return [decode_report(f, dim, max_size) for f in frames]
 
 
+def encode_link_keys(link_keys: Mapping[int, bytes]) -> bytes:
+    """The plaintext an Escrow seals: neighbour id -> link key."""
+    return _pack({int(m): bytes(k) for m, k in link_keys.items()})
+
+
+_LINK_KEYS = _mapping(_ID, _bytes(keys.KEY_BYTES))
+
+
+def decode_link_keys(data: bytes) -> dict[int, bytes]:
+    """The link keys in an opened Escrow, or Rejected."""
+    keys_: dict[int, bytes] = _LINK_KEYS.decode(
+        _unpack(data, MAX_CONTROL_BYTES, _CONTROL_LIMITS, "escrow"), "escrow"
+    )
+    return keys_
+
+
 def category(msg: object) -> str:
-    """Byte-accounting bucket: model, keys, telemetry (Telemetry and its Report) or control."""
+    """Byte-accounting bucket: model, keys, telemetry (Telemetry and its Report), audit
+    (Escrow) or control."""
     return _CATEGORY.get(type(msg), "control")
 
 

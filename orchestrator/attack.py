@@ -316,7 +316,7 @@ def attack_table(records: list[dict[str, Any]]) -> Table:
     """The whole wire's attack, one row per session (the sessions of `audit.json`'s
     `reconstruction`)."""
     table = titled_table(
-        "reconstruction attack: an eavesdropper with the whole wire and A",
+        "reconstruction attack: an eavesdropper with the whole wire (open) and A",
         (
             "session",
             "recovered",
@@ -355,6 +355,7 @@ def adversary_table(records: list[dict[str, Any]], agent: int) -> Table:
             "traj. err (median)",
             f"argmin J_{agent} err",
             "epsilon",
+            "wire",
         ),
         left=2,
     )
@@ -369,5 +370,6 @@ def adversary_table(records: list[dict[str, Any]], agent: int) -> Table:
             f"{r['trajectory_rel_error_median']:.3g}",
             "–" if minimizer is None else f"{minimizer:.3g}",
             eps if isinstance(eps, str) else f"{eps:.4g}",
+            r.get("wire", ""),
         )
     return table

@@ -2,8 +2,12 @@
 
 Two sources of wire: the live tap (`privnet run --audit`: a passive MQTT subscriber to
 everything of the run, beside it) and a pcap of the broker port (`privnet inspect --pcap`),
-decoded with tshark. The MAC on a peer frame authenticates, it does not encrypt, so the
-auditor, like any eavesdropper, reads every model body without any key (`wire.peek_peer`).
+decoded with tshark. Peer frames are sealed end to end (`agent.links`): under `--audit` the
+agents escrow their link keys to the orchestrator (link_keys.msgpack, 0600), and the auditor
+opens every frame with them, to prove the masking underneath. Without the escrow a sealed
+wire shows nothing to audit, and the report says so. On the visible wire (`--seal-links
+off`) the MAC authenticates without encrypting, so the auditor, like any eavesdropper, reads
+every model body without any key (`wire.peek_peer`).
 
 Ground truth is a replay of the same config on the in-process memory engine: the same cores,
 seed and public noise draw the same trajectories (local-ghp's masks come from fresh DH secrets
@@ -24,12 +28,13 @@ import contextlib
 import itertools
 import json
 import math
+import os
 import shutil
 import subprocess
 import threading
 import time
 from collections import Counter, defaultdict, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -39,6 +44,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import paho.mqtt.client as mqtt
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from rich.table import Table
 from scipy import stats
 
@@ -61,10 +67,13 @@ from orchestrator.report import table_console
 
 WIRE_FILE = "wire.msgpack"
 TELEMETRY_FILE = "telemetry.npz"
+LINK_KEYS_FILE = "link_keys.msgpack"
 MEMBERSHIP_FILE = "membership.json"
 FORMAT = "privnet-wire/1"
 PLAIN_REL = 1e-12  # a model within this relative distance of the truth is in the clear
 TRUTH_TOL = 1e-9  # replay vs sealed telemetry
+# (session, view) -> {(a, b): link key}, a < b: what the agents escrowed under --audit
+Escrowed = dict[tuple[int, int], dict[tuple[int, int], bytes]]
 QUIET = 0.3  # the tap stops after this long without a message...
 DRAIN = 5.0  # ...or after this long at most
 SUBSCRIBE_TIMEOUT = 10.0
@@ -85,12 +94,14 @@ class WireRecord:
 
 @dataclass
 class Recording:
-    """What `privnet run --audit` keeps: the run's identity, its config and its wire."""
+    """What `privnet run --audit` keeps: the run's identity, its config, its wire, and the
+    link keys the agents escrowed (in their own 0600 file: they open every frame)."""
 
     run: str
     broker: str
     config: ExperimentConfig
     records: list[WireRecord]
+    link_keys: Escrowed = field(default_factory=dict)
 
 
 # ---- the live tap -------------------------------------------------------------------------
@@ -108,6 +119,7 @@ class WireTap:
         self.address, self.run = address, run
         self.records: list[WireRecord] = []
         self.telemetry: list[np.ndarray] = []  # per session: the opened true models (iters, P, M)
+        self.link_keys: Escrowed = {}  # the agents' escrow (the conductor's `link_keys`)
         self._subscribed = threading.Event()
         self._lost: str | None = None
         self._client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
@@ -152,7 +164,8 @@ class WireTap:
 
     def save(self, out: Path, config: ExperimentConfig) -> None:
         """wire.msgpack (header + records) and telemetry.npz (one array per session)."""
-        save_recording(out, Recording(self.run, str(self.address), config, self.records))
+        recording = Recording(self.run, str(self.address), config, self.records, self.link_keys)
+        save_recording(out, recording)
         # Any: numpy types **kwds as if a name could be its allow_pickle flag
         arrays: dict[str, Any] = {f"session_{s}": m for s, m in enumerate(self.telemetry)}
         np.savez_compressed(out / TELEMETRY_FILE, **arrays)
@@ -167,6 +180,8 @@ def save_recording(out: Path, rec: Recording) -> None:
         "records": [[r.t, r.topic, r.payload] for r in rec.records],
     }
     (out / WIRE_FILE).write_bytes(msgpack.packb(doc, use_bin_type=True))
+    if rec.link_keys:
+        save_link_keys(out, rec.link_keys)
 
 
 def load_recording(run_dir: Path) -> Recording:
@@ -180,7 +195,26 @@ def load_recording(run_dir: Path) -> Recording:
         raise AuditError(f"{path} is not a {FORMAT} recording")
     config = configuration.with_overrides(ExperimentConfig(), doc["config"])
     records = [WireRecord(float(t), str(topic), bytes(p)) for t, topic, p in doc["records"]]
-    return Recording(doc["run"], doc["broker"], config, records)
+    return Recording(doc["run"], doc["broker"], config, records, load_link_keys(run_dir))
+
+
+def save_link_keys(out: Path, escrowed: Escrowed) -> None:
+    """The escrowed link keys, 0600 from creation: they open every frame of the run."""
+    doc = [[s, v, a, b, key] for (s, v), links in escrowed.items() for (a, b), key in links.items()]
+    fd = os.open(out / LINK_KEYS_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(msgpack.packb(doc, use_bin_type=True))
+
+
+def load_link_keys(run_dir: Path) -> Escrowed:
+    """The run's escrowed link keys; empty when it was not audited (nothing opens)."""
+    path = run_dir / LINK_KEYS_FILE
+    if not path.is_file():
+        return {}
+    escrowed: Escrowed = {}
+    for s, v, a, b, key in msgpack.unpackb(path.read_bytes(), raw=False):
+        escrowed.setdefault((int(s), int(v)), {})[(int(a), int(b))] = bytes(key)
+    return escrowed
 
 
 def load_telemetry(run_dir: Path) -> list[np.ndarray] | None:
@@ -324,15 +358,19 @@ def replay(
         plan = replace(plan, specs=[replace(s, noise_key=noise_key) for s in plan.specs])
     seen = SessionWire()
 
+    dim = problem.config.dim
+
     def tap(_publisher: str, frame: Publish) -> None:
         if topics.parse_peer_topic(frame.topic) is not None:
-            _add(seen, frame.payload, problem.config.dim)
+            _add(seen, frame.payload, partial(wire.peek_peer, dim=dim))
 
     witness = partial(
         _Witness, clear=clear, losses=losses, views=by_view, released=released, cores=cores
     )
     script = None if views is None else [replace(v, session=0) for v in views]
-    network = Network.build([plan], core=witness, tap=tap, script=script)
+    # The visible wire: its frames carry what sealed ones carry under the seal (the audit
+    # opens the run's own with the escrowed keys), and `wire` is read as a reader would.
+    network = Network.build([plan], core=witness, tap=tap, script=script, seal_links=False)
     models = network.play()[0].models
     for view in views or ():
         members = {m: cores[(view.view, m)] for m in view.members if (view.view, m) in cores}
@@ -372,6 +410,7 @@ class SessionWire:
     models: dict[tuple[int, int, int, int], np.ndarray] = field(default_factory=dict)
     keys: int = 0
     undecodable: int = 0
+    sealed: int = 0  # sealed frames no escrowed key opens
     duplicates: int = 0
     views: dict[tuple[int, int, int, int, int], np.ndarray] = field(default_factory=dict)
     view_keys: Counter[int] = field(default_factory=Counter)
@@ -379,11 +418,15 @@ class SessionWire:
     latest: dict[tuple[int, int, int, int], int] = field(default_factory=dict)  # slot -> view
 
 
-def split_sessions(records: Iterable[WireRecord], run: str, dim: int) -> list[SessionWire]:
-    """Peer traffic of each session, decoded without any key. A session begins with its
+def split_sessions(
+    records: Iterable[WireRecord], run: str, dim: int, escrowed: Escrowed | None = None
+) -> list[SessionWire]:
+    """Peer traffic of each session: the visible wire's read without any key, sealed frames
+    opened with the `escrowed` link keys where there are some. A session begins with its
     first Setup, not its Go: local-ghp agents agree their keys in between."""
     down = topics.ctl_down(run, "all").removesuffix("all")
     sessions: list[SessionWire] = []
+    opener = Opener(run, dim, escrowed or {})
     for rec in records:
         if rec.topic.startswith(down):
             with contextlib.suppress(Rejected):  # signed, not secret: anyone can read it
@@ -397,15 +440,43 @@ def split_sessions(records: Iterable[WireRecord], run: str, dim: int) -> list[Se
         peer = topics.parse_peer_topic(rec.topic)
         if peer is None or peer[0] != run or not sessions:
             continue
-        _add(sessions[-1], rec.payload, dim)
+        _add(sessions[-1], rec.payload, partial(opener.read, len(sessions) - 1))
     return sessions
 
 
-def _add(session: SessionWire, payload: bytes, dim: int) -> None:
+@dataclass
+class Opener:
+    """Reads a peer frame as the audit can: the visible wire's as anyone, a sealed one
+    with its link's escrowed key, if the agents escrowed it."""
+
+    run: str
+    dim: int
+    escrowed: Escrowed
+    _aeads: dict[bytes, ChaCha20Poly1305] = field(default_factory=dict)
+
+    def read(self, session: int, payload: bytes) -> wire.Peer:
+        try:
+            return wire.peek_peer(payload, self.dim)
+        except Rejected as exc:
+            if exc.reason != "sealed":
+                raise
+        head = wire.read_head(payload)
+        link = (min(head.sender, head.receiver), max(head.sender, head.receiver))
+        key = self.escrowed.get((session, head.view), {}).get(link)
+        if key is None:
+            raise Rejected("sealed", f"no escrowed key for link {link} of view {head.view}")
+        aead = self._aeads.get(key) or self._aeads.setdefault(key, ChaCha20Poly1305(key))
+        return wire.open_head(head, aead, self.run, self.dim)
+
+
+def _add(session: SessionWire, payload: bytes, read: Callable[[bytes], wire.Peer]) -> None:
     try:
-        msg = wire.peek_peer(payload, dim)
-    except Rejected:
-        session.undecodable += 1
+        msg = read(payload)
+    except Rejected as exc:
+        if exc.reason == "sealed":
+            session.sealed += 1
+        else:
+            session.undecodable += 1
         return
     if isinstance(msg, KeyPlan | KeyShare):
         session.keys += 1
@@ -550,6 +621,7 @@ def audit_session(
         "expected_model_messages": sum(expected.values()),
         "key_messages": seen.keys,
         "undecodable": seen.undecodable,
+        "sealed_unopened": seen.sealed,
         "duplicates": seen.duplicates,
         "unmatched": unmatched,
         "plaintext_messages": sum(link.plaintext for link in links.values()),
@@ -600,6 +672,30 @@ def audit_session(
     ]
     result["redo"] = _redo(parts, seen, truth, step)
     return result, noise
+
+
+def sealed_session(
+    strategy: Strategy, scheme: Scheme, repeat: int, seen: SessionWire
+) -> dict[str, Any]:
+    """What a sealed wire shows without the link keys: frames, and no model to read."""
+    return {
+        "strategy": str(strategy),
+        "scheme": str(scheme),
+        "repeat": repeat,
+        "sealed": True,
+        "sealed_unopened": seen.sealed,
+        "undecodable": seen.undecodable,
+        "model_messages": 0,
+        "plaintext_messages": 0,
+        "max_cancellation_residual": None,
+        "truth_vs_telemetry": None,
+        "hub_learns": {"everyone": None, "fallback_hubs": []},
+        "finding": (
+            f"{seen.sealed} peer frames, every one sealed end to end: none decodable without "
+            "its link's key (record the run with --audit to escrow the keys and audit the "
+            "masking underneath)"
+        ),
+    }
 
 
 def _links(A: np.ndarray) -> int:
@@ -908,12 +1004,15 @@ def _adversary_rows(
     problem: Problem,
     session: tuple[Strategy, Scheme, int],
     seen: SessionWire,
+    keyless: SessionWire,
     truth: Replay,
     plan: AttackPlan,
     views: Sequence[View] | None,
     reach: Mapping[int, int] | None,
 ) -> list[dict[str, Any]]:
-    """One session's rows of the adversary table: what each rebuilds, and its epsilon."""
+    """One session's rows of the adversary table: what each rebuilds, and its epsilon;
+    `seen` is the session's wire opened with the escrowed link keys, `keyless` as anyone
+    without a key reads it."""
     from orchestrator.attack import adversaries, attack_session, insider_knowledge
     from orchestrator.privacy.accountant import account, finite
 
@@ -926,19 +1025,27 @@ def _adversary_rows(
         for slot, view in seen.latest.items()
         if (view, *slot) in truth.released
     }
+    sealed = keyless.sealed > 0  # how this run's peer frames went
     rows = []
     for adversary in adversaries(problem, plan.agent, plan.coalition):
         known = insider_knowledge(problem, strategy, scheme, adversary, released)
+        # What it opens: an insider its own frames (the escrow stands in for its link
+        # keys); an outsider what this wire shows without a key, or, for the other
+        # setting of --seal-links, nothing (sealed) or every frame as opened (visible).
+        measured = adversary.insider or adversary.sealed == sealed
+        if adversary.insider:
+            frames = seen.models
+        elif measured:
+            frames = keyless.models
+        else:
+            frames = {} if adversary.sealed else seen.models
         row = attack_session(
-            problem,
-            strategy,
-            scheme,
-            repeat,
-            seen.models,
-            truth.clear,
-            adversary,
-            known,
-            plan.agent,
+            problem, strategy, scheme, repeat, frames, truth.clear, adversary, known, plan.agent
+        )
+        row["wire"] = (
+            "this run's"
+            if measured
+            else "modelled: --seal-links " + ("on" if adversary.sealed else "off")
         )
         row["epsilon"] = finite(accounted.against(adversary)[-1])
         rows.append(row)
@@ -971,19 +1078,25 @@ def audit(
     reconstruct every agent's trajectory and local minimizer from it, as the whole wire
     and as each adversary of the table (orchestrator.attack), with the epsilon that holds
     against each (privacy.accountant). `membership`: the run's views (membership.json),
-    which the replay plays as the conductor's script, session by session."""
+    which the replay plays as the conductor's script, session by session. The recording's
+    escrowed link keys open a sealed wire; a session whose frames none opens is reported
+    as sealed, nothing more."""
     c = recording.config
     problem = Problem.build(c)
     planned = session_list(c)
-    found = split_sessions(recording.records, recording.run, c.dim)
+    found = split_sessions(recording.records, recording.run, c.dim, recording.link_keys)
     if not found:
         raise AuditError(f"no session of run {recording.run!r} on the wire ({source})")
     if len(found) > len(planned):
         raise AuditError(f"{len(found)} sessions on the wire, the config plans {len(planned)}")
     sessions, plotted, attempts, rows = [], {}, [], []
+    keyless = split_sessions(recording.records, recording.run, c.dim) if attack else []
     b = c.sigma_g / math.sqrt(2)
     changed = False
     for s, ((strategy, scheme, repeat), seen) in enumerate(zip(planned, found, strict=False)):
+        if seen.sealed and not (seen.views or seen.keys):
+            sessions.append(sealed_session(strategy, scheme, repeat, seen))
+            continue
         views = session_views(membership, s, seen, c.agents)
         changed |= views is not None
         reach = _reach(seen) if views is not None else None
@@ -998,7 +1111,7 @@ def audit(
                 attack_session(problem, strategy, scheme, repeat, seen.models, truth.clear)
             )
             session = (strategy, scheme, repeat)
-            rows += _adversary_rows(problem, session, seen, truth, attack, views, reach)
+            rows += _adversary_rows(problem, session, seen, keyless[s], truth, attack, views, reach)
         if noise.samples.size and b > 0:
             plotted[f"{strategy}/{scheme} r{repeat}: p = {_fmt(result['noise']['p_value'])}"] = (
                 noise.samples / b
@@ -1028,12 +1141,18 @@ def audit(
                 " last round, every frame of every view charged, redone rounds included"
             ),
             "sealing": (
-                "modelled: with sealed links an outsider (one link, the broker or the whole "
-                "wire) reads no peer frame; an insider reads the frames addressed to it"
+                "an outsider (one link, the broker or the whole wire) reads what the recorded "
+                "wire shows without a key (`wire`: this run's) and, for the other setting of "
+                "--seal-links, nothing when sealed or every frame as the escrow opens it when "
+                "visible (`wire`: modelled); an insider reads the frames addressed to it"
             ),
             "rows": rows,
         }
         report["reconstruction"] = {
+            "wire": (
+                "every model frame as the escrowed link keys open it: what anyone on the wire "
+                "reads with --seal-links off (sealed, it reads none: see `adversaries`)"
+            ),
             "sessions": attempts,
             "breaks": sorted({a["scheme"] for a in attempts if a["broken"]}),
             "breaks_partly": sorted(
@@ -1050,13 +1169,14 @@ def audit_table(report: dict[str, Any]) -> Table:
     for name in ("session", "models", "clear", "mask min", "mask med", "KS p", "var", "cancel"):
         table.add_column(name, justify="right")
     for s in report["sessions"]:
+        if s.get("sealed"):
+            table.add_row(_session_name(s), f"sealed ({s['sealed_unopened']})", "0", *"-----")
+            continue
         resid = s["max_cancellation_residual"]
         leak = s["plaintext_messages"] and s["scheme"] != "none"
         seen, expected = s["model_messages"], s["expected_model_messages"]
         table.add_row(
-            f"{s['strategy']}/{s['scheme']}"
-            + (f" r{s['repeat']}" if s["repeat"] else "")
-            + (f" ({len(s['views'])} views)" if "views" in s else ""),
+            _session_name(s),
             f"{seen}" if seen == expected else f"[red]{seen}/{expected}",
             f"[red]{s['plaintext_messages']}" if leak else str(s["plaintext_messages"]),
             _fmt(s["masking_strength"]["min"]),
@@ -1071,6 +1191,14 @@ def audit_table(report: dict[str, Any]) -> Table:
         "cancel: max local-ghp residual at a hub"
     )
     return table
+
+
+def _session_name(s: dict[str, Any]) -> str:
+    return (
+        f"{s['strategy']}/{s['scheme']}"
+        + (f" r{s['repeat']}" if s["repeat"] else "")
+        + (f" ({len(s['views'])} views)" if "views" in s else "")
+    )
 
 
 def _redo_line(s: dict[str, Any]) -> str:
@@ -1162,7 +1290,9 @@ def show_audit(
                 f"learns agent {hub['learns_model_of']}'s model (no model is clear on the wire)"
             )
     for s in report["sessions"]:
-        if s["model_messages"] != s["expected_model_messages"]:
+        if s.get("sealed"):
+            err.print(f"{s['strategy']}/{s['scheme']}: {s['finding']}")
+        elif s["model_messages"] != s["expected_model_messages"]:
             err.print(
                 f"[yellow]{s['strategy']}/{s['scheme']}: {s['model_messages']} of "
                 f"{s['expected_model_messages']} models recorded; the rest was not audited"

@@ -7,7 +7,9 @@ For every broker x agent count asked for, in this order:
    wait for their in-neighbours' messages before the next round: no privnet logic at all.
    The clients live in one process per core.
 2. privnet itself (`privnet run` as a subprocess) for every scheme, its processes sampled
-   for CPU (agents, broker, orchestrator) and peak RSS.
+   for CPU (agents, broker, orchestrator) and peak RSS; with `--against FLAGS`, each repeat
+   also runs with those flags added, right after, so the two are compared in one sitting
+   (`--against "--seal-links off"`: what sealing costs).
 3. the memory engine on the same config (the same nodes, signed and MACed bytes, no sockets).
 Each measurement is repeated `--repeats` times, the median kept. The machine may be shared:
 compare the ratios within one sitting, not absolute numbers across sittings.
@@ -66,6 +68,8 @@ class Row:
     wall_s: float | None = None
     x_ceiling: float | None = None
     x_memory: float | None = None
+    variant: str = ""  # the --against flags this privnet row ran with ("": the baseline)
+    x_baseline: float | None = None  # a variant's rounds/s over the baseline's
 
 
 # ---- 1. the transport ceiling ---------------------------------------------------------------
@@ -266,7 +270,7 @@ def memory_rate(problem: Problem, strategy: Strategy, scheme: Scheme) -> tuple[f
             sizes.append(len(frame.payload))
 
     plans = session_plans(problem, [(strategy, scheme, 0)])
-    network = Network.build(plans, tap=tap)
+    network = Network.build(plans, tap=tap, seal_links=problem.config.seal_links)
     start = time.perf_counter()
     result = network.play()[0]
     took = result.wall or (time.perf_counter() - start)
@@ -285,7 +289,8 @@ def bench(args: argparse.Namespace) -> int:
     out = args.out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
-    steps = len(counts) * args.repeats * (len(schemes) + len(brokers) * (1 + 1))
+    variants = ["", *([args.against] if args.against else [])]
+    steps = len(counts) * args.repeats * (len(schemes) + len(brokers) * (1 + len(variants)))
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "cpus": os.cpu_count(),
@@ -295,6 +300,7 @@ def bench(args: argparse.Namespace) -> int:
         "strategy": str(strategy),
         "repeats": args.repeats,
         "extra": args.extra,
+        "against": args.against,
     }
     with progress_bar() as bar, tempfile.TemporaryDirectory() as tmp:
         task = bar.add_task("bench", total=steps, status="")
@@ -338,19 +344,21 @@ def bench(args: argparse.Namespace) -> int:
                     statistics.median(msgs), rates, cpu_broker_s=statistics.median(cpus),
                 )  # fmt: skip
                 rows.append(top)
-                runs: dict[str, list[tuple[dict[str, Any], Sample, float]]] = {}
+                runs: dict[tuple[str, str], list[tuple[dict[str, Any], Sample, float]]] = {}
                 for rep in range(args.repeats):
-                    where = Path(tmp) / f"{broker_kind}-{agents}-{rep}"
-                    extra = args.extra.split() if args.extra else []
-                    results, sample, wall = privnet_run(
-                        broker_kind, config_args, schemes, where, extra
-                    )
-                    for scheme in schemes:
-                        runs.setdefault(scheme, []).append((results[scheme], sample, wall))
-                    shown = ", ".join(f"{s} {results[s]['rounds_per_s']:.1f}" for s in schemes)
-                    step(f"privnet {broker_kind} {agents}: {shown} rounds/s")
-                for scheme in schemes:
-                    got = runs[scheme]
+                    for n, variant in enumerate(variants):  # interleaved: one sitting
+                        where = Path(tmp) / f"{broker_kind}-{agents}-{rep}-{n}"
+                        extra = f"{args.extra} {variant}".split()
+                        results, sample, wall = privnet_run(
+                            broker_kind, config_args, schemes, where, extra
+                        )
+                        for scheme in schemes:
+                            runs.setdefault((variant, scheme), []).append(
+                                (results[scheme], sample, wall)
+                            )
+                        shown = ", ".join(f"{s} {results[s]['rounds_per_s']:.1f}" for s in schemes)
+                        step(f"privnet{variant and ' ' + variant} {broker_kind} {agents}: {shown}")
+                for (variant, scheme), got in runs.items():
                     rates = [r["rounds_per_s"] for r, _, _ in got]
                     model = got[0][0]["messages"].get("model", 0) / args.iters
                     median = statistics.median(rates)
@@ -368,6 +376,10 @@ def bench(args: argparse.Namespace) -> int:
                             wall_s=statistics.median(w for _, _, w in got),
                             x_ceiling=median / top.rounds_per_s,
                             x_memory=median / memory[scheme].rounds_per_s,
+                            variant=variant,
+                            x_baseline=median / statistics.median(
+                                r["rounds_per_s"] for r, _, _ in runs[("", scheme)]
+                            ) if variant else None,
                         )
                     )  # fmt: skip
             for row in rows:
@@ -393,6 +405,8 @@ def table(rows: list[Row], meta: dict[str, Any]) -> Table:
         "what", "broker", "scheme", "agents", "rounds/s", "messages/s", "x ceiling", "x memory",
         "CPU agents s", "CPU broker s", "CPU orch s", "peak agent MB", "peak total MB",
     ]  # fmt: skip
+    if meta.get("against"):
+        columns.insert(7, "x baseline")
     for c in columns:
         t.add_column(c, justify="left" if c in ("what", "broker", "scheme") else "right")
 
@@ -400,8 +414,11 @@ def table(rows: list[Row], meta: dict[str, Any]) -> Table:
         return "-" if x is None else format(x, fmt)
 
     for r in rows:
-        cells = [r.kind, r.broker, r.scheme, str(r.agents), f(r.rounds_per_s)]
-        cells += [f(r.messages_per_s, ",.0f"), f(r.x_ceiling, ".2f"), f(r.x_memory, ".3f")]
+        what = f"{r.kind} {r.variant}" if r.variant else r.kind
+        cells = [what, r.broker, r.scheme, str(r.agents), f(r.rounds_per_s)]
+        cells += [f(r.messages_per_s, ",.0f"), f(r.x_ceiling, ".2f")]
+        cells += [f(r.x_baseline, ".3f")] if meta.get("against") else []
+        cells += [f(r.x_memory, ".3f")]
         cells += [f(r.cpu_agents_s), f(r.cpu_broker_s), f(r.cpu_orchestrator_s)]
         t.add_row(*cells, f(r.peak_agent_rss_mb, ".0f"), f(r.peak_total_rss_mb, ".0f"))
     return t
@@ -414,7 +431,9 @@ def plot(rows: list[Row], path: Path, meta: dict[str, Any]) -> None:
     import matplotlib.pyplot as plt
 
     labels = [
-        "\n".join(x for x in (r.kind, r.broker, r.scheme, f"{r.agents} agents") if x != "-")
+        "\n".join(
+            x for x in (r.kind, r.variant, r.broker, r.scheme, f"{r.agents} agents") if x not in "-"
+        )
         for r in rows
     ]
     colours = {"ceiling": "#999999", "privnet": "#1f77b4", "memory": "#2ca02c"}
@@ -448,5 +467,10 @@ def add_parser(sub: Any, handler: Callable[[argparse.Namespace], int]) -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="ceiling processes")
     p.add_argument("--extra", default="", help="more `privnet run` flags, quoted")
+    p.add_argument(
+        "--against",
+        default="",
+        help="`privnet run` flags to compare with, quoted: each repeat runs without, then with",
+    )
     p.add_argument("--out", type=Path, help="output directory (default runs/bench-<time>)")
     p.set_defaults(func=handler)

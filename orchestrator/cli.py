@@ -47,6 +47,13 @@ def _experiment_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, help="minibatch size (default: full batch)")
     parser.add_argument("--rekey", choices=[str(r) for r in Rekey])
     parser.add_argument(
+        "--seal-links",
+        dest="seal_links",
+        type=_on_off,
+        metavar="on|off",
+        help="seal every peer frame end to end (default on); off: the paper's visible wire",
+    )
+    parser.add_argument(
         "--seed",
         type=_seed,
         help="data, graph and noise seed; `random` (or empty): a secret one, kept in summary.json",
@@ -83,7 +90,16 @@ OVERRIDES = (
     "batch",
     "rekey",
     "seed",
+    "seal_links",
 )
+
+
+def _on_off(text: str) -> bool:
+    if text.lower() in ("on", "yes", "true"):
+        return True
+    if text.lower() in ("off", "no", "false"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r}: give on or off")
 
 
 def _seed(text: str) -> int | None:

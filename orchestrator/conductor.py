@@ -36,6 +36,7 @@ from agent.node import (
     Output,
     Publish,
     Traffic,
+    escrow_context,
     hello_proof,
     setup_context,
     telemetry_context,
@@ -181,6 +182,8 @@ class Conductor:
         checkpoint_every: int = 0,
         script: Iterable[View] | None = None,
         resume: Resume | None = None,
+        seal_links: bool = True,
+        escrow: bool = False,
     ) -> None:
         if not plans:
             raise ValueError("a run needs at least one session")
@@ -192,6 +195,9 @@ class Conductor:
         self.plans, self.deadline, self.telemetry = plans, deadline, telemetry
         self.register_deadline = register_deadline
         self.checkpoint_every = checkpoint_every
+        self.seal_links, self.escrow = seal_links, escrow
+        # (session, view) -> {(a, b): link key}, a < b, as the agents escrowed them (--audit)
+        self.link_keys: dict[tuple[int, int], dict[tuple[int, int], bytes]] = {}
         # A replay applies recorded views at their rounds and decides nothing itself.
         self.script = {(v.session, v.view): v for v in script} if script is not None else None
         self.agents = agents
@@ -458,6 +464,11 @@ class Conductor:
             case control.Telemetry(session=n) if n == self.session and self.stage in IN_SESSION:
                 self._telemetry(msg)
                 return Output()
+            case control.Escrow(session=n) if (
+                self.escrow and n == self.session and self.stage in IN_SESSION
+            ):
+                self._escrowed(msg)
+                return Output()
             case control.Left(agent=agent, rejected=rejected) if self.stage is Stage.CLOSING:
                 if agent in self.left:
                     raise Rejected("duplicate", f"second Left of agent {agent}")
@@ -537,6 +548,21 @@ class Conductor:
         for report in reports:
             self.models[report.round - 1, report.sender] = report.w
             self.counts[report.sender] += 1
+
+    def _escrowed(self, msg: control.Escrow) -> None:
+        """Keep an agent's link keys of a view; both ends of a link must escrow the same."""
+        context = escrow_context(self.run, msg.agent, self.session, msg.view)
+        try:
+            blob = keys.open_sealed(self.identity.static, msg.sealed, context)
+        except keys.BadKey as exc:
+            raise Rejected("bad-seal", f"escrow of agent {msg.agent}: {exc}") from exc
+        escrowed = self.link_keys.setdefault((self.session, msg.view), {})
+        for peer, key in wire.decode_link_keys(blob).items():
+            link = (min(msg.agent, peer), max(msg.agent, peer))
+            if escrowed.setdefault(link, key) != key:
+                raise Rejected(
+                    "schema", f"agent {msg.agent} escrowed another key for link {link} than {peer}"
+                )
 
     def _view_end(self, view: int) -> int:
         """The last round of `view` that stands: views after it redo from their start."""
@@ -718,6 +744,8 @@ class Conductor:
                 self.telemetry,
                 view.resume.get(spec.agent, view.start - 1),
                 self.checkpoint_every,
+                self.seal_links,
+                self.escrow,
             )
             sealed = keys.seal(
                 self.registered[spec.agent].identity.static,

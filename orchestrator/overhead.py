@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
-from agent import wire
 from agent.messages import KeyPlan, KeyShare
 from agent.node import Publish, Traffic
 from agent.spec import STRATEGY_STEP, Rekey, Scheme, Strategy
@@ -86,15 +85,17 @@ def measure(problem: Problem, strategy: Strategy, scheme: Scheme) -> Measured:
         if publisher == CONDUCTOR:
             return
         tally = rounds if frame.category in ("model", "telemetry") else setup
-        if frame.category == "keys":
-            msg = wire.peek_peer(frame.payload, c.dim)
+        if frame.category == "keys":  # read as its sender can (the frame may be sealed)
+            session = network.nodes[int(publisher.removeprefix("agent-"))].session
+            assert session is not None, f"{publisher} published a key frame outside a session"
+            msg = session.links.read(frame.payload)
             tally = setup if _one_time(msg, c.rekey) else rounds
             mine = not isinstance(msg, KeyShare) or msg.sender == msg.owner  # else relayed
             (originated if mine else relayed)[msg.sender] += 1
         tally.add(frame.category, frame.topic, frame.payload)
 
     plans = session_plans(problem, [(strategy, scheme, 0)])
-    network = Network.build(plans, tap=tap, run=RUN)
+    network = Network.build(plans, tap=tap, run=RUN, seal_links=c.seal_links)
     network.play()
     agreements = sum(n.session.core.counters.agreements for n in network.nodes if n.session)
     return Measured(setup, rounds, agreements, originated, relayed)

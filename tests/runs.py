@@ -20,6 +20,7 @@ import numpy as np
 
 from agent import control, keys, topics, wire
 from agent.core import AgentCore
+from agent.messages import Model, Rejected
 from agent.node import AgentNode, Checkpoint, Output, Publish
 from agent.spec import Scheme, Strategy
 from orchestrator.conductor import Conductor, SessionResult, Stage, View
@@ -37,6 +38,19 @@ FRESH = 10**9  # sequence numbers above anything a run uses
 CONTROL_TYPES = {t.__name__.lower() for t in (*control.Up.__args__, *control.Down.__args__)}
 Session = tuple[Strategy, Scheme]
 Party = AgentNode | Conductor
+
+
+def model_place(frame: Publish) -> tuple[int, int] | None:
+    """(view, round) of a model frame as anyone on the wire reads it, sealed (its clear
+    head) or not; None for any other frame."""
+    if frame.category != "model":
+        return None
+    try:
+        fields = wire.read_head(frame.payload).fields
+    except Rejected:  # a frame of the visible wire
+        msg = wire.peek_peer(frame.payload, problem().config.dim)
+        return (msg.view, msg.round) if isinstance(msg, Model) else None
+    return fields["view"], fields["round"]
 
 
 @functools.cache
@@ -88,10 +102,21 @@ class Harness:
         core: Callable[..., AgentCore] = AgentCore,
         script: Iterable[View] | None = None,
         checkpoint_every: int = 0,
+        seal_links: bool = True,
+        escrow: bool = False,
     ) -> Harness:
+        """`seal_links=False`: the visible wire, for tests that forge peer frames as only a
+        link's two ends could seal them."""
         plans = session_plans(problem(rounds), [(s, sc, 0) for s, sc in sessions])
         net = Network.build(
-            plans, core=core, deadline=deadline, telemetry=telemetry, run=RUN, script=script
+            plans,
+            core=core,
+            deadline=deadline,
+            telemetry=telemetry,
+            run=RUN,
+            script=script,
+            seal_links=seal_links,
+            escrow=escrow,
         )
         net.conductor.checkpoint_every = checkpoint_every
         harness = cls(net, Clock())
@@ -303,9 +328,18 @@ class Harness:
         """An upward frame on agent `agent`'s topic, signed by its identity unless told."""
         signer = signer or self.nodes[agent].identity
         seq = next(self._seq) if seq is None else seq
-        kind = topics.telemetry if isinstance(msg, control.Telemetry) else topics.ctl_up
+        upward = (control.Telemetry, control.Escrow)
+        kind = topics.telemetry if isinstance(msg, upward) else topics.ctl_up
         topic = topic or kind(RUN, agent)
         return topic, wire.encode_signed(msg, run, seq, signer)
+
+    def read(self, frame: Publish) -> wire.Peer:
+        """The peer message in `frame`, opened as its sender can (sealed or not)."""
+        peer = topics.parse_peer_topic(frame.topic)
+        assert peer is not None, f"{frame.topic} is no peer topic"
+        session = self.nodes[peer[2]].session
+        assert session is not None, f"agent {peer[2]} has no session to read {frame.topic}"
+        return session.links.read(frame.payload)
 
     def recorded(self, kind: type, topic: str | None = None) -> list[Publish]:
         """Control frames of type `kind` delivered so far (on `topic`, if given)."""

@@ -11,12 +11,16 @@ import numpy as np
 import pytest
 
 from agent import rng
+from agent.node import Publish
 from agent.spec import Scheme, Strategy
+from orchestrator import audit
 from orchestrator.attack import RECOVERED, attack_session, insider_knowledge, reconstruct
 from orchestrator.audit import replay
+from orchestrator.engines.memory import Network
 from orchestrator.experiment import topology
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
+from orchestrator.experiment.specs import session_plans
 from orchestrator.privacy.accountant import Adversary
 
 
@@ -80,6 +84,16 @@ def test_local_ghp_falls_on_a_complete_graph() -> None:
 
 
 def test_sealed_outsiders_read_nothing_and_insiders_what_reaches_them(geometric: Problem) -> None:
+    """A sealed wire read without a key yields no frame; an insider reads its own."""
+    records: list[audit.WireRecord] = []
+
+    def tap(_publisher: str, frame: Publish) -> None:
+        records.append(audit.WireRecord(0.0, frame.topic, frame.payload))
+
+    plans = session_plans(geometric, [(Strategy.ATC, Scheme.NONE, 0)])
+    Network.build(plans, tap=tap, run="sealed").play()
+    (keyless,) = audit.split_sessions(records, "sealed", geometric.config.dim)
+    assert keyless.sealed > 0 and not keyless.models
     seen, clear = wire_of(geometric, Scheme.NONE)
     a = geometric.A
     hub = int(np.argmax((a > 0).sum(axis=0)))
@@ -87,7 +101,9 @@ def test_sealed_outsiders_read_nothing_and_insiders_what_reaches_them(geometric:
         Adversary("wire", sealed=True),
         Adversary("link", sender=0, receiver=hub, sealed=True),
     ):
-        record = attack_session(geometric, Strategy.ATC, Scheme.NONE, 0, seen, clear, adversary)
+        record = attack_session(
+            geometric, Strategy.ATC, Scheme.NONE, 0, keyless.models, clear, adversary
+        )
         assert record["frames_read"] == 0 and record["agents_recovered"] == 0
         assert record["trajectory_rel_error_median"] == 1.0  # nothing read: the estimate 0
     insider = Adversary("hub", frozenset({hub}))

@@ -23,7 +23,7 @@ from conftest import capture_tools, tcpdump
 
 from agent import keys, rng, topics, wire
 from agent.core import AgentCore, split_senders
-from agent.messages import KeyShare, Model
+from agent.messages import KeyShare, Model, Rejected
 from agent.node import Phase, Publish
 from agent.spec import STRATEGY_STEP, AgentSpec, Scheme, Strategy
 from broker.launcher import launch
@@ -67,22 +67,27 @@ def recorded(
     problem: Problem,
     sessions: Iterable[tuple[Strategy, Scheme, int]],
     core: Callable[..., AgentCore] = AgentCore,
-) -> tuple[list[audit.WireRecord], list[np.ndarray]]:
+) -> tuple[list[audit.WireRecord], list[np.ndarray], audit.Escrowed]:
     """A run of `sessions` on the memory engine: every frame published, as the live tap
-    records it, and each session's true models from the sealed telemetry."""
+    records it, each session's true models from the sealed telemetry, and the link keys
+    the agents escrowed."""
     records: list[audit.WireRecord] = []
 
     def tap(publisher: str, frame: Publish) -> None:
         records.append(audit.WireRecord(0.0, frame.topic, frame.payload))
 
-    network = Network.build(specs.session_plans(problem, sessions), core=core, tap=tap, run=RUN)
-    return records, [result.models for result in network.play()]
+    plans = specs.session_plans(problem, sessions)
+    network = Network.build(
+        plans, core=core, tap=tap, run=RUN, escrow=True, seal_links=problem.config.seal_links
+    )
+    telemetry = [result.models for result in network.play()]
+    return records, telemetry, network.conductor.link_keys
 
 
 def memory_recording(c: ExperimentConfig) -> tuple[audit.Recording, list[np.ndarray]]:
     """A whole run on the memory engine, recorded like `privnet run --audit` records it."""
-    records, telemetry = recorded(Problem.build(c), specs.session_list(c))
-    return audit.Recording(RUN, "127.0.0.1:1883", c, records), telemetry
+    records, telemetry, escrowed = recorded(Problem.build(c), specs.session_list(c))
+    return audit.Recording(RUN, "127.0.0.1:1883", c, records, escrowed), telemetry
 
 
 # ---- the wire codec addition ----------------------------------------------------------------
@@ -187,12 +192,14 @@ def test_inspect_cli_writes_json_and_plot(tmp_path: Path) -> None:
     assert main(["inspect", "--run", str(tmp_path / "missing")]) == 1
 
 
-def test_inspect_attack_tables_every_adversary(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sealed", [True, False])
+def test_inspect_attack_tables_every_adversary(tmp_path: Path, sealed: bool) -> None:
     """`inspect --attack --coalition 3,7` on an 8-agent complete graph: sealed outsiders
     read nothing; with the wire open local-ghp falls to it (epsilon infinite) and masked-ghp
-    does not (finite, and finite for each hub and the coalition too)."""
+    does not (finite, and finite for each hub and the coalition too). The run's own
+    setting of --seal-links is read off its wire; the other one is modelled."""
     schemes = (Scheme.NONE, Scheme.LOCAL_GHP, Scheme.MASKED_GHP)
-    c = config(agents=8, iters=6, topology="complete", schemes=schemes)
+    c = config(agents=8, iters=6, topology="complete", schemes=schemes, seal_links=sealed)
     recording, telemetry = memory_recording(c)
     audit.save_recording(tmp_path, recording)
     np.savez(
@@ -205,11 +212,15 @@ def test_inspect_attack_tables_every_adversary(tmp_path: Path) -> None:
     assert len(rows) == 3 * 6
     hub = next(r["adversary"] for r in table["rows"] if r["kind"] == "hub")
     for scheme in ("none", "local-ghp", "masked-ghp"):
-        for sealed in ("whole wire (sealed)", "link 0->1 (sealed)"):
-            r = rows[(scheme, sealed)]
+        for blind in ("whole wire (sealed)", "link 0->1 (sealed)"):
+            r = rows[(scheme, blind)]
             assert r["frames_read"] == r["agents_recovered"] == r["epsilon"] == 0
         assert rows[(scheme, "coalition 3,7")]["members"] == [3, 7]
         assert rows[(scheme, "whole wire")]["frames_read"] == 8 * 7 * 6
+        for adversary in ("whole wire (sealed)", "whole wire", "link 0->1", "hub 1"):
+            r = rows[(scheme, adversary)]
+            ours = r["kind"] == "hub" or ("sealed" in adversary) == sealed
+            assert (r["wire"] == "this run's") == ours, (adversary, r["wire"])
     assert rows[("none", hub)]["epsilon"] == "inf" and rows[("none", hub)]["agents_recovered"] == 7
     local, masked = rows[("local-ghp", "whole wire")], rows[("masked-ghp", "whole wire")]
     assert local["broken"] and local["epsilon"] == "inf"
@@ -237,8 +248,8 @@ def local_run() -> tuple[Problem, Witnessed]:
     problem = Problem.build(config(agents=20, iters=30, schemes=(Scheme.LOCAL_GHP,)))
     clear: dict[tuple[int, int, int], np.ndarray] = {}
     witness = partial(audit._Witness, clear=clear)
-    records, _ = recorded(problem, [(Strategy.ATC, Scheme.LOCAL_GHP, 0)], witness)
-    (seen,) = audit.split_sessions(records, RUN, problem.config.dim)
+    records, _, escrowed = recorded(problem, [(Strategy.ATC, Scheme.LOCAL_GHP, 0)], witness)
+    (seen,) = audit.split_sessions(records, RUN, problem.config.dim, escrowed)
     sent = {(s, r, i): vector for (s, r, i, _), vector in seen.models.items()}
     return problem, Witnessed(sent, clear)
 
@@ -414,3 +425,73 @@ def test_pcap_shows_what_the_live_tap_saw(tmp_path: Path) -> None:
         for category in ("model", "keys", "telemetry"):
             want = measured.setup.bytes[category] + measured.rounds.bytes[category]
             assert record["bytes"].get(category, 0) == want, (scheme, category)
+
+
+def captured_run(out: Path, *flags: str) -> bytes:
+    """`privnet run --audit` of 6 agents under tcpdump: every byte of its broker port."""
+    pcap = out.with_suffix(".pcap")
+    with launch("mosquitto") as broker, tcpdump(pcap, broker.address.port):
+        argv = ["run", "--agents", "6", "--iters", "12", "--seed", str(SEED), "--audit"]
+        assert main([*argv, *flags, "--broker", str(broker.address), "--out", str(out)]) == 0
+    return pcap.read_bytes()
+
+
+def floats(models: np.ndarray) -> set[bytes]:
+    """Each entry of `models` as the 8 little-endian bytes of a float64 on the wire."""
+    return {np.float64(x).tobytes() for x in models.ravel() if x != 0}
+
+
+def wire_values(out: Path) -> tuple[set[bytes], set[bytes]]:
+    """What the audit reads on the wire (a sealed one opened with the escrow): every model,
+    every key share's ephemeral key and signature."""
+    recording = audit.load_recording(out)
+    opener = audit.Opener(recording.run, recording.config.dim, recording.link_keys)
+    models: set[bytes] = set()
+    shares: set[bytes] = set()
+    for record in recording.records:
+        if topics.parse_peer_topic(record.topic) is None:
+            continue
+        try:
+            msg = opener.read(0, record.payload)
+        except Rejected:  # an agent's closing probe of its own inbox
+            continue
+        if isinstance(msg, Model):
+            models |= floats(msg.vector)
+        elif isinstance(msg, KeyShare):
+            shares |= {msg.public, msg.signature}
+    return models, shares
+
+
+@pytest.mark.net
+@pytest.mark.timeout(240)
+def test_a_capture_of_a_sealed_run_holds_no_model_and_no_key(tmp_path: Path) -> None:
+    """Every packet of a default-scheme run (local-ghp, sealed): no float64 of a true model
+    (telemetry) or of a masked one (the frames, opened with the escrow), no ephemeral key
+    or signature anywhere in the bytes; without the escrow, `inspect --pcap` opens
+    nothing and says so. Sealing off, scheme none: every model is there."""
+    if not capture_tools():
+        pytest.skip("needs tcpdump and tshark (apt-get install tcpdump tshark)")
+    sealed = captured_run(tmp_path / "sealed", "--scheme", "local-ghp", "--strategy", "atc")
+    (truth,) = audit.load_telemetry(tmp_path / "sealed") or [None]
+    assert truth is not None
+    masked, shares = wire_values(tmp_path / "sealed")
+    true = floats(truth)
+    assert len(true) > 100 and len(masked) > 100 and len(shares) > 10
+    assert not [x for x in true | masked | shares if x in sealed]
+    (tmp_path / "sealed" / audit.LINK_KEYS_FILE).unlink()
+    pcap = str((tmp_path / "sealed").with_suffix(".pcap"))
+    assert main(["inspect", "--run", str(tmp_path / "sealed"), "--pcap", pcap]) == 0
+    report = json.loads((tmp_path / "sealed" / "audit-pcap.json").read_text())
+    (session,) = report["sessions"]
+    assert session["sealed"] and session["sealed_unopened"] > 0
+    assert "none decodable" in session["finding"]
+
+    # Consensus sends each agent's w of the round before: every true model but the last.
+    flags = ("--scheme", "none", "--strategy", "consensus", "--seal-links", "off")
+    visible = captured_run(tmp_path / "visible", *flags)
+    (truth,) = audit.load_telemetry(tmp_path / "visible") or [None]
+    assert truth is not None
+    sent = floats(truth[:-1])
+    assert len(sent) > 100 and all(x in visible for x in sent)
+    masked, shares = wire_values(tmp_path / "visible")
+    assert masked >= sent and not shares

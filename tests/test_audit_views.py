@@ -18,10 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import need_mosquitto
-from runs import Clock
+from runs import Clock, model_place
 
-from agent import wire
-from agent.messages import Model
 from agent.node import AgentNode, Publish
 from agent.spec import STRATEGY_STEP, Scheme, Strategy
 from orchestrator import audit
@@ -72,7 +70,8 @@ def play(c: ExperimentConfig, edit: Edit, seen_before_edit: bool = False) -> Fau
     def tap(_publisher: str, frame: Publish) -> None:
         records.append(audit.WireRecord(0.0, frame.topic, frame.payload))
 
-    net = Network.build(session_plans(problem, session_list(c)), run=RUN, deadline=DEADLINE)
+    plans = session_plans(problem, session_list(c))
+    net = Network.build(plans, run=RUN, deadline=DEADLINE, escrow=True)
     clock = Clock()
     net.router.clock = clock
 
@@ -101,7 +100,7 @@ def play(c: ExperimentConfig, edit: Edit, seen_before_edit: bool = False) -> Fau
     net.router.send(CONDUCTOR, net.conductor.bye())
     net.router.drain()
     telemetry = [result.models for result in net.conductor.results]
-    recording = audit.Recording(RUN, "127.0.0.1:1883", c, records)
+    recording = audit.Recording(RUN, "127.0.0.1:1883", c, records, net.conductor.link_keys)
     return Faulty(recording, telemetry, list(net.conductor.membership))
 
 
@@ -126,15 +125,13 @@ def killing(victim: int, after: int) -> Edit:
     return edit
 
 
-def losing_round(round_: int, dim: int) -> Edit:
+def losing_round(round_: int) -> Edit:
     """Every model frame of `round_` under the first view is lost (a broker that dropped
     them): nobody completes the round, the network stands still, a new view redoes it."""
 
     def edit(_net: Network, _publisher: str, frame: Publish) -> Publish | None:
-        if frame.category == "model":
-            msg = wire.peek_peer(frame.payload, dim)
-            if isinstance(msg, Model) and msg.view == 0 and msg.round == round_:
-                return None
+        if model_place(frame) == (0, round_):
+            return None
         return frame
 
     return edit
@@ -219,7 +216,7 @@ def test_a_stalled_round_is_redone_under_a_new_view_with_fresh_masks() -> None:
     """Every frame of one round lost on its way: the network stands still for a deadline,
     the conductor starts a view of the same members from that round; an eavesdropper who
     saw the lost frames sees each agent's value of it once more, under a fresh mask."""
-    run = play(config(), losing_round(STALLED, config().dim), seen_before_edit=True)
+    run = play(config(), losing_round(STALLED), seen_before_edit=True)
     first, second = run.views
     assert second.reason == "stalled" and second.start == STALLED
     assert second.members == first.members == tuple(range(AGENTS))
@@ -282,8 +279,8 @@ def test_a_redone_round_is_charged_in_epsilon_exactly(scheme: Scheme) -> None:
     masked-ghp's masks is the same draw of the same value, so the whole wire pays nothing
     more there."""
     c = config(scheme)
-    run = play(c, losing_round(STALLED, c.dim), seen_before_edit=True)
-    (seen,) = audit.split_sessions(run.recording.records, RUN, c.dim)
+    run = play(c, losing_round(STALLED), seen_before_edit=True)
+    (seen,) = audit.split_sessions(run.recording.records, RUN, c.dim, run.recording.link_keys)
     views = audit.session_views(run.views, 0, seen, AGENTS)
     problem = Problem.build(c)
     charged = account(problem, Strategy.ATC, scheme, 0, views=views, reach=audit._reach(seen))

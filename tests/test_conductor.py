@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from runs import (
@@ -27,12 +28,22 @@ from runs import (
     Harness,
     assert_same_models,
     clean,
+    model_place,
     problem,
 )
 
 from agent import control, keys, topics, wire
-from agent.messages import Model, Report
-from agent.node import Checkpoint, Event, Output, Phase, Publish, hello_proof, telemetry_context
+from agent.messages import Report
+from agent.node import (
+    Checkpoint,
+    Event,
+    Output,
+    Phase,
+    Publish,
+    escrow_context,
+    hello_proof,
+    telemetry_context,
+)
 from agent.spec import Scheme, Strategy
 from orchestrator.conductor import (
     REGISTER_DEADLINE,
@@ -132,7 +143,7 @@ def stage_is(stage: Stage) -> Predicate:
 
 def sent_by_target(kind: type, stage: Stage) -> Predicate:
     """The target's genuine `kind` has been delivered and the conductor is still in `stage`."""
-    topic = topics.telemetry if kind is control.Telemetry else topics.ctl_up
+    topic = topics.telemetry if kind in (control.Telemetry, control.Escrow) else topics.ctl_up
 
     def ready(h: Harness) -> bool:
         return h.conductor.stage is stage and bool(h.recorded(kind, topic(RUN, TARGET)))
@@ -198,6 +209,22 @@ def telemetry(
             h.conductor.identity.public.static, wire.encode_reports(reports), context
         )
         return control.Telemetry(TARGET, 0, view, last, sealed)
+
+    return make
+
+
+def escrow(*, zeroed: bool = False, context_agent: int = TARGET) -> Callable[..., control.Escrow]:
+    """The target's escrowed link keys of view 0 (all zeros, if `zeroed`), sealed to the
+    orchestrator with the context of `context_agent`."""
+
+    def make(h: Harness) -> control.Escrow:
+        session = h.nodes[TARGET].session
+        assert session is not None
+        mine = {m: bytes(32) if zeroed else k for m, k in session.links.keys.items()}
+        context = escrow_context(RUN, context_agent, 0, 0)
+        plain = wire.encode_link_keys(mine)
+        sealed = keys.seal(h.conductor.identity.public.static, plain, context)
+        return control.Escrow(TARGET, 0, 0, sealed)
 
     return make
 
@@ -301,6 +328,8 @@ ATTACKS = [
         "out-of-phase",
     ),
     *again(control.Telemetry, telemetry(), Stage.RUNNING),
+    # Escrow: taken only from a run that audits (tests below)
+    Attack("escrow-without-audit", RUNNING, up(escrow()), "out-of-phase"),
     # Finished
     Attack("finished-before-go", CONFIGURING, up(const(FINISHED)), "out-of-phase"),
     Attack("finished-unregistered", before_hello, up(const(FINISHED)), "unregistered"),
@@ -400,6 +429,45 @@ def test_a_bad_upward_frame_is_dropped_counted_and_changes_nothing(attack: Attac
 
 def test_every_control_type_is_attacked() -> None:
     assert {a.name.split("-")[0] for a in ATTACKS} >= CONTROL_TYPES
+
+
+# ---- escrow (--audit) -----------------------------------------------------------------------
+
+
+def test_an_audited_run_escrows_every_link_key_of_every_view_and_they_open_its_frames() -> None:
+    """Both ends escrow each link's seal key; with them every recorded peer frame opens,
+    and the run is a clean run's."""
+    h = Harness.build(escrow=True)
+    results = h.play()
+    (keys_of_view,) = h.conductor.link_keys.values()
+    A = problem().A
+    links = {(a, b) for a in range(AGENTS) for b in range(a + 1, AGENTS) if A[a, b] or A[b, a]}
+    assert set(keys_of_view) == links
+    frames = [f for _, f in h.sent if topics.parse_peer_topic(f.topic) is not None]
+    assert frames
+    for frame in frames:
+        head = wire.read_head(frame.payload)
+        link = (min(head.sender, head.receiver), max(head.sender, head.receiver))
+        aead = ChaCha20Poly1305(keys_of_view[link])
+        assert wire.open_head(head, aead, RUN, DIM).sender == head.sender
+    h.assert_all_counted()
+    assert_same_models(results, clean())
+
+
+ESCROW_ATTACKS = [
+    Attack(
+        "escrow-bad-seal", RUNNING, up(const(control.Escrow(TARGET, 0, 0, bytes(80)))), "bad-seal"
+    ),
+    Attack("escrow-sealed-for-another", RUNNING, up(escrow(context_agent=OTHER)), "bad-seal"),
+    Attack("escrow-other-keys", RUNNING, up(escrow(zeroed=True)), "schema"),
+    Attack("escrow-forged", RUNNING, up(escrow(), signer=STRANGER), "bad-signature"),
+]
+
+
+@pytest.mark.parametrize("attack", ESCROW_ATTACKS, ids=str)
+def test_a_bad_escrow_is_dropped_counted_and_changes_nothing(attack: Attack) -> None:
+    h = Harness.build(escrow=True)
+    h.strike(h.conductor, lambda: attack.when(h), lambda: attack.frame(h), attack.reason)
 
 
 # ---- deadlines ------------------------------------------------------------------------------
@@ -836,10 +904,8 @@ def pause_from(h: Harness, view: int, round_: int) -> None:
     """Hold every model frame of `view` from `round_` on: the members stop there, running."""
 
     def selected(_: str, frame: Publish) -> bool:
-        if frame.category != "model":
-            return False
-        msg = wire.peek_peer(frame.payload, DIM)
-        return isinstance(msg, Model) and msg.view == view and msg.round >= round_
+        place = model_place(frame)
+        return place is not None and place[0] == view and place[1] >= round_
 
     h.hold = selected
 
@@ -949,10 +1015,9 @@ def lose_models_to(h: Harness, agent: int, round_: int, view: int = 0) -> None:
     inbox = topics.inbox_filter(RUN, agent)
 
     def selected(_: str, frame: Publish) -> bool:
-        if frame.category != "model" or not topics.matches(inbox, frame.topic):
+        if not topics.matches(inbox, frame.topic):
             return False
-        msg = wire.peek_peer(frame.payload, DIM)
-        return isinstance(msg, Model) and msg.view == view and msg.round == round_
+        return model_place(frame) == (view, round_)
 
     h.lose = selected
 

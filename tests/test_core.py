@@ -138,7 +138,11 @@ class Observed(AgentCore):
 class Session:
     """One session on the memory engine: the conductor and a node per agent on one Router,
     with observed cores; `wire` is every peer message the agents published, as delivered
-    and read by an eavesdropper (edited in flight, if it was; "injected" frames left out)."""
+    and read by an eavesdropper (edited in flight, if it was; "injected" frames left out).
+
+    On the visible wire (`--seal-links off`): these tests read, edit and forge the frames
+    of the round protocol in flight, which sealing hides from anyone but a link's two ends
+    (tests/test_links.py covers the seal itself)."""
 
     def __init__(self, problem: Problem, strategy: Strategy, scheme: Scheme) -> None:
         self.dim = problem.config.dim
@@ -146,7 +150,9 @@ class Session:
         self.wire: list[Peer] = []
         self.models = np.zeros(0)
         plans = session_plans(problem, [(strategy, scheme, 0)])
-        self.network = Network.build(plans, core=partial(Observed, notes=self.notes), tap=self._tap)
+        self.network = Network.build(
+            plans, core=partial(Observed, notes=self.notes), tap=self._tap, seal_links=False
+        )
         self.router = self.network.router
 
     def _tap(self, publisher: str, frame: Publish) -> None:
@@ -197,9 +203,9 @@ class Session:
             return wire.encode_report(msg)
         session = self.nodes[receiver].session
         assert session is not None
-        if msg.sender not in session.link_keys:  # a non-neighbour: the receiver derived no
+        if msg.sender not in session.links.keys:  # a non-neighbour: the receiver derived no
             return wire.encode_peer(msg, bytes(32))  # link key with it, so no MAC can pass
-        return wire.encode_peer(msg, session.link_keys[msg.sender])
+        return wire.encode_peer(msg, session.links.keys[msg.sender])
 
     def drop(self, lost: Callable[[Peer], bool]) -> None:
         """Lose every peer frame whose message is `lost` in flight."""

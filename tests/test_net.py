@@ -25,6 +25,7 @@ import numpy as np
 import psutil
 import pytest
 from conftest import prepared
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from agent import topics, wire
 from agent.control import Telemetry
@@ -131,14 +132,15 @@ def test_agent_byte_counts_match_mosquitto_sys(net_run: Callable[[str], Path]) -
 
 
 ATTACK = ["--agents", "6", "--iters", "400", "--seed", "5", "--strategy", "atc", "--scheme", "ghp"]
-EXPECTED_REJECTIONS = {"malformed": 1, "oversized": 1, "bad-mac": 3, "stale": 1, "spoofed": 1}
+EXPECTED_REJECTIONS = {"malformed": 1, "oversized": 1, "bad-seal": 4, "replay": 1, "spoofed": 1}
 # 400 rounds: the run must outlast the injection (frames after Left are never delivered)
 
 
 def peek(payload: bytes) -> tuple[str, dict[str, Any]]:
-    """Type and body of a peer frame, read as any eavesdropper can: the MAC does not encrypt."""
-    _, name, body, _ = msgpack.unpackb(payload)
-    return name, msgpack.unpackb(body)
+    """Type and clear head of a sealed peer frame, read as any eavesdropper can: who, to
+    whom, which view, round and step; the model stays in the sealed box."""
+    _, name, head, _ = msgpack.unpackb(payload)
+    return name, msgpack.unpackb(head)
 
 
 async def eavesdrop(
@@ -166,26 +168,31 @@ async def eavesdrop(
 
 
 def attacks(
-    victim: int, now: int, captured: dict[int, tuple[str, bytes, dict[str, Any]]]
+    run: str, victim: int, now: int, captured: dict[int, tuple[str, bytes, dict[str, Any]]]
 ) -> tuple[int, list[tuple[str, bytes]]]:
     """Whose credentials the attacker holds (neighbour m of the victim), and what it
     publishes into the victim's inbox as m, in EXPECTED_REJECTIONS order."""
     m, other = sorted(captured)[:2]
     topic, replay, body = captured[m]
-    step, wrong_key = body["j"], secrets.token_bytes(32)
+    step, wrong_key = body["j"], ChaCha20Poly1305(secrets.token_bytes(32))
+
+    ahead = now + 10**9  # past any place the victim's link has taken: the seal is checked
 
     def forged(vector: list[float]) -> bytes:
-        model = Model(sender=m, receiver=victim, round=now, step=step, vector=np.array(vector))
-        return wire.encode_peer(model, wrong_key)
+        model = Model(sender=m, receiver=victim, round=ahead, step=step, vector=np.array(vector))
+        return wire.seal_peer(model, wrong_key, run)
 
+    _, name, head, box = msgpack.unpackb(replay)
+    tampered = msgpack.packb([1, name, msgpack.packb(msgpack.unpackb(head) | {"i": ahead}), box])
     return m, [
         (topic, b"\xc1 this is not msgpack"),  # malformed
         (topic, b"\x00" * (wire.MAX_PEER_BYTES + 1)),  # oversized
-        (topic, forged([float("nan"), 0.0])),  # bad-mac: NaN never gets past the MAC
-        (topic, forged([1.0, 2.0, 3.0])),  # bad-mac: nor does a wrong shape
-        (topic, replay),  # stale: a real round-1 message, replayed later
-        (topic, captured[other][1]),  # spoofed: another neighbour's message on m's topic
-        (topic, forged([0.5, -0.5])),  # bad-mac: right topic and sender, wrong key
+        (topic, forged([float("nan"), 0.0])),  # bad-seal: NaN never gets past the seal
+        (topic, forged([1.0, 2.0, 3.0])),  # bad-seal: nor does a wrong shape
+        (topic, replay),  # replay: a real round-1 frame, replayed later
+        (topic, captured[other][1]),  # spoofed: another neighbour's frame on m's topic
+        (topic, forged([0.5, -0.5])),  # bad-seal: right topic and sender, wrong key
+        (topic, tampered),  # bad-seal: the real frame's round changed in its clear head
     ]
 
 
@@ -211,7 +218,7 @@ async def test_injected_messages_are_counted_and_change_nothing(
         with stopped(privnet):
             async with asyncio.timeout(60):
                 victim, now, captured = await eavesdrop(operator)
-                neighbour, frames = attacks(victim, now, captured)
+                neighbour, frames = attacks(run, victim, now, captured)
                 async with setup.client(str(neighbour)) as attacker:
                     for topic, payload in frames:
                         await attacker.publish(topic, payload, qos=1)

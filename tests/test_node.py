@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import msgpack
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from runs import CONTROL_TYPES, ROUNDS, RUN, Harness, assert_same_models, clean
@@ -288,6 +289,12 @@ ATTACKS = [
         "telemetry-downward",
         Phase.RUNNING,
         down(const(control.Telemetry(TARGET, 0, 0, 1, bytes(60)))),
+        "out-of-phase",
+    ),
+    Attack(
+        "escrow-downward",
+        Phase.KEYED,
+        down(const(control.Escrow(TARGET, 0, 0, bytes(60)))),
         "out-of-phase",
     ),
     # junk
@@ -593,9 +600,13 @@ def test_early_frames_are_replayed_into_the_session_and_each_counted() -> None:
     node = h.nodes[TARGET]
     assert node.phase is Phase.REGISTERED
     inbox = topics.peer_topic(RUN, TARGET, 2)
+    share = KeyShare(2, 0, 2, 0, 6, 0, 0, bytes(32), bytes(64))
+    wrong = ChaCha20Poly1305(bytes(32))
     junk = {
         b"\xc1": "malformed",
-        wire.encode_peer(KeyShare(2, 0, 2, 0, 6, 0, 0, bytes(32), bytes(64)), bytes(32)): "bad-mac",
+        wire.seal_peer(share, wrong, RUN, seq=1000): "bad-seal",  # past the genuine ones
+        wire.seal_peer(share, wrong, RUN, seq=0): "replay",  # the place of a genuine one
+        wire.encode_peer(share, bytes(32)): "unsealed",
     }
     for payload in junk:
         assert h.deliver(node, inbox, payload) == Output()
@@ -611,7 +622,7 @@ def shares_to(h: Harness, hub: int) -> list[Publish]:
     found = []
     for frame in h.peer_frames():
         if frame.category == "keys" and topics.matches(topics.inbox_filter(RUN, hub), frame.topic):
-            msg = wire.peek_peer(frame.payload, 2)
+            msg = h.read(frame)
             if isinstance(msg, KeyShare) and msg.sender == msg.owner and msg.partner != hub:
                 found.append(frame)
     return found
@@ -619,7 +630,7 @@ def shares_to(h: Harness, hub: int) -> list[Publish]:
 
 def test_a_hub_relays_each_key_share_once() -> None:
     """Each genuine share sent to the hub, replayed 50 times while it runs: still one
-    relay per share, the replays counted at the hub."""
+    relay per share, the replays counted at the hub (by its link, before the core)."""
     h = Harness.build()
     hub = h.nodes[TARGET]
     replays = 50
@@ -635,38 +646,40 @@ def test_a_hub_relays_each_key_share_once() -> None:
     assert len(shares) == 8  # pairs (2, 6), (2, 9), (7, 6), (7, 9): both ways
     assert hub.session is not None
     assert hub.session.core.counters.relayed == len(shares)
-    assert hub.rejected == Counter({"duplicate": replays * len(shares)})
+    assert hub.rejected == Counter({"replay": replays * len(shares)})
     h.assert_all_counted()
     assert_same_models(results, clean())
 
 
-def relayed_share(frame: Publish | None) -> KeyShare | None:
+def relayed_share(h: Harness, frame: Publish | None) -> KeyShare | None:
     """The key share in `frame` if it is one the target relays as hub (sender != owner)."""
     if frame is None or frame.category != "keys" or not frame.topic.endswith(f"/from/{TARGET}"):
         return None
-    msg = wire.peek_peer(frame.payload, 2)
+    msg = h.read(frame)
     return msg if isinstance(msg, KeyShare) and msg.owner != TARGET else None
 
 
 def test_a_bad_key_share_from_one_neighbour_is_counted_and_the_run_goes_on() -> None:
     """Just before the hub's relay reaches the partner, a copy with another ephemeral key
     arrives (MACed right on the hub's link, so only the owner's signature tells): counted
-    bad-key; the genuine share behind it completes the pair and the run is a clean run."""
-    h = Harness.build()
+    bad-key; the genuine share behind it completes the pair and the run is a clean run.
+    On the visible wire: only the hub could seal such a frame, and its seal would number
+    it after the genuine one."""
+    h = Harness.build(seal_links=False)
     victims: list[int] = []
 
     def tamper() -> None:
         assert h.in_flight is not None
-        share = relayed_share(h.in_flight)
+        share = relayed_share(h, h.in_flight)
         assert share is not None
         partner = h.nodes[share.receiver]
         assert partner.session is not None
         forged = dataclasses.replace(share, public=keys.Ephemeral.generate().public)
-        payload = wire.encode_peer(forged, partner.session.link_keys[TARGET])
+        payload = wire.encode_peer(forged, partner.session.links.keys[TARGET])
         assert h.deliver(partner, h.in_flight.topic, payload) == Output()
         victims.append(share.receiver)
 
-    h.when(lambda: relayed_share(h.in_flight) is not None, tamper)
+    h.when(lambda: relayed_share(h, h.in_flight) is not None, tamper)
     results = h.play()
     assert h.fired == 1
     assert h.nodes[victims[0]].rejected == Counter({"bad-key": 1})

@@ -178,13 +178,23 @@ class Network:
         telemetry: bool = True,
         run: str = "memory",
         script: Iterable[View] | None = None,
+        seal_links: bool = True,
+        escrow: bool = False,
     ) -> Network:
         """Fresh identities and launch tokens for every party, as `privnet run` makes them."""
         agents = len(plans[0].specs)
         orchestrator = keys.Identity.generate()
         tokens = {p: secrets.token_bytes(32) for p in range(agents)}
         conductor = Conductor(
-            run, orchestrator, tokens, plans, deadline=deadline, telemetry=telemetry, script=script
+            run,
+            orchestrator,
+            tokens,
+            plans,
+            deadline=deadline,
+            telemetry=telemetry,
+            script=script,
+            seal_links=seal_links,
+            escrow=escrow,
         )
         nodes = [
             AgentNode(
@@ -222,7 +232,7 @@ class Network:
 def run_once(problem: Problem, strategy: Strategy, scheme: Scheme, repeat: int) -> np.ndarray:
     """The models of every agent after every round, shape (iters, P, M)."""
     plans = session_plans(problem, [(strategy, scheme, repeat)])
-    return Network.build(plans).play()[0].models
+    return Network.build(plans, seal_links=problem.config.seal_links).play()[0].models
 
 
 def run_memory(
@@ -310,4 +320,5 @@ def replay(problem: Problem, membership: list[View]) -> list[Curve]:
     """Every session of a run, applying its recorded membership views at their rounds (a
     faulty network run, reproduced in memory: same config and seed, same trajectories)."""
     plans = session_plans(problem, session_list(problem.config))
-    return results_curves(problem, Network.build(plans, script=membership).play())
+    network = Network.build(plans, script=membership, seal_links=problem.config.seal_links)
+    return results_curves(problem, network.play())

@@ -237,6 +237,8 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
             telemetry=not args.no_telemetry,
             checkpoint_every=args.checkpoint_every,
             resume=resume,
+            seal_links=config.seal_links,
+            escrow=bool(args.audit),
         )
         conductor.results = done
         reach = broker.agent_address if isinstance(broker, DockerBroker) else broker.address
@@ -335,6 +337,7 @@ async def _drive(
                 write_membership(out / "membership.json", conductor.membership)
                 if tap is not None:  # the sealed telemetry validates the audit's truth
                     tap.telemetry += [r.models for r in conductor.results]
+                    tap.link_keys = conductor.link_keys  # to open the sealed frames
             # The run is complete. Under compose the first agent to leave stops every
             # container: a SIGTERM from here on must not cut the outputs short.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)

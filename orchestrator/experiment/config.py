@@ -42,6 +42,7 @@ class ExperimentConfig:
     problem: str = "regression"  # or "classification" (logistic regression on `dataset`)
     dataset: str = "adult"
     feature_noise: float = 0.5  # classification: agent p's feature noise std ~ U[0, this]
+    seal_links: bool = True  # peer frames sealed end to end (False: the paper's visible wire)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -65,6 +66,10 @@ class ExperimentConfig:
             (self.feature_noise >= 0, f"feature_noise must be >= 0, got {self.feature_noise}"),
             (bool(self.strategies), "choose at least one strategy"),
             (bool(self.schemes), "choose at least one scheme"),
+            (
+                type(self.seal_links) is bool,
+                f"seal_links must be true or false, got {self.seal_links!r}",
+            ),
         ]
         for ok, message in checks:
             if not ok:

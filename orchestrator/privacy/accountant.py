@@ -93,14 +93,17 @@ class Adversary:
         its own hubs, the whole wire at every hub."""
         return self.insider or self.kind == "wire"
 
+    @property
+    def blind(self) -> bool:
+        """An outsider on sealed links: it reads no frame."""
+        return self.sealed and not self.insider
+
     def reads(self, sender: int, receiver: int) -> bool:
-        """Whether it reads the frame sender -> receiver: an insider every frame addressed to
-        it (its members' own too: charging them keeps a coalition's bound above each of
-        its hubs'), an outsider those on its links unless they are sealed."""
+        """Whether the frame sender -> receiver is on its links (`blind` aside): for an
+        insider every frame addressed to it (its members' own too: charging them keeps a
+        coalition's bound above each of its hubs')."""
         if self.insider:
             return receiver in self.members
-        if self.sealed:
-            return False
         if self.kind == "wire":
             return True
         if self.kind == "links-out":
@@ -166,7 +169,7 @@ class Charges:
         """eps(i) (T,) against `adversary`."""
         per_round = np.zeros(self.iters)
         for (m, i, j), sent in self.frames.items():
-            read = [(v, k) for v, k in sent if adversary.reads(m, k)]
+            read = [] if adversary.blind else [(v, k) for v, k in sent if adversary.reads(m, k)]
             if read:
                 per_round[i - 1] += self.charge(m, i, j, read, adversary.strips)
         return np.cumsum(per_round)
