@@ -114,6 +114,7 @@ class AgentCore:
         self._secrets: dict[tuple[int, int, bytes], bytes] = {}  # (epoch, m, public) -> secret
         self._banks: dict[tuple[int, int], _Masks] = {}  # (epoch, step)
         self._weights_in: dict[int, np.ndarray] = {}  # step -> its a_mp as a column
+        self._grid = rng.grid(spec.sigma_g)  # the lattice masked releases sit on
         self._relayed: set[tuple[int, int, int, int]] = set()  # (owner, partner, step, epoch)
 
     # ---- public API -------------------------------------------------------------------
@@ -247,8 +248,11 @@ class AgentCore:
         if not self.spec.scheme.masked:
             return released
         masks, rows = self._masks(plan)
-        vectors = np.array([released[k] for k in masks.targets])  # np.stack costs 10x more
-        sent = rng.masked_release(vectors, rows, masks.weights, self.spec.sigma_g)
+        if self.spec.scheme is Scheme.LOCAL_GHP:  # one release for every target: broadcast
+            vectors = self.value
+        else:  # np.array: np.stack costs several times more at this size
+            vectors = np.array([released[k] for k in masks.targets])
+        sent = rng.masked_release(vectors, rows, masks.weights, self._grid)
         return dict(zip(masks.targets, sent, strict=True))
 
     def _release(self, plan: StepPlan) -> dict[int, np.ndarray]:
@@ -258,8 +262,10 @@ class AgentCore:
         one draw g per sender, -(1 - a_pp)/a_pp g on the self-term)."""
         x, me, spec = self.value, self.me, self.spec
         targets = list(plan.weights_out)
-        if spec.scheme in (Scheme.NONE, Scheme.LOCAL_GHP):
+        if spec.scheme is Scheme.NONE:
             return {k: x.copy() for k in targets}
+        if spec.scheme is Scheme.LOCAL_GHP:  # masked before it is sent: no copies
+            return dict.fromkeys(targets, x)
         x = rng.snap(x, spec.sigma_g)  # released on the noise grid, own term included
         raw = rng.raw_row(
             spec.noise_key,
@@ -286,7 +292,7 @@ class AgentCore:
         if a is None:
             a = self._weights_in[plan.step] = np.array([*plan.weights_in.values()])[:, None]
         stacked = np.array([inbox[m] for m in plan.weights_in])
-        total: np.ndarray = rng.on_lattice(stacked, a, self.spec.sigma_g).sum(axis=0)
+        total: np.ndarray = rng.on_lattice(stacked, a, self._grid).sum(axis=0)
         return total
 
     # ---- masked schemes: seats, key shares, masks -----------------------------------------

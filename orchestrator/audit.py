@@ -10,10 +10,11 @@ off`) the MAC authenticates without encrypting, so the auditor, like any eavesdr
 every model body without any key (`wire.peek_peer`).
 
 Ground truth is a replay of the same config on the in-process memory engine: the same cores,
-seed and public noise draw the same trajectories (local-ghp's masks come from fresh DH secrets
-but cancel, so its trajectory agrees to float precision). A witness core records the clear
-value behind every model it sends. The replay is validated against the run's own sealed
-telemetry (the true w after each round, opened with the orchestrator's key) to TRUTH_TOL.
+seed and public noise draw the same trajectories (the masked schemes' masks come from fresh DH
+secrets but cancel exactly on the lattice, so their trajectories agree too). A witness core
+records the clear value behind every model it sends. The replay is validated against the
+run's own sealed telemetry (the true w after each round, opened with the orchestrator's key)
+to TRUTH_TOL.
 
 Capture commands. Local run: `tcpdump -i lo -w run.pcap port <broker port>` (the port is
 printed by `privnet run` and stored in wire.msgpack). Docker: `tcpdump -i <bridge> -w run.pcap
@@ -716,8 +717,8 @@ def _redo(parts: Sequence[Part], seen: SessionWire, truth: Replay, step: int) ->
 
     The round a view starts from re-sends each member's value of the round before: the
     same clear value (unless the member came back from an older model), masked again,
-    under local-ghp with a fresh mask (the view is in the masks' HKDF info), under random
-    and ghp with the same seeded noise, so the very same vector. Rounds begun after it
+    under the masked schemes with a fresh mask (the view is in the masks' HKDF info), under
+    random and ghp with the same seeded noise, so the very same vector. Rounds begun after it
     under the old view, on its weights, carried other values than the redo sends. Per
     agent, from the wire: `same_value` (round and step whose value it sent once more, the
     same value: a re-release), `another_value` (sent again, the value differs), `frames`
@@ -819,10 +820,10 @@ def _seats(A: np.ndarray, hub: int) -> dict:
 
 @dataclass
 class Noise:
-    """wire - true as the scheme's law predicts it: KS samples, and local-ghp's power check."""
+    """wire - true as the scheme's law predicts it: KS samples, and the masks' power check."""
 
     samples: np.ndarray
-    power: float = 0.0  # local-ghp: sum over every seat of ||(wire - true) a_mk||^2
+    power: float = 0.0  # masked: sum over every seat of ||(wire - release) a_mk||^2
     expected_power: float = 0.0  # ... and its expectation, partners * sigma_g^2 per coordinate
 
 
@@ -913,6 +914,7 @@ def _cancellation(
     cancellation happens inside the hub and is not observable on the wire.
     """
     A, v = part.A, part.view.view
+    grid = rng.grid(sigma_g)
     worst, checked, fallback, missing, not_combined = 0.0, 0, [], 0, 0
     for hub in range(A.shape[0]):
         senders = [int(m) for m in np.flatnonzero(A[:, hub]) if m != hub]
@@ -922,13 +924,13 @@ def _cancellation(
             continue
         for i in range(part.view.start, part.last + 1):
             try:
-                own = rng.on_lattice(truth.released[(v, hub, hub, i, step)], A[hub, hub], sigma_g)
+                own = rng.on_lattice(truth.released[(v, hub, hub, i, step)], A[hub, hub], grid)
                 on_wire = sum(
-                    rng.on_lattice(seen.views[(v, m, hub, i, step)], A[m, hub], sigma_g)
+                    rng.on_lattice(seen.views[(v, m, hub, i, step)], A[m, hub], grid)
                     for m in senders
                 )
                 true = sum(
-                    rng.on_lattice(truth.released[(v, m, hub, i, step)], A[m, hub], sigma_g)
+                    rng.on_lattice(truth.released[(v, m, hub, i, step)], A[m, hub], grid)
                     for m in senders
                 )
             except KeyError:
@@ -1188,7 +1190,7 @@ def audit_table(report: dict[str, Any]) -> Table:
     table.caption = (
         "models: seen on the wire; clear: equal to the sender's true value; mask: "
         "|wire - true| / |true|; KS p, var: wire - true against the scheme's Laplace law; "
-        "cancel: max local-ghp residual at a hub"
+        "cancel: max residual of a masked scheme at a hub, each term on the lattice"
     )
     return table
 

@@ -59,7 +59,7 @@ def test_local_ghp_estimates_obey_every_hub_sum(geometric: Problem) -> None:
         if len(others) < 2:
             continue
         for i in (1, 20, 40):  # the hub's sum, each term on the lattice, as the hub adds it
-            true = sum(rng.on_lattice(clear[(m, i, 2)], a[m, hub], 0.1) for m in others)
+            true = sum(rng.on_lattice(clear[(m, i, 2)], a[m, hub], grid) for m in others)
             guess = sum(a[m, hub] * estimate[(m, i, 2)] for m in others)
             np.testing.assert_allclose(guess, true, rtol=0, atol=len(others) * grid)
 

@@ -268,8 +268,12 @@ def test_eavesdropper_on_all_links_of_a_hub_gets_its_aggregate_only(local_run) -
     sent = run.sent
     power, expected = 0.0, 0.0
     for i in range(1, problem.config.iters + 1):  # the hub's sum, each term on the lattice
-        heard = sum(rng.on_lattice(sent[(m, hub, i)], A[m, hub], SIGMA_G) for m in senders)
-        true = sum(rng.on_lattice(run.clear[(m, i, step)], A[m, hub], SIGMA_G) for m in senders)
+        heard = sum(
+            rng.on_lattice(sent[(m, hub, i)], A[m, hub], rng.grid(SIGMA_G)) for m in senders
+        )
+        true = sum(
+            rng.on_lattice(run.clear[(m, i, step)], A[m, hub], rng.grid(SIGMA_G)) for m in senders
+        )
         np.testing.assert_array_equal(heard, true)
         for m in senders:  # ...and nothing finer: every single message is masked
             mask = (sent[(m, hub, i)] - run.clear[(m, i, step)]) * A[m, hub]

@@ -390,15 +390,15 @@ def test_masks_cancel_exactly_at_every_hub(
             own = masked.notes.kept[(k, i)][1]
             released = {m: masked.notes.released[(m, i)][k] for m in [k, *others]}
             sent = {m: got[(m, k, i)] for m in others} | {k: own}
-            combined = sum(rng.on_lattice(sent[m], a[m, k], sigma_g) for m in sent)
-            exact = sum(rng.on_lattice(released[m], a[m, k], sigma_g) for m in released)
+            combined = sum(rng.on_lattice(sent[m], a[m, k], rng.grid(sigma_g)) for m in sent)
+            exact = sum(rng.on_lattice(released[m], a[m, k], rng.grid(sigma_g)) for m in released)
             np.testing.assert_array_equal(combined, exact, err_msg=f"hub {k}, round {i}")
             # Only a hub with a single other neighbour masks its own term (it pairs itself).
             if len(others) == 1:
                 assert np.linalg.norm(own - released[k]) > MASKED
             else:
                 np.testing.assert_array_equal(
-                    own, rng.masked_release(released[k], 0.0, a[k, k], sigma_g)
+                    own, rng.masked_release(released[k], 0.0, a[k, k], rng.grid(sigma_g))
                 )
     unmasked = played(problem, strategy, UNMASKED[scheme]).models
     assert_same_trajectory(masked.models, unmasked)

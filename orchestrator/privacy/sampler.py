@@ -48,7 +48,7 @@ def lattice_release(x: float, k: np.ndarray, sigma_g: float) -> np.ndarray:
     """What local-ghp puts on a link to a hub that weighs it by a_pk: one pair's mask (the
     one drawn from k) on the lattice of a_pk x, divided by a_pk."""
     mask = rng.laplace(_uniforms(k), sigma_g)
-    return rng.masked_release(np.asarray(x, dtype=np.float64), mask, A_PK, sigma_g)
+    return rng.masked_release(np.asarray(x, dtype=np.float64), mask, A_PK, rng.grid(sigma_g))
 
 
 def masked_ghp_release(x: float, k: np.ndarray, sigma_g: float) -> np.ndarray:
