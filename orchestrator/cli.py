@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import json
 import secrets
 import signal
@@ -191,10 +193,23 @@ def reproduce(args: argparse.Namespace) -> int:
     return simulate(args, base, engine="oracle")
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM (`signum`), raised where Python was when it came."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise Interrupted(signum)
+
+
 def run(args: argparse.Namespace) -> int:
     from agent.mqtt import run as run_loop
     from orchestrator.engines.net import run_network
 
+    _check_view(args)
     # The seed determines every agent's data: unless the operator picks one, it is a
     # secret drawn here, kept in the run's summary.json and sealed in each agent's Setup.
     seed = secrets.randbits(63)
@@ -208,10 +223,23 @@ def run(args: argparse.Namespace) -> int:
             config = journal.config(args.resume)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        return run_loop(run_network(config, args, args.resume))
-    config = experiment(args, base)
-    out = out_dir(args, config, "run")
-    return run_loop(run_network(config, args, out))
+        out = args.resume
+    else:
+        config = experiment(args, base)
+        out = out_dir(args, config, "run")
+    # Built before the event loop, where a stop signal ends it at once: nothing has started.
+    return run_loop(run_network(Problem.build(config), args, out))
+
+
+def _check_view(args: argparse.Namespace) -> None:
+    """--view-port and --view-host only mean something with --view."""
+    if not args.view:
+        given = {"--view-port": args.view_port != 0, "--view-host": args.view_host != "127.0.0.1"}
+        if any(given.values()):
+            flags = ", ".join(flag for flag, on in given.items() if on)
+            raise ConfigError(f"{flags} without --view: add --view to watch the run")
+        return
+    check_view_host(args.view_host)
 
 
 def prepare(args: argparse.Namespace) -> int:
@@ -337,6 +365,53 @@ def _agents(text: str) -> tuple[int, ...]:
         return tuple(int(m) for m in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: give agent ids, e.g. 3,7") from None
+
+
+def view(args: argparse.Namespace) -> int:
+    """Serve a run's directory through the live view's page until Ctrl-C."""
+    from agent.mqtt import run as run_loop
+    from orchestrator.view.server import serve_run
+
+    check_view_host(args.view_host)
+    return run_loop(serve_run(args.run_dir, args.view_host, args.view_port))
+
+
+def _view_flags(parser: argparse.ArgumentParser, prefix: str) -> None:
+    parser.add_argument(
+        f"{prefix}port",
+        dest="view_port",
+        type=_port,
+        default=0,
+        metavar="N",
+        help="the page's TCP port (default: any free one)",
+    )
+    parser.add_argument(
+        f"{prefix}host",
+        dest="view_host",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="the address the page listens on (default 127.0.0.1; any other address lets "
+        "other machines reach it, still only with the token in the URL)",
+    )
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a TCP port, 0-65535") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port}: give a TCP port, 0-65535 (0: any free one)")
+    return port
+
+
+def check_view_host(host: str) -> None:
+    """Say so when the page is reachable beyond this machine (it still needs the token)."""
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(
+            f"[yellow]view:[/yellow] listening on {host}, beyond loopback: anyone who can reach "
+            "it and has the URL's token can read the run"
+        )
 
 
 def _yes_no(text: str) -> bool:
@@ -470,7 +545,19 @@ def main(argv: list[str] | None = None) -> int:
         metavar="yes|no",
         help="record and audit the wire (`privnet inspect`); a value, for docker-compose's env",
     )
+    _view_flags(p, "--view-")
+    p.add_argument(
+        "--view",
+        action="store_true",
+        help="watch the run in a browser: a page served by the orchestrator (URL printed, "
+        "with its token); read-only; `privnet view RUN_DIR` shows it again later",
+    )
     p.set_defaults(func=run)
+
+    p = sub.add_parser("view", help="a finished run's directory, in the live view's page")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run's --out directory")
+    _view_flags(p, "--")
+    p.set_defaults(func=view)
 
     p = sub.add_parser("inspect", help="audit the wire of a `privnet run --audit`")
     p.add_argument("--run", type=Path, required=True, help="the run's --out directory")
@@ -542,16 +629,24 @@ def main(argv: list[str] | None = None) -> int:
     add_bench(sub, bench)
 
     args = parser.parse_args(argv)
-    # `docker stop` and friends send SIGTERM: clean up as for Ctrl-C.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # `docker stop` and friends send SIGTERM: clean up as for Ctrl-C. SIGINT too when the
+    # shell started us with it ignored (`privnet run &` in a script). `privnet run` takes
+    # both on its event loop while the run goes on (`orchestrator.engines.net.Stop`).
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _interrupt)
+    # The interpreter's last collections walk every object a command loaded (0.9 s of a
+    # stopped run's exit with matplotlib, scipy and networkx, on 2 cores): the process is
+    # ending and its memory goes with it, so they are skipped.
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
     try:
         return args.func(args)
     except ConfigError as exc:
         console.print(f"[red]configuration error:[/red] {exc}")
         return 2
-    except KeyboardInterrupt:
+    except Interrupted as exc:
         console.print("[yellow]interrupted; everything started was stopped[/yellow]")
-        return 130
+        return 128 + exc.signum
 
 
 if __name__ == "__main__":

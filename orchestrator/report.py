@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -516,10 +516,11 @@ def finish(
     neighbour: int | None = None,
     membership: Sequence[View] | None = None,
     reach: Mapping[int, Mapping[int, int]] | None = None,
+    account_of: Callable[..., Any] | None = None,
 ) -> None:
     """Write and show the results; with `neighbour`, account privacy first (--account),
     under the run's `membership` views (and per session the `reach` of each view on its
-    recorded wire, see accountant.attach)."""
+    recorded wire), with `account_of` where given (see `accountant.attach`)."""
     if neighbour is not None:
         from orchestrator.experiment.specs import session_list
         from orchestrator.privacy import accountant
@@ -531,7 +532,9 @@ def finish(
                     order.index((Strategy(curve.strategy), Scheme(curve.scheme), r))
                     for r in range(config.repeats)
                 ]
-                accountant.attach(curve, problem, neighbour, sessions, membership, reach)
+                accountant.attach(
+                    curve, problem, neighbour, sessions, membership, reach, account_of
+                )
     summary = write_outputs(
         out,
         {**config.to_dict(), **(extra or {})},

@@ -168,7 +168,8 @@ def hostile(run: str, n: int, rng: np.random.Generator) -> list[tuple[str, bytes
             model = Model(ATTACKER, k, i, 2, np.array([np.nan, 1.0]), view=i % 2)
             payload = wire.seal_peer(model, ChaCha20Poly1305(secrets.token_bytes(32)), run)
         elif kind == 2:
-            payload = b"\x94\x01\xa5model\xc4\x00\xc4\x00"  # a frame with an empty head
+            # a frame with an empty head
+            payload = b"\x94" + bytes([wire.VERSION]) + b"\xa5model\xc4\x00\xc4\x00"
         elif kind == 3:  # the visible wire's frame, MACed
             model = Model(ATTACKER, k, i, 2, np.array([1.0, 1.0]))
             payload = wire.encode_peer(model, secrets.token_bytes(32))

@@ -58,14 +58,17 @@ def test_wheel_ships_package_data(installed: tuple[Path, dict[str, str]], tmp_pa
     bin_dir, env = installed
     probe = (
         "import broker.launcher as b, orchestrator.experiment.config as c;"
-        "print(c.__file__); print(c.presets()); print(len(b.BASE_CONFIG.read_text()))"
+        "import orchestrator.view.server as v;"
+        "print(c.__file__); print(c.presets()); print(len(b.BASE_CONFIG.read_text()));"
+        "print(sorted(f.name for f in v.STATIC.iterdir()))"
     )
-    where, presets, conf = _run([str(bin_dir / "python"), "-c", probe], tmp_path, env).stdout.split(
-        "\n"
-    )[:3]
+    out = _run([str(bin_dir / "python"), "-c", probe], tmp_path, env).stdout
+    where, presets, conf, page = out.split("\n")[:4]
     assert where.startswith(str(bin_dir.parent)), f"privnet imported from {where}, not the venv"
     assert "paper-regression" in presets
     assert int(conf) > 0
+    for name in ("index.html", "view.js", "view.css", "uPlot.iife.min.js", "uPlot-LICENSE.txt"):
+        assert name in page  # the live view's page, served offline from the package
 
 
 def test_reproduce_and_run_from_another_directory(
@@ -77,7 +80,8 @@ def test_reproduce_and_run_from_another_directory(
     summary = json.loads((tmp_path / "repro" / "summary.json").read_text())
     assert summary["config"]["name"] == "paper-regression"
     assert len(summary["results"]) == 15  # 3 strategies x 5 schemes of the shipped preset
-    flags = ["--agents", "4", "--iters", "5", "--scheme", "local-ghp", "--out", "net"]
+    flags = ["--agents", "4", "--iters", "5", "--scheme", "local-ghp", "--out", "net", "--view"]
     _run([privnet, "run", *flags], tmp_path, env)
     (result,) = json.loads((tmp_path / "net" / "summary.json").read_text())["results"]
     assert result["engine"] == "net" and result["bytes"]["model"] > 0
+    assert json.loads((tmp_path / "net" / "view.json").read_text())["agents"][3]["round"] == 5

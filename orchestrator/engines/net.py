@@ -16,11 +16,12 @@ import json
 import os
 import secrets
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiomqtt
 import numpy as np
@@ -28,7 +29,7 @@ from rich.progress import Progress, TaskID
 
 from agent import keys
 from agent.access import ClientAccess
-from agent.mqtt import QOS, AgentLaunch, Connection, MqttError, client, publish, pump
+from agent.mqtt import QOS, AgentLaunch, Connection, Machine, MqttError, client, publish, pump
 from agent.node import Output
 from agent.spec import ConfigError
 from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, write_private
@@ -47,7 +48,6 @@ from orchestrator.engines.docker import DockerAgents, DockerBroker, nic_window
 from orchestrator.engines.launch import Launcher, LocalLauncher
 from orchestrator.engines.memory import RunFailed
 from orchestrator.engines.watch import POLL, Watch, write_membership
-from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem, msd
 from orchestrator.experiment.specs import session_list, session_plans
 from orchestrator.faults import parse_faults
@@ -55,7 +55,9 @@ from orchestrator.report import Curve, console, finish, load_plotting, progress_
 
 if TYPE_CHECKING:
     from orchestrator.audit import WireTap
+    from orchestrator.view.live import LiveView
 
+T = TypeVar("T")
 DEFAULT_DEADLINE = 30.0  # s of silence before an agent is left out (--deadline)
 DEADLINE_PER_AGENT = 0.12  # s: a 1000-agent network on 2 cores needs 120 s (keying, heartbeats)
 
@@ -188,16 +190,87 @@ def prepare(
     return run_secrets
 
 
-async def run_network(config: ExperimentConfig, args: argparse.Namespace, out: Path) -> int:
-    previous = signal.getsignal(signal.SIGTERM)
+class Stop:
+    """SIGINT and SIGTERM while a run goes on, taken on its event loop (between callbacks,
+    never raised inside one: a protocol's read callback, say): the first cancels the run's
+    task, whose teardown tells the agents (Abort) and stops what the run started. Once the
+    run is complete (`finishing`) a signal lets its outputs be written first (under compose
+    the first agent to leave stops every container, the orchestrator's included). Also when
+    the shell started us with SIGINT ignored (`privnet run &` in a script)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.signum: int | None = None  # the first signal received
+        self.finishing = False
+        self._previous = {s: signal.getsignal(s) for s in self.SIGNALS}
+        loop = asyncio.get_running_loop()
+        for s in self.SIGNALS:
+            loop.add_signal_handler(s, self._received, s)
+
+    def _received(self, signum: int) -> None:
+        if self.signum is not None:
+            return
+        self.signum = signum
+        name = signal.Signals(signum).name
+        if self.finishing:
+            console.print(f"[yellow]{name}: the run is complete; its outputs go first[/yellow]")
+        else:
+            self.task.cancel(name)
+
+    @property
+    def stopping(self) -> bool:
+        """A signal stops the run (it came before the run was complete)."""
+        return self.signum is not None and not self.finishing
+
+    def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        for s, previous in self._previous.items():
+            loop.remove_signal_handler(s)
+            if previous is not None:  # else not installed from Python: the loop's default
+                signal.signal(s, previous)
+
+
+STOP_GRACE = 0.3  # s for agents told Abort to leave by themselves, after a stop signal
+
+
+async def run_network(problem: Problem, args: argparse.Namespace, out: Path) -> int:
+    """`privnet run`; its exit code (128 + the signal when SIGINT or SIGTERM stopped it)."""
+    task = asyncio.current_task()
+    assert task is not None
+    stop = Stop(task)
     try:
-        return await _run_network(config, args, out)
+        return await _run_network(problem, args, out, stop)
+    except asyncio.CancelledError:
+        if not stop.stopping:
+            raise
+        assert stop.signum is not None
+        name = signal.Signals(stop.signum).name
+        console.print(
+            f"[yellow]interrupted ({name}); everything started was stopped. {out}/metrics.csv "
+            f"holds every round completed; `privnet run --resume {out}` goes on[/yellow]"
+        )
+        return 128 + stop.signum
     finally:
-        signal.signal(signal.SIGTERM, previous)  # _drive ignores SIGTERM once the run is done
+        stop.close()
 
 
-async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: Path) -> int:
-    problem = Problem.build(config)
+async def _settled(job: asyncio.Future[T], hurry: Callable[[], None]) -> T:
+    """A job in a thread. If the run is stopped meanwhile, `hurry` it to its end and wait
+    for that (it may start what the teardown must then stop), then stop. What `hurry` or the
+    job raise then is the teardown's to meet again."""
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            hurry()
+        await asyncio.wait([job])
+        raise
+
+
+async def _run_network(problem: Problem, args: argparse.Namespace, out: Path, stop: Stop) -> int:
+    config = problem.config
     resume: Resume | None = None
     done: list[SessionResult] = []
     if args.resume is not None:
@@ -221,11 +294,10 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
     broker, pool = _runtime(args, run_secrets.credentials, out / "logs")
     docker = broker if isinstance(broker, DockerBroker) else None
     try:
-        starting = asyncio.get_running_loop().run_in_executor(None, broker.start)
-        try:
-            load_plotting()  # while the broker starts (and the agents' zygote imports)
-        finally:
-            await starting
+        # matplotlib loads while the broker starts (and the agents' zygote imports), in a
+        # thread that nothing waits for: the event loop stays free to hear a stop.
+        threading.Thread(target=load_plotting, name="load-plotting", daemon=True).start()
+        await _settled(asyncio.get_running_loop().run_in_executor(None, broker.start), broker.stop)
         where = "external agents" if args.external_agents else f"agent logs in {out}/logs"
         console.print(f"broker: {broker.kind} at {broker.address}; run {run}; {where}")
         conductor = Conductor(
@@ -257,7 +329,12 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
         neighbour = args.neighbour if args.account else None  # --account
         restart = args.restart == "on-failure"
         watch = Watch(conductor, pool, broker, launches, problem, out, faults, restart)
-        return await _drive(problem, broker, watch, out, tap, neighbour)
+        view = await _view(args, watch, problem, out, tap, neighbour)
+        try:
+            return await _drive(problem, broker, watch, out, stop, tap, neighbour, view)
+        finally:
+            if view is not None:
+                await view.close()
     except RunFailed as exc:
         console.print(f"[red]run failed:[/red] {exc}")
         return 1
@@ -272,8 +349,27 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
         return 1
     finally:
         if pool is not None:
-            pool.stop()
+            pool.stop(STOP_GRACE if stop.stopping else None)
         broker.stop()
+
+
+async def _view(
+    args: argparse.Namespace,
+    watch: Watch,
+    problem: Problem,
+    out: Path,
+    tap: WireTap | None,
+    neighbour: int | None,
+) -> LiveView | None:
+    """With --view, the page of this run, served from this event loop (its URL printed)."""
+    if not getattr(args, "view", False):
+        return None
+    from orchestrator.view.live import LiveView  # aiohttp: only when watched
+
+    view = LiveView(watch, problem, out, neighbour=neighbour, tap=tap)
+    url = await view.start(args.view_host, args.view_port)  # ConfigError: cannot listen
+    console.print(f"view: {url}", soft_wrap=True)
+    return view
 
 
 def _runtime(
@@ -307,11 +403,13 @@ async def _drive(
     broker: Broker | DockerBroker,
     watch: Watch,
     out: Path,
+    stop: Stop,
     tap: WireTap | None = None,
     neighbour: int | None = None,
+    view: LiveView | None = None,
 ) -> int:
     """Register, run every session, write the outputs (privacy accounted with `neighbour`,
-    and the audit) and dismiss the agents; the exit code.
+    and the audit) and dismiss the agents; the exit code. A `view` watches the pump.
 
     Agent processes this run started here are dismissed first: they leave while the outputs
     are written. Other agents get their Bye after the outputs (under `docker compose up
@@ -331,16 +429,16 @@ async def _drive(
                 for topic in conductor.subscriptions:
                     await mqtt.subscribe(topic, qos=QOS)
                 publish(mqtt, conductor.start(time.monotonic()))
+                if isinstance(pool, LocalLauncher):
+                    await pool.zygote.started()  # its imports: spawns are quick from then on
                 if pool is not None:
                     pool.start(watch.launches)
-                await _conduct(mqtt, watch, problem)
+                await _conduct(mqtt, watch, problem, view.machine() if view else watch)
+                stop.finishing = True  # complete: a signal from here on waits for the outputs
                 write_membership(out / "membership.json", conductor.membership)
                 if tap is not None:  # the sealed telemetry validates the audit's truth
                     tap.telemetry += [r.models for r in conductor.results]
                     tap.link_keys = conductor.link_keys  # to open the sealed frames
-            # The run is complete. Under compose the first agent to leave stops every
-            # container: a SIGTERM from here on must not cut the outputs short.
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             curves = memory.results_curves(problem, conductor.results)
             save_models(out / "models.npz", conductor.results)
             extra: dict[str, Any] = {
@@ -369,20 +467,31 @@ async def _drive(
                 publish(mqtt, conductor.bye())
             # Off the loop, which keeps answering the broker's keepalives meanwhile: the
             # audit replays the whole run for its ground truth.
+            accounts = view.account if view is not None else None  # its twin runs, if done
             code = await asyncio.to_thread(
-                _outputs, out, problem, curves, extra, tap, neighbour, conductor.membership
+                _outputs,
+                out,
+                problem,
+                curves,
+                extra,
+                tap,
+                neighbour,
+                accounts,
+                conductor.membership,
             )
             if not ours:
                 publish(mqtt, conductor.bye())
-        except BaseException as exc:  # Ctrl-C included: tell the agents before tearing down
+        except BaseException as exc:  # a stop signal included: tell the agents first
+            why = str(exc) if isinstance(exc, asyncio.CancelledError) else type(exc).__name__
             with contextlib.suppress(MqttError):
-                publish(mqtt, conductor.abort(f"orchestrator stopped: {type(exc).__name__}"))
+                publish(mqtt, conductor.abort(f"orchestrator stopped: {why}"))
             raise
     return code
 
 
-async def _conduct(mqtt: Connection, watch: Watch, problem: Problem) -> None:
-    """Pump until every session is done; RunFailed when the conductor fails."""
+async def _conduct(mqtt: Connection, watch: Watch, problem: Problem, machine: Machine) -> None:
+    """Pump `machine` (the watch, or a view's lookout on it) until every session is done;
+    RunFailed when the conductor fails."""
     conductor = watch.conductor
     started = time.perf_counter()
     with progress_bar() as bar:
@@ -399,7 +508,7 @@ async def _conduct(mqtt: Connection, watch: Watch, problem: Problem) -> None:
             show.update()
 
         try:
-            await pump(mqtt, watch, until, on_output, every=POLL)
+            await pump(mqtt, machine, until, on_output, every=POLL)
         except RunFailed as exc:
             publish(mqtt, conductor.abort(str(exc)))
             raise
@@ -456,6 +565,7 @@ class _Show:
         self.tasks: dict[str, TaskID] = {}
         self.t0 = time.perf_counter()
         self.session = -1
+        self.first = 0  # rounds done when the session was first seen
 
     def update(self) -> None:
         conductor, c = self.watch.conductor, self.problem.config
@@ -466,10 +576,10 @@ class _Show:
         name = f"{strategy}/{scheme}"
         if name not in self.tasks:
             self.tasks[name] = self.bar.add_task(name, total=c.iters * c.repeats, status="")
-        if conductor.session != self.session:
-            self.session, self.t0 = conductor.session, time.perf_counter()
         rounds = conductor.rounds_done
-        rate = rounds / max(time.perf_counter() - self.t0, 1e-9)
+        if conductor.session != self.session:  # from where it starts (later, when resumed)
+            self.session, self.t0, self.first = conductor.session, time.perf_counter(), rounds
+        rate = (rounds - self.first) / max(time.perf_counter() - self.t0, 1e-9)
         status = f"{rate:6.1f} rounds/s"
         if shown := self.watch.reported:  # the rows Watch streamed: complete, never redone
             w_opt = self.problem.w_opt[int(repeat)]
@@ -486,11 +596,12 @@ def _outputs(
     extra: dict[str, Any],
     tap: WireTap | None,
     neighbour: int | None = None,
+    account_of: Callable[..., Any] | None = None,
     membership: Sequence[View] = (),
 ) -> int:
-    """Write the run's outputs (privacy accounted with `neighbour` under the run's
-    `membership`, with the tapped wire's reach of each view), and audit its wire when it
-    was tapped; the exit code."""
+    """Write the run's outputs (privacy accounted with `neighbour`, by `account_of` where
+    given, under the run's `membership` with the tapped wire's reach of each view), and
+    audit its wire when it was tapped; the exit code."""
     changed = any(view.view for view in membership)
     reach = None
     if tap is not None and changed and neighbour is not None:
@@ -498,7 +609,7 @@ def _outputs(
 
         reach = reach_of(tap.records, tap.run, problem.config.dim)
     views = membership if changed else None
-    finish(out, problem.config, problem, curves, "net", extra, neighbour, views, reach)
+    finish(out, problem.config, problem, curves, "net", extra, neighbour, views, reach, account_of)
     if tap is None:
         return 0
     from orchestrator.audit import show_audit

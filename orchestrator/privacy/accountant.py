@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -286,6 +286,9 @@ def account(
     )
 
 
+Accounting = Callable[[Problem, Strategy, Scheme, int, int], Account]
+
+
 def attach(
     curve: Curve,
     problem: Problem,
@@ -293,12 +296,15 @@ def attach(
     sessions: Sequence[int] = (),
     membership: Sequence[View] | None = None,
     reach: Mapping[int, Mapping[int, int]] | None = None,
+    account_of: Accounting | None = None,
 ) -> list[Account]:
     """Account every repeat of `curve` and add the result to it: per-round series for
     metrics.csv and a `privacy` record for summary.json. `sessions`: the session of each
     repeat, whose views in `membership` (the run's) both twins replay; `reach`: per
     session, how far each view ran on the wire (audit.Recording), whose redone rounds are
-    then charged too."""
+    then charged too. `account_of`: where the accounts of a session without membership
+    changes come from (default `account`; the live view's, which ran them while the
+    network did)."""
     from orchestrator.audit import SessionWire, session_views
 
     strategy, scheme = Strategy(curve.strategy), Scheme(curve.scheme)
@@ -308,14 +314,16 @@ def attach(
         s = sessions[r] if sessions else r
         views = session_views(membership, s, everyone, problem.config.agents)
         seen = (reach or {}).get(s) if views is not None else None
-        if views is not None:
-            redone = "membership changed: the twins replay the run's views; the rounds a view " + (
-                "began before the next redid them were read off the recorded wire and "
-                "their re-releases charged"
-                if seen is not None
-                else "began before the next redid them are not known without the recorded "
-                "wire (run with --audit, or `privnet inspect --attack`): not charged"
-            )
+        if views is None:
+            accounts.append((account_of or account)(problem, strategy, scheme, neighbour, r))
+            continue
+        redone = "membership changed: the twins replay the run's views; the rounds a view " + (
+            "began before the next redid them were read off the recorded wire and "
+            "their re-releases charged"
+            if seen is not None
+            else "began before the next redid them are not known without the recorded "
+            "wire (run with --audit, or `privnet inspect --attack`): not charged"
+        )
         accounts.append(account(problem, strategy, scheme, neighbour, r, views=views, reach=seen))
     curve.series["delta"] = np.stack([a.delta for a in accounts])
     curve.series["epsilon_network"] = np.stack([a.epsilon_network for a in accounts])
