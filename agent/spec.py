@@ -58,7 +58,7 @@ class StepPlan:
 
     weights_in[m] = a_j,mp for m in N_p (p included): how p weighs what m sends.
     weights_out[k] = a_j,pk for every k that listens to p (p included): public weights
-    that local-ghp needs to scale masks and ghp needs for the self-term (a_pp).
+    that the masked schemes need to put masks on the lattice and ghp for the self-term (a_pp).
     """
 
     step: int
