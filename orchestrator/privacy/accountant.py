@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -315,7 +315,8 @@ def attach(
         views = session_views(membership, s, everyone, problem.config.agents)
         seen = (reach or {}).get(s) if views is not None else None
         if views is None:
-            accounts.append((account_of or account)(problem, strategy, scheme, neighbour, r))
+            accounted = (account_of or account)(problem, strategy, scheme, neighbour, r)
+            accounts.append(replace(accounted, charges=None))  # the replays: let them go
             continue
         redone = "membership changed: the twins replay the run's views; the rounds a view " + (
             "began before the next redid them were read off the recorded wire and "
@@ -324,7 +325,8 @@ def attach(
             else "began before the next redid them are not known without the recorded "
             "wire (run with --audit, or `privnet inspect --attack`): not charged"
         )
-        accounts.append(account(problem, strategy, scheme, neighbour, r, views=views, reach=seen))
+        accounted = account(problem, strategy, scheme, neighbour, r, views=views, reach=seen)
+        accounts.append(replace(accounted, charges=None))
     curve.series["delta"] = np.stack([a.delta for a in accounts])
     curve.series["epsilon_network"] = np.stack([a.epsilon_network for a in accounts])
     curve.series["epsilon_paper"] = np.stack([a.epsilon_paper for a in accounts])
