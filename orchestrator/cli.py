@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.private import private_dir
 from agent.spec import ConfigError, Rekey, Scheme, Strategy
@@ -27,6 +27,9 @@ from orchestrator.report import OUTPUTS, Curve, console, finish, progress_bar, t
 
 RANDOM_SEED = "random"  # --seed random: a fresh secret seed
 
+if TYPE_CHECKING:
+    from orchestrator.conductor import View
+
 
 def _experiment_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -37,7 +40,7 @@ def _experiment_flags(parser: argparse.ArgumentParser) -> None:
         "--strategy", dest="strategies", help="consensus|cta|atc|all or a comma list"
     )
     parser.add_argument(
-        "--scheme", dest="schemes", help="none|random|ghp|local-ghp|all or a comma list"
+        "--scheme", dest="schemes", help="none|random|ghp|local-ghp|masked-ghp|all or a comma list"
     )
     parser.add_argument("--agents", type=int)
     parser.add_argument("--iters", type=int, help="rounds (iterations)")
@@ -184,7 +187,9 @@ def simulate(args: argparse.Namespace, config: ExperimentConfig) -> int:
         f"{config.iters} iterations in {wall:.2f} s"
     )
     neighbour = args.neighbour if args.account else None
-    return finish(out, config, problem, curves, engine, {"wall_s": wall}, neighbour)
+    membership = args.membership
+    views = _views(membership) if membership is not None and neighbour is not None else None
+    return finish(out, config, problem, curves, engine, {"wall_s": wall}, neighbour, views)
 
 
 def _simulate_config(args: argparse.Namespace) -> ExperimentConfig:
@@ -194,7 +199,7 @@ def _simulate_config(args: argparse.Namespace) -> ExperimentConfig:
 
 
 def _reproduce_config(args: argparse.Namespace) -> ExperimentConfig:
-    """The paper's preset on the vectorized oracle: 20 repeats, 3 strategies, 4 schemes."""
+    """The paper's preset on the vectorized oracle: 20 repeats, 3 strategies, 5 schemes."""
     return experiment(args, configuration.load("paper-regression"))
 
 
@@ -208,14 +213,19 @@ def _engine(name: str) -> Callable[..., list[Curve]]:
     return run_memory
 
 
-def _replay(path: Path) -> Callable[..., list[Curve]]:
-    from orchestrator.engines.memory import replay
+def _views(path: Path) -> list[View]:
     from orchestrator.engines.watch import read_membership
 
     try:
-        views = read_membership(path)
+        return read_membership(path)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _replay(path: Path) -> Callable[..., list[Curve]]:
+    from orchestrator.engines.memory import replay
+
+    views = _views(path)
 
     def runner(problem: Problem, progress: Callable[[int], None]) -> list[Curve]:
         curves = replay(problem, views)
@@ -377,9 +387,10 @@ def _prepare_config(args: argparse.Namespace) -> None:
 
 def inspect(args: argparse.Namespace, _: None) -> int:
     """Audit the wire of a `privnet run --audit` (its live recording, or a pcap of it)."""
-    from orchestrator.audit import show_audit
+    from orchestrator.audit import AttackPlan, show_audit
 
-    return show_audit(args.run, args.pcap, args.port, args.attack)
+    plan = AttackPlan(args.neighbour, args.coalition) if args.attack else None
+    return show_audit(args.run, args.pcap, args.port, plan)
 
 
 def _inspect_config(args: argparse.Namespace) -> None:
@@ -524,6 +535,13 @@ def _dp_audit_config(args: argparse.Namespace) -> ExperimentConfig:
         name="dp-audit", agents=10, iters=1, sigma_g2=0.01, strategies=(Strategy.ATC,), repeats=1
     )
     return experiment(args, base)
+
+
+def _agents(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(m) for m in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give agent ids, e.g. 3,7") from None
 
 
 def view(args: argparse.Namespace, _: None) -> int:
@@ -762,7 +780,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--attack",
         action="store_true",
-        help="also reconstruct every agent's models and local minimizer from the wire",
+        help="also reconstruct every agent's models and local minimizer, from the whole wire "
+        "and as each adversary (one link, a hub, a coalition, the broker; sealed or open), "
+        "with the epsilon that holds against each",
+    )
+    p.add_argument(
+        "--neighbour-agent",
+        dest="neighbour",
+        type=integer(0),
+        default=0,
+        metavar="P",
+        help="--attack: the agent whose data the epsilons are for, whose link and hub are "
+        "attacked (default 0)",
+    )
+    p.add_argument(
+        "--coalition",
+        type=_agents,
+        metavar="M,N",
+        help="--attack: the colluding agents (default: the two that weigh agent P most)",
     )
     p.set_defaults(func=inspect, configure=_inspect_config)
 

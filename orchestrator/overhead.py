@@ -9,7 +9,8 @@ numbers match a `privnet run` of the same config (tests check this).
 What privacy costs is a peer-plane figure, as `privnet run`'s table names it too:
 - models B/rd: the model frames of a round, on average over the run;
 - keys B/rd: the key shares of a round (re-key `every-round` only);
-- key set-up B: what keying costs once (local-ghp's key plans, and its shares with `once`);
+- key set-up B: what keying costs once (the masked schemes' key plans, local-ghp's and
+  masked-ghp's, and their shares with `once`);
 - amortized B/rd: models + keys per round + key set-up / T, over the T rounds asked for
   (`--iters`), which is what a run of T rounds publishes per round (`peer B/rd`).
 Control frames (Hello, Ready, Finished: the same for every scheme) and telemetry (sealed
@@ -122,7 +123,7 @@ def row(problem: Problem, strategy: Strategy, scheme: Scheme, measured: Measured
     c = problem.config
     step = STRATEGY_STEP[strategy]
     A = problem.matrices(strategy)[(0, 1, 2).index(step)]
-    local = scheme is Scheme.LOCAL_GHP
+    masked = scheme.masked
     every = c.rekey is Rekey.EVERY_ROUND
     epochs = c.iters if every else 1
     per_round, setup = measured.rounds.as_dict(per=c.iters), measured.setup.as_dict()
@@ -133,7 +134,7 @@ def row(problem: Problem, strategy: Strategy, scheme: Scheme, measured: Measured
         "mean_degree": float(np.mean(degrees(A))),
         "strategy": str(strategy),
         "scheme": str(scheme),
-        "rekey": str(c.rekey) if local else "n/a",
+        "rekey": str(c.rekey) if masked else "n/a",
         "agents": c.agents,
         "rounds": c.iters,  # what the figures are measured and amortized over
         "privacy": {  # peer-plane bytes, as the module says
@@ -148,7 +149,7 @@ def row(problem: Problem, strategy: Strategy, scheme: Scheme, measured: Measured
         "dh_agreements_setup": 0 if every else measured.agreements,
         "dh_agreements_per_round": measured.agreements / c.iters if every else 0.0,
     }
-    if local:
+    if masked:
         plans = np.count_nonzero(A, axis=1) - 1  # one plan per neighbour, sent once
         first_epoch = plans + (measured.originated - plans) / epochs
         bound = paper_bound(A)
@@ -172,9 +173,8 @@ WireFigures = dict[tuple[str, str, str], dict[str, Any]]
 
 
 def runs() -> list[tuple[Scheme, Rekey]]:
-    """The rows of a topology: every scheme, local-ghp under both re-key policies."""
-    plain = [s for s in Scheme if s is not Scheme.LOCAL_GHP]
-    return [(s, Rekey.ONCE) for s in plain] + [(Scheme.LOCAL_GHP, r) for r in Rekey]
+    """The rows of a topology: every scheme, the masked ones under both re-key policies."""
+    return [(s, r) for s in Scheme for r in (Rekey if s.masked else [Rekey.ONCE])]
 
 
 def overhead(
@@ -184,7 +184,7 @@ def overhead(
     progress: Callable[[str], None] | None = None,
     wire: WireFigures | None = None,
 ) -> list[dict[str, Any]]:
-    """Every scheme (local-ghp under both re-key policies) on every topology, over
+    """Every scheme (the masked ones under both re-key policies) on every topology, over
     `base.iters` rounds; with `wire`, each row also gets what a real run of it carried: the
     agents' interfaces (NIC) and the broker ($SYS)."""
     rows = []

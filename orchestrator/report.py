@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from agent.spec import Scheme, Strategy
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 
@@ -31,15 +32,18 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
+    from orchestrator.conductor import View
+
 METRICS_HEADER = ("strategy", "scheme", "repeat", "iter", "msd_centroid", "msd_avg")
 DPI = 120
 UNIFORM_Q_RTOL = 1e-9  # q entries closer than this (relative) are drawn as uniform
 DIVERGED_GROWTH = 10.0  # a tail of MSD this many times the window before it: diverging
 
-# The paper's Fig. 3: columns consensus, ATC, CTA; blue / yellow / red curves, plus local-ghp.
+# The paper's Fig. 3: columns consensus, ATC, CTA; blue / yellow / red curves, plus local-ghp
+# and masked-ghp.
 STRATEGY_ORDER = ("consensus", "atc", "cta")
 STRATEGY_TITLE = {"consensus": "Consensus", "atc": "ATC", "cta": "CTA"}
-SCHEME_ORDER = ("none", "random", "ghp", "local-ghp")
+SCHEME_ORDER = ("none", "random", "ghp", "local-ghp", "masked-ghp")
 SCHEME_STYLE: dict[str, dict[str, Any]] = {
     "none": {"label": "no privacy", "color": "tab:blue", "linestyle": "-", "linewidth": 1.6},
     "random": {"label": "random (Laplace)", "color": "orange", "linestyle": "-", "linewidth": 1.4},
@@ -48,6 +52,12 @@ SCHEME_STYLE: dict[str, dict[str, Any]] = {
         "label": "local graph-homomorphic",
         "color": "tab:green",
         "linestyle": (0, (5, 3)),
+        "linewidth": 1.8,
+    },
+    "masked-ghp": {
+        "label": "masked graph-homomorphic",
+        "color": "tab:purple",
+        "linestyle": (0, (1, 2)),
         "linewidth": 1.8,
     },
 }
@@ -590,17 +600,28 @@ def finish(
     engine: str,
     extra: dict[str, Any] | None = None,
     neighbour: int | None = None,
+    membership: Sequence[View] | None = None,
+    reach: Mapping[int, Mapping[int, int]] | None = None,
     account_of: Callable[..., Any] | None = None,
 ) -> int:
     """Write and show the results; with `neighbour`, account privacy first (--account),
-    with `account_of` where given (`accountant.attach`). The exit code: 1 when a curve
-    diverged (its numbers mean nothing), else 0."""
+    under the run's `membership` views (and per session the `reach` of each view on its
+    recorded wire), with `account_of` where given (see `accountant.attach`). The exit code:
+    1 when a curve diverged (its numbers mean nothing), else 0."""
     if neighbour is not None:
+        from orchestrator.experiment.specs import session_list
         from orchestrator.privacy import accountant
 
+        order = session_list(config)
         with console.status(f"accounting: twin runs with agent {neighbour}'s data replaced"):
             for curve in curves:
-                accountant.attach(curve, problem, neighbour, account_of)
+                sessions = [
+                    order.index((Strategy(curve.strategy), Scheme(curve.scheme), r))
+                    for r in range(config.repeats)
+                ]
+                accountant.attach(
+                    curve, problem, neighbour, sessions, membership, reach, account_of
+                )
     summary = write_outputs(
         out,
         {**config.to_dict(), **(extra or {})},

@@ -18,7 +18,7 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -47,7 +47,15 @@ from agent.spec import ConfigError
 from broker.bridge import CoreBroker
 from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, write_private
 from broker.launcher import Broker, launch, read_sys_bytes, write_compose_files
-from orchestrator.conductor import Conductor, Resume, SessionResult, Stage, add_counts, describe
+from orchestrator.conductor import (
+    Conductor,
+    Resume,
+    SessionResult,
+    Stage,
+    View,
+    add_counts,
+    describe,
+)
 from orchestrator.engines import journal, memory
 from orchestrator.engines.docker import DockerAgents, DockerBroker, nic_window
 from orchestrator.engines.launch import Launcher, LocalLauncher
@@ -501,7 +509,15 @@ async def _drive(
             # audit replays the whole run for its ground truth.
             accounts = view.account if view is not None else None  # its twin runs, if done
             code = await asyncio.to_thread(
-                _outputs, out, problem, curves, extra, tap, neighbour, accounts
+                _outputs,
+                out,
+                problem,
+                curves,
+                extra,
+                tap,
+                neighbour,
+                accounts,
+                conductor.membership,
             )
             if not ours:
                 publish(mqtt, conductor.bye())
@@ -661,12 +677,22 @@ def _outputs(
     tap: WireTap | None,
     neighbour: int | None = None,
     account_of: Callable[..., Any] | None = None,
+    membership: Sequence[View] = (),
 ) -> int:
     """Write the run's outputs (privacy accounted with `neighbour`, by `account_of` where
-    given), and audit its wire when it was tapped; the exit code."""
+    given, under the run's `membership` with the tapped wire's reach of each view), and
+    audit its wire when it was tapped; the exit code."""
+    changed = any(view.view for view in membership)
+    reach = None
     if tap is not None:
         tap.save(out, problem.config)
-    code = finish(out, problem.config, problem, curves, "net", extra, neighbour, account_of)
+        if changed and neighbour is not None:
+            from orchestrator.audit import reach_of
+
+            reach = reach_of(tap.records, tap.run, problem.config.dim)
+    views = membership if changed else None
+    c = problem.config
+    code = finish(out, c, problem, curves, "net", extra, neighbour, views, reach, account_of)
     if tap is None:
         return code
     from orchestrator.audit import show_audit

@@ -53,7 +53,7 @@ def run_meta(
 
 def audit_summary(report: dict[str, Any]) -> dict[str, Any]:
     """The audit's verdict per session, as the page shows it: models seen, how many were
-    clear, the largest local-ghp cancellation residual."""
+    clear, the largest cancellation residual of a masked scheme."""
     checked = []
     for s in report.get("sessions", []):
         residual = s.get("max_cancellation_residual")
