@@ -445,15 +445,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--runtime",
-        choices=("local", "docker"),
+        choices=("local", "docker", "swarm"),
         default="local",
         help="local: agents as processes here; docker: broker and agents in containers "
-        "(privnet[docker]), with NIC byte counts",
+        "(privnet[docker]), with NIC byte counts; swarm: broker and agents as services of "
+        "the Docker Swarm whose manager DOCKER_HOST names",
     )
     p.add_argument(
         "--image",
-        help="--runtime docker: the agents' image (default: built from the checkout, "
-        "else privnet:<version>)",
+        help="--runtime docker/swarm: the agents' image (default: built from the checkout, "
+        "else privnet:<version>; on a swarm of several nodes, every node must have it)",
     )
     p.add_argument("--run-name", help="topic namespace privnet/<run>/ (default: random)")
     p.add_argument(

@@ -1,10 +1,11 @@
 """The `net` engine, `privnet run`: a broker, agent processes and the conductor over MQTT.
 
 The conductor (`orchestrator.conductor`) decides everything; this shell launches the
-broker and the agents (here, or with `--runtime docker` in containers), hands each agent
-its launch out of band (its id, the run's orchestrator key, its token, its broker
-credentials), pumps MQTT into the conductor, watches the agents, shows progress and writes
-the outputs. Whatever it started it stops: on success, on failure and on Ctrl-C.
+broker and the agents (here; with `--runtime docker` in containers; with `--runtime swarm`
+as services of a Docker Swarm), hands each agent its launch out of band (its id, the run's
+orchestrator key, its token, its broker credentials), pumps MQTT into the conductor,
+watches the agents, shows progress and writes the outputs. Whatever it started it stops: on
+success, on failure and on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from agent.spec import ConfigError
 from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, write_private
 from broker.launcher import Broker, launch, read_sys_bytes, write_compose_files
 from orchestrator.conductor import Conductor, Resume, SessionResult, Stage, add_counts, describe
-from orchestrator.engines import journal, memory
-from orchestrator.engines.docker import DockerAgents, DockerBroker, nic_window
+from orchestrator.engines import journal, memory, swarm
+from orchestrator.engines.docker import ContainerBroker, DockerAgents, DockerBroker, nic_window
 from orchestrator.engines.launch import Launcher, LocalLauncher
 from orchestrator.engines.memory import RunFailed
 from orchestrator.engines.watch import POLL, Watch, write_membership
@@ -212,7 +213,7 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
         journal.begin(out, config, run_secrets.to_json())
     faults = parse_faults(args.faults or "", config.agents)
     broker, pool = _runtime(args, run_secrets.credentials, out / "logs")
-    docker = broker if isinstance(broker, DockerBroker) else None
+    docker = broker if isinstance(broker, ContainerBroker) else None
     try:
         starting = asyncio.get_running_loop().run_in_executor(None, broker.start)
         try:
@@ -234,7 +235,7 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
             escrow=bool(args.audit),
         )
         conductor.results = done
-        reach = broker.agent_address if isinstance(broker, DockerBroker) else broker.address
+        reach = docker.agent_address if docker is not None else broker.address
         launches = run_secrets.launches(str(reach), broker.access)
         if pool is not None and args.checkpoint_every:
             kept = str(out / "checkpoints") if docker is None else None
@@ -295,9 +296,10 @@ async def _view(
 
 def _runtime(
     args: argparse.Namespace, credentials: Credentials, logs: Path
-) -> tuple[Broker | DockerBroker, Launcher | None]:
+) -> tuple[Broker | ContainerBroker, Launcher | None]:
     """The broker, and the launcher of the agents (None: external agents register by
-    themselves): on this machine, or with --runtime docker both in containers."""
+    themselves): on this machine, in containers (--runtime docker) or as services of a swarm
+    (--runtime swarm)."""
     if args.runtime == "local":
         local = launch(args.broker, credentials=credentials, tls=args.tls, ca_file=args.ca_file)
         return local, None if args.external_agents else LocalLauncher(
@@ -312,16 +314,18 @@ def _runtime(
     }
     if any(given.values()):
         raise ConfigError(
-            "--runtime docker starts its own broker (plain TCP on the run's network) and agent "
-            f"containers: drop {', '.join(flag for flag, on in given.items() if on)}"
+            f"--runtime {args.runtime} starts its own broker (plain TCP on the run's network) "
+            f"and agents: drop {', '.join(flag for flag, on in given.items() if on)}"
         )
+    if args.runtime == "swarm":
+        return swarm.runtime(credentials, logs, args.image, args.faults)
     broker = DockerBroker(credentials, logs, image=args.image)
     return broker, DockerAgents(broker)
 
 
 async def _drive(
     problem: Problem,
-    broker: Broker | DockerBroker,
+    broker: Broker | ContainerBroker,
     watch: Watch,
     out: Path,
     tap: WireTap | None = None,
@@ -338,7 +342,7 @@ async def _drive(
     """
     c = problem.config
     conductor, pool = watch.conductor, watch.pool
-    docker = broker if isinstance(broker, DockerBroker) else None
+    docker = broker if isinstance(broker, DockerBroker) else None  # NIC counters: one engine
     nic_before = await asyncio.to_thread(docker.nic) if docker is not None else None
     # A broker restart is ridden out as the agents ride it out (`agent.mqtt.Connection`): for
     # as long as the conductor would wait for a silent session anyway, at least 10 s.
@@ -363,7 +367,7 @@ async def _drive(
             save_models(out / "models.npz", conductor.results)
             extra: dict[str, Any] = {
                 "broker": broker.kind,
-                "runtime": "local" if docker is None else "docker",
+                "runtime": broker.runtime if isinstance(broker, ContainerBroker) else "local",
                 "run": conductor.run,
                 "seed": c.seed,
                 "orchestrator": _orchestrator(conductor),
@@ -382,6 +386,8 @@ async def _drive(
                 rounds = sum(plan.rounds for plan in conductor.plans)
                 nic_after = await asyncio.to_thread(docker.nic)
                 extra["nic"] = nic_window(docker, nic_before, nic_after, rounds)
+            if isinstance(pool, swarm.SwarmAgents):  # which node ran what
+                extra["swarm"] = await asyncio.to_thread(pool.placement)
             ours = isinstance(pool, LocalLauncher)  # processes here; containers as before
             if ours:
                 publish(mqtt, conductor.bye())
@@ -519,7 +525,7 @@ def _outputs(
     return show_audit(out)
 
 
-async def _sys(broker: Broker | DockerBroker) -> dict[str, int] | None:
+async def _sys(broker: Broker | ContainerBroker) -> dict[str, int] | None:
     if broker.kind != "mosquitto":
         return None
     with contextlib.suppress(TimeoutError, aiomqtt.MqttError):
