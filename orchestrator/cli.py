@@ -230,6 +230,7 @@ def prepare(args: argparse.Namespace) -> int:
         mount=args.mount,
         broker_uid=args.broker_uid,
         client_uid=args.client_uid,
+        stack=args.stack,
     )
     console.print(
         f"wrote the secrets of run {args.run_name!r} ({args.agents} agents) to {args.out}"
@@ -550,6 +551,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mount", type=Path, default=Path("/privnet"), help="where --out is mounted")
     p.add_argument("--broker-uid", type=int, help="owner of broker/ (1883 in eclipse-mosquitto)")
     p.add_argument("--client-uid", type=int, help="owner of the clients' files (1000: privnet)")
+    p.add_argument(
+        "--stack",
+        action="store_true",
+        help="for docker-stack.yml: every launch in one launches.json (agents take theirs by "
+        "slot) instead of agents/ claim files",
+    )
     p.set_defaults(func=prepare)
 
     p = sub.add_parser(

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 from conftest import docker_unreachable, skip_unless_required
 
+from agent.__main__ import slot
 from orchestrator.cli import main
 from orchestrator.report import read_metrics
 
@@ -38,6 +39,7 @@ PAIR = ROOT / "scripts" / "swarm-pair"
 IMAGE = "privnet-swarm-test:dev"
 AGENTS, ITERS, SEED, STRATEGY, SCHEME = 6, 20, 3, "atc", "local-ghp"
 LABEL = "privnet.run"
+SWARM_RUN = ["run", "--runtime", "swarm", "--image", IMAGE]
 
 
 def need_swarm_pair() -> None:
@@ -119,14 +121,26 @@ def test_flags_the_swarm_runtime_cannot_honour(tmp_path: Path) -> None:
     assert main([*run, "--run-name", "r" * 60]) == 2  # service names past Docker's 63
 
 
+def test_prepare_stack_hands_each_slot_its_launch(tmp_path: Path) -> None:
+    """`privnet prepare --stack`: one 0600 launches.json in id order, no claim files; the
+    agent of slot N (from 1) runs agent N-1's launch. No engine needed."""
+    out = tmp_path / "stack"
+    assert main(["prepare", "--stack", "--out", str(out), "--agents", "3", "--run-name", "s"]) == 0
+    path = out / "launches.json"
+    assert path.stat().st_mode & 0o777 == 0o600 and not (out / "agents").exists()
+    assert [slot(path, n).agent for n in (1, 2, 3)] == [0, 1, 2]
+    assert slot(path, 2).broker == "broker:1883" and slot(path, 2).password
+    with pytest.raises(ValueError, match="holds launches 1 to 3"):
+        slot(path, 4)
+
+
 def test_swarm_run_equals_memory_across_two_nodes(client: Any, tmp_path: Path) -> None:
     run = f"test-{secrets.token_hex(4)}"
     flags = ["--agents", str(AGENTS), "--iters", str(ITERS), "--seed", str(SEED)]
     flags += ["--strategy", STRATEGY, "--scheme", SCHEME]
     out = tmp_path / "swarm"
     vxlan_before = int(pair("vxlan"))
-    code = main(["run", "--runtime", "swarm", "--image", IMAGE, "--run-name", run, *flags,
-                 "--out", str(out)])  # fmt: skip
+    code = main([*SWARM_RUN, "--run-name", run, *flags, "--out", str(out)])
     vxlan = int(pair("vxlan")) - vxlan_before
     assert code == 0
     assert leftovers(client, run) == NOTHING, "left after success"
@@ -160,8 +174,7 @@ def test_killed_agents_fail_the_run_and_leave_nothing(
     run = f"test-kill-{secrets.token_hex(3)}"
     flags = ["--agents", "3", "--iters", "100000", "--faults", "kill:1@20,kill:2@20"]
     flags += ["--deadline", "5"]  # the conductor waits for a cut vertex to come back
-    code = main(["run", "--runtime", "swarm", "--image", IMAGE, "--run-name", run, *flags,
-                 "--out", str(tmp_path)])  # fmt: skip
+    code = main([*SWARM_RUN, "--run-name", run, *flags, "--out", str(tmp_path)])
     output = " ".join(capfd.readouterr().err.split())
     assert code == 1, output[-3000:]
     assert "lost: agent 1: the swarm is stopping its task" in output, output[-3000:]
@@ -173,10 +186,9 @@ def test_sigterm_leaves_nothing(client: Any, manager: str, tmp_path: Path) -> No
     """`privnet run` stopped with SIGTERM mid-run (as `docker stop` or a scheduler does):
     exit 130, and every service, secret, config and network of the run removed."""
     run = f"test-term-{secrets.token_hex(3)}"
-    flags = ["--runtime", "swarm", "--image", IMAGE, "--run-name", run, "--agents", "3"]
+    flags = ["--run-name", run, "--agents", "3", "--iters", "100000", "--out", str(tmp_path)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "run", *flags, "--iters", "100000",
-         "--out", str(tmp_path)],  # fmt: skip
+        [sys.executable, "-m", "orchestrator.cli", *SWARM_RUN, *flags],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT), "DOCKER_HOST": manager},
         stdout=subprocess.PIPE,
@@ -194,3 +206,65 @@ def test_sigterm_leaves_nothing(client: Any, manager: str, tmp_path: Path) -> No
             proc.kill()
     assert proc.returncode == 130, output[-3000:]
     assert leftovers(client, run) == NOTHING, f"left after SIGTERM:\n{output[-2000:]}"
+
+
+def test_docker_stack_deploy_as_its_header_says(client: Any, manager: str, tmp_path: Path) -> None:
+    """docker-stack.yml, deployed as its header says beside a `privnet prepare --stack`:
+    the orchestrator completes what the memory engine computes, the agents spread at most
+    PRIVNET_PER_NODE to a node, and `docker stack rm` leaves nothing of the stack."""
+    shutil.copy(ROOT / "docker-stack.yml", tmp_path)  # its paths are relative to it
+    prepare = ["prepare", "--stack", "--out", str(tmp_path / "stack"), "--run-name", "stack"]
+    assert main([*prepare, "--agents", str(AGENTS)]) == 0
+    (tmp_path / "runs").mkdir()
+    stack = f"privnet-{secrets.token_hex(3)}"
+    settings = {
+        "PRIVNET_AGENTS": str(AGENTS),
+        "PRIVNET_ITERS": str(ITERS),
+        "PRIVNET_SEED": str(SEED),
+        "PRIVNET_PER_NODE": "3",
+    }
+    env = {**os.environ, **settings, "DOCKER_HOST": manager, "PRIVNET_IMAGE": IMAGE}
+
+    def docker_cli(*args: str) -> None:
+        done = subprocess.run(
+            ["docker", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+
+    docker_cli("stack", "deploy", "--detach", "-c", "docker-stack.yml", stack)
+    try:
+        orchestrator = client.services.get(f"{stack}_orchestrator")
+        deadline = time.monotonic() + 300
+        while (state := _state(orchestrator)) not in ("complete", "failed", "rejected"):
+            assert time.monotonic() < deadline, f"the orchestrator is still {state}"
+            time.sleep(1.0)
+        logs = b"".join(orchestrator.logs(stdout=True, stderr=True)).decode(errors="replace")
+        assert state == "complete", logs[-3000:]
+        agents = client.api.tasks(filters={"service": f"{stack}_agent"})
+        per_node: dict[str, int] = {}
+        for task in agents:
+            per_node[task["NodeID"]] = per_node.get(task["NodeID"], 0) + 1
+        assert sorted(per_node.values()) == [3, 3], per_node
+    finally:
+        docker_cli("stack", "rm", stack)
+    got = read_metrics(tmp_path / "runs" / "stack" / "metrics.csv")
+    flags = ["--agents", str(AGENTS), "--iters", str(ITERS), "--seed", str(SEED)]
+    assert main(["simulate", "--engine", "memory", *flags, "--out", str(tmp_path / "mem")]) == 0
+    want = read_metrics(tmp_path / "mem" / "metrics.csv")
+    for a, b in zip(got[STRATEGY, SCHEME], want[STRATEGY, SCHEME], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-9)
+    label = {"label": f"com.docker.stack.namespace={stack}"}
+    deadline = time.monotonic() + 60
+    while left := [
+        x.name
+        for kind in (client.services, client.secrets, client.configs, client.networks)
+        for x in kind.list(filters=label)
+    ]:
+        assert time.monotonic() < deadline, f"left after docker stack rm: {left}"
+        time.sleep(1.0)
+
+
+def _state(service: Any) -> str:
+    """The state of a one-task service's task ("new" before it has one)."""
+    tasks = service.tasks()
+    return str(tasks[0]["Status"]["State"]) if tasks else "new"

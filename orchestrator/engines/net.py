@@ -154,10 +154,13 @@ def prepare(
     mount: Path = Path("/privnet"),
     broker_uid: int | None = None,
     client_uid: int | None = None,
+    stack: bool = False,
 ) -> RunSecrets:
     """A run's secrets as files, for agents and a broker someone else starts (compose):
     the broker's files (`write_compose_files`), `run.json` for the orchestrator and one
-    launch file per agent in `agents/` (claimed with `python -m agent --claim`)."""
+    launch file per agent in `agents/` (claimed with `python -m agent --claim`); with
+    `stack`, for docker-stack.yml, instead every launch in `launches.json`, in id order (one
+    Docker secret: each agent replica takes its own with `python -m agent --slot`)."""
     run_secrets = RunSecrets.generate(run, agents)
     write_compose_files(
         out,
@@ -173,11 +176,17 @@ def prepare(
         return run_secrets.credentials.access(user, tls=ca is not None, ca_file=ca)
 
     write_private(out / "run.json", run_secrets.to_json())
-    write_launches(out / "agents", run_secrets.launches(broker, access))
+    launches = run_secrets.launches(broker, access)
+    if stack:
+        ordered = [launches[p] for p in sorted(launches)]
+        write_private(out / "launches.json", AgentLaunch.group_json(ordered))
+    else:
+        write_launches(out / "agents", launches)
     for p in run_secrets.tokens:  # an agent's password travels only in its launch file
         (out / "users" / f"{p}.env").unlink(missing_ok=True)
     if client_uid is not None:
-        for path in [out / "run.json", out / "agents", *(out / "agents").iterdir()]:
+        theirs = [out / "launches.json"] if stack else [out / "agents", *(out / "agents").iterdir()]
+        for path in [out / "run.json", *theirs]:
             os.chown(path, client_uid, client_uid)
     return run_secrets
 
