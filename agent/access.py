@@ -35,7 +35,8 @@ class ClientAccess:
 
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `aiomqtt.Client` (besides hostname and port). No client
-        identifier: the broker picks a random one (see `Broker.connect_options`)."""
+        identifier: a broker with the run's users makes it the username, others pick a random
+        one (see `Broker.connect_options`)."""
         import aiomqtt
 
         kwargs: dict[str, Any] = {"username": self.username, "password": self.password}

@@ -193,10 +193,12 @@ class Bye:
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    """What Setup seals: everything that determines this agent's models."""
+    """What Setup seals: everything that determines this agent's models, and nothing that
+    determines another's (its own keys and rows, derived by the orchestrator; never the
+    run's seed)."""
 
     spec: AgentSpec
-    problem: ProblemSpec
+    problem: ProblemSpec  # the data model and this agent's own data and minibatch keys
     directory: dict[int, bytes]  # agent id -> PublicIdentity.to_bytes()
     deadline: float
     telemetry: bool

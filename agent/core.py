@@ -234,14 +234,9 @@ class AgentCore:
             masks = self._masks(plan)
             return {k: x + masks[k] if k in masks else x.copy() for k in targets}
         x = rng.snap(x, spec.sigma_g)  # released on the noise grid, own term included
+        # The agent's own stream: one draw per agent id (row k: what receiver k gets).
         raw = rng.raw_row(
-            spec.noise_key,
-            rng.Domain.NOISE,
-            plan.step,
-            self.round,
-            me,
-            spec.agents,
-            spec.agents * spec.dim,
+            spec.noise_key, rng.Domain.NOISE, plan.step, self.round, spec.agents * spec.dim
         )
         table = rng.laplace(rng.uniforms(raw), spec.sigma_g).reshape(spec.agents, spec.dim)
         if spec.scheme is Scheme.RANDOM:

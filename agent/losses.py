@@ -1,12 +1,12 @@
 """Local risks behind one small interface, and each agent's data.
 
 An agent generates (regression) or takes (classification, from a dataset shipped in
-agent/data) its own samples from a public problem spec and its id, so raw data never
-crosses the wire; the orchestrator computes w^o from the same functions. `make_loss` is
-the one place that turns a problem spec into an agent's loss.
-
-A spec's `neighbour` names the agent whose data is replaced by a fresh draw from the same
-data model: the neighbouring dataset D' of the paper's Definition DP, for the accountant.
+agent/data) its own samples from its own problem spec, so raw data never crosses the
+wire. A spec holds the public data model and this agent's own keys and rows, which the
+orchestrator derives from the run's master seed (orchestrator/experiment/seeds.py): they
+regenerate this agent's data and minibatches and nobody else's. The orchestrator computes
+w^o from the same functions over every agent's spec. `make_loss` is the one place that
+turns a problem spec into an agent's loss.
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from agent import datasets, rng
-
-NO_NEIGHBOUR = -1  # every agent keeps its own data (the dataset D)
 
 
 class Loss(Protocol):
@@ -31,57 +29,46 @@ class Loss(Protocol):
 
 @dataclass(frozen=True)
 class RegressionSpec:
-    """The paper's section V-A problem: d = u^T w* + o, u ~ N(0, R_u), o ~ N(0, noise_var[p])."""
+    """One agent's share of the paper's section V-A problem: its N samples of
+    d = u^T w* + o, u ~ N(0, R_u), o ~ N(0, noise_var), drawn from its own `data_key`."""
 
     dim: int
-    samples: int  # N per agent
+    samples: int  # N
     w_star: tuple[float, ...]
     r_u: tuple[tuple[float, ...], ...]
-    noise_var: tuple[float, ...]  # sigma_o,p^2, one per agent (non-iid)
+    noise_var: float  # sigma_o,p^2 of this agent (they differ: non-iid)
     rho: float
-    seed: int
-    repeat: int = 0
+    data_key: tuple[int, int]  # this agent's samples
+    batch_key: tuple[int, int]  # this agent's minibatch indices
     batch: int | None = None  # None: full batch (exact local gradients)
-    neighbour: int = NO_NEIGHBOUR  # this agent's data is a fresh draw (D')
 
 
 @dataclass(frozen=True)
 class ClassificationSpec:
-    """The paper's section V-B problem on a shipped dataset: regularized logistic regression.
-
-    Agent p takes `samples` rows of the shuffled training set (a disjoint block; 0 means
-    an even split) and adds N(0, feature_noise[p]^2) to every feature but the bias, which
-    makes the agents' data non-iid.
-    """
+    """One agent's share of the paper's section V-B problem on a shipped dataset:
+    regularized logistic regression on its `rows` of the training set (the agents' blocks
+    are disjoint), with N(0, feature_noise^2) added to every feature but the bias from its
+    own `data_key`, which makes the agents' data non-iid."""
 
     dataset: str
     dim: int
-    samples: int
-    feature_noise: tuple[float, ...]  # one std per agent
+    rows: tuple[int, ...]  # this agent's rows of the training split
+    feature_noise: float  # this agent's std
     rho: float
-    seed: int
-    repeat: int = 0
+    data_key: tuple[int, int]  # this agent's feature noise
+    batch_key: tuple[int, int]  # this agent's minibatch indices
     batch: int | None = None
-    neighbour: int = NO_NEIGHBOUR
 
 
 ProblemSpec = RegressionSpec | ClassificationSpec
 
 
-def _stream(spec: ProblemSpec, kind: int, agent: int) -> np.random.Generator:
-    """Data streams: kind 1 an agent's own draw, kind 4 the replacement draw of D'."""
-    if agent == spec.neighbour:
-        kind = 4
-    seq = np.random.SeedSequence(entropy=spec.seed, spawn_key=(spec.repeat, kind, agent))
-    return np.random.Generator(np.random.Philox(seq))
-
-
-def regression_data(spec: RegressionSpec, agent: int) -> tuple[np.ndarray, np.ndarray]:
-    """Agent `agent`'s samples (u of shape (N, M), d of shape (N,)), reproducible from the spec."""
-    gen = _stream(spec, 1, agent)
+def regression_data(spec: RegressionSpec) -> tuple[np.ndarray, np.ndarray]:
+    """The agent's samples (u of shape (N, M), d of shape (N,)), reproducible from its spec."""
+    gen = rng.generator(spec.data_key)
     chol = np.linalg.cholesky(np.asarray(spec.r_u))
     u = gen.standard_normal((spec.samples, spec.dim)) @ chol.T
-    o = gen.standard_normal(spec.samples) * np.sqrt(spec.noise_var[agent])
+    o = gen.standard_normal(spec.samples) * np.sqrt(spec.noise_var)
     d = u @ np.asarray(spec.w_star) + o
     return u, d
 
@@ -97,18 +84,16 @@ class _Samples:
         *,
         batch: int | None = None,
         key: tuple[int, int] = (0, 0),
-        agent: int = 0,
-        agents: int = 1,
     ) -> None:
         self.dim = x.shape[1]
         self.x, self.y, self.rho = x, y, rho
         self.batch = batch if batch and batch < len(y) else None
-        self.key, self.agent, self.agents = key, agent, agents
+        self.key = key
 
     def sample(self, round_: int) -> tuple[np.ndarray, np.ndarray]:
         """This round's minibatch (the same in every engine)."""
         assert self.batch is not None
-        idx = batch_indices(self.key, round_, self.agent, self.agents, self.batch, len(self.y))
+        idx = batch_indices(self.key, round_, self.batch, len(self.y))
         return self.x[idx], self.y[idx]
 
 
@@ -134,33 +119,14 @@ class LeastSquares(_Samples):
         return g
 
 
-def shuffled_rows(spec: ClassificationSpec) -> np.ndarray:
-    """The training set's row order for this seed and repeat (agents take disjoint blocks)."""
-    seq = np.random.SeedSequence(entropy=spec.seed, spawn_key=(spec.repeat, 2))
-    n = len(datasets.load(spec.dataset).y_train)
-    return np.random.Generator(np.random.Philox(seq)).permutation(n)
-
-
-def per_agent_samples(spec: ClassificationSpec) -> int:
-    n = len(datasets.load(spec.dataset).y_train)
-    return spec.samples or n // len(spec.feature_noise)
-
-
-def classification_data(spec: ClassificationSpec, agent: int) -> tuple[np.ndarray, np.ndarray]:
-    """Agent `agent`'s features (N, M), bias column last, and +-1 labels (N,).
-
-    The neighbour of D' takes a fresh sample of rows from the whole training set instead
-    of its block, with fresh feature noise.
-    """
+def classification_data(spec: ClassificationSpec) -> tuple[np.ndarray, np.ndarray]:
+    """The agent's features (N, M), bias column last, and +-1 labels (N,)."""
     data = datasets.load(spec.dataset)
-    n = per_agent_samples(spec)
-    gen = _stream(spec, 1, agent)
-    if agent == spec.neighbour:
-        rows = gen.choice(len(data.y_train), n, replace=False)
-    else:
-        rows = shuffled_rows(spec)[agent * n : (agent + 1) * n]
+    rows = np.asarray(spec.rows)
     x = data.x_train[rows].copy()
-    x[:, :-1] += spec.feature_noise[agent] * gen.standard_normal((n, spec.dim - 1))
+    x[:, :-1] += spec.feature_noise * rng.generator(spec.data_key).standard_normal(
+        (len(rows), spec.dim - 1)
+    )
     return x, data.y_train[rows]
 
 
@@ -183,20 +149,16 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return s
 
 
-def make_loss(spec: ProblemSpec, agent: int, agents: int) -> Loss:
-    """Agent `agent`'s local risk for any problem spec (the one factory every engine uses)."""
-    key = rng.run_key(spec.seed, spec.repeat)
+def make_loss(spec: ProblemSpec) -> Loss:
+    """The local risk an agent's problem spec describes (the one factory every engine uses)."""
     kind: type[LeastSquares | Logistic]
     if isinstance(spec, RegressionSpec):
-        kind, (x, y) = LeastSquares, regression_data(spec, agent)
+        kind, (x, y) = LeastSquares, regression_data(spec)
     else:
-        kind, (x, y) = Logistic, classification_data(spec, agent)
-    return kind(x, y, spec.rho, batch=spec.batch, key=key, agent=agent, agents=agents)
+        kind, (x, y) = Logistic, classification_data(spec)
+    return kind(x, y, spec.rho, batch=spec.batch, key=spec.batch_key)
 
 
-def batch_indices(
-    key: tuple[int, int], round_: int, agent: int, agents: int, batch: int, n: int
-) -> np.ndarray:
+def batch_indices(key: tuple[int, int], round_: int, batch: int, n: int) -> np.ndarray:
     """The minibatch of one agent in one round (with replacement), same in every engine."""
-    raw = rng.raw_row(key, rng.Domain.BATCH, 0, round_, agent, agents, batch)
-    return rng.indices(raw, n)
+    return rng.indices(rng.raw_row(key, rng.Domain.BATCH, 0, round_, batch), n)

@@ -304,10 +304,12 @@ class Connection:
     A lost connection is made again: after RECONNECT_FIRST s, doubling to RECONNECT_MAX
     (with jitter, so a restarted broker is not hit by every client at once), for `give_up`
     seconds; then `get`, `publish` and `(un)subscribe` raise MqttError. A refusal of our
-    credentials ends it at once. Sessions are clean and the client identifier random (gmqtt
-    draws a uuid4), so nobody can take over a session by name; the broker forgets our
-    subscriptions with the connection, so after each reconnect every subscription held is
-    made again at its QoS before anything else is sent. While disconnected:
+    credentials ends it at once. Sessions are clean. The client identifier sent is random
+    (gmqtt draws a uuid4); a broker with the run's users makes it the username (mosquitto's
+    `use_username_as_clientid`, and the embedded broker likewise), so only another connection
+    of the same user can displace this one. The broker forgets our subscriptions with the
+    connection, so after each reconnect every subscription held is made again at its QoS
+    before anything else is sent. While disconnected:
     - QoS-0 publishes (the peer plane) are dropped and counted (`outages.dropped`): the
       broker would not have kept them for an absent subscriber either, and the state machines
       tolerate a lost frame (a stalled round is the conductor's to repeat);
@@ -482,14 +484,18 @@ class Connection:
         )
 
     async def _resubscribe(self) -> None:
-        """Every subscription gmqtt holds, at its QoS: a clean session starts with none."""
+        """Every subscription gmqtt holds, at its QoS: a clean session starts with none.
+
+        A loss from here on fails the waiters (`_on_disconnect`); one since the CONNACK (a
+        client of our user displacing us, say) must fail the attempt as promptly."""
+        if not self._client.is_connected:
+            raise _Lost("connection lost right after the CONNACK")
         waits = []
         for sub in list(self._client.subscriptions):
             waiter = asyncio.get_running_loop().create_future()
             self._acks[self._client.resubscribe(sub)] = waiter
             waits.append(waiter)
-        for waiter in waits:
-            await waiter
+        await asyncio.gather(*waits)
 
     def _resume(self, began: float, attempts: int) -> None:
         took = time.monotonic() - began

@@ -79,7 +79,7 @@ PAUSED = (Phase.HELD, Phase.EXCLUDED, Phase.FINISHED)  # in a session, waiting f
 WAITING = (Phase.REGISTERING, Phase.REGISTERED, *PAUSED)
 BEATING = (*ACTIVE, Phase.HELD, Phase.FINISHED)  # members: Progress is their heartbeat
 IDLE = (Phase.REGISTERED, Phase.LEAVING, Phase.LEFT)  # no session: the orchestrator's turn
-RECENT = 64  # rounds a Rejoin offers
+RECENT = 64  # rounds a Rejoin offers (`offered`)
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,18 @@ class Launch:
     orchestrator: keys.PublicIdentity  # verifies control frames; telemetry is sealed to it
     token: bytes  # proves this process is the one launched as `agent` (see control.Hello)
     rejoin: bool = False  # started again mid-run: the shell loads its checkpoint
+
+
+def offered(rounds: list[int]) -> tuple[int, ...]:
+    """What a Rejoin offers of the (sorted) rounds held: at most RECENT, the latest half
+    and the older ones evenly spread. A run resumed after its orchestrator died goes back to
+    the last round that orchestrator recorded, which may lie far behind the latest held."""
+    if len(rounds) <= RECENT:
+        return tuple(rounds)
+    half = RECENT // 2
+    older = rounds[:-half]
+    step = (len(older) - 1) / (half - 1)
+    return tuple([older[round(n * step)] for n in range(half)] + rounds[-half:])
 
 
 def hello_proof(token: bytes, run: str, agent: int, identity: bytes) -> bytes:
@@ -501,7 +513,7 @@ class AgentNode:
                 f"{config.resume}, which I do not hold (I hold {sorted(history)[-5:]})"
             )
         history = {r: w for r, w in history.items() if r <= config.resume}
-        loss = make_loss(config.problem, spec.agent, spec.agents)
+        loss = make_loss(config.problem)
         core = self._core_type(spec, loss, self.identity, directory)
         core.resume_from(history[config.resume])
         self.session = self._next_session(setup, config, core, links, history)
@@ -612,7 +624,7 @@ class AgentNode:
             number, rounds = self.checkpoint.session, sorted(self.checkpoint.models)
         else:
             number, rounds = -1, []
-        offer = tuple(rounds[-RECENT:])
+        offer = offered(rounds)
         return self._up(topics.ctl_up(self.run, self.me), control.Rejoin(self.me, number, offer))
 
     def _fail(self, reason: str, *, tell: bool = True) -> Output:

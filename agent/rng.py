@@ -1,15 +1,16 @@
 """Counter-based random streams, so every engine draws the same numbers in any order.
 
-A stream is Philox4x64 keyed by (seed, repeat). Its counter says what is drawn
-(domain, step) and where: round i, row r (the drawing agent) of a table that has
-`rows` rows of `width` entries. An agent jumps straight to its own row; the oracle
-draws whole blocks of rounds at once. Secrets never come from here (see keys.py).
+A stream is Philox4x64 keyed by one agent's own key for one purpose (its noise, its
+minibatches), which the orchestrator derives one way from the run's master seed
+(orchestrator/experiment/seeds.py), so no agent can compute another's stream. The counter
+says what is drawn (domain, step) and where: the row of round i, `width` entries. An agent
+jumps straight to its round; the oracle draws whole blocks of rounds at once. Secrets of
+the protocol never come from here (see keys.py).
 """
 
 from __future__ import annotations
 
 import math
-import secrets
 from enum import IntEnum
 
 import numpy as np
@@ -25,14 +26,6 @@ class Domain(IntEnum):
     BATCH = 2  # minibatch sample indices
 
 
-def run_key(seed: int | None, repeat: int = 0) -> tuple[int, int]:
-    """The 128-bit Philox key of one run; OS entropy when no seed is given."""
-    if seed is None:
-        return (secrets.randbits(64), secrets.randbits(64))
-    state = np.random.SeedSequence(entropy=seed, spawn_key=(repeat,)).generate_state(2, np.uint64)
-    return (int(state[0]), int(state[1]))
-
-
 def _padded(width: int) -> int:
     return 4 * math.ceil(width / 4)
 
@@ -42,33 +35,38 @@ def _counter(position: int, domain: Domain, step: int) -> np.ndarray:
     return np.array([position // 4, 0, int(domain), step], dtype=np.uint64)
 
 
-def raw_row(
-    key: tuple[int, int], domain: Domain, step: int, round_: int, row: int, rows: int, width: int
-) -> np.ndarray:
-    """The `width` raw words of one row of round `round_`'s table."""
-    start = (round_ * rows + row) * _padded(width)
+def raw_row(key: tuple[int, int], domain: Domain, step: int, round_: int, width: int) -> np.ndarray:
+    """The `width` raw words of round `round_`'s row of the stream `key`."""
     bitgen = np.random.Philox(
-        key=np.array(key, dtype=np.uint64), counter=_counter(start, domain, step)
+        key=np.array(key, dtype=np.uint64), counter=_counter(round_ * _padded(width), domain, step)
     )
     return bitgen.random_raw(width)
 
 
-def raw_block(
-    key: tuple[int, int],
-    domain: Domain,
-    step: int,
-    first_round: int,
-    rounds: int,
-    rows: int,
-    width: int,
-) -> np.ndarray:
-    """Rounds first_round .. first_round+rounds-1, shape (rounds, rows, width), drawn in one go."""
-    padded = _padded(width)
-    start = first_round * rows * padded
-    bitgen = np.random.Philox(
-        key=np.array(key, dtype=np.uint64), counter=_counter(start, domain, step)
-    )
-    return bitgen.random_raw(rounds * rows * padded).reshape(rounds, rows, padded)[..., :width]
+class Rows:
+    """One key's rows read forward a block of rounds at a time (the oracle's chunks): the
+    words raw_row gives round by round, from one generator while the blocks follow each
+    other (the oracle draws every agent's stream, so a generator per block would cost)."""
+
+    def __init__(self, key: tuple[int, int], domain: Domain, step: int, width: int) -> None:
+        self._key, self._domain, self._step = np.array(key, dtype=np.uint64), domain, step
+        self._width, self._padded = width, _padded(width)
+        self._bitgen: np.random.Philox | None = None
+        self._next = -1  # the round the generator stands at
+
+    def block(self, first_round: int, rounds: int) -> np.ndarray:
+        """Rows of rounds first_round .. first_round+rounds-1, shape (rounds, width)."""
+        if self._bitgen is None or first_round != self._next:
+            counter = _counter(first_round * self._padded, self._domain, self._step)
+            self._bitgen = np.random.Philox(key=self._key, counter=counter)
+        self._next = first_round + rounds
+        raw = self._bitgen.random_raw(rounds * self._padded)
+        return raw.reshape(rounds, self._padded)[:, : self._width]
+
+
+def generator(key: tuple[int, int]) -> np.random.Generator:
+    """A sequential generator on `key` from counter 0, for draws made once (data)."""
+    return np.random.Generator(np.random.Philox(key=np.array(key, dtype=np.uint64)))
 
 
 def uniforms(raw: np.ndarray) -> np.ndarray:

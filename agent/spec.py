@@ -70,14 +70,14 @@ class AgentSpec:
     """Everything agent `agent` needs to run its rounds (the loss comes separately)."""
 
     agent: int
-    agents: int  # P, for the layout of the shared noise streams
+    agents: int  # P: the noise row holds one draw per agent id
     dim: int  # M
     steps: tuple[StepPlan, StepPlan, StepPlan]  # in STEPS order
     scheme: Scheme
     sigma_g: float
     mu: float
     rounds: int
-    noise_key: tuple[int, int]  # rng.run_key(seed, repeat)
+    noise_key: tuple[int, int]  # this agent's own random/ghp stream (seeds.Purpose.NOISE)
     session: bytes  # random per run; bound into every signature, MAC and mask
     rekey: Rekey = Rekey.ONCE
     w0: tuple[float, ...] = field(default=())  # initial model; zeros when empty

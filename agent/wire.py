@@ -61,11 +61,11 @@ from agent.control import (
     Telemetry,
     Welcome,
 )
-from agent.losses import NO_NEIGHBOUR, ClassificationSpec, RegressionSpec
+from agent.losses import ClassificationSpec, RegressionSpec
 from agent.messages import KeyPlan, KeyShare, Model, Rejected, Report
 from agent.spec import STEPS, AgentSpec, ConfigError, Rekey, Scheme, StepPlan
 
-VERSION = 1
+VERSION = 2  # 2: a Config carries the agent's own keys, never the run's seed
 MAX_PEER_BYTES = 64 * 1024
 MAX_CONTROL_BYTES = 1024 * 1024
 MAC_BYTES = 16
@@ -349,6 +349,7 @@ _TEXT = _Kind(str, _str_decode)
 _BOOL = _Kind(bool, _bool_decode)
 _BLOB = _bytes()
 _VECTOR = _Kind(_vector_encode, _vector_decode)
+_KEY = _tuple(_COUNT, 2)  # a 128-bit Philox key (agent.rng), as two 64-bit words
 
 _VECTOR_FIELDS = (
     _Field("dtype", "dtype", _TEXT),
@@ -376,7 +377,7 @@ _AGENT_SPEC = _record(
         ("sigma_g", _FLOAT),
         ("mu", _FLOAT),
         ("rounds", _COUNT),
-        ("noise_key", _tuple(_COUNT, 2)),
+        ("noise_key", _KEY),
         ("session", _BLOB),
         ("rekey", _enum(Rekey)),
         ("w0", _tuple(_FLOAT)),
@@ -391,8 +392,8 @@ def _check_problem(problem: RegressionSpec) -> None:
     square = len(problem.r_u) == m and all(len(row) == m for row in problem.r_u)
     if len(problem.w_star) != m or not square:
         raise ConfigError(f"w_star must have {m} entries and r_u must be {m} x {m}")
-    if any(v < 0 for v in problem.noise_var):
-        raise ConfigError("noise_var holds variances, which must be >= 0")
+    if problem.noise_var < 0:
+        raise ConfigError(f"noise_var is a variance, which must be >= 0, got {problem.noise_var}")
 
 
 def _check_classification(problem: ClassificationSpec) -> None:
@@ -401,11 +402,18 @@ def _check_classification(problem: ClassificationSpec) -> None:
             f"dataset {problem.dataset!r} is not shipped with this agent "
             f"({', '.join(datasets.DATASETS)}); update the agent or pick a shipped dataset"
         )
-    if any(v < 0 for v in problem.feature_noise):
-        raise ConfigError("feature_noise holds standard deviations, which must be >= 0")
+    size = len(datasets.load(problem.dataset).y_train)
+    if not problem.rows or max(problem.rows) >= size:
+        raise ConfigError(
+            f"rows must name at least one of the {size} training rows of {problem.dataset} "
+            f"(0 .. {size - 1}); got {len(problem.rows)} rows up to {max(problem.rows, default=0)}"
+        )
+    if problem.feature_noise < 0:
+        raise ConfigError(
+            f"feature_noise is a standard deviation, which must be >= 0, "
+            f"got {problem.feature_noise}"
+        )
 
-
-_NEIGHBOUR = _int(NO_NEIGHBOUR, ID_LIMIT, "an agent id or -1")
 
 _REGRESSION = _record(
     RegressionSpec,
@@ -414,12 +422,11 @@ _REGRESSION = _record(
         ("samples", _POSITIVE),
         ("w_star", _tuple(_FLOAT)),
         ("r_u", _tuple(_tuple(_FLOAT))),
-        ("noise_var", _tuple(_FLOAT)),
+        ("noise_var", _FLOAT),
         ("rho", _FLOAT),
-        ("seed", _COUNT),
-        ("repeat", _COUNT),
+        ("data_key", _KEY),
+        ("batch_key", _KEY),
         ("batch", _optional(_POSITIVE)),
-        ("neighbour", _NEIGHBOUR),
     ),
     _check_problem,
 )
@@ -429,13 +436,12 @@ _CLASSIFICATION = _record(
     _named(
         ("dataset", _TEXT),
         ("dim", _POSITIVE),
-        ("samples", _COUNT),
-        ("feature_noise", _tuple(_FLOAT)),
+        ("rows", _tuple(_int(0, ID_LIMIT, "a training row index"), distinct=True)),
+        ("feature_noise", _FLOAT),
         ("rho", _FLOAT),
-        ("seed", _COUNT),
-        ("repeat", _COUNT),
+        ("data_key", _KEY),
+        ("batch_key", _KEY),
         ("batch", _optional(_POSITIVE)),
-        ("neighbour", _NEIGHBOUR),
     ),
     _check_classification,
 )
@@ -465,12 +471,6 @@ def _check_config(config: Config) -> None:
     spec, problem = config.spec, config.problem
     if problem.dim != spec.dim:
         raise ConfigError(f"problem.dim {problem.dim} differs from spec.dim {spec.dim}")
-    per_agent = problem.noise_var if isinstance(problem, RegressionSpec) else problem.feature_noise
-    if len(per_agent) != spec.agents:
-        raise ConfigError(
-            f"the problem has {len(per_agent)} per-agent noise levels, one per agent "
-            f"({spec.agents}) is needed"
-        )
 
 
 _PEER_SCHEMAS = (
@@ -800,7 +800,7 @@ def _build(opened: _Opened, kind: type[T], dim: int | None = None) -> T:
 
 _F8 = np.dtype(DTYPE)
 _MODEL_NAME = b"model"
-_MODEL_HEAD = b"\x94\x01\xa5" + _MODEL_NAME  # msgpack [VERSION, "model", ...
+_MODEL_HEAD = b"\x94" + bytes([VERSION]) + b"\xa5" + _MODEL_NAME  # msgpack [VERSION, "model", ...
 _MAC_HEAD = b"\xc4" + bytes([MAC_BYTES])  # ... bin8 of MAC_BYTES: the MAC]
 _SHORT = 32  # vectors up to this long are checked for finiteness in Python
 

@@ -10,6 +10,12 @@ amqtt 0.12 has no packet size limit: it reads any remaining length up to MQTT's 
 then the whole payload into memory (one 64 MB publish grew it by 450 MB). `GuardedBroker`
 reads each connection a whole packet at a time and hangs up as soon as a fixed header
 announces a packet longer than `--max-packet-size`, before the body is read.
+
+amqtt 0.12 also drops the session of a CONNECT's client id before it checks the password, and
+hands a connected client id to whoever connects with it. With a password file, `GuardedBroker`
+checks every CONNECT's user first and gives the client its username as client id (mosquitto's
+`use_username_as_clientid`): a refused client touches nothing, and an accepted one can only
+displace a connection of its own user.
 """
 
 import argparse
@@ -18,17 +24,21 @@ import json
 import logging
 import signal
 import sys
+from collections import deque
 from pathlib import Path
 from typing import Any
 
-from amqtt.adapters import StreamReaderAdapter, StreamWriterAdapter
+from amqtt.adapters import BufferReader, StreamReaderAdapter, StreamWriterAdapter
 from amqtt.broker import Broker
 from amqtt.contexts import Action
-from amqtt.errors import BrokerError
+from amqtt.errors import AMQTTError, BrokerError, CodecError, MQTTError, NoDataError
 from amqtt.events import BrokerEvents
+from amqtt.mqtt.connect import ConnectPacket
+from amqtt.mqtt.constants import QOS_1, QOS_2
+from amqtt.mqtt.packet import CONNECT
 from amqtt.mqtt.protocol.broker_handler import BrokerProtocolHandler
 from amqtt.mqtt.publish import PublishPacket
-from amqtt.session import IncomingApplicationMessage, Session
+from amqtt.session import IncomingApplicationMessage, OutgoingApplicationMessage, Session
 
 from agent.mqtt import run as loop_run
 from agent.topics import MAX_PACKET_SIZE, publish_packet
@@ -37,6 +47,8 @@ log = logging.getLogger("privnet.broker")
 VERDICTS = 65_536  # memoized ACL verdicts kept at most (a 30-agent run needs about 2,000)
 ROUTES = 65_536  # memoized topic -> subscribers routes kept at most (one per topic in use)
 BACKLOG = 16 * 2**20  # bytes waiting for one subscriber beyond which QoS-0 copies are dropped
+PASSWORDS = "amqtt.plugins.authentication.FileAuthPlugin"  # the plugin of `amqtt_config`'s users
+NOT_AUTHORIZED = bytes([0x20, 2, 0, 5])  # CONNACK: refused, not authorized (MQTT 3.1.1)
 
 
 class PacketReader(StreamReaderAdapter):
@@ -65,6 +77,16 @@ class PacketReader(StreamReaderAdapter):
         self._at += len(data)
         return data
 
+    async def peek(self) -> bytes:
+        """The next whole packet, left for amqtt to read (b"": the stream ended)."""
+        if self._at >= len(self._packet):
+            self._packet, self._at = await self._next(), 0
+        return self._packet[self._at :]
+
+    def replace(self, packet: bytes) -> None:
+        """Have amqtt read `packet` in place of the one `peek` returned."""
+        self._packet, self._at = packet, 0
+
     async def _next(self) -> bytes:
         """The next whole packet; b"" at the end of the stream, or once one is refused."""
         stream = self._reader
@@ -92,6 +114,11 @@ class PacketReader(StreamReaderAdapter):
         self._reader.feed_eof()
 
 
+def _transport(writer: Any) -> asyncio.WriteTransport | None:
+    """The socket under amqtt's writer of a TCP connection (None for other listeners)."""
+    return getattr(getattr(writer, "_writer", None), "transport", None)
+
+
 def _plain(topic: str | None) -> bool:
     """A topic a client may publish to (amqtt closes the connection of one that does not)."""
     if not topic:
@@ -100,8 +127,17 @@ def _plain(topic: str | None) -> bool:
 
 
 class GuardedBroker(Broker):
-    """amqtt's Broker with every TCP/TLS connection read through a `PacketReader`, the
-    ACL's verdicts memoized, and QoS-0 copies written straight to the subscribers.
+    """amqtt's Broker with every TCP/TLS connection read through a `PacketReader`, client ids
+    bound to users, the ACL's verdicts memoized, and QoS-0 copies written straight to the
+    subscribers.
+
+    With a password file (`amqtt_config`'s users) every CONNECT is authenticated before amqtt
+    sees it (`_admit`): a refused one is answered "not authorized" and closed, and no session
+    is touched; an accepted one reaches amqtt with the username as its client id. So a client
+    can only ever take the session of its own user, as on mosquitto with
+    `use_username_as_clientid`. As there, the connection a client id had is closed when a new
+    one takes it (`_hold`; amqtt left it open, receiving nothing), and the session monitor
+    never removes a session that was connected again since it looked.
 
     amqtt asks its topic plugins about every PUBLISH it receives and again about every copy
     it delivers (`Action.RECEIVE`), each time through a new task per plugin: with the ACL on,
@@ -116,8 +152,9 @@ class GuardedBroker(Broker):
     nothing is kept for offline sessions and nothing awaits an acknowledgement: they are
     encoded once and written to each subscriber's socket in the order they were published,
     one write per subscriber per loop turn, with the same ACL verdict per receiver. The
-    subscribers of a topic are remembered until a subscription changes. Anything else
-    (QoS 1 or 2 on either side, retained or internal messages) takes amqtt's own path.
+    subscribers of a topic are remembered until a subscription changes: a route, a list made
+    at once, which amqtt's own broadcast walks too (`_run_broadcast`). Anything else (QoS 1
+    or 2 on either side, retained or internal messages) takes amqtt's own path.
     A subscriber more than `backlog` bytes behind loses QoS-0 copies instead of growing the
     broker without bound (MQTT allows dropping QoS 0; `dropped` counts them).
     """
@@ -127,11 +164,13 @@ class GuardedBroker(Broker):
     ) -> None:
         super().__init__(config)
         self.max_packet_size = max_packet_size
+        self.username_as_client_id = PASSWORDS in config.get("plugins", {})
         self.backlog = backlog
         self.dropped = 0  # QoS-0 copies not sent to a subscriber `backlog` bytes behind
         self._verdicts: dict[tuple[str | None, str, Action], bool] = {}
         self._routes: dict[str, list[tuple[Session, int]]] = {}
         self._outbox: dict[Any, list[bytes]] = {}  # packets waiting for this loop turn's write
+        self._holders: dict[str, asyncio.BaseTransport] = {}  # client id -> its connection
 
     async def _topic_filtering(self, session: Session, topic: str, action: Action) -> bool:
         key = (session.username, topic, action)
@@ -152,8 +191,9 @@ class GuardedBroker(Broker):
         server: Any,
         listener_name: str,
     ) -> None:
-        """Let the client's QoS-0 publishes skip amqtt's delivery queue (see `_publish`)."""
-        amqtts = handler.handle_publish
+        """Let the client's QoS-0 publishes skip amqtt's delivery queue (see `_publish`), and
+        make this connection the one of its client id once amqtt accepts it (`_hold`)."""
+        amqtts, connack = handler.handle_publish, handler.mqtt_connack_authorize
 
         async def handle_publish(packet: PublishPacket) -> None:
             topic, data = packet.topic_name, packet.payload.data if packet.payload else None
@@ -162,10 +202,34 @@ class GuardedBroker(Broker):
             else:
                 await self._publish(client_session, topic, data)
 
+        async def mqtt_connack_authorize(authorize: bool) -> None:
+            if authorize:  # amqtt has just made it the session of its client id
+                self._hold(client_session.client_id or "", transport)
+            await connack(authorize)
+
         handler.handle_publish = handle_publish
-        await super()._handle_client_session(
-            reader, writer, client_session, handler, server, listener_name
-        )
+        handler.mqtt_connack_authorize = mqtt_connack_authorize
+        transport = _transport(writer)
+        try:
+            await super()._handle_client_session(
+                reader, writer, client_session, handler, server, listener_name
+            )
+        finally:
+            if self._holders.get(client_session.client_id or "") is transport:
+                del self._holders[client_session.client_id or ""]
+
+    def _hold(self, client_id: str, transport: asyncio.BaseTransport | None) -> None:
+        """Make `transport` the one connection of `client_id`, closing the one that had it,
+        as mosquitto does. amqtt replaces a client id's session in one step and registers the
+        new one in another, awaits apart, and never closes the old connection: two connects
+        of one id could both get in, and the one left behind receive nothing, unaware. The
+        socket is closed, and amqtt ends that connection as when its client leaves."""
+        if transport is None:
+            return
+        previous, self._holders[client_id] = self._holders.get(client_id), transport
+        if previous is not None and previous is not transport:
+            log.warning("client %s already connected, closing old connection", client_id)
+            previous.close()
 
     async def _publish(self, session: Session, topic: str, data: bytes) -> None:
         """What amqtt does with a valid QoS-0 PUBLISH once its client's message loop takes
@@ -197,13 +261,47 @@ class GuardedBroker(Broker):
             return
         packet = publish_packet(topic, data)
         for target, _ in self._route(topic):
-            if target.transitions.state != "connected":
-                continue  # QoS 0 is never kept for an offline session
             if not await self._topic_filtering(target, topic, Action.RECEIVE):
                 continue
-            handler = self._get_handler(target)
+            handler = self._connected(target)  # after the await: it may have gone meanwhile
             if handler is not None and handler.writer is not None:
                 self._send(handler.writer, packet, target)
+
+    async def _run_broadcast(
+        self, running_tasks: deque[asyncio.Task[OutgoingApplicationMessage]]
+    ) -> None:
+        """amqtt's delivery of one queued message, over a snapshot of its subscribers.
+
+        amqtt's own iterates the live subscription table across the ACL plugins' awaits: a
+        client that subscribed meanwhile raised "dictionary changed size during iteration"
+        and every subscriber after that point lost the message, and one whose subscription
+        went meanwhile made the next in its list be skipped. The route is a list made at once.
+        """
+        broadcast = await self._broadcast_queue.get()
+        topic, data = broadcast["topic"], broadcast["data"]
+        for target, granted in self._route(topic):
+            qos = broadcast.get("qos", granted)
+            if not await self._topic_filtering(target, topic, Action.RECEIVE):
+                continue
+            handler = self._connected(target)
+            if handler is not None:
+                publish = handler.mqtt_publish(topic, data, qos, retain=False)
+                running_tasks.append(asyncio.ensure_future(publish))
+            elif target.transitions.state != "connected" and self._kept_offline(target, qos):
+                await self._retain_broadcast_message(broadcast, qos, target)
+
+    @staticmethod
+    def _kept_offline(session: Session, qos: int) -> bool:
+        """Whether amqtt keeps a message for a disconnected session (MQTT 3.1.2.4)."""
+        return not session.clean_session and qos in (QOS_1, QOS_2) and not session.is_anonymous
+
+    def _connected(self, session: Session) -> BrokerProtocolHandler | None:
+        """The handler of `session` if it is connected and still the session of its client
+        id (a route may name one that left, or that its user replaced, since it was made)."""
+        if session.transitions.state != "connected":
+            return None
+        current, handler = self._sessions.get(session.client_id or "", (None, None))
+        return handler if current is session else None
 
     def _route(self, topic: str) -> list[tuple[Session, int]]:
         """The (session, QoS) of every subscription matching `topic`, in amqtt's order."""
@@ -222,7 +320,7 @@ class GuardedBroker(Broker):
 
     def _send(self, writer: Any, packet: bytes, target: Session) -> None:
         """Queue one packet for a subscriber, to be written with its others of this turn."""
-        transport = getattr(getattr(writer, "_writer", None), "transport", None)
+        transport = _transport(writer)
         if transport is not None and transport.get_write_buffer_size() > self.backlog:
             if not self.dropped:
                 log.warning(
@@ -264,7 +362,46 @@ class GuardedBroker(Broker):
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, listener_name: str
     ) -> None:
         guarded = PacketReader(reader, writer, self.max_packet_size)
-        await self.external_connected(guarded, StreamWriterAdapter(writer), listener_name)
+        adapter = StreamWriterAdapter(writer)
+        if self.username_as_client_id and not await self._admit(guarded, adapter, listener_name):
+            return
+        await self.external_connected(guarded, adapter, listener_name)
+
+    async def _admit(
+        self, reader: PacketReader, writer: StreamWriterAdapter, listener: str
+    ) -> bool:
+        """Authenticate the CONNECT before amqtt reads it; False: refused and closed.
+
+        An accepted one is handed on with the username as client id. Anything that is no
+        readable CONNECT is left to amqtt, which refuses it its own way."""
+        packet = await reader.peek()
+        if not packet or packet[0] >> 4 != CONNECT:
+            return True
+        try:
+            connect = await ConnectPacket.from_stream(BufferReader(packet))
+        except (AMQTTError, MQTTError, CodecError, NoDataError, ValueError):
+            return True
+        claimed = Session()
+        claimed.username, claimed.password = connect.username, connect.password
+        if not connect.username or not await self._authenticate(
+            claimed, self.listeners_config[listener]
+        ):
+            log.info("refused %s (user %r)", writer.get_peer_info(), connect.username)
+            writer.write(NOT_AUTHORIZED)
+            await writer.close()
+            return False
+        connect.client_id = connect.username
+        reader.replace(bytes(connect.to_bytes()))
+        return True
+
+    async def _cleanup_session(self, client_id: str) -> None:
+        """amqtt's; its session monitor calls it, one await after another, for the client ids
+        whose session was disconnected when it looked: not for one connected again since
+        (client ids are users', so a user's next connection has the same one)."""
+        session = self._sessions.get(client_id, (None, None))[0]
+        again = session is not None and session.transitions.is_connected()
+        if not (again and asyncio.current_task() is self._session_monitor_task):
+            await super()._cleanup_session(client_id)
 
 
 def amqtt_config(

@@ -91,7 +91,10 @@ def mosquitto_settings(
     at: Path | None = None,
 ) -> dict[str, str]:
     """mosquitto.conf settings for auth (password file and ACL, written into `directory`) and
-    TLS, naming the files as seen from `at` (where a container mounts `directory`)."""
+    TLS, naming the files as seen from `at` (where a container mounts `directory`).
+
+    With users, each client's id is its username (`use_username_as_clientid`): whatever id
+    a CONNECT names, a client can only displace a connection of its own user."""
     at = directory if at is None else at
     settings = {}
     if credentials is not None:
@@ -99,6 +102,7 @@ def mosquitto_settings(
         write_private(directory / "acl", credentials.mosquitto_acl())
         settings = {
             "allow_anonymous": "false",
+            "use_username_as_clientid": "true",
             "password_file": str(at / "passwd"),
             "acl_file": str(at / "acl"),
         }
@@ -148,9 +152,9 @@ class Broker:
         """`aiomqtt.Client(**broker.connect_options("orchestrator"), ...)`: host, port, user,
         password and TLS verification against the run's CA.
 
-        Sets no client `identifier`, and callers should not either: the broker then assigns a
-        random one. amqtt 0.12 drops the session of a known client id before it checks the
-        password, so a refused client that knew an agent's id could wipe its subscriptions."""
+        Sets no client `identifier`: where the broker has the run's users, a client's id is
+        its username whatever it sends (both brokers), so a user has one connection at a time
+        and its next one displaces it; elsewhere the broker assigns a random one."""
         return {
             "hostname": self.address.host,
             "port": self.address.port,

@@ -94,13 +94,8 @@ def local_minimizers(problem: Problem, repeat: int) -> np.ndarray:
 
     c = problem.config
     if problem.classifies:
-        spec = problem.classification_spec(repeat)
-        return np.array(
-            [
-                classification.minimizer(*classification_data(spec, p), c.rho)
-                for p in range(c.agents)
-            ]
-        )
+        specs = problem.classification_specs(repeat)
+        return np.array([classification.minimizer(*classification_data(s), c.rho) for s in specs])
     r_hat, r_ud = problem.moments(repeat)
     return np.array(
         [np.linalg.solve(r_hat[p] + c.rho * np.eye(c.dim), r_ud[p]) for p in range(c.agents)]

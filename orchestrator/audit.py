@@ -323,13 +323,13 @@ def replay(
     repeat: int = 0,
     *,
     losses: Sequence[Loss] | None = None,
-    noise_key: tuple[int, int] | None = None,
+    noise_keys: Sequence[tuple[int, int]] | None = None,
     views: Sequence[View] | None = None,
     reach: Mapping[int, int] | None = None,
 ) -> Replay:
     """The session on the memory engine (the whole protocol), witnesses for cores;
     `losses` (one per agent) replace the problem's, e.g. losses written by hand, and
-    `noise_key` the run's (same data, fresh noise: the dp-audit's trials).
+    `noise_keys` (one per agent) the run's (same data, fresh noise: the dp-audit's trials).
 
     `views`: the membership views the run played the session under (membership.json),
     applied at their rounds as the conductor's script. A view that a later one replaced
@@ -341,8 +341,8 @@ def replay(
     by_view: dict[tuple[int, int, int, int], np.ndarray] = {}
     cores: dict[tuple[int, int], _Witness] = {}
     (plan,) = session_plans(problem, [(strategy, scheme, repeat)])
-    if noise_key is not None:
-        plan = replace(plan, specs=[replace(s, noise_key=noise_key) for s in plan.specs])
+    if noise_keys is not None:
+        plan = replace(plan, specs=[replace(s, noise_key=noise_keys[s.agent]) for s in plan.specs])
     seen = SessionWire()
 
     dim = problem.config.dim
@@ -740,7 +740,9 @@ def _redo(parts: Sequence[Part], seen: SessionWire, truth: Replay, step: int) ->
                 f"redone rounds sent {again} frames again, {fresh} under a fresh mask: "
                 "one of a same_value re-release is an independent noisy look at a value "
                 "it saw before (privacy accounting must count it as another release); a "
-                "frame identical to the earlier one adds nothing; none is in the clear"
+                "frame identical to the earlier one adds nothing; under random and ghp an "
+                "another_value frame carries the same noise draw as the first sending, so "
+                "the two differ by the values' difference; none is in the clear"
             ),
             "hub": (
                 "of a round it did not complete, the masked messages that arrived, whose "

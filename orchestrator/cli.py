@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import json
 import secrets
 import signal
@@ -182,6 +184,18 @@ def reproduce(args: argparse.Namespace) -> int:
     return simulate(args, base, engine="oracle")
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM (`signum`), raised where Python was when it came."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise Interrupted(signum)
+
+
 def run(args: argparse.Namespace) -> int:
     from agent.mqtt import run as run_loop
     from orchestrator.engines.net import run_network
@@ -200,10 +214,12 @@ def run(args: argparse.Namespace) -> int:
             config = journal.config(args.resume)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        return run_loop(run_network(config, args, args.resume))
-    config = experiment(args, base)
-    out = out_dir(args, config, "run")
-    return run_loop(run_network(config, args, out))
+        out = args.resume
+    else:
+        config = experiment(args, base)
+        out = out_dir(args, config, "run")
+    # Built before the event loop, where a stop signal ends it at once: nothing has started.
+    return run_loop(run_network(Problem.build(config), args, out))
 
 
 def _check_view(args: argparse.Namespace) -> None:
@@ -587,16 +603,24 @@ def main(argv: list[str] | None = None) -> int:
     add_bench(sub, bench)
 
     args = parser.parse_args(argv)
-    # `docker stop` and friends send SIGTERM: clean up as for Ctrl-C.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # `docker stop` and friends send SIGTERM: clean up as for Ctrl-C. SIGINT too when the
+    # shell started us with it ignored (`privnet run &` in a script). `privnet run` takes
+    # both on its event loop while the run goes on (`orchestrator.engines.net.Stop`).
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _interrupt)
+    # The interpreter's last collections walk every object a command loaded (0.9 s of a
+    # stopped run's exit with matplotlib, scipy and networkx, on 2 cores): the process is
+    # ending and its memory goes with it, so they are skipped.
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
     try:
         return args.func(args)
     except ConfigError as exc:
         console.print(f"[red]configuration error:[/red] {exc}")
         return 2
-    except KeyboardInterrupt:
+    except Interrupted as exc:
         console.print("[yellow]interrupted; everything started was stopped[/yellow]")
-        return 130
+        return 128 + exc.signum
 
 
 if __name__ == "__main__":

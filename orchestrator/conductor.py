@@ -67,12 +67,13 @@ ViewSpecs = Callable[[frozenset[int]], list[AgentSpec]]
 
 @dataclass(frozen=True)
 class SessionPlan:
-    """One session: every agent's spec and the problem they sample their data from;
-    `view_specs` gives the specs of a membership view (weights on its graph)."""
+    """One session: every agent's spec and its own problem spec (by agent id: the data
+    model and that agent's keys); `view_specs` gives the specs of a membership view
+    (weights on its graph)."""
 
     label: str
     specs: list[AgentSpec]
-    problem: ProblemSpec
+    problems: tuple[ProblemSpec, ...]
     view_specs: ViewSpecs | None = None
 
     @property
@@ -144,6 +145,14 @@ class SessionResult:
         return add_counts(getattr(done, field_name) for done in self.finished.values())
 
     @property
+    def counted(self) -> int:
+        """Rounds its counts (bytes, messages, `wall`) cover: every round, or of a session
+        `privnet run --resume` went on with, those from where it went on (the counts of the
+        rounds before died with the first run's agents)."""
+        resumed = self.views and self.views[0].reason == "resumed"
+        return self.models.shape[0] - (self.views[0].start - 1 if resumed else 0)
+
+    @property
     def missed(self) -> dict[int, int]:
         """Rounds whose model each agent did not report (out of the view, or lost)."""
         counts = np.isnan(self.models[..., 0]).sum(axis=0) if self.models.size else []
@@ -152,12 +161,15 @@ class SessionResult:
 
 @dataclass(frozen=True)
 class Resume:
-    """Where a run started again goes on: the session it was in, and the models of it the
-    first run received (rounds x P x M, NaN where none); the agents say which of their own
-    models they hold (checkpoints), and the session goes on after the latest round all do."""
+    """Where a run started again goes on: the session it was in, the models of it the first
+    run received (rounds x P x M, NaN where none) and how many of its rounds it recorded
+    (every member's report in). The agents say which of their own models they hold
+    (checkpoints); the session goes on after the latest round all do and that the first run
+    recorded: agents that outlived their orchestrator ran on unrecorded, and are rewound."""
 
     session: int
     models: np.ndarray
+    recorded: int
 
 
 @dataclass
@@ -639,9 +651,7 @@ class Conductor:
             return Output()
         if self._splits(staying | self._joining.keys()) and now - self._since < self.deadline:
             return Output()  # a lost cut vertex may be back soon (restarted): wait a deadline
-        start = self._first_unrecorded(
-            staying, min((self._held[m] for m in staying), default=0) + 1
-        )
+        start = self._first_unrecorded(min((self._held[m] for m in staying), default=0) + 1)
         rounds = self.plans[self.session].rounds
         if start > rounds:  # every member still in has finished: nothing to redo
             self._lost.clear()
@@ -658,14 +668,18 @@ class Conductor:
             resume[agent] = self._resume_of(agent, rejoin, start)
         return self._switch(now, start, self._reason, tuple(sorted(resume)), resume)
 
-    def _first_unrecorded(self, staying: frozenset[int], start: int) -> int:
+    def _first_unrecorded(self, start: int) -> int:
         """The round the next view starts at: after the slowest member's last, or earlier
-        where a staying member's report of the current view never came (the broker went
-        down with it): that round is redone, so every round that stands has every member's
-        report. Members hold every model of the session, so any round can be redone."""
+        where a report of the current view's members never came: a lost member's last
+        batch (killed, or stopped, before it sealed it) or one a broker went down with.
+        That round is redone under the new view, so every round that stands has every
+        member's report. Staying members hold every model of the session, so any round can
+        be redone; without telemetry there are no reports to wait for."""
         view = self.view
         first = view.start if view is not None and view.session == self.session else 1
-        missing = np.isnan(self.models[first - 1 : start - 1, sorted(staying), 0])
+        if not self.telemetry:
+            return start
+        missing = np.isnan(self.models[first - 1 : start - 1, sorted(self.members), 0])
         gaps = np.flatnonzero(missing.any(axis=1))
         return first + int(gaps[0]) if gaps.size else start
 
@@ -746,7 +760,7 @@ class Conductor:
             directory = {m: identities[m] for m in sorted(reach)}
             config = control.Config(
                 spec,
-                plan.problem,
+                plan.problems[spec.agent],
                 directory,
                 self.deadline,
                 self.telemetry,
@@ -831,7 +845,8 @@ class Conductor:
         reason = scripted.reason if scripted is not None else "start"
         start = 1
         if self.resume is not None:  # the interrupted session: on from what all agents hold
-            start, reason = self._resume_point(plan.rounds) + 1, "resumed"
+            start = self._resume_point(plan.rounds, self.resume.recorded) + 1
+            reason = "resumed"
             self.models[: start - 1] = self.resume.models[: start - 1]
             self.counts = (~np.isnan(self.models[..., 0])).sum(axis=0)
             self.resume, self._offers = None, {}
@@ -840,11 +855,14 @@ class Conductor:
         out = Output(events=[Event("view", describe(view))] if start > 1 else [])
         return out + self._configure(view, now)
 
-    def _resume_point(self, rounds: int) -> int:
-        """The latest round before the last whose model every agent holds (0: the start)."""
+    def _resume_point(self, rounds: int, recorded: int) -> int:
+        """The latest round before the last whose model every agent holds and, with
+        telemetry, whose models the first run `recorded` (0: the start): no round after it
+        goes without a model."""
         held = [set(o.rounds) if o.session == self.session else {0} for o in self._offers.values()]
         common = set.intersection(*held) if held else {0}
-        return max((r for r in common if r < rounds), default=0)
+        last = min(rounds - 1, recorded) if self.telemetry else rounds - 1
+        return max((r for r in common if r <= last), default=0)
 
     # ---- helpers ----------------------------------------------------------------------
 

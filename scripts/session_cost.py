@@ -1,9 +1,10 @@
 """What the ways of riding out a broker restart cost on a healthy connection (issue 10).
 
 Variants, each a whole `privnet run` on mosquitto (the orchestrator and every agent):
-- clean:       clean sessions, random client ids, resubscribe after a reconnect (what ships);
-- persistent:  clean_session=False with a fixed client id per connection (the broker keeps
-               subscriptions and queued QoS-1 messages across a client's reconnect);
+- clean:       clean sessions, resubscribe after a reconnect (what ships);
+- persistent:  clean_session=False (the broker keeps subscriptions and queued QoS-1 messages
+               across a client's reconnect) with a fixed client id per connection, which
+               the broker replaces by the user's name (the id privnet's brokers give it);
 - clean+qos1:  the peer plane (models, key shares) at QoS 1 instead of 0;
 - persistent+qos1.
 The variants are put in by a `sitecustomize` on PYTHONPATH (no product code knows them),

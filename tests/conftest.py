@@ -1,11 +1,13 @@
 """Fixtures shared by the tests that need a real broker or a real packet capture."""
 
+import asyncio
 import contextlib
 import dataclasses
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -13,8 +15,14 @@ from typing import NoReturn
 
 import aiomqtt
 import pytest
+from amqtt.adapters import BufferReader
+from amqtt.mqtt.connect import ConnectPacket
 
+from agent import keys
+from agent.mqtt import BrokerAddress, Connection, publish, pump
+from agent.node import AgentNode
 from broker.launcher import Broker, has_mosquitto, launch
+from orchestrator.engines.launch import agent_args
 from orchestrator.engines.net import RunSecrets
 
 BROKER_KINDS = ("mosquitto", "embedded")
@@ -132,3 +140,134 @@ async def prepared(kind: str, run: str, agents: int, out: Path) -> AsyncIterator
     run_json.write_text(run_secrets.to_json())
     async with launch(kind, credentials=run_secrets.credentials) as broker:
         yield Prepared(broker, run, run_json, run_secrets)
+
+
+@dataclasses.dataclass
+class InsiderRun:
+    """`privnet run` with one agent run by the test: its operator, an insider."""
+
+    privnet: subprocess.Popen[bytes]
+    insider: Connection  # the agent's own connection: the test publishes on it too
+
+
+@contextlib.asynccontextmanager
+async def insider_run(
+    setup: Prepared, out: Path, insider: int, flags: list[str]
+) -> AsyncIterator[InsiderRun]:
+    """`privnet run FLAGS` on the prepared broker and secrets (stderr to out/privnet.err),
+    every agent its own process (logs in out/logs) but `insider`, which runs on this event
+    loop over a connection the test shares: all that agent's operator holds. Its broker
+    user has one connection at a time (its client id is its name), so an attacker with its
+    credentials is this operator, or displaces the agent."""
+    launches = setup.secrets.launches(str(setup.broker.address), setup.broker.access)
+    (out / "logs").mkdir(exist_ok=True)
+    with (out / "privnet.err").open("w") as err:
+        argv = [sys.executable, "-m", "orchestrator.cli", "run", *flags, *setup.flags()]
+        privnet = subprocess.Popen(
+            [*argv, "--external-agents", "--out", str(out)], stdout=subprocess.DEVNULL, stderr=err
+        )
+    agents = []
+    for p, launch_ in launches.items():
+        if p != insider:
+            with (out / "logs" / f"agent-{p}.log").open("w") as log:
+                env = {**os.environ, **launch_.to_env()}
+                agents.append(
+                    subprocess.Popen(
+                        [sys.executable, *agent_args(p)],
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+    broker, launch_, access = launches[insider].parts()
+    try:
+        async with Connection(broker, access) as connection:
+            node = AgentNode(launch_, keys.Identity.generate())
+            for topic, qos in node.subscription_qos.items():
+                await connection.subscribe(topic, qos)
+            publish(connection, node.start(time.monotonic()))
+            serving = asyncio.create_task(pump(connection, node, lambda: node.done))
+            try:
+                yield InsiderRun(privnet, connection)
+                await asyncio.wait_for(serving, 30)  # until Bye
+            finally:
+                serving.cancel()
+    finally:
+        for proc in [privnet, *agents]:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+class Relay:
+    """A TCP relay in front of a broker. It reads what anyone on the wire reads: every
+    CONNECT's username and client id (MQTT 3.1.1 sends both in the clear). And it fails as
+    a network does, when told: `drop` cuts every connection, `cut_after_connack` the next
+    ones right after the broker's CONNACK."""
+
+    def __init__(self, broker: BrokerAddress) -> None:
+        self.broker = broker
+        self.address = broker  # where clients connect, once `relay` listens
+        self.ids: dict[str | None, list[str]] = {}  # username -> client ids its CONNECTs named
+        self.cut_after_connack = 0
+        self._writers: list[asyncio.StreamWriter] = []
+
+    def others(self, user: str) -> list[str]:
+        """Every client id the wire showed for users other than `user`, and their names."""
+        named = [u for u in self.ids if u is not None and u != user]
+        return sorted({i for u, ids in self.ids.items() if u != user for i in ids} | set(named))
+
+    def drop(self) -> None:
+        """Cut every connection made through the relay so far."""
+        for writer in self._writers:
+            writer.close()
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream, up = await asyncio.open_connection(self.broker.host, self.broker.port)
+        self._writers += [writer, up]
+        connect = await read_packet(reader)
+        with contextlib.suppress(Exception):  # not a CONNECT: the broker says so
+            packet = await ConnectPacket.from_stream(BufferReader(connect))
+            if not packet.payload.client_id_is_random:
+                self.ids.setdefault(packet.username, []).append(packet.client_id)
+        up.write(connect)
+        if self.cut_after_connack:
+            self.cut_after_connack -= 1
+            writer.write(await read_packet(upstream))
+            up.close()
+            writer.close()  # with the CONNACK: the client reads both at once
+            return
+        await asyncio.gather(_pipe(reader, up), _pipe(upstream, writer))
+
+
+async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(ConnectionError):
+        while data := await source.read(65_536):
+            sink.write(data)
+            await sink.drain()
+    sink.close()
+
+
+async def read_packet(reader: asyncio.StreamReader) -> bytes:
+    """One whole MQTT packet from the stream (b"" at its end)."""
+    try:
+        header = await reader.readexactly(2)
+        while header[-1] & 0x80 and len(header) < 5:
+            header += await reader.readexactly(1)
+    except asyncio.IncompleteReadError:
+        return b""
+    remaining = sum((b & 0x7F) << 7 * k for k, b in enumerate(header[1:]))
+    return header + await reader.readexactly(remaining)
+
+
+@contextlib.asynccontextmanager
+async def relay(broker: BrokerAddress) -> AsyncIterator[Relay]:
+    """A `Relay` in front of `broker`, listening on a free local port."""
+    wire = Relay(broker)
+    server = await asyncio.start_server(wire.serve, "127.0.0.1", 0)
+    wire.address = BrokerAddress("127.0.0.1", server.sockets[0].getsockname()[1])
+    try:
+        async with server:
+            yield wire
+    finally:
+        wire.drop()

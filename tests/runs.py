@@ -394,6 +394,15 @@ def assert_same_models(got: list[SessionResult], want: list[SessionResult]) -> N
         assert gap <= RTOL * np.max(np.abs(theirs.models)), (mine.label, gap)
 
 
+def assert_whole_rounds(models: np.ndarray, membership: list[View]) -> None:
+    """Every round of a session's `models` (rounds x P x M) that stands has the report of
+    every member of the view it stands in (`membership`: the session's views, in order)."""
+    ends = [v.start - 1 for v in membership[1:]] + [models.shape[0]]
+    for view, end in zip(membership, ends, strict=True):
+        got = ~np.isnan(models[view.start - 1 : end, list(view.members), 0])
+        assert got.all(), (view, np.argwhere(~got) + np.array([view.start, 0]))
+
+
 @functools.cache
 def _clean(sessions: tuple[Session, ...]) -> list[SessionResult]:
     return Harness.build(sessions).play()

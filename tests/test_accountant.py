@@ -105,6 +105,11 @@ def test_simulate_account_writes_privacy_columns_and_plot(tmp_path) -> None:
             "--account",
             "--neighbour-agent",
             "2",
+            # Agent 2's fresh draw moves its r_p by 0.12 with seed 4 (the median over seeds
+            # 1-20 is 0.10); with seed 1 by 0.007, too little for the data, not the noise,
+            # to set the twins' distance, as the ratio below needs.
+            "--seed",
+            "4",
             "--out",
             str(tmp_path),
         ]

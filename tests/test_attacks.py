@@ -1,8 +1,11 @@
 """Attacks on a real run (real broker with the run's credentials and ACL, real processes).
 
-- An outsider holding agent 3's broker credentials forges every control frame type and
-  replays the genuine frames agent 3 can read, on every topic agent 3 may write: the run's
-  result does not change, each frame is counted under a reason, no telemetry goes astray.
+- Agent 3's operator (agent 3 runs in the test, over the one connection its credentials
+  allow) forges every control frame type and replays the genuine frames agent 3 reads, on
+  every topic agent 3 may write: the run's result does not change, each frame is counted
+  under a reason, no telemetry goes astray.
+- An insider with agent 3's credentials connecting under every other party's client id:
+  only agent 3 can be displaced; nobody else loses the broker, the result does not change.
 - 10,000 hostile frames into the agents' inboxes during a run: no crash, identical MSD,
   every delivery counted.
 - A passive recording of a whole run (every packet, Setups included) lets an eavesdropper
@@ -12,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import secrets
 import subprocess
@@ -22,7 +26,7 @@ from typing import Any
 import aiomqtt
 import numpy as np
 import pytest
-from conftest import Prepared, prepared
+from conftest import insider_run, need_mosquitto, prepared, relay
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from agent import control, keys, topics, wire
@@ -41,23 +45,27 @@ ATTACKER = 3
 REL = 1e-9
 
 
-async def wait_until_running(operator: aiomqtt.Client, run: str, rounds: int) -> None:
-    """Until some agent's telemetry says it is `rounds` rounds in."""
+async def watch(operator: aiomqtt.Client, run: str) -> None:
+    """The operator reads the agents' telemetry, and what agent 3 reads of the orchestrator's
+    frames (the inspector reads all of the run)."""
     await operator.subscribe(f"{topics.PREFIX}/{run}/telemetry/+", qos=1)
+    await operator.subscribe(topics.ctl_down(run, ATTACKER), qos=1)
+    await operator.subscribe(topics.ctl_down(run, "all"), qos=1)
+
+
+async def wait_until_running(
+    operator: aiomqtt.Client, rounds: int, down: list[bytes] | None = None
+) -> None:
+    """Until some agent's telemetry says it is `rounds` rounds in (`watch` first); the
+    orchestrator's frames agent 3 reads meanwhile go to `down`."""
     async for message in operator.messages:
-        frame = wire.decode_signed(bytes(message.payload))  # type: ignore[arg-type]
-        if isinstance(frame.msg, control.Telemetry) and frame.msg.round >= rounds:
-            return
-
-
-def start_run(setup: Prepared, out: Path, *flags: str) -> subprocess.Popen[bytes]:
-    """`privnet run` on the prepared broker and secrets, stderr to out/privnet.err."""
-    with (out / "privnet.err").open("w") as err:
-        return subprocess.Popen(
-            [*PRIVNET, *flags, *setup.flags(), "--out", str(out)],
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-        )
+        payload = bytes(message.payload)  # type: ignore[arg-type]
+        frame = wire.decode_signed(payload)
+        if isinstance(frame.msg, control.Telemetry):
+            if frame.msg.round >= rounds:
+                return
+        elif down is not None:
+            down.append(payload)
 
 
 def assert_same_as_memory(out: Path, flags: list[str]) -> None:
@@ -105,40 +113,32 @@ def forged_frames(run: str, agents: int) -> list[bytes]:
     return [wire.encode_signed(m, run, 10**6, stranger) for m in messages] + other_run
 
 
-async def capture_down(client: aiomqtt.Client, run: str, into: list[bytes]) -> None:
-    """What agent 3's credentials may read of the orchestrator's frames: to replay them."""
-    await client.subscribe(topics.ctl_down(run, ATTACKER), qos=1)
-    await client.subscribe(topics.ctl_down(run, "all"), qos=1)
-    async for message in client.messages:
-        into.append(bytes(message.payload))  # type: ignore[arg-type]
-
-
 @pytest.mark.parametrize("kind", ["mosquitto", "embedded"])
-async def test_agent3_credentials_forge_every_control_frame(kind: str, tmp_path: Path) -> None:
+async def test_agent3s_operator_forges_every_control_frame(kind: str, tmp_path: Path) -> None:
+    """Agent 3's operator, running agent 3 with its credentials (one connection: a second
+    would displace the agent), also publishes forged and replayed control frames on every
+    topic agent 3 may write, and where it may not."""
     run = f"forge-{kind}"
     flags = [*FORGE, "--scheme", "local-ghp"]
-    async with prepared(kind, run, 6, tmp_path) as setup, setup.client(str(ATTACKER)) as spy:
-        genuine: list[bytes] = []
-        listening = asyncio.create_task(capture_down(spy, run, genuine))
-        privnet = start_run(setup, tmp_path, *flags)
-        try:
-            async with setup.client(INSPECTOR) as operator, asyncio.timeout(60):
-                await wait_until_running(operator, run, 20)
-            listening.cancel()
+    genuine: list[bytes] = []  # what agent 3 reads of the orchestrator's frames: to replay
+    async with prepared(kind, run, 6, tmp_path) as setup, setup.client(INSPECTOR) as operator:
+        await watch(operator, run)
+        async with insider_run(setup, tmp_path, ATTACKER, flags) as attack:
+            async with asyncio.timeout(60):
+                await wait_until_running(operator, 20, genuine)
             frames = forged_frames(run, 6) + genuine
             writable = [topics.ctl_up(run, ATTACKER), topics.telemetry(run, ATTACKER)]
             inboxes = [topics.peer_topic(run, k, ATTACKER) for k in range(6) if k != ATTACKER]
             for topic in writable + inboxes:
-                await asyncio.gather(*(spy.publish(topic, f, qos=1) for f in frames))
+                for frame in frames:
+                    attack.insider.publish(topic, frame, 1)
             # Where agent 3 may not write: the broker drops these (never delivered).
             for topic in (topics.ctl_down(run, "all"), topics.ctl_up(run, 4)):
-                await spy.publish(topic, frames[0], qos=1)
-            code = await asyncio.to_thread(privnet.wait, 120)
-        finally:
-            if privnet.poll() is None:
-                privnet.kill()
+                attack.insider.publish(topic, frames[0], 1)
+            assert attack.privnet.poll() is None, "the run ended before the forgeries"
+            code = await asyncio.to_thread(attack.privnet.wait, 120)
     assert code == 0, (tmp_path / "privnet.err").read_text()
-    assert genuine, "agent 3's credentials read no orchestrator frame to replay"
+    assert genuine, "agent 3 read no orchestrator frame to replay"
     summary = load_summary(tmp_path / "summary.json")
     orchestrator = summary["config"]["orchestrator"]
     sent_up = 2 * len(frames)
@@ -149,10 +149,70 @@ async def test_agent3_credentials_forge_every_control_frame(kind: str, tmp_path:
     assert_same_as_memory(tmp_path, flags)
 
 
+# ---- an insider under everyone's client ids ------------------------------------------------
+
+INSIDER = ["--agents", "6", "--iters", "600", "--seed", "4", "--strategy", "atc", "--scheme", "ghp"]
+
+
+@pytest.mark.parametrize("kind", ["mosquitto", "embedded"])
+async def test_an_insider_under_every_partys_client_id_changes_nothing(
+    kind: str, tmp_path: Path
+) -> None:
+    """Agent 3's credentials, connecting again and again under every other party's client id
+    (as the wire shows it, and by name), with the right password and a wrong one: each
+    valid connect gets agent 3's own id and can only displace agent 3 itself. Nobody else
+    ever loses the broker, and the run completes with the memory engine's result (agent 3's
+    lost frames only stall rounds, which are redone)."""
+    if kind == "mosquitto":
+        need_mosquitto()
+    run = f"insider-{kind}"
+    async with (
+        prepared(kind, run, 6, tmp_path) as setup,
+        relay(setup.broker.address) as wire,
+    ):
+        with (tmp_path / "privnet.err").open("w") as err:
+            where = ["--broker", str(wire.address), "--prepared", str(setup.run_json)]
+            privnet = subprocess.Popen(
+                [*PRIVNET, *INSIDER, "--deadline", "2", *where, "--out", str(tmp_path)],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        try:
+            async with setup.client(INSPECTOR) as operator, asyncio.timeout(60):
+                await watch(operator, run)
+                await wait_until_running(operator, 20)
+            address, own = setup.broker.address, setup.broker.access(str(ATTACKER))
+            connects = 0
+            for identifier in wire.others(str(ATTACKER)):
+                for password in (own.password, "wrong"):
+                    with contextlib.suppress(aiomqtt.MqttError):
+                        async with aiomqtt.Client(
+                            address.host,
+                            address.port,
+                            username=own.username,
+                            password=password,
+                            identifier=identifier,
+                        ):
+                            connects += 1
+            assert privnet.poll() is None, "the run ended before the insider: more rounds"
+            code = await asyncio.to_thread(privnet.wait, 120)
+        finally:
+            if privnet.poll() is None:
+                privnet.kill()
+    assert code == 0, (tmp_path / "privnet.err").read_text()
+    assert connects >= 12  # 6 parties, each by name and by the id the wire showed
+    summary = load_summary(tmp_path / "summary.json")
+    assert summary["config"]["broker_outages"]["losses"] == 0, "the orchestrator was displaced"
+    for p in (0, 1, 2, 4, 5):
+        log = (tmp_path / "logs" / f"agent-{p}.log").read_text()
+        assert "lost the broker" not in log, f"agent {p} was displaced"
+    assert_same_as_memory(tmp_path, INSIDER)
+
+
 # ---- 10,000 hostile frames ------------------------------------------------------------------
 
 # Long enough that the flood is over well before the run (the assertion below checks).
-FLOOD = ["--agents", "6", "--iters", "12000", "--seed", "8", "--strategy", "atc", "--scheme", "ghp"]
+FLOOD = ["--agents", "6", "--iters", "4000", "--seed", "8", "--strategy", "atc", "--scheme", "ghp"]
 HOSTILE = 10_000
 
 
@@ -168,7 +228,8 @@ def hostile(run: str, n: int, rng: np.random.Generator) -> list[tuple[str, bytes
             model = Model(ATTACKER, k, i, 2, np.array([np.nan, 1.0]), view=i % 2)
             payload = wire.seal_peer(model, ChaCha20Poly1305(secrets.token_bytes(32)), run)
         elif kind == 2:
-            payload = b"\x94\x01\xa5model\xc4\x00\xc4\x00"  # a frame with an empty head
+            # a frame with an empty head
+            payload = b"\x94" + bytes([wire.VERSION]) + b"\xa5model\xc4\x00\xc4\x00"
         elif kind == 3:  # the visible wire's frame, MACed
             model = Model(ATTACKER, k, i, 2, np.array([1.0, 1.0]))
             payload = wire.encode_peer(model, secrets.token_bytes(32))
@@ -180,21 +241,21 @@ def hostile(run: str, n: int, rng: np.random.Generator) -> list[tuple[str, bytes
 
 async def test_ten_thousand_hostile_frames_change_nothing(tmp_path: Path) -> None:
     run = "flood"
-    async with prepared("mosquitto", run, 6, tmp_path) as setup:
-        privnet = start_run(setup, tmp_path, *FLOOD)
-        try:
-            async with setup.client(INSPECTOR) as operator, asyncio.timeout(60):
-                await wait_until_running(operator, run, 10)
-            async with setup.client(str(ATTACKER)) as attacker:
-                frames = hostile(run, HOSTILE, np.random.default_rng(0))
-                for start in range(0, HOSTILE, 500):
-                    batch = frames[start : start + 500]
-                    await asyncio.gather(*(attacker.publish(t, p, qos=1) for t, p in batch))
-            assert privnet.poll() is None, "the run ended before the flood: give it more rounds"
-            code = await asyncio.to_thread(privnet.wait, 300)
-        finally:
-            if privnet.poll() is None:
-                privnet.kill()
+    async with (
+        prepared("mosquitto", run, 6, tmp_path) as setup,
+        setup.client(INSPECTOR) as operator,
+    ):
+        await watch(operator, run)
+        async with insider_run(setup, tmp_path, ATTACKER, FLOOD) as attack:
+            async with asyncio.timeout(60):
+                await wait_until_running(operator, 10)
+            frames = hostile(run, HOSTILE, np.random.default_rng(0))
+            for start in range(0, HOSTILE, 500):  # paced: agent 3's own frames go between
+                for topic, payload in frames[start : start + 500]:
+                    attack.insider.publish(topic, payload, 1)
+                await asyncio.sleep(0.1)
+            assert attack.privnet.poll() is None, "the run ended before the flood: more rounds"
+            code = await asyncio.to_thread(attack.privnet.wait, 300)
     assert code == 0, (tmp_path / "privnet.err").read_text()
     summary = load_summary(tmp_path / "summary.json")
     (result,) = summary["results"]

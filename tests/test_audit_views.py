@@ -200,15 +200,19 @@ def test_a_redone_round_is_reported_per_agent(lost: Faulty) -> None:
 def test_random_resends_the_same_vector_and_none_is_flagged() -> None:
     """Detection still bites under views: scheme none puts every frame in the clear, the
     redone ones too; random's seeded noise repeats, so a value sent again is the very
-    same frame (only a round begun on the old view's weights, another value, differs)."""
+    same frame, and each redone round's other value (a round begun on the old view's
+    weights, run again on the new view's) a new vector under the same draw."""
     clear = audited(play(config(Scheme.NONE), killing(VICTIM, DIES_AFTER)))
     assert clear["plaintext_messages"] == sum(
         v["model_messages"] + v["redone_model_messages"] for v in clear["views"]
     )
     noisy = audited(play(config(Scheme.RANDOM), killing(VICTIM, DIES_AFTER)))
     assert noisy["plaintext_messages"] == 0 and noisy["truth_vs_telemetry"] <= audit.TRUTH_TOL
-    same = [t for t in noisy["redo"]["re_releases"].values() if not t["another_value"]]
-    assert same and all(t["fresh_masks"] == 0 < t["frames"] for t in same)
+    again = noisy["redo"]["re_releases"].values()
+    assert sum(t["same_value"] for t in again) > 0 and sum(t["another_value"] for t in again) > 0
+    for t in again:  # each round and step went to every out-neighbour of the new view
+        out, rest = divmod(t["frames"], t["same_value"] + t["another_value"])
+        assert rest == 0 and t["frames"] - t["fresh_masks"] == t["same_value"] * out
 
 
 def test_a_stalled_round_is_redone_under_a_new_view_with_fresh_masks() -> None:

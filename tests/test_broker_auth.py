@@ -17,18 +17,20 @@ import ssl
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import aiomqtt
 import psutil
 import pytest
-from conftest import need_mosquitto
+from conftest import need_mosquitto, relay
 from pwdlib import PasswordHash
 from pwdlib.hashers.argon2 import Argon2Hasher
 
 from agent import topics as T
 from agent.access import ClientAccess
+from agent.mqtt import Connection
 from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, acl_rules
 from broker.launcher import (
     Broker,
@@ -96,24 +98,78 @@ async def test_only_the_runs_users_connect(
         pass
 
 
-async def test_a_refused_client_cannot_disturb_a_connected_one(broker: Broker) -> None:
-    """amqtt 0.12 drops the session of a client id before it checks the password, so a
-    refused client that knew an agent's client id would wipe its subscriptions. Clients
-    therefore let the broker assign a random id (connect_options sets none)."""
-    assert "identifier" not in broker.connect_options("3")
+# --- client ids: bound to users --------------------------------------------------------------
+# Client ids travel in the clear in CONNECT. Both brokers make a client's id its username, so
+# whatever id an impostor names it can displace no other user's connection, and a refused
+# one displaces nothing. The parties connect as privnet's do (`agent.mqtt.Connection`, which
+# sends a random id) through a relay that reads their CONNECTs off the wire.
+
+INBOX = {"4": T.inbox_filter(RUN, 4), ORCHESTRATOR: T.ctl_up(RUN, 1)}  # what each victim reads
+SENT_BY_1 = {"4": T.peer_topic(RUN, 4, 1), ORCHESTRATOR: T.ctl_up(RUN, 1)}  # agent 1 writes it
+REFUSED = r"Not authorized|Bad user name or password"
+
+
+@contextlib.asynccontextmanager
+async def party(broker: Broker, via: BrokerAddress, user: str) -> AsyncIterator[Connection]:
+    """`user`'s connection as privnet's parties make it, subscribed to what it reads."""
+    async with Connection(via, broker.access(user), give_up=WAIT) as connection:
+        if user in INBOX:
+            await connection.subscribe(INBOX[user])
+        yield connection
+
+
+async def still_receives(broker: Broker, victim: Connection, user: str) -> None:
+    """Agent 1 writes to `user`, and `victim` gets it without ever having lost the broker."""
+    async with client(broker, "1") as sender:
+        await sender.publish(SENT_BY_1[user], b"still here", qos=1)
+    assert await victim.get(WAIT) == (SENT_BY_1[user], b"still here", False)
+    assert victim.outages.losses == 0, "the victim's connection was closed"
+
+
+async def impostor(broker: Broker, **login: Any) -> None:
+    """Connect with `login` (username, password, identifier), hold the connection a moment."""
     address = broker.address
-    async with client(broker, "3") as victim, client(broker, ORCHESTRATOR) as orch:
-        await victim.subscribe(T.inbox_filter(RUN, 3))
-        assert victim.identifier == "", "the broker assigns it, and never tells"
-        for identifier in ("", "3", "agent-3"):  # an attacker can only guess
-            with pytest.raises(aiomqtt.MqttError, match="Not authorized"):
-                async with aiomqtt.Client(
-                    address.host, address.port, username="3", password="x", identifier=identifier
-                ):
-                    pass
-        await orch.publish(T.peer_topic(RUN, 3, 1), b"still here", qos=1)
-        got = await collect(victim, T.peer_topic(RUN, 3, 1))
-        assert got == [(T.peer_topic(RUN, 3, 1), b"still here")]
+    async with aiomqtt.Client(address.host, address.port, **login):
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.parametrize("victim", ["4", ORCHESTRATOR])
+async def test_a_refused_impostor_under_a_partys_client_id_disturbs_nothing(
+    broker: Broker, victim: str
+) -> None:
+    """Wrong password or none, under the client id the wire showed or the party's name:
+    refused, and the party keeps its connection (amqtt 0.12 alone dropped its session)."""
+    async with relay(broker.address) as wire, party(broker, wire.address, victim) as v:
+        for identifier in [*wire.ids[victim], victim]:
+            for username, password in ((victim, "wrong"), (None, None), ("3", "wrong")):
+                with pytest.raises(aiomqtt.MqttError, match=REFUSED):
+                    await impostor(
+                        broker, username=username, password=password, identifier=identifier
+                    )
+        await still_receives(broker, v, victim)
+
+
+@pytest.mark.parametrize("victim", ["4", ORCHESTRATOR])
+async def test_agent3s_credentials_under_another_partys_client_id_take_agent3s(
+    broker: Broker, victim: str
+) -> None:
+    """Agent 3's valid credentials under the victim's client id (from the wire, or its name):
+    the broker gives the impostor agent 3's own id, so agent 3's connection is the one it
+    displaces, never the victim's."""
+    async with (
+        relay(broker.address) as wire,
+        party(broker, wire.address, victim) as v,
+        party(broker, wire.address, "3") as agent3,
+    ):
+        taken = [*wire.ids[victim], victim]
+        for identifier in taken:
+            with contextlib.suppress(aiomqtt.MqttError):  # agent 3 comes back: it displaces us
+                await impostor(broker, identifier=identifier, **broker.access("3").client_kwargs())
+            async with asyncio.timeout(WAIT):
+                while not agent3.up:
+                    await asyncio.sleep(0.05)
+        await still_receives(broker, v, victim)
+        assert agent3.outages.losses == len(taken), "each impostor had agent 3's own id"
 
 
 # --- what each user may do ----------------------------------------------------------------------

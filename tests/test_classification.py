@@ -42,7 +42,7 @@ def test_adult_ships_whole_and_encoded() -> None:
 
 def test_logistic_gradient_matches_finite_differences() -> None:
     problem = Problem.build(SMALL)
-    loss = make_loss(problem.spec(0), 2, SMALL.agents)
+    loss = make_loss(problem.specs(0)[2])
     assert isinstance(loss, Logistic)
     x, y = loss.x, loss.y
     w = np.random.default_rng(0).normal(size=loss.dim) * 0.3
@@ -58,26 +58,35 @@ def test_logistic_gradient_matches_finite_differences() -> None:
 
 
 def test_agents_hold_disjoint_noisy_blocks_and_the_neighbour_a_fresh_draw() -> None:
-    spec = Problem.build(SMALL).spec(0)
-    assert isinstance(spec, ClassificationSpec)
-    x0, _ = classification_data(spec, 0)
-    x0_again, _ = classification_data(spec, 0)
+    specs = Problem.build(SMALL).classification_specs(0)
+    assert all(isinstance(spec, ClassificationSpec) for spec in specs)
+    blocks = [set(spec.rows) for spec in specs]
+    assert sum(map(len, blocks)) == len(set().union(*blocks)) == SMALL.agents * SMALL.samples
+    x0, _ = classification_data(specs[0])
+    x0_again, _ = classification_data(specs[0])
     np.testing.assert_array_equal(x0, x0_again)
-    twin = Problem.build(SMALL).twin(0).spec(0)
-    x0_twin, _ = classification_data(twin, 0)
+    twin = Problem.build(SMALL).twin(0).classification_specs(0)
+    x0_twin, _ = classification_data(twin[0])
     assert not np.allclose(x0, x0_twin)
-    np.testing.assert_array_equal(classification_data(twin, 1)[0], classification_data(spec, 1)[0])
+    assert twin[1:] == specs[1:]
 
 
 def test_the_config_carries_a_classification_problem() -> None:
     problem = Problem.build(SMALL)
     spec = agent_specs(problem, SMALL.strategies[0], SMALL.schemes[1])[0]
-    config = Config(spec, problem.spec(0), {}, deadline=1.0, telemetry=True)
+    config = Config(spec, problem.specs(0)[0], {}, deadline=1.0, telemetry=True)
     back = wire.decode_config(wire.encode_config(config))
     assert back.problem == config.problem
-    unknown = dataclasses.replace(config, problem=dataclasses.replace(config.problem, dataset="x"))
-    with pytest.raises(Rejected, match="dataset 'x' is not shipped"):
-        wire.decode_config(wire.encode_config(unknown))
+    for change, words in (
+        ({"dataset": "x"}, "dataset 'x' is not shipped"),
+        ({"rows": (0, 32561)}, "rows must name at least one of the 32561 training rows"),
+        ({"rows": ()}, "got 0 rows"),
+        ({"rows": (5, 5)}, "distinct entries"),
+        ({"feature_noise": -0.1}, "feature_noise is a standard deviation"),
+    ):
+        bad = dataclasses.replace(config, problem=dataclasses.replace(config.problem, **change))
+        with pytest.raises(Rejected, match=words):
+            wire.decode_config(wire.encode_config(bad))
 
 
 def test_memory_engine_matches_the_oracle_on_classification() -> None:
@@ -97,4 +106,4 @@ def test_preset_loads_and_rejects_too_many_samples() -> None:
     assert (preset.agents, preset.mu, preset.rho, preset.sigma_g2) == (50, 0.5, 0.001, 0.8)
     too_many = configuration.with_overrides(SMALL, {"samples": 10_000})
     with pytest.raises(ValueError, match="exceed the 32561 training rows"):
-        Problem.build(too_many).spec(0)
+        Problem.build(too_many).specs(0)

@@ -13,6 +13,7 @@ import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ from runs import (
     RUN,
     Harness,
     assert_same_models,
+    assert_whole_rounds,
     clean,
     model_place,
     problem,
@@ -35,6 +37,7 @@ from runs import (
 from agent import control, keys, topics, wire
 from agent.messages import Report
 from agent.node import (
+    TELEMETRY_BATCH,
     Checkpoint,
     Event,
     Output,
@@ -54,7 +57,8 @@ from orchestrator.conductor import (
     View,
     describe,
 )
-from orchestrator.engines.memory import CONDUCTOR, Network, RunFailed
+from orchestrator.engines import journal
+from orchestrator.engines.memory import CONDUCTOR, Network, RunFailed, results_curve
 from orchestrator.engines.oracle import run_oracle
 from orchestrator.experiment.problem import msd
 from orchestrator.experiment.specs import session_plans
@@ -788,6 +792,7 @@ def test_an_agent_silent_after_its_last_finished_costs_only_its_left() -> None:
 
 VICTIM = 3  # not a cut vertex of seed 34's graph: its neighbours 2 and 7 are hubs
 LONG = 8  # rounds: room for a fault mid-run
+LATE = 2 * TELEMETRY_BATCH  # rounds: room for a fault after a telemetry batch went out
 
 
 def survivors(without: int = VICTIM) -> list[int]:
@@ -838,25 +843,57 @@ def assert_replay_matches(h: Harness, got: list, agents: list[int] | None = None
 def test_a_crashed_agent_is_left_out_and_the_replay_reproduces_the_run(
     session: tuple[Strategy, Scheme],
 ) -> None:
-    """Agent 3 dies (kill -9) after 3 rounds: the survivors hold, a view without it runs
-    from the slowest survivor's round + 1, the run completes, and the memory engine
-    replaying the recorded views gives the same models."""
-    h = Harness.build([session], rounds=LONG)
-    h.when(at_round(h, VICTIM, 3), lambda: h.crash(VICTIM))
+    """Agent 3 dies (kill -9) after 13 rounds, its first telemetry batch (rounds 1-10) in
+    and rounds 11-13 still unsealed: the survivors hold, a view without it runs from round
+    11 (not from the slowest survivor's round + 1: rounds 11-13 lack its report), the run
+    completes, and the memory engine replaying the recorded views gives the same models."""
+    h = Harness.build([session], rounds=LATE)
+    h.when(at_round(h, VICTIM, 13), lambda: h.crash(VICTIM))
     (result,) = h.play()
     c = h.conductor
     first, second = c.membership
     assert (first.view, first.members, first.reason) == (0, EVERYONE, "start")
     assert (second.view, second.members, second.reason) == (1, tuple(survivors()), "lost")
     assert second.left == {VICTIM: "crashed"}
-    assert second.start == min(held_rounds(h, 0).values()) + 1 > 1
+    assert min(held_rounds(h, 0).values()) >= 13 and second.start == TELEMETRY_BATCH + 1
     assert second.resume == {m: second.start - 1 for m in survivors()}
     assert not np.isnan(result.models[:, survivors()]).any()
-    assert result.missed == {VICTIM: LONG}  # its telemetry batch never left it
+    assert result.missed == {VICTIM: LATE - TELEMETRY_BATCH}  # its last batch never left it
+    assert_whole_rounds(result.models, c.membership)
     assert sorted(result.finished) == survivors()
     assert all(result.finished[m].view == 1 for m in survivors())
-    assert_replay_matches(h, [result], survivors())
+    assert_replay_matches(h, [result])
     h.assert_all_counted()
+
+
+@pytest.mark.parametrize("stop", [False, True], ids=["killed", "stopped"])
+def test_a_lost_members_unsealed_rounds_are_redone_without_it(stop: bool) -> None:
+    """Agent 3 is killed, or stopped (SIGSTOP) and left out for its silence, in round 17:
+    its reports of rounds 11-16 were never sealed. On the old rule they stood under view
+    0 with the survivors' reports only (metrics then held the survivors' MSD, not the
+    network's); now view 1 redoes them without it, and every round equals the replay."""
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)], rounds=LATE)
+    hit = h.stop if stop else h.crash
+    h.when(at_round(h, VICTIM, 16), lambda: hit(VICTIM))
+    h.start()
+    h.advance(h.conductor.deadline)
+    (result,) = h.finish()
+    c = h.conductor
+    assert [(v.start, v.reason) for v in c.membership] == [(1, "start"), (11, "lost")]
+    assert_whole_rounds(result.models, c.membership)
+    assert np.isnan(result.models[TELEMETRY_BATCH:, VICTIM]).all()
+    assert not np.isnan(result.models[:TELEMETRY_BATCH, VICTIM]).any()
+    assert c.pauses[0]["rounds_redone"] >= 16 - TELEMETRY_BATCH
+    assert_replay_matches(h, [result])
+
+
+def test_without_telemetry_a_loss_redoes_no_round_that_every_member_completed() -> None:
+    """No reports to wait for: the next view starts after the slowest survivor's round."""
+    h = Harness.build(rounds=LONG, telemetry=False)
+    h.when(at_round(h, VICTIM, 5), lambda: h.crash(VICTIM))
+    h.play()
+    (_, second) = h.conductor.membership
+    assert second.start == min(held_rounds(h, 0).values()) + 1 > 5
 
 
 def test_a_silent_agent_is_excluded_by_the_silence_rule() -> None:
@@ -1176,3 +1213,20 @@ def test_a_session_without_view_specs_cannot_change_membership() -> None:
     c = h.conductor
     assert c.stage is Stage.FAILED
     assert "view 1 of atc/none/0: this session cannot change membership" in c.failure
+
+
+def test_a_resumed_sessions_bytes_and_speed_cover_the_rounds_it_ran(tmp_path: Path) -> None:
+    """A session `privnet run --resume` went on with from round 11 of 20: its agents' counts
+    and its wall are those of rounds 11-20 (the first run's died with it), so bytes per
+    round and rounds/s are over 10 rounds, not 20; the journal keeps what says so."""
+    (whole,) = Harness.build(rounds=20).play()
+    resumed = View(0, 0, 11, EVERYONE, "resumed", {m: 10 for m in EVERYONE})
+    journal.begin(tmp_path, problem(20).config, "{}")
+    journal.session_done(tmp_path, 0, dataclasses.replace(whole, views=[resumed], wall=2.0))
+    _, (loaded,), _, _ = journal.load(tmp_path)
+    assert loaded.views == [resumed] and loaded.counted == 10
+    extra = results_curve(problem(20), "atc", "local-ghp", [loaded]).extra
+    sent = sum(n for kind, n in whole.totals("bytes").items() if kind != "control")
+    assert extra["rounds_counted"] == 10 and extra["bytes_per_round"] == sent / 10
+    assert results_curve(problem(20), "atc", "local-ghp", [loaded]).rounds_per_s == 10 / 2.0
+    assert results_curve(problem(20), "atc", "local-ghp", [whole]).extra["rounds_counted"] == 20

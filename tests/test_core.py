@@ -247,11 +247,8 @@ def cores(problem: Problem, strategy: Strategy, scheme: Scheme) -> list[AgentCor
     specs = agent_specs(problem, strategy, scheme)
     identities = [keys.Identity.generate() for _ in specs]
     directory = {p: identity.public for p, identity in enumerate(identities)}
-    data = problem.spec(0)
-    return [
-        AgentCore(s, make_loss(data, s.agent, s.agents), identities[s.agent], directory)
-        for s in specs
-    ]
+    data = problem.specs(0)
+    return [AgentCore(s, make_loss(data[s.agent]), identities[s.agent], directory) for s in specs]
 
 
 # ---- construction -------------------------------------------------------------------------
@@ -390,18 +387,10 @@ def test_local_ghp_masks_cancel_at_every_hub(
 
 
 def _noise_table(core: AgentCore, round_: int) -> np.ndarray:
-    """Row `core.me` of round `round_`'s noise table, as documented in core._privatize."""
+    """Round `round_`'s row of the core's own noise stream, as documented in core._privatize."""
     spec = core.spec
     plan = next(p for p in spec.steps if p.communicates)
-    raw = rng.raw_row(
-        spec.noise_key,
-        rng.Domain.NOISE,
-        plan.step,
-        round_,
-        spec.agent,
-        spec.agents,
-        spec.agents * spec.dim,
-    )
+    raw = rng.raw_row(spec.noise_key, rng.Domain.NOISE, plan.step, round_, spec.agents * spec.dim)
     return rng.laplace(rng.uniforms(raw), spec.sigma_g).reshape(spec.agents, spec.dim)
 
 

@@ -51,5 +51,7 @@ def test_none_is_caught_and_random_ghp_stay_under_their_claim(six_agents: Proble
     assert records[Scheme.NONE]["epsilon_claimed"] == "inf"
     for scheme in (Scheme.RANDOM, Scheme.GHP):
         r = records[scheme]
-        assert 0 < r["epsilon_claimed"] < 5  # informative: neither 0 nor hopeless
+        # Informative: neither 0 nor hopeless (it moves with the data drawn: random's is
+        # 6.1 with seed 1, 3.8 and 7.1 with seeds 2 and 3).
+        assert 0 < r["epsilon_claimed"] < 10
         assert r["epsilon_lb"] <= r["epsilon_claimed"] and r["consistent"]

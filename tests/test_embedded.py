@@ -8,7 +8,10 @@ amqtt's path. Access control and the packet size limit are in test_broker_auth.p
 import asyncio
 import contextlib
 import socket
+import tempfile
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import aiomqtt
 import pytest
@@ -19,7 +22,9 @@ from amqtt.mqtt.publish import PublishPacket
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agent import topics as T
 from agent.topics import MAX_PACKET_SIZE, publish_packet
+from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials
 from broker.embedded import GuardedBroker, PacketReader, amqtt_config
 from broker.launcher import free_port
 
@@ -27,10 +32,20 @@ WAIT = 10.0
 
 
 @contextlib.asynccontextmanager
-async def serving(backlog: int | None = None) -> AsyncIterator[tuple[GuardedBroker, int]]:
+async def serving(
+    backlog: int | None = None, credentials: Credentials | None = None, tmp: Path | None = None
+) -> AsyncIterator[tuple[GuardedBroker, int]]:
+    """An anonymous broker, or with `credentials` (files written into `tmp`) the run's users
+    and ACL, as privnet starts it."""
     port = free_port()
     kwargs = {} if backlog is None else {"backlog": backlog}
-    broker = GuardedBroker(amqtt_config("127.0.0.1", port), MAX_PACKET_SIZE, **kwargs)
+    users: dict[str, Any] = {}
+    if credentials is not None and tmp is not None:
+        passwd = tmp / "passwd"
+        passwd.write_text(credentials.amqtt_password_file())
+        users = {"password_file": passwd, "acl": credentials.amqtt_acl()}
+    config = amqtt_config("127.0.0.1", port, **users)
+    broker = GuardedBroker(config, MAX_PACKET_SIZE, **kwargs)
     await broker.start()
     try:
         yield broker, port
@@ -129,6 +144,45 @@ async def test_a_subscriber_too_far_behind_loses_qos0_copies_not_the_others() ->
     assert broker.dropped > 0
 
 
+async def test_a_broadcast_reaches_every_subscriber_while_others_subscribe(
+    tmp_path: Path,
+) -> None:
+    """amqtt's broadcast loop iterated the live subscription table across the ACL plugins'
+    awaits: an agent subscribing meanwhile raised "dictionary changed size during iteration",
+    and the subscribers after that point never got the message (agents left out at start-up).
+    Here, as at a run's start: a tap reads everything, agents wait for their Setup on
+    ctl/down/m while the others are still subscribing."""
+    run, waiting, joining = "race", 12, 24
+    creds = Credentials.generate(run, waiting + joining)
+
+    def user(name: str | int) -> aiomqtt.Client:
+        name = str(name)
+        return aiomqtt.Client("127.0.0.1", port, username=name, password=creds.passwords[name])
+
+    async def join(m: int) -> None:
+        async with user(m) as agent:
+            for topic in (T.inbox_filter(run, m), T.ctl_down(run, m), T.ctl_down(run, "all")):
+                await agent.subscribe(topic, qos=1)
+
+    async with contextlib.AsyncExitStack() as stack:
+        _, port = await stack.enter_async_context(serving(credentials=creds, tmp=tmp_path))
+        tap = await stack.enter_async_context(user(INSPECTOR))
+        await tap.subscribe(T.run_filter(run), qos=1)  # the first filter every match meets
+        agents = [await stack.enter_async_context(user(m)) for m in range(waiting)]
+        for m, agent in enumerate(agents):
+            await agent.subscribe(T.ctl_down(run, m), qos=1)
+        orchestrator = await stack.enter_async_context(user(ORCHESTRATOR))
+        setups = [orchestrator.publish(T.ctl_down(run, m), b"setup", qos=1) for m in range(waiting)]
+        joins = [join(m) for m in range(waiting, waiting + joining)]
+        await asyncio.gather(*setups, *joins)
+        got = await asyncio.gather(*(take(agent, 1) for agent in agents))
+        tapped = await take(tap, waiting)
+    assert [m[0].topic.value for m in got] == [T.ctl_down(run, m) for m in range(waiting)]
+    assert sorted(m.topic.value for m in tapped) == sorted(
+        T.ctl_down(run, m) for m in range(waiting)
+    )
+
+
 # --- the bytes ---------------------------------------------------------------------------------
 
 topics = st.text(  # what a client may publish to: no wildcards, no surrogates, no NUL
@@ -207,3 +261,46 @@ async def test_the_reader_refuses_before_the_body(
 # the stalled client is a bare socket, so nothing reads on its behalf.
 CONNECT = bytes([0x10, 13, 0, 4, *b"MQTT", 4, 2, 0, 60, 0, 1, *b"s"])
 SUBSCRIBE = bytes([0x82, 10, 0, 1, 0, 5, *b"big/+", 0])
+
+
+class Answers:
+    """What `GuardedBroker._admit` needs of a writer: it answers, closes, names the peer."""
+
+    def __init__(self) -> None:
+        self.written = b""
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    async def close(self) -> None:
+        self.closed = True
+
+    def get_peer_info(self) -> tuple[str, int]:
+        return ("peer", 1)
+
+
+ADMIT_CREDS = Credentials.generate("admit", 1)
+
+
+@given(st.binary(max_size=80), st.sampled_from([b"", b"\x00\x04MQTT\x04\xc2\x00\x3c"]))
+async def test_admission_refuses_or_hands_on_any_connect_and_never_raises(
+    body: bytes, head: bytes
+) -> None:
+    """Whatever a CONNECT holds: refused (CONNACK 5, closed), or handed to amqtt as it came
+    (unreadable: amqtt refuses it its own way) or with its username as client id."""
+    with tempfile.TemporaryDirectory() as tmp:
+        passwd = Path(tmp) / "passwd"
+        passwd.write_text(ADMIT_CREDS.amqtt_password_file())
+        config = amqtt_config("127.0.0.1", 1, password_file=passwd, acl=ADMIT_CREDS.amqtt_acl())
+        broker = GuardedBroker(config, MAX_PACKET_SIZE)
+        packet = bytes([0x10, len(head + body)]) + head + body
+        stream = asyncio.StreamReader()
+        stream.feed_data(packet)
+        stream.feed_eof()
+        reader, writer = PacketReader(stream, Aborts(), MAX_PACKET_SIZE), Answers()  # type: ignore[arg-type]
+        admitted = await broker._admit(reader, writer, "default")  # type: ignore[arg-type]
+    if admitted:
+        assert not writer.written and await reader.read() in (packet, b"")
+    else:
+        assert writer.written == bytes([0x20, 2, 0, 5]) and writer.closed

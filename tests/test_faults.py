@@ -1,6 +1,7 @@
 """Faults on a real network (`privnet run --faults`), each checked against the memory replay
 of the run's membership.json: a stalled agent excluded and readmitted, a broker restart
-redone under a new view, a crashed agent restarted from its checkpoint."""
+redone under a new view, a crashed agent restarted from its checkpoint, a killed agent whose
+last telemetry batch died with it."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from runs import assert_whole_rounds
 
 from orchestrator.conductor import View
 from orchestrator.engines.memory import Network
 from orchestrator.engines.watch import read_membership
 from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.problem import Problem
+from orchestrator.experiment.problem import Problem, msd
 from orchestrator.experiment.specs import session_list, session_plans
+from orchestrator.report import read_metrics
 
 AGENTS, SEED = 10, 34
 
@@ -36,7 +39,8 @@ def run(out: Path, iters: int, *flags: str) -> tuple[list[View], dict]:
 
 
 def assert_replayed(out: Path, iters: int, views: list[View]) -> None:
-    """The run's models, where it has them, equal the memory replay of its views."""
+    """Every round that stands has every member's report, and the run's models equal the
+    memory replay of its views; so does every row of metrics.csv."""
     config = ExperimentConfig(
         agents=AGENTS, iters=iters, strategies=("atc",), schemes=("local-ghp",), seed=SEED
     )
@@ -44,10 +48,15 @@ def assert_replayed(out: Path, iters: int, views: list[View]) -> None:
     plans = session_plans(problem, session_list(config))
     (replay,) = Network.build(plans, script=views).play()
     real = np.load(out / "models.npz")[replay.label]
+    assert_whole_rounds(real, views)
     have = ~np.isnan(real[..., 0])
     assert not (have & np.isnan(replay.models[..., 0])).any()
     gap = np.max(np.abs(real[have] - replay.models[have])) / np.max(np.abs(real[have]))
     assert gap < 1e-9
+    ((centroid, average),) = read_metrics(out / "metrics.csv").values()
+    present = np.where(have[..., None], replay.models, np.nan)  # the members of each round
+    want = np.array([msd(w, problem.w_opt[0], problem.q) for w in present]).T
+    np.testing.assert_allclose(np.vstack([centroid, average]), want, rtol=1e-9)
 
 
 def test_a_stopped_agent_is_excluded_then_readmitted(tmp_path: Path) -> None:
@@ -85,3 +94,15 @@ def test_a_crashed_agent_restarts_from_its_checkpoint(tmp_path: Path) -> None:
     back = [v for v in views[1:] if 3 in v.members]
     assert back and back[-1].resume[3] % 20 == 0 and back[-1].resume[3] > 0
     assert_replayed(tmp_path, 800, views)
+
+
+def test_a_killed_agents_unsealed_rounds_are_redone_without_it(tmp_path: Path) -> None:
+    """kill -9 agent 3 (no restart): the reports it had not sealed yet (up to 9 rounds: it
+    seals 10 per Telemetry) die with it. Those rounds are redone by the view without it, so
+    none stands with only the survivors' reports, and metrics.csv is the replay's MSD."""
+    views, summary = run(tmp_path, 600, "--faults", "kill:3@95")
+    assert [v.reason for v in views] == ["start", "lost"], views
+    assert 3 not in views[1].members and "killed by SIGKILL" in views[1].left[3]
+    assert (views[1].start - 1) % 10 == 0  # where its last sealed batch ended
+    assert summary["membership"]["missed_rounds"]["atc/local-ghp/0"] == {"3": 601 - views[1].start}
+    assert_replayed(tmp_path, 600, views)

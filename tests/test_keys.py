@@ -308,8 +308,8 @@ def test_pair_masks_are_laplace_with_variance_sigma_g_squared():
 
 
 def test_rng_laplace_is_laplace_with_variance_sigma_g_squared():
-    key = rng.run_key(seed=1234)
-    raw = rng.raw_row(key, rng.Domain.NOISE, step=0, round_=0, row=0, rows=1, width=KS_SAMPLES)
+    key = (1234, 5678)
+    raw = rng.raw_row(key, rng.Domain.NOISE, step=0, round_=0, width=KS_SAMPLES)
     _check_laplace(rng.laplace(rng.uniforms(raw), SIGMA_G), SIGMA_G)
 
 

@@ -45,6 +45,7 @@ def model(round_: int = 7, step: int = 2, vector: tuple[float, ...] = (0.25, -1.
 
 SHARE = KeyShare(PEER, ME, PEER, ME, 9, 2, 0, bytes(range(32)), bytes(64), VIEW)
 PLAN = KeyPlan(PEER, ME, 2, -1, (1, 2), VIEW)
+EMPTY_HEAD = b"\x94" + bytes([wire.VERSION]) + b"\xa5model\xc4\x00\xc4\x00"  # a model frame
 
 
 def reseal(frame: bytes, **head: object) -> bytes:
@@ -288,7 +289,7 @@ def hostile_frames(h: Harness, target: int) -> Callable[[], list[tuple[str, byte
                     "bad-seal",
                 ),
                 (frame.topic, wire.encode_peer(msg, OTHER_KEY), "unsealed"),
-                (frame.topic, b"\x94\x01\xa5model\xc4\x00\xc4\x00", "malformed"),
+                (frame.topic, EMPTY_HEAD, "malformed"),
             ]
         return out
 

@@ -9,6 +9,7 @@ the file fits a CI budget of about three minutes on two cores.
 import asyncio
 import contextlib
 import csv
+import json
 import os
 import secrets
 import signal
@@ -24,16 +25,17 @@ import msgpack
 import numpy as np
 import psutil
 import pytest
-from conftest import prepared
+from conftest import insider_run, prepared
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from agent import topics, wire
 from agent.control import Telemetry
 from agent.messages import Model
+from agent.mqtt import checkpoint_path, load_checkpoint
 from agent.node import QOS_OF
 from broker.credentials import INSPECTOR
 from orchestrator.cli import main
-from orchestrator.engines.memory import Network
+from orchestrator.engines.memory import Network, results_curve
 from orchestrator.engines.watch import read_membership
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
@@ -43,6 +45,7 @@ from orchestrator.report import load_summary, read_metrics
 pytestmark = pytest.mark.net
 
 PRIVNET = [sys.executable, "-m", "orchestrator.cli", "run"]  # `privnet run` as a subprocess
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 EQUIVALENCE = ["--agents", "10", "--iters", "20", "--seed", "11"]
 # mosquitto runs every strategy x scheme; the embedded broker (slower) every scheme under ATC
@@ -143,36 +146,49 @@ def peek(payload: bytes) -> tuple[str, dict[str, Any]]:
     return name, msgpack.unpackb(head)
 
 
-async def eavesdrop(
-    client: aiomqtt.Client,
-) -> tuple[int, int, dict[int, tuple[str, bytes, dict[str, Any]]]]:
-    """Record round-1 models until an agent with two in-neighbours reports round 2 or later.
+def target() -> tuple[int, int, int]:
+    """The victim (the first agent with two in-neighbours besides itself) and those two: m,
+    whose operator injects into the victim's inbox, and another."""
+    config = ExperimentConfig(agents=6, iters=400, strategies=("atc",), schemes=("ghp",), seed=5)
+    a = Problem.build(config).A
+    for k in range(len(a)):
+        senders = [m for m in range(len(a)) if m != k and a[m, k] > 0]
+        if len(senders) >= 2:
+            return k, senders[0], senders[1]
+    raise AssertionError("no agent has two in-neighbours")
 
-    Returns that victim, the round it is in, and its captured round-1 messages by sender.
+
+Captured = dict[int, tuple[str, bytes, dict[str, Any]]]  # sender -> (topic, payload, body)
+
+
+async def eavesdrop(
+    client: aiomqtt.Client, victim: int, senders: tuple[int, int]
+) -> tuple[int, Captured]:
+    """Record the round-1 models `senders` send the victim until it reports round 2 or later.
+
+    Returns the round it is in, and those messages by sender.
     """
-    captured: dict[int, dict[int, tuple[str, bytes, dict[str, Any]]]] = {}
+    captured: Captured = {}
     async for message in client.messages:
         topic, payload = message.topic.value, bytes(message.payload)  # type: ignore[arg-type]
         peer = topics.parse_peer_topic(topic)
         if peer is not None:
             name, body = peek(payload)
-            if name == "model" and body["i"] == 1:
-                captured.setdefault(peer[1], {})[peer[2]] = (topic, payload, body)
+            if name == "model" and body["i"] == 1 and peer[1] == victim:
+                captured[peer[2]] = (topic, payload, body)
             continue
         report = wire.decode_signed(payload).msg  # signed, not secret
         assert isinstance(report, Telemetry)
-        senders = captured.get(report.agent, {})
-        if report.round >= 2 and len(senders) >= 2:
-            return report.agent, report.round + 1, senders
+        if report.agent == victim and report.round >= 2 and set(senders) <= captured.keys():
+            return report.round + 1, captured
     raise AssertionError("the subscription ended before the run reached round 2")
 
 
 def attacks(
-    run: str, victim: int, now: int, captured: dict[int, tuple[str, bytes, dict[str, Any]]]
-) -> tuple[int, list[tuple[str, bytes]]]:
-    """Whose credentials the attacker holds (neighbour m of the victim), and what it
-    publishes into the victim's inbox as m, in EXPECTED_REJECTIONS order."""
-    m, other = sorted(captured)[:2]
+    run: str, victim: int, m: int, other: int, now: int, captured: Captured
+) -> list[tuple[str, bytes]]:
+    """What m's operator publishes into the victim's inbox as m, in EXPECTED_REJECTIONS
+    order (`other`: another of the victim's neighbours)."""
     topic, replay, body = captured[m]
     step, wrong_key = body["j"], ChaCha20Poly1305(secrets.token_bytes(32))
 
@@ -183,8 +199,9 @@ def attacks(
         return wire.seal_peer(model, wrong_key, run)
 
     _, name, head, box = msgpack.unpackb(replay)
-    tampered = msgpack.packb([1, name, msgpack.packb(msgpack.unpackb(head) | {"i": ahead}), box])
-    return m, [
+    head = msgpack.packb(msgpack.unpackb(head) | {"i": ahead})
+    tampered = msgpack.packb([wire.VERSION, name, head, box])
+    return [
         (topic, b"\xc1 this is not msgpack"),  # malformed
         (topic, b"\x00" * (wire.MAX_PEER_BYTES + 1)),  # oversized
         (topic, forged([float("nan"), 0.0])),  # bad-seal: NaN never gets past the seal
@@ -199,31 +216,25 @@ def attacks(
 async def test_injected_messages_are_counted_and_change_nothing(
     broker_kind: str, tmp_path: Path
 ) -> None:
-    """The broker operator reads everything (the inspector's view); an attacker holding a
-    neighbour's broker credentials injects into the victim's inbox."""
+    """The broker operator reads everything (the inspector's view); the operator of one of
+    the victim's neighbours, m, injects into the victim's inbox over m's own connection (its
+    credentials have one at a time: a second would displace m)."""
     run = f"attack-{broker_kind}"
-    errors = tmp_path / "privnet.err"
+    victim, m, other = target()
     async with (
         prepared(broker_kind, run, 6, tmp_path) as setup,
         setup.client(INSPECTOR) as operator,
     ):
         await operator.subscribe(f"{topics.PREFIX}/{run}/to/+/from/+", qos=1)
         await operator.subscribe(f"{topics.PREFIX}/{run}/telemetry/+", qos=1)
-        with errors.open("w") as err:
-            privnet = subprocess.Popen(
-                [*PRIVNET, *ATTACK, *setup.flags(), "--out", str(tmp_path)],
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-            )
-        with stopped(privnet):
+        async with insider_run(setup, tmp_path, m, ATTACK) as attack:
             async with asyncio.timeout(60):
-                victim, now, captured = await eavesdrop(operator)
-                neighbour, frames = attacks(run, victim, now, captured)
-                async with setup.client(str(neighbour)) as attacker:
-                    for topic, payload in frames:
-                        await attacker.publish(topic, payload, qos=1)
-                code = await asyncio.to_thread(privnet.wait)
-    assert code == 0, errors.read_text()
+                now, captured = await eavesdrop(operator, victim, (m, other))
+            for topic, payload in attacks(run, victim, m, other, now, captured):
+                attack.insider.publish(topic, payload, 1)
+            assert attack.privnet.poll() is None, "the run ended before the injection"
+            code = await asyncio.to_thread(attack.privnet.wait, 120)
+    assert code == 0, (tmp_path / "privnet.err").read_text()
     (result,) = load_summary(tmp_path / "summary.json")["results"]
     assert result["rejected"] == EXPECTED_REJECTIONS
     clean = tmp_path / "memory"
@@ -311,7 +322,7 @@ async def flood(attacker: aiomqtt.Client, topic: str, privnet: subprocess.Popen[
 async def test_a_killed_agent_is_left_out_and_the_run_completes(
     broker_kind: str, tmp_path: Path
 ) -> None:
-    """SIGKILL one agent mid-run, while an attacker with agent 3's credentials floods agent
+    """SIGKILL one agent mid-run, then an attacker with agent 3's credentials floods agent
     3's upward topic with junk: the run goes on without it under a new membership view,
     completes, names it in membership.json, and its survivors' models equal the memory
     engine's replay of that file; nothing is left running."""
@@ -326,10 +337,12 @@ async def test_a_killed_agent_is_left_out_and_the_run_completes(
         )
         with stopped(privnet):
             family = await asyncio.to_thread(wait_for_rounds, privnet, tmp_path)
+            killed = agent_process(family, 3)
+            killed.send_signal(signal.SIGKILL)
+            await asyncio.to_thread(killed.wait, 10)
+            # Its credentials now: while agent 3 lived, they would only have displaced it.
             async with setup.client("3") as attacker:
                 junk = asyncio.create_task(flood(attacker, topics.ctl_up(run, 3), privnet))
-                await asyncio.sleep(0.3)
-                agent_process(family, 3).send_signal(signal.SIGKILL)
                 code = await asyncio.to_thread(privnet.wait, 60)
                 junked = await junk
     stderr = (tmp_path / "privnet.err").read_text()
@@ -363,6 +376,45 @@ def test_ctrl_c_stops_everything(broker_kind: str, tmp_path: Path) -> None:
     assert alive(family) == []
 
 
+def test_sigterm_at_random_times_stops_the_run_at_once(tmp_path: Path) -> None:
+    """SIGTERM to the orchestrator at 5 random times (start-up, registration, rounds):
+    every run exits 143 promptly, leaves no process behind and leaves its outputs whole
+    (`scripts/stop_demo.py`, which reports the 20-run figures). The signal is taken on the
+    event loop, never raised inside a protocol callback: it once landed in the transport's
+    read callback, and the run reconnected and went on to the end."""
+    report = tmp_path / "stops.json"
+    command = [sys.executable, str(SCRIPTS / "stop_demo.py"), "--runs", "5", "--window", "6"]
+    command += ["--within", "2", "--seed", "14", "--out", str(tmp_path), "--json", str(report)]
+    done = subprocess.run([*command, "--", "--agents", "6"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    stops = json.loads(report.read_text())
+    assert [s["code"] for s in stops] == [143] * 5 and not any(s["left"] for s in stops)
+
+
+def test_sigint_stops_a_run_started_in_the_background(tmp_path: Path) -> None:
+    """`privnet run &` in a script starts with SIGINT ignored (POSIX, for asynchronous
+    lists without job control); `kill -INT` still stops it, with 130."""
+    script = f"{' '.join(PRIVNET)} {' '.join(LONG_RUN)} --out {tmp_path} 2>{tmp_path}/err & "
+    script += f"echo $! > {tmp_path}/pid; wait $!"
+    shell = subprocess.Popen(["bash", "-c", script], start_new_session=True)
+    try:
+        err = tmp_path / "err"
+        while not err.exists() or "agents registered" not in err.read_text():
+            assert shell.poll() is None, err.read_text()
+            time.sleep(0.1)
+        time.sleep(1.0)  # a few rounds in
+        pid = int((tmp_path / "pid").read_text())
+        assert psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        family = psutil.Process(pid).children(recursive=True)
+        os.kill(pid, signal.SIGINT)
+        code = shell.wait(timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(shell.pid, signal.SIGKILL)
+    assert code == 130, (tmp_path / "err").read_text()
+    assert alive(family) == []
+
+
 def test_a_killed_orchestrator_leaves_no_agent_running(broker_kind: str, tmp_path: Path) -> None:
     """SIGKILL the orchestrator mid-run: its Beats stop, and every agent stops within its
     deadline (10 s) though its neighbours still talk. The broker, a child the SIGKILL
@@ -391,9 +443,11 @@ def test_a_killed_orchestrator_leaves_no_agent_running(broker_kind: str, tmp_pat
 
 def test_a_run_whose_orchestrator_died_resumes(tmp_path: Path) -> None:
     """SIGKILL the orchestrator mid-run: metrics.csv already holds every round all agents
-    completed; `privnet run --resume` brings the agents back from their checkpoints and
-    completes the run, every round of it in the final metrics."""
-    flags = ("--iters", "6000", "--checkpoint-every", "50", "--seed", "3")
+    completed. The agents run on, checkpointing, until their deadline (3 s); `privnet run
+    --resume` rewinds them to their latest checkpoint that the first run recorded, so no
+    round goes without a model (before, the rounds they ran on alone had none: NaN rows),
+    and the resumed session's bytes and rounds/s cover the rounds the resumed run did."""
+    flags = ("--iters", "3000", "--checkpoint-every", "50", "--seed", "3", "--deadline", "3")
     privnet = start_privnet("mosquitto", tmp_path, *flags)
     family: list[psutil.Process] = []
     try:
@@ -408,7 +462,9 @@ def test_a_run_whose_orchestrator_died_resumes(tmp_path: Path) -> None:
     with (tmp_path / "metrics.csv").open() as fh:
         streamed = [int(row[3]) for row in list(csv.reader(fh))[1:]]
     assert streamed and streamed == list(range(1, len(streamed) + 1))
-    assert len(streamed) < 6000
+    held = [load_checkpoint(checkpoint_path(tmp_path / "checkpoints", p)) for p in range(6)]
+    ran_on = min(max(c.models) for c in held if c is not None)
+    assert ran_on > len(streamed) + 50, "the agents did not outlive their orchestrator"
     resumed = subprocess.run(
         [*PRIVNET, "--resume", str(tmp_path), "--broker", "mosquitto", "--deadline", "10"],
         capture_output=True,
@@ -417,7 +473,25 @@ def test_a_run_whose_orchestrator_died_resumes(tmp_path: Path) -> None:
         env={**os.environ, "COLUMNS": "400"},
     )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "Mean of empty slice" not in resumed.stderr
     (view,) = read_membership(tmp_path / "membership.json")
-    assert view.reason == "resumed" and view.start > 1
-    ((centroid, _),) = read_metrics(tmp_path / "metrics.csv").values()
-    assert centroid.shape == (1, 6000) and not np.isnan(centroid).any()
+    assert view.reason == "resumed" and len(streamed) - 50 < view.start <= len(streamed) + 1
+    ((centroid, average),) = read_metrics(tmp_path / "metrics.csv").values()
+    assert centroid.shape == (1, 3000) and not np.isnan(average).any()
+    models = np.load(tmp_path / "models.npz")["atc/local-ghp/0"]
+    assert not np.isnan(models).any()  # every agent's model after every round
+    (record,) = load_summary(tmp_path / "summary.json")["results"]
+    counted = 3000 - (view.start - 1)
+    assert record["rounds_counted"] == counted
+    assert record["rounds_per_s"] == pytest.approx(counted / record["wall_s"])
+    # The peer plane sends as many frames every round: per round as many as in memory.
+    config = ExperimentConfig(
+        agents=6, iters=20, strategies=("atc",), schemes=("local-ghp",), seed=3
+    )
+    problem = Problem.build(config)
+    (whole,) = Network.build(session_plans(problem, session_list(config))).play()
+    memory = results_curve(problem, "atc", "local-ghp", [whole]).extra
+    assert record["messages"]["model"] / counted == memory["messages"]["model"] / 20
+    assert record["bytes_per_round"] * counted == pytest.approx(
+        sum(n for kind, n in record["bytes"].items() if kind != "control")
+    )

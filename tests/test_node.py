@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgpack
+import numpy as np
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from hypothesis import given, settings
@@ -29,6 +30,7 @@ from agent.node import (
     EARLY_COUNT,
     HELLO_EVERY,
     IDLE_TIMEOUT,
+    RECENT,
     REGISTER_TIMEOUT,
     AgentNode,
     Event,
@@ -37,6 +39,7 @@ from agent.node import (
     Phase,
     Publish,
     hello_proof,
+    offered,
     setup_context,
 )
 from agent.spec import Scheme, Strategy
@@ -58,7 +61,7 @@ def config_for(h: Harness, agent: int, *, view: int = 0, **changes: object) -> c
     plan = h.conductor.plans[0]
     directory = {m: node.identity.public.to_bytes() for m, node in enumerate(h.nodes)}
     spec = dataclasses.replace(plan.specs[agent], view=view)
-    config = control.Config(spec, plan.problem, directory, h.conductor.deadline, True)
+    config = control.Config(spec, plan.problems[agent], directory, h.conductor.deadline, True)
     return dataclasses.replace(config, **changes)  # type: ignore[arg-type]
 
 
@@ -736,7 +739,7 @@ def test_without_telemetry_no_model_leaves_the_node() -> None:
 def test_control_junk_never_raises_and_never_moves_the_node() -> None:
     node, orchestrator, _ = bare_node()
     node.start(0.0)
-    junk = [b"", b"\x00", msgpack.packb([1, "go", b"", b""]), bytes(100)]
+    junk = [b"", b"\x00", msgpack.packb([wire.VERSION, "go", b"", b""]), bytes(100)]
     for payload in junk:
         assert node.receive(topics.ctl_down(RUN, "all"), payload, 1.0) == Output()
     forged = wire.encode_signed(control.Welcome(TARGET), RUN, 1, STRANGER)
@@ -792,3 +795,15 @@ def test_a_node_that_could_not_hear_gives_the_orchestrator_a_fresh_deadline() ->
     out = node.tick(since + 55.0)
     assert node.phase is Phase.FAILED and "orchestrator has been silent" in node.failure
     assert out.events[0].kind == "failed"
+
+
+def test_a_rejoin_offers_the_latest_rounds_held_and_older_ones_spread() -> None:
+    """Up to RECENT rounds: all when fewer are held; else the latest half and the older
+    ones evenly spread, the initial model included (a resumed run may rewind that far)."""
+    assert offered([0, 25, 50]) == (0, 25, 50)
+    held = list(range(0, 3001, 25))  # 121 checkpoints
+    offer = offered(held)
+    assert len(offer) == RECENT and list(offer) == sorted(set(offer))
+    assert offer[-RECENT // 2 :] == tuple(held[-RECENT // 2 :]) and offer[0] == 0
+    gaps = np.diff(offer[: RECENT // 2 + 1])
+    assert gaps.max() <= 3 * 25  # no stretch of the older rounds left out

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import aiomqtt
 import pytest
-from conftest import need_mosquitto, prepared
+from conftest import need_mosquitto, prepared, relay
 
 from agent.mqtt import Connection, MqttError, _Inflight
 from broker.credentials import INSPECTOR
@@ -103,6 +103,26 @@ async def test_connection_gives_up_after_its_budget(kind: str) -> None:
         with pytest.raises(MqttError):
             await a.subscribe("t/b", 0)
         assert a.outages.reconnects == 0 and a.outages.attempts >= 3
+
+
+async def test_a_loss_right_after_the_connack_is_retried_at_once(kind: str) -> None:
+    """A connection that drops between the broker's CONNACK and the resubscription (another
+    client of its user displacing it, say) fails that attempt then and there: it used to
+    wait for acknowledgements that could not come, for the attempt's whole timeout (5 s),
+    while the run around it stalled."""
+    async with (
+        launch(kind) as broker,
+        relay(broker.address) as wire,
+        Connection(wire.address, broker.access(), give_up=20) as a,
+        Connection(broker.address, broker.access()) as b,
+    ):
+        await a.subscribe("t/a", 0)
+        wire.cut_after_connack = 1
+        wire.drop()
+        await until(lambda: a.outages.reconnects == 1, "a reconnected", timeout=3.0)
+        b.publish("t/a", b"after", 0)
+        assert await a.get(WAIT) == ("t/a", b"after", False)
+    assert a.outages.attempts == 1 and a.outages.seconds < 2
 
 
 def test_unacknowledged_qos1_publishes_outlive_a_clean_session() -> None:

@@ -184,7 +184,8 @@ def test_killed_agents_fail_the_run_and_leave_nothing(
 
 def test_sigterm_leaves_nothing(client: Any, manager: str, tmp_path: Path) -> None:
     """`privnet run` stopped with SIGTERM mid-run (as `docker stop` or a scheduler does):
-    exit 130, and every service, secret, config and network of the run removed."""
+    exit 143 (128 + SIGTERM), and every service, secret, config and network of the run
+    removed."""
     run = f"test-term-{secrets.token_hex(3)}"
     flags = ["--run-name", run, "--agents", "3", "--iters", "100000", "--out", str(tmp_path)]
     proc = subprocess.Popen(
@@ -204,7 +205,7 @@ def test_sigterm_leaves_nothing(client: Any, manager: str, tmp_path: Path) -> No
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, output[-3000:]
+    assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
     assert leftovers(client, run) == NOTHING, f"left after SIGTERM:\n{output[-2000:]}"
 
 

@@ -127,10 +127,10 @@ def problem() -> RegressionSpec:
         samples=100,
         w_star=tuple(gen.standard_normal(DIM).tolist()),
         r_u=tuple(tuple(row) for row in (r @ r.T + np.eye(DIM)).tolist()),
-        noise_var=tuple(gen.uniform(0.1, 1.0, 30).tolist()),
+        noise_var=0.375,
         rho=0.01,
-        seed=2**63 + 5,
-        repeat=19,
+        data_key=(2**63 + 5, 19),
+        batch_key=(0, 2**64 - 1),
         batch=None,
     )
 
@@ -156,7 +156,7 @@ def frame(
     body: Any,
     *,
     key: bytes | None = KEY,
-    version: Any = 1,
+    version: Any = wire.VERSION,
     raw_body: bool = False,
     mac: bytes | None = None,
 ) -> bytes:
@@ -173,7 +173,7 @@ def signed(
     body: Any,
     *,
     raw_body: bool = False,
-    version: Any = 1,
+    version: Any = wire.VERSION,
     signer: keys.Identity = SIGNER,
 ) -> bytes:
     """A control frame with arbitrary contents, validly signed as `encode_signed` signs."""
@@ -543,11 +543,11 @@ REJECTIONS: list[tuple[str, bytes, dict[str, Any], str]] = [
     ("malformed", msgpack.packb(7), {}, "array [version"),
     ("malformed", msgpack.packb([]), {}, "array [version"),
     ("malformed", msgpack.packb(["1", "model", b"", b""]), {}, "array [version"),
-    ("malformed", msgpack.packb([1, "model", "body as str", b""]), {}, "body: bin"),
-    ("malformed", msgpack.packb([1, "model", b"\x80", b"", b""]), {}, "body: bin"),
+    ("malformed", msgpack.packb([wire.VERSION, "model", "body as str", b""]), {}, "body: bin"),
+    ("malformed", msgpack.packb([wire.VERSION, "model", b"\x80", b"", b""]), {}, "body: bin"),
     ("malformed", frame("model", b"\xc1", raw_body=True), {}, "model body is not valid"),
     ("malformed", msgpack.packb(msgpack.ExtType(1, b"x")), {}, "max_ext_len"),
-    ("version", frame("model", {}, version=2), {}, "wire version 2"),
+    ("version", frame("model", {}, version=1), {}, "wire version 1"),
     ("version", msgpack.packb([0]), {}, "wire version 0"),
     ("schema", frame("gradient", {}), {}, "unknown peer message type 'gradient'"),
     ("schema", frame("hello", {}), {}, "expected one of model, keyplan, keyshare"),
@@ -601,7 +601,7 @@ def test_peer_rejections(reason: str, data: bytes, overrides: dict[str, Any], de
 def test_tampered_body_with_the_old_mac_is_rejected() -> None:
     name, body, mac = split(GOOD)
     body["w"]["data"] = np.array([0.25, -1.25]).tobytes()
-    tampered = msgpack.packb([1, name, msgpack.packb(body), mac])
+    tampered = msgpack.packb([wire.VERSION, name, msgpack.packb(body), mac])
     with pytest.raises(Rejected) as caught:
         decode(tampered)
     assert caught.value.reason == "bad-mac"
@@ -660,7 +660,11 @@ def with_signature(size: int) -> bytes:
 CONTROL_REJECTIONS: list[tuple[str, bytes, str]] = [
     ("oversized", bytes(wire.MAX_CONTROL_BYTES + 1), "limit is 1048576"),
     ("malformed", GO[:-1], "not valid msgpack"),
-    ("malformed", msgpack.packb([1, "go", b"\x80"]), "[version: int, type: str, body: bin"),
+    (
+        "malformed",
+        msgpack.packb([wire.VERSION, "go", b"\x80"]),
+        "[version: int, type: str, body: bin",
+    ),
     ("malformed", signed("go", b"\xc1", raw_body=True), "go body is not valid msgpack"),
     ("version", signed("go", envelope({"session": 1}), version=3), "wire version 3"),
     ("schema", signed("model", {}), "unknown control message type 'model'"),
@@ -795,8 +799,11 @@ CONFIG_REJECTIONS: list[tuple[Edit, str, str]] = [
     (set_in(("spec", "session"), "abc"), "schema", "config.spec.session: expected bytes"),
     (set_in(("problem", 1, "dim"), 3), "schema", "r_u must be 3 x 3"),
     (set_in(("problem", 1, "r_u", 1), [1.0]), "schema", "r_u must be 2 x 2"),
-    (set_in(("problem", 1, "noise_var", 0), -1.0), "schema", "must be >= 0"),
-    (set_in(("problem", 1, "noise_var"), [1.0]), "schema", "one per agent (30)"),
+    (set_in(("problem", 1, "noise_var"), -1.0), "schema", "must be >= 0"),
+    (set_in(("problem", 1, "noise_var"), [1.0]), "schema", "regression.noise_var: expected"),
+    (set_in(("problem", 1, "data_key"), [1, -2]), "schema", "regression.data_key[1]"),
+    (set_in(("problem", 1, "batch_key"), [3]), "schema", "batch_key: expected a list of 2"),
+    (set_in(("problem", 1, "seed"), 1), "schema", "unknown field 'seed'"),
     (set_in(("problem", 1, "batch"), 0), "schema", "config.problem.regression.batch"),
     (
         set_in(("problem", 1, "w_star", 0), math.inf),
@@ -958,7 +965,7 @@ SEALS: dict[str, dict[str, Any]] = {
 @FUZZ
 @given(st.sampled_from(NAMES), objects, st.sampled_from(sorted(SEALS)))
 def test_fuzz_random_bodies_in_valid_frames(name: str, body: Any, seal: str) -> None:
-    """Version-1 frames of every type with arbitrary bodies, so the fuzz reaches the schema."""
+    """Frames of this wire version, every type, arbitrary bodies: the fuzz reaches the schema."""
     decode_everywhere(frame(name, body, **SEALS[seal]))
 
 
@@ -1022,7 +1029,7 @@ def test_fuzz_deep_nesting_and_huge_declared_lengths() -> None:
     decode_everywhere(b"\x91" * 5000 + b"\x00")
     decode_everywhere(b"\xdd\xff\xff\xff\xff")  # array32 claiming 4 billion items
     decode_everywhere(b"\xc6\xff\xff\xff\xff")  # bin32 claiming 4 GiB
-    decode_everywhere(msgpack.packb([1, "model", b"\xdf\xff\xff\xff\xff", b""]))
+    decode_everywhere(msgpack.packb([wire.VERSION, "model", b"\xdf\xff\xff\xff\xff", b""]))
 
 
 # ---- the model frame's fast path agrees with the generic path ----

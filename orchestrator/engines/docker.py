@@ -442,12 +442,12 @@ class DockerAgents:
                 self._reported.discard(container.id)
                 container.start()
 
-    def stop(self) -> None:
+    def stop(self, grace: float | None = None) -> None:
         """Give agents a moment to leave by themselves (after Bye), then remove them."""
         self._stopping.set()
         if self.broker.client is None:
             return
-        deadline = time.monotonic() + self.grace
+        deadline = time.monotonic() + (self.grace if grace is None else grace)
         while self.broker.containers("agent", status="running"):
             if time.monotonic() > deadline:
                 break

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from agent import control
-from orchestrator.conductor import Resume, SessionResult
+from orchestrator.conductor import Resume, SessionResult, View
 from orchestrator.experiment.config import ExperimentConfig, with_overrides
 
 JOURNAL = "journal"
@@ -45,7 +45,8 @@ def session_done(out: Path, index: int, result: SessionResult) -> None:
     with open(where / f"session-{index}.npz", "wb") as fh:
         np.savez(fh, models=result.models)
     finished = {str(m): asdict(done) for m, done in result.finished.items()}
-    record = {"label": result.label, "wall": result.wall, "finished": finished}
+    views = [v.to_json() for v in result.views]
+    record = {"label": result.label, "wall": result.wall, "finished": finished, "views": views}
     _private(where / f"session-{index}.json", json.dumps(record).encode())
     (where / f"rounds-{index}.bin").unlink(missing_ok=True)
 
@@ -81,7 +82,8 @@ def load(out: Path) -> tuple[str, list[SessionResult], int, np.ndarray | None]:
         record = json.loads((where / f"session-{n}.json").read_text())
         models = np.load(where / f"session-{n}.npz")["models"]
         finished = {int(m): control.Finished(**d) for m, d in record["finished"].items()}
-        results.append(SessionResult(record["label"], models, finished, record["wall"]))
+        views = [View.from_json(v) for v in record.get("views", [])]
+        results.append(SessionResult(record["label"], models, finished, record["wall"], views))
     return secrets_json, results, len(results), _rows(where / f"rounds-{len(results)}.bin")
 
 
@@ -96,13 +98,16 @@ def _read(out: Path, name: str) -> str:
 
 
 def resume_point(config: ExperimentConfig, session: int, got: np.ndarray | None) -> Resume:
+    """Session `session` as the first run recorded it: `got`, its rounds as received."""
     shape = (config.iters, config.agents, config.dim)
     models = np.full(shape, np.nan)
     per_round = config.agents * config.dim
-    if got is not None and got.size % per_round == 0:
-        rows = got.reshape(-1, config.agents, config.dim)[: config.iters]
-        models[: rows.shape[0]] = rows
-    return Resume(session, models)
+    recorded = 0
+    if got is not None:  # whole rounds only: a write the kill cut short is not one
+        rows = got[: got.size - got.size % per_round].reshape(-1, config.agents, config.dim)
+        recorded = min(rows.shape[0], config.iters)
+        models[:recorded] = rows[:recorded]
+    return Resume(session, models, recorded)
 
 
 def _rows(path: Path) -> np.ndarray | None:

@@ -42,8 +42,9 @@ class Launcher(Protocol):
     def restart(self, agents: list[int], launches: Mapping[int, AgentLaunch]) -> None:
         """Start these ended agents again, each with its launch (to rejoin)."""
 
-    def stop(self) -> None:
-        """Stop every agent started (and whatever else the launcher made); safe to repeat."""
+    def stop(self, grace: float | None = None) -> None:
+        """Stop every agent started (and whatever else the launcher made), after `grace` s
+        (None: the launcher's own) to leave by themselves; safe to repeat."""
 
 
 def log_path(logs: Path, agent: int) -> Path:
@@ -138,10 +139,11 @@ class LocalLauncher:
         for first in sorted({self._first(a) for a in agents}):
             self._spawn(self.groups.get(first, [first]), launches, append=True)
 
-    def stop(self) -> None:
+    def stop(self, grace: float | None = None) -> None:
         """Wait briefly for clean exits, then terminate and kill whatever is left; then let
         the zygote go."""
-        deadline = time.monotonic() + self.grace
+        grace = self.grace if grace is None else grace
+        deadline = time.monotonic() + grace
         for pid in self.procs.values():
             self.zygote.wait(pid, max(0.0, deadline - time.monotonic()))
         for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -151,4 +153,4 @@ class LocalLauncher:
                     os.killpg(pid, sig)
             for pid in alive:
                 self.zygote.wait(pid, 2.0)
-        self.zygote.close()
+        self.zygote.close(max(grace, 0.1))

@@ -283,12 +283,11 @@ def results_curve(
     problem: Problem, strategy: str, scheme: str, results: list[SessionResult]
 ) -> Curve:
     """MSD over repeats plus what the wire cost, from the sessions of one strategy x scheme."""
-    c = problem.config
     wall = sum(res.wall for res in results)
     traffic = add_counts(res.totals("bytes") for res in results)
     messages = add_counts(res.totals("messages") for res in results)
     rejected = add_counts(res.totals("rejected") for res in results)
-    rounds = c.iters * len(results)
+    rounds = sum(res.counted for res in results)  # fewer than iters x repeats after --resume
     per_round = {k: v / rounds for k, v in traffic.items() if k != "control"}
     extra = {
         "bytes": traffic,
@@ -296,6 +295,7 @@ def results_curve(
         "rejected": rejected,
         "bytes_per_round": sum(per_round.values()),
         "bytes_per_round_by_category": per_round,
+        "rounds_counted": rounds,  # what bytes, messages, wall and rounds/s cover
         "wall_s": wall,
         # where membership changed (a mark on the MSD plot): [round, why] per session
         "views": sorted({(v.start, v.reason) for r in results for v in r.views if v.start > 1}),

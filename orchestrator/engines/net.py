@@ -17,11 +17,12 @@ import json
 import os
 import secrets
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiomqtt
 import numpy as np
@@ -40,7 +41,6 @@ from orchestrator.engines.docker import ContainerBroker, DockerAgents, DockerBro
 from orchestrator.engines.launch import Launcher, LocalLauncher
 from orchestrator.engines.memory import RunFailed
 from orchestrator.engines.watch import POLL, Watch, write_membership
-from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem, msd
 from orchestrator.experiment.specs import session_list, session_plans
 from orchestrator.faults import parse_faults
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from orchestrator.audit import WireTap
     from orchestrator.view.live import LiveView
 
+T = TypeVar("T")
 DEFAULT_DEADLINE = 30.0  # s of silence before an agent is left out (--deadline)
 DEADLINE_PER_AGENT = 0.12  # s: a 1000-agent network on 2 cores needs 120 s (keying, heartbeats)
 
@@ -191,16 +192,87 @@ def prepare(
     return run_secrets
 
 
-async def run_network(config: ExperimentConfig, args: argparse.Namespace, out: Path) -> int:
-    previous = signal.getsignal(signal.SIGTERM)
+class Stop:
+    """SIGINT and SIGTERM while a run goes on, taken on its event loop (between callbacks,
+    never raised inside one: a protocol's read callback, say): the first cancels the run's
+    task, whose teardown tells the agents (Abort) and stops what the run started. Once the
+    run is complete (`finishing`) a signal lets its outputs be written first (under compose
+    the first agent to leave stops every container, the orchestrator's included). Also when
+    the shell started us with SIGINT ignored (`privnet run &` in a script)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.signum: int | None = None  # the first signal received
+        self.finishing = False
+        self._previous = {s: signal.getsignal(s) for s in self.SIGNALS}
+        loop = asyncio.get_running_loop()
+        for s in self.SIGNALS:
+            loop.add_signal_handler(s, self._received, s)
+
+    def _received(self, signum: int) -> None:
+        if self.signum is not None:
+            return
+        self.signum = signum
+        name = signal.Signals(signum).name
+        if self.finishing:
+            console.print(f"[yellow]{name}: the run is complete; its outputs go first[/yellow]")
+        else:
+            self.task.cancel(name)
+
+    @property
+    def stopping(self) -> bool:
+        """A signal stops the run (it came before the run was complete)."""
+        return self.signum is not None and not self.finishing
+
+    def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        for s, previous in self._previous.items():
+            loop.remove_signal_handler(s)
+            if previous is not None:  # else not installed from Python: the loop's default
+                signal.signal(s, previous)
+
+
+STOP_GRACE = 0.3  # s for agents told Abort to leave by themselves, after a stop signal
+
+
+async def run_network(problem: Problem, args: argparse.Namespace, out: Path) -> int:
+    """`privnet run`; its exit code (128 + the signal when SIGINT or SIGTERM stopped it)."""
+    task = asyncio.current_task()
+    assert task is not None
+    stop = Stop(task)
     try:
-        return await _run_network(config, args, out)
+        return await _run_network(problem, args, out, stop)
+    except asyncio.CancelledError:
+        if not stop.stopping:
+            raise
+        assert stop.signum is not None
+        name = signal.Signals(stop.signum).name
+        console.print(
+            f"[yellow]interrupted ({name}); everything started was stopped. {out}/metrics.csv "
+            f"holds every round completed; `privnet run --resume {out}` goes on[/yellow]"
+        )
+        return 128 + stop.signum
     finally:
-        signal.signal(signal.SIGTERM, previous)  # _drive ignores SIGTERM once the run is done
+        stop.close()
 
 
-async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: Path) -> int:
-    problem = Problem.build(config)
+async def _settled(job: asyncio.Future[T], hurry: Callable[[], None]) -> T:
+    """A job in a thread. If the run is stopped meanwhile, `hurry` it to its end and wait
+    for that (it may start what the teardown must then stop), then stop. What `hurry` or the
+    job raise then is the teardown's to meet again."""
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            hurry()
+        await asyncio.wait([job])
+        raise
+
+
+async def _run_network(problem: Problem, args: argparse.Namespace, out: Path, stop: Stop) -> int:
+    config = problem.config
     resume: Resume | None = None
     done: list[SessionResult] = []
     if args.resume is not None:
@@ -224,11 +296,10 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
     broker, pool = _runtime(args, run_secrets.credentials, out / "logs")
     docker = broker if isinstance(broker, ContainerBroker) else None
     try:
-        starting = asyncio.get_running_loop().run_in_executor(None, broker.start)
-        try:
-            load_plotting()  # while the broker starts (and the agents' zygote imports)
-        finally:
-            await starting
+        # matplotlib loads while the broker starts (and the agents' zygote imports), in a
+        # thread that nothing waits for: the event loop stays free to hear a stop.
+        threading.Thread(target=load_plotting, name="load-plotting", daemon=True).start()
+        await _settled(asyncio.get_running_loop().run_in_executor(None, broker.start), broker.stop)
         where = "external agents" if args.external_agents else f"agent logs in {out}/logs"
         console.print(f"broker: {broker.kind} at {broker.address}; run {run}; {where}")
         conductor = Conductor(
@@ -262,7 +333,7 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
         watch = Watch(conductor, pool, broker, launches, problem, out, faults, restart)
         view = await _view(args, watch, problem, out, tap, neighbour)
         try:
-            return await _drive(problem, broker, watch, out, tap, neighbour, view)
+            return await _drive(problem, broker, watch, out, stop, tap, neighbour, view)
         finally:
             if view is not None:
                 await view.close()
@@ -280,7 +351,7 @@ async def _run_network(config: ExperimentConfig, args: argparse.Namespace, out: 
         return 1
     finally:
         if pool is not None:
-            pool.stop()
+            pool.stop(STOP_GRACE if stop.stopping else None)
         broker.stop()
 
 
@@ -337,6 +408,7 @@ async def _drive(
     broker: Broker | ContainerBroker,
     watch: Watch,
     out: Path,
+    stop: Stop,
     tap: WireTap | None = None,
     neighbour: int | None = None,
     view: LiveView | None = None,
@@ -362,16 +434,16 @@ async def _drive(
                 for topic in conductor.subscriptions:
                     await mqtt.subscribe(topic, qos=QOS)
                 publish(mqtt, conductor.start(time.monotonic()))
+                if isinstance(pool, LocalLauncher):
+                    await pool.zygote.started()  # its imports: spawns are quick from then on
                 if pool is not None:
                     pool.start(watch.launches)
                 await _conduct(mqtt, watch, problem, view.machine() if view else watch)
+                stop.finishing = True  # complete: a signal from here on waits for the outputs
                 write_membership(out / "membership.json", conductor.membership)
                 if tap is not None:  # the sealed telemetry validates the audit's truth
                     tap.telemetry += [r.models for r in conductor.results]
                     tap.link_keys = conductor.link_keys  # to open the sealed frames
-            # The run is complete. Under compose the first agent to leave stops every
-            # container: a SIGTERM from here on must not cut the outputs short.
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             curves = memory.results_curves(problem, conductor.results)
             save_models(out / "models.npz", conductor.results)
             extra: dict[str, Any] = {
@@ -408,9 +480,10 @@ async def _drive(
             )
             if not ours:
                 publish(mqtt, conductor.bye())
-        except BaseException as exc:  # Ctrl-C included: tell the agents before tearing down
+        except BaseException as exc:  # a stop signal included: tell the agents first
+            why = str(exc) if isinstance(exc, asyncio.CancelledError) else type(exc).__name__
             with contextlib.suppress(MqttError):
-                publish(mqtt, conductor.abort(f"orchestrator stopped: {type(exc).__name__}"))
+                publish(mqtt, conductor.abort(f"orchestrator stopped: {why}"))
             raise
     return code
 
@@ -491,6 +564,7 @@ class _Show:
         self.tasks: dict[str, TaskID] = {}
         self.t0 = time.perf_counter()
         self.session = -1
+        self.first = 0  # rounds done when the session was first seen
 
     def update(self) -> None:
         conductor, c = self.watch.conductor, self.problem.config
@@ -501,10 +575,10 @@ class _Show:
         name = f"{strategy}/{scheme}"
         if name not in self.tasks:
             self.tasks[name] = self.bar.add_task(name, total=c.iters * c.repeats, status="")
-        if conductor.session != self.session:
-            self.session, self.t0 = conductor.session, time.perf_counter()
         rounds = conductor.rounds_done
-        rate = rounds / max(time.perf_counter() - self.t0, 1e-9)
+        if conductor.session != self.session:  # from where it starts (later, when resumed)
+            self.session, self.t0, self.first = conductor.session, time.perf_counter(), rounds
+        rate = (rounds - self.first) / max(time.perf_counter() - self.t0, 1e-9)
         status = f"{rate:6.1f} rounds/s"
         if shown := self.watch.reported:  # the rows Watch streamed: complete, never redone
             w_opt = self.problem.w_opt[int(repeat)]
@@ -535,8 +609,11 @@ def _outputs(
 
 
 async def _sys(broker: Broker | ContainerBroker) -> dict[str, int] | None:
+    """mosquitto's $SYS counters, read as the inspector: the orchestrator's own connection
+    is still up (a second one of its user would displace it) and the audit's tap, the other
+    inspector, has closed."""
     if broker.kind != "mosquitto":
         return None
     with contextlib.suppress(TimeoutError, aiomqtt.MqttError):
-        return await read_sys_bytes(broker.address, access=broker.access(ORCHESTRATOR))
+        return await read_sys_bytes(broker.address, access=broker.access(INSPECTOR))
     return None

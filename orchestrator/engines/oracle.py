@@ -1,13 +1,15 @@
 """The oracle engine: the paper's matrix recursion (eq. extRec) on whole-network arrays.
 
 It shares no code with the agent state machine, only the public inputs every engine uses
-(the Problem, the counter-based streams of agent.rng and the data generator), so when the
-net and memory engines agree with it, the agent core computes the paper's algorithm.
+(the Problem, the counter-based streams of agent.rng, the per-agent keys of
+orchestrator.experiment.seeds and the data generator), so when the net and memory
+engines agree with it, the agent core computes the paper's algorithm.
 
 Per round i = 1..T, from w_0 = 0 (eqs. preComb, update, postComb):
     phi = C1(w);  psi = C0(phi) - mu grad(phi);  w = C2(psi),
 where C_j is the privatized combine with A_j (an identity step adds no noise). With the
-noise table G of step j and round i (row m: what sender m draws, laid out (P, M) per row):
+noise table G of step j and round i (row m: what sender m draws from its own key, laid
+out (P, M) per row):
     none:      C(x)_p = sum_m a_mp x_m
     random:    C(x)_p = sum_m a_mp x_m + sum_{m != p} a_mp G[m, p]
     ghp:       C(x)_p = sum_m a_mp x_m + sum_{m != p} a_mp g_m - (1 - a_pp) g_p,  g_m = G[m, m]
@@ -16,7 +18,8 @@ noise table G of step j and round i (row m: what sender m draws, laid out (P, M)
                and is computed as `none`.
 Repeats and schemes run side by side in one state array of shape (P, R, S, M), so each
 combine of a round is one (P, P) x (P, R*S*M) matmul for all of them; `random` and `ghp`
-read the same table (off-diagonal and diagonal), drawn once per repeat in chunks of rounds.
+read the same table (off-diagonal and diagonal), drawn once per repeat in chunks of rounds,
+each sender's rows from its own key.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from scipy.special import expit
 from agent import rng
 from agent.losses import classification_data, regression_data
 from agent.spec import ConfigError, Scheme, Strategy
+from orchestrator.experiment import seeds
 from orchestrator.experiment.config import parse_choices
 from orchestrator.experiment.problem import Problem
 from orchestrator.report import TEST_ERRORS, Curve
@@ -168,27 +172,26 @@ class _FullBatch:
 
 
 class _Minibatch:
-    """LeastSquares' minibatch gradients; indices come from the same BATCH stream, a block of
-    rounds at a time (row p of round i is batch_indices(key, i, p, P, batch, N))."""
+    """LeastSquares' minibatch gradients; indices come from each agent's BATCH stream, a
+    block of rounds at a time (agent p's in round i is batch_indices(key_p, i, batch, N))."""
 
     def __init__(self, problem: Problem, u: np.ndarray, d: np.ndarray, batch: int) -> None:
         config = problem.config
-        self.keys = [rng.run_key(config.seed, r) for r in range(config.repeats)]
+        self.rows = [
+            [rng.Rows(spec.batch_key, rng.Domain.BATCH, 0, batch) for spec in specs]
+            for specs in map(problem.regression_specs, range(config.repeats))
+        ]
         self.u, self.d, self.batch, self.rho = u, d, batch, config.rho  # (P, R, N, M), (P, R, N)
         self.agent = np.arange(config.agents)[:, None, None]
         self.repeat = np.arange(config.repeats)[None, :, None]
         self.idx = np.empty((0, config.agents, config.repeats, batch), dtype=np.int64)
 
     def load(self, first_round: int, rounds: int) -> None:
-        agents, samples = self.u.shape[0], self.u.shape[2]
-        blocks = [
-            rng.indices(
-                rng.raw_block(key, rng.Domain.BATCH, 0, first_round, rounds, agents, self.batch),
-                samples,
-            )
-            for key in self.keys
-        ]
-        self.idx = np.stack(blocks, axis=2)  # (rounds, P, R, batch)
+        samples = self.u.shape[2]
+        raw = np.array(
+            [[rows.block(first_round, rounds) for rows in agents] for agents in self.rows]
+        )  # (R, P, rounds, batch)
+        self.idx = rng.indices(raw, samples).transpose(2, 1, 0, 3)  # (rounds, P, R, batch)
 
     def __call__(self, phi: np.ndarray, t: int) -> np.ndarray:
         idx = self.idx[t]
@@ -208,11 +211,11 @@ class _Logistic:
         if _batch(problem):
             raise ConfigError("the oracle runs classification with full batches only; drop --batch")
         data = [
-            [classification_data(problem.classification_spec(r), p) for r in range(config.repeats)]
-            for p in range(config.agents)
+            [classification_data(spec) for spec in problem.classification_specs(r)]
+            for r in range(config.repeats)
         ]
-        self.x = np.array([[xy[0] for xy in row] for row in data])  # (P, R, N, M)
-        self.y = np.array([[xy[1] for xy in row] for row in data])[..., None]  # (P, R, N, 1)
+        self.x = np.array([[xy[0] for xy in row] for row in data]).swapaxes(0, 1)  # (P, R, N, M)
+        self.y = np.array([[xy[1] for xy in row] for row in data]).swapaxes(0, 1)[..., None]
         self.rho = config.rho
 
     def load(self, first_round: int, rounds: int) -> None:
@@ -252,11 +255,11 @@ def _full_batch(problem: Problem) -> _FullBatch:
 def _minibatch(problem: Problem, batch: int) -> _Minibatch:
     config = problem.config
     data = [
-        [regression_data(problem.regression_spec(r), p) for r in range(config.repeats)]
-        for p in range(config.agents)
+        [regression_data(spec) for spec in problem.regression_specs(r)]
+        for r in range(config.repeats)
     ]
-    u = np.array([[ud[0] for ud in row] for row in data])
-    d = np.array([[ud[1] for ud in row] for row in data])
+    u = np.array([[ud[0] for ud in row] for row in data]).swapaxes(0, 1)  # (P, R, N, M)
+    d = np.array([[ud[1] for ud in row] for row in data]).swapaxes(0, 1)  # (P, R, N)
     return _Minibatch(problem, u, d, batch)
 
 
@@ -271,7 +274,11 @@ def _run_strategy(
     eye = np.eye(agents)
     combines = {j: _Combine.of(a) for j, a in enumerate(matrices) if not np.array_equal(a, eye)}
     noisy = config.sigma_g > 0 and any(lane is not Scheme.NONE for lane in lanes)
-    keys = [rng.run_key(config.seed, r) for r in range(repeats)]
+    keys = [seeds.keys(config.seed, seeds.Purpose.NOISE, r, agents) for r in range(repeats)]
+    streams = {  # streams[j][r][m]: sender m's noise rows of step j in repeat r
+        j: [[rng.Rows(key, rng.Domain.NOISE, j, agents * dim) for key in ks] for ks in keys]
+        for j in combines
+    }
     centroid = np.empty((len(lanes), repeats, iters))
     avg = np.empty_like(centroid)
     errors = {name: np.empty_like(centroid) for name in TEST_ERRORS} if problem.classifies else {}
@@ -287,7 +294,9 @@ def _run_strategy(
             rounds = min(CHUNK, iters + 1 - first)
             grads.load(first, rounds)
             noise = {
-                j: _noise(c, j, keys, first, rounds, lanes, dim, config.sigma_g) if noisy else None
+                j: _noise(c, streams[j], first, rounds, lanes, dim, config.sigma_g)
+                if noisy
+                else None
                 for j, c in combines.items()
             }
             history = np.empty((rounds, *w.shape))
@@ -336,25 +345,25 @@ def _apply(
 
 def _noise(
     combine: _Combine,
-    step: int,
-    keys: list[tuple[int, int]],
+    streams: list[list[rng.Rows]],
     first_round: int,
     rounds: int,
     lanes: tuple[Scheme, ...],
     dim: int,
     sigma_g: float,
 ) -> np.ndarray:
-    """The noise each receiver adds in combine step `step`, (rounds, P, R, S, M)."""
+    """The noise each receiver adds in the combine step whose rows `streams` reads
+    (streams[r][m]: sender m's in repeat r), shape (rounds, P, R, S, M)."""
     agents = len(combine.a_t)
 
     def draw(raw: np.ndarray) -> np.ndarray:
         return rng.laplace(rng.uniforms(raw), sigma_g)
 
-    out = np.zeros((rounds, agents, len(keys), len(lanes), dim))
-    for r, key in enumerate(keys):
-        raw = rng.raw_block(key, rng.Domain.NOISE, step, first_round, rounds, agents, agents * dim)
-        table = raw.reshape(rounds, agents, agents, dim)
+    out = np.zeros((rounds, agents, len(streams), len(lanes), dim))
+    for r, senders in enumerate(streams):
+        table = np.stack([rows.block(first_round, rounds) for rows in senders], axis=1)
+        by_sender = table.reshape(rounds, agents, agents, dim)
         for s, lane in enumerate(lanes):
             if lane is not Scheme.NONE:
-                out[:, :, r, s] = combine.noise(lane, table, draw).swapaxes(0, 1)
+                out[:, :, r, s] = combine.noise(lane, by_sender, draw).swapaxes(0, 1)
     return out

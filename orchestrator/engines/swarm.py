@@ -382,12 +382,12 @@ class SwarmAgents:
                 fetch_current_spec=True,
             )
 
-    def stop(self) -> None:
+    def stop(self, grace: float | None = None) -> None:
         """Give agents a moment to leave by themselves (after Bye), then remove them."""
         self._stopping.set()
         if self.broker.client is None:
             return
-        deadline = time.monotonic() + self.grace
+        deadline = time.monotonic() + (self.grace if grace is None else grace)
         while any(t["Status"]["State"] not in ENDED for t in self.broker.tasks("agent")):
             if time.monotonic() > deadline:
                 break

@@ -165,16 +165,18 @@ class Watch:
         if plan is None or conductor.stage not in IN_SESSION:
             return
         session, written = self._streamed
+        path = self.out / "metrics.csv"
+        strategy, scheme, repeat = plan.label.split("/")
         if session != conductor.session:  # from its first view's start (a resumed session)
             session, written = conductor.session, conductor.membership[-1].start - 1
             journal.truncate(self.out, session, written, conductor.models.shape[1:])
+            if conductor.membership[-1].reason == "resumed" and path.exists():
+                _truncate_metrics(path, (strategy, scheme, repeat), written)  # it redoes them
         done = reported(conductor, written)
         if done <= written:
             return
         journal.rounds(self.out, session, conductor.models[written:done])
-        path = self.out / "metrics.csv"
         fresh = not path.exists() or (conductor.session == 0 and written == 0)
-        strategy, scheme, repeat = plan.label.split("/")
         w_opt, q = self.problem.w_opt[int(repeat)], self.problem.q
         with path.open("w" if fresh else "a", newline="") as fh:
             writer = csv.writer(fh)
@@ -184,6 +186,18 @@ class Watch:
                 cen, avg = msd(conductor.models[r], w_opt, q)
                 writer.writerow((strategy, scheme, repeat, r + 1, repr(cen), repr(avg)))
         self._streamed = (session, done)
+
+
+def _truncate_metrics(path: Path, series: tuple[str, str, str], keep: int) -> None:
+    """Drop the rows of `series` (strategy, scheme, repeat) after round `keep`."""
+    with path.open(newline="") as fh:
+        rows = list(csv.reader(fh))
+    whole = [row for row in rows[1:] if len(row) == len(rows[0])]  # a kill cuts a write short
+    kept = [row for row in whole if tuple(row[:3]) != series or int(row[3]) <= keep]
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", newline="") as fh:
+        csv.writer(fh).writerows([rows[0], *kept])
+    tmp.replace(path)
 
 
 def reported(conductor: Conductor, since: int = 0) -> int:

@@ -9,15 +9,17 @@ to ps (`python -m agent --id N`). The zygote forks from a clean state: no event 
 threads (it refuses to serve otherwise; numpy's BLAS is held to one thread for that).
 
 The launcher (`Zygote`) talks to it over its stdin and stdout, one JSON line each way:
-a spawn request (argv, environment, log file) is answered with the child's pid; the zygote
-reaps its children and reports each exit code as `Popen.returncode` would (negative: the
-signal that killed it). Launch secrets travel in the request's environment, through the
-pipe, never on a command line. When the launcher goes (EOF), the zygote leaves: running
+the zygote says when it has imported the agent's modules (`ready`), a spawn request (argv,
+environment, log file) is answered with the child's pid; the zygote reaps its children and
+reports each exit code as `Popen.returncode` would (negative: the signal that killed it).
+Launch secrets travel in the request's environment, through the pipe, never on a command
+line. When the launcher goes (EOF), the zygote leaves: running
 agents are left to end by themselves, as the agents of a dead orchestrator do.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import importlib
@@ -66,6 +68,7 @@ def serve(requests: int = 0, replies: int = 1) -> None:
     with contextlib.suppress(ImportError):  # `agent.mqtt.run`'s loop, where installed
         importlib.import_module("uvloop")
     _check_single_threaded()
+    os.write(replies, encode({"ready": True}))
     wake_r, wake_w = os.pipe()
     for fd in (wake_r, wake_w):
         os.set_blocking(fd, False)
@@ -186,6 +189,7 @@ class Zygote:
     proc: subprocess.Popen[bytes] = field(init=False)
     codes: dict[int, int] = field(default_factory=dict, init=False)  # exited pid -> code
     gone: bool = field(default=False, init=False)  # the zygote itself ended
+    ready: bool = field(default=False, init=False)  # it has imported the agent's modules
     _buffer: bytes = field(default=b"", init=False)
     _pids: list[int] = field(default_factory=list, init=False)  # answers to spawns, unread
 
@@ -232,13 +236,30 @@ class Zygote:
             self._read(left)
         return self.codes.get(pid)
 
-    def close(self) -> None:
-        """Let the zygote go (the agents it forked live on); safe to repeat."""
+    async def started(self) -> None:
+        """Until the zygote has imported the agent's modules (so spawns are quick), or has
+        ended; the event loop runs meanwhile (a stop signal is heard at once)."""
+        assert self.proc.stdout is not None
+        loop, fd = asyncio.get_running_loop(), self.proc.stdout.fileno()
+        while not (self.ready or self.gone):
+            readable = asyncio.Event()
+            loop.add_reader(fd, readable.set)
+            try:
+                await readable.wait()
+            finally:
+                loop.remove_reader(fd)
+            self._read(0.0)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Let the zygote go (the agents it forked live on), killing it after `timeout` s,
+        or at once while it still imports (it has forked nothing, and would read its stdin
+        only once done); safe to repeat."""
         if self.proc.stdin is not None and not self.proc.stdin.closed:
             with contextlib.suppress(BrokenPipeError):
                 self.proc.stdin.close()
+        self._read(0.0)
         try:
-            self.proc.wait(5.0)
+            self.proc.wait(timeout if self.ready else 0.0)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
@@ -263,6 +284,8 @@ class Zygote:
             message = json.loads(line)
             if "pid" in message:
                 self._pids.append(message["pid"])
+            elif "ready" in message:
+                self.ready = True
             else:
                 self.codes[message["exited"]] = message["code"]
 

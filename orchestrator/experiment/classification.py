@@ -1,8 +1,9 @@
 """The paper's section V-B problem: the public spec, the global minimizer, testing errors.
 
 The agents' data come from agent.losses.classification_data (a dataset shipped in
-agent/data); this module draws the per-agent feature noise, solves for w^o by Newton's
-method on the pooled data, and scores models on the dataset's own test split.
+agent/data); this module cuts the training rows into the agents' blocks and draws their
+feature noise levels, solves for w^o by Newton's method on the pooled data, and scores
+models on the dataset's own test split.
 """
 
 from __future__ import annotations
@@ -10,43 +11,59 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import expit
 
-from agent import datasets
+from agent import datasets, rng
 from agent.losses import ClassificationSpec, classification_data
 from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.seeds import Purpose, key, keys
 
 NEWTON_TOL = 1e-12
 
 
-def draw_problem(config: ExperimentConfig, repeat: int, neighbour: int) -> ClassificationSpec:
-    """Agent-specific feature noise std ~ U[0, feature_noise] (non-iid agents)."""
-    seq = np.random.SeedSequence(entropy=config.seed, spawn_key=(repeat, 0))
-    noise = np.random.Generator(np.random.Philox(seq)).uniform(
-        0, config.feature_noise, config.agents
+def draw_problem(
+    config: ExperimentConfig, repeat: int, twin: int | None = None
+) -> tuple[ClassificationSpec, ...]:
+    """Every agent's spec: a disjoint block of `samples` rows of the shuffled training set,
+    a feature noise std ~ U[0, feature_noise] (non-iid agents), its own keys. `twin`: the
+    agent whose data D' replaces by a fresh sample of rows with fresh feature noise."""
+    agents, seed = config.agents, config.seed
+    noise = rng.generator(key(seed, Purpose.PROBLEM, repeat)).uniform(
+        0, config.feature_noise, agents
     )
-    rows = len(datasets.load(config.dataset).y_train)
-    if config.samples * config.agents > rows:
+    size = len(datasets.load(config.dataset).y_train)
+    n = config.samples
+    if n * agents > size:
         raise ValueError(
-            f"{config.agents} agents x {config.samples} samples exceed the {rows} training rows "
-            f"of {config.dataset}; lower samples to at most {rows // config.agents}"
+            f"{agents} agents x {n} samples exceed the {size} training rows "
+            f"of {config.dataset}; lower samples to at most {size // agents}"
         )
-    return ClassificationSpec(
-        dataset=config.dataset,
-        dim=config.dim,
-        samples=config.samples,
-        feature_noise=tuple(noise.tolist()),
-        rho=config.rho,
-        seed=config.seed,
-        repeat=repeat,
-        batch=config.batch,
-        neighbour=neighbour,
+    order = rng.generator(key(seed, Purpose.ROWS, repeat)).permutation(size)
+    rows = [order[p * n : (p + 1) * n] for p in range(agents)]
+    data = keys(seed, Purpose.DATA, repeat, agents)
+    if twin is not None:
+        fresh = rng.generator(key(seed, Purpose.TWIN_ROWS, repeat, twin))
+        rows[twin] = fresh.choice(size, n, replace=False)
+        data[twin] = key(seed, Purpose.TWIN_DATA, repeat, twin)
+    batches = keys(seed, Purpose.BATCH, repeat, agents)
+    return tuple(
+        ClassificationSpec(
+            dataset=config.dataset,
+            dim=config.dim,
+            rows=tuple(rows[p].tolist()),
+            feature_noise=float(noise[p]),
+            rho=config.rho,
+            data_key=data[p],
+            batch_key=batches[p],
+            batch=config.batch,
+        )
+        for p in range(agents)
     )
 
 
-def global_minimizer(spec: ClassificationSpec, agents: int) -> np.ndarray:
+def global_minimizer(specs: tuple[ClassificationSpec, ...]) -> np.ndarray:
     """argmin of 1/P sum_p J_p: Newton's method on the pooled data (equal N per agent)."""
-    parts = [classification_data(spec, p) for p in range(agents)]
+    parts = [classification_data(spec) for spec in specs]
     return minimizer(
-        np.vstack([h for h, _ in parts]), np.concatenate([t for _, t in parts]), spec.rho
+        np.vstack([h for h, _ in parts]), np.concatenate([t for _, t in parts]), specs[0].rho
     )
 
 

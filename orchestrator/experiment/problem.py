@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import networkx as nx
 import numpy as np
 
 from agent import datasets
-from agent.losses import NO_NEIGHBOUR, ClassificationSpec, ProblemSpec, RegressionSpec
+from agent.losses import ClassificationSpec, ProblemSpec, RegressionSpec
 from agent.spec import ConfigError, Scheme, Strategy
 from orchestrator.experiment import topology
 from orchestrator.experiment.config import ExperimentConfig
@@ -23,7 +23,7 @@ class Problem:
     graph: nx.Graph
     A: np.ndarray  # left-stochastic: A[m, p] = a_mp, the weight p gives to m
     q: np.ndarray  # Perron vector, A q = q
-    neighbour: int = NO_NEIGHBOUR  # whose data is replaced (D'), for the accountant
+    neighbour: int | None = None  # whose data is replaced (D'), for the accountant
 
     @classmethod
     def build(cls, config: ExperimentConfig) -> Problem:
@@ -62,36 +62,42 @@ class Problem:
             )
         return replace(self, neighbour=agent)
 
-    def spec(self, repeat: int) -> ProblemSpec:
+    def specs(self, repeat: int) -> tuple[ProblemSpec, ...]:
+        """Every agent's problem spec, by agent id: what its Setup carries (its own keys)."""
         c = self.config
         if self.classifies:
             from orchestrator.experiment import classification  # scipy: only to classify
 
             return classification.draw_problem(c, repeat, self.neighbour)
-        spec = draw_problem(
-            c.seed, c.agents, repeat=repeat, dim=c.dim, samples=c.samples, rho=c.rho, batch=c.batch
+        return draw_problem(
+            c.seed,
+            c.agents,
+            repeat=repeat,
+            dim=c.dim,
+            samples=c.samples,
+            rho=c.rho,
+            batch=c.batch,
+            twin=self.neighbour,
         )
-        return replace(spec, neighbour=self.neighbour)
 
-    def regression_spec(self, repeat: int) -> RegressionSpec:
-        return _narrow(self.spec(repeat), RegressionSpec)
+    def regression_specs(self, repeat: int) -> tuple[RegressionSpec, ...]:
+        return _narrow(self.specs(repeat), RegressionSpec)
 
-    def classification_spec(self, repeat: int) -> ClassificationSpec:
-        return _narrow(self.spec(repeat), ClassificationSpec)
+    def classification_specs(self, repeat: int) -> tuple[ClassificationSpec, ...]:
+        return _narrow(self.specs(repeat), ClassificationSpec)
 
     @cached_property
     def w_opt(self) -> np.ndarray:
         """w^o per repeat, shape (repeats, M)."""
-        agents, repeats = self.config.agents, range(self.config.repeats)
+        repeats = range(self.config.repeats)
         if self.classifies:
             from orchestrator.experiment import classification
 
             solved = [
-                classification.global_minimizer(self.classification_spec(r), agents)
-                for r in repeats
+                classification.global_minimizer(self.classification_specs(r)) for r in repeats
             ]
         else:
-            solved = [global_minimizer(self.regression_spec(r), agents) for r in repeats]
+            solved = [global_minimizer(self.regression_specs(r)) for r in repeats]
         return np.stack(solved)
 
     def test_errors(self, models: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -104,19 +110,19 @@ class Problem:
         return classification.test_errors(models, self.q, datasets.load(self.config.dataset))
 
     def moments(self, repeat: int) -> tuple[np.ndarray, np.ndarray]:
-        return local_moments(self.regression_spec(repeat), self.config.agents)
+        return local_moments(self.regression_specs(repeat))
 
 
 S = TypeVar("S", RegressionSpec, ClassificationSpec)
 
 
-def _narrow(spec: ProblemSpec, kind: type[S]) -> S:
-    """`spec` as the kind of problem a step is written for, or a clear error."""
-    if not isinstance(spec, kind):
+def _narrow(specs: tuple[ProblemSpec, ...], kind: type[S]) -> tuple[S, ...]:
+    """`specs` as the kind of problem a step is written for, or a clear error."""
+    if not all(isinstance(spec, kind) for spec in specs):
         raise ConfigError(
-            f"this step works on a {kind.__name__}, the experiment is a {type(spec).__name__}"
+            f"this step works on a {kind.__name__}, the experiment is a {type(specs[0]).__name__}"
         )
-    return spec
+    return cast(tuple[S, ...], specs)
 
 
 def msd(w: np.ndarray, w_opt: np.ndarray, q: np.ndarray) -> tuple[float, float]:

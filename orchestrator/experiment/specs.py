@@ -9,10 +9,9 @@ from collections.abc import Iterable
 import networkx as nx
 import numpy as np
 
-from agent import rng
 from agent.spec import STEPS, AgentSpec, ConfigError, Scheme, StepPlan, Strategy
 from orchestrator.conductor import SessionPlan
-from orchestrator.experiment import topology
+from orchestrator.experiment import seeds, topology
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 
@@ -33,7 +32,8 @@ def agent_specs(
     session: bytes | None = None,
     members: frozenset[int] | None = None,
 ) -> list[AgentSpec]:
-    """One AgentSpec per agent; every agent of a run shares the session id and noise key.
+    """One AgentSpec per agent; every agent of a run shares the session id, and each has
+    its own noise key (seeds.Purpose.NOISE of the run's seed, this repeat, its id).
 
     With `members`, the weights are those of the view: `view_matrix` on its graph."""
     c = problem.config
@@ -41,7 +41,7 @@ def agent_specs(
     A0, A1, A2 = topology.strategy_matrices(strategy, a)
     by_step = {0: A0, 1: A1, 2: A2}
     session = session if session is not None else secrets.token_bytes(16)
-    key = rng.run_key(c.seed, repeat)
+    noise_keys = seeds.keys(c.seed, seeds.Purpose.NOISE, repeat, c.agents)
     return [
         AgentSpec(
             agent=p,
@@ -52,7 +52,7 @@ def agent_specs(
             sigma_g=c.sigma_g,
             mu=c.mu,
             rounds=c.iters,
-            noise_key=key,
+            noise_key=noise_keys[p],
             session=session,
             rekey=c.rekey,
         )
@@ -118,7 +118,7 @@ def session_plans(
             SessionPlan(
                 f"{strategy}/{scheme}/{repeat}",
                 agent_specs(problem, strategy, scheme, repeat=repeat, session=session),
-                problem.spec(repeat),
+                problem.specs(repeat),
                 view_specs,
             )
         )

@@ -30,8 +30,8 @@ import numpy as np
 from rich.table import Table
 from scipy import stats
 
-from agent import rng
 from agent.spec import Scheme, Strategy
+from orchestrator.experiment import seeds
 from orchestrator.experiment.problem import Problem
 from orchestrator.privacy.accountant import INFINITE, releases
 from orchestrator.report import titled_table
@@ -175,10 +175,12 @@ def run_trials(
     counts = releases(problem, strategy, scheme)
     claimed = np.zeros(trials)
     for t in range(trials):
-        key = rng.run_key(seed, t + 1)  # fresh noise per trial, shared by the D/D' pair
+        # Fresh noise per trial (every agent's own keys, as for repeat t + 1), shared by the
+        # D/D' pair.
+        keys = seeds.keys(seed, seeds.Purpose.NOISE, t + 1, problem.config.agents)
         runs = {}
         for name, which in (("d", problem), ("twin", twin)):
-            runs[name] = replay(which, strategy, scheme, 0, noise_key=key)
+            runs[name] = replay(which, strategy, scheme, 0, noise_keys=keys)
             for view in views:
                 obs = observe(view, runs[name].wire.models, agent, which, strategy)
                 seen[name].setdefault(str(view), []).append(obs)
