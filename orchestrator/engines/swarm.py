@@ -297,20 +297,20 @@ class SwarmAgents:
         )
 
     def exited(self) -> dict[int, str]:
-        """One API call: the agents whose task ended, is being ended by the swarm, or is gone
-        (its service scaled to 0 or removed) since the last call."""
+        """One API call: the agents whose task ended, or is gone (a service scaled to 0
+        removes its task whole once it has stopped), since the last call."""
         ended: dict[int, str] = {}
         live: set[int] = set()
         for task in self.broker.tasks():
             status = task["Status"]
             if task["ServiceID"] == self.broker.service:
-                if ending(task):
+                if task["Status"]["State"] in ENDED:
                     raise RunFailed(f"the broker's task {status['State']}: {status.get('Err')}")
                 continue
             agent = self._agent_of(task["ServiceID"])
             if agent is None or task["ID"] in self._reported:
                 continue
-            if not ending(task):
+            if status["State"] not in ENDED:
                 live.add(agent)
                 continue
             self._reported.add(task["ID"])
@@ -395,17 +395,9 @@ class SwarmAgents:
         remove_all(self.broker.services("agent"))
 
 
-def ending(task: Mapping[str, Any]) -> bool:
-    """Whether a task ended, or the swarm is ending it (a service scaled down removes its
-    tasks whole: caught only while they go)."""
-    return task["Status"]["State"] in ENDED or task["DesiredState"] in ("shutdown", "remove")
-
-
 def how(task: Mapping[str, Any]) -> str:
     """How an agent's task ended, for the run's messages."""
     status, node = task["Status"], task.get("NodeID", "?")[:12]
-    if status["State"] not in ENDED:
-        return f"the swarm is stopping its task on node {node} (desired: {task['DesiredState']})"
     code = status.get("ContainerStatus", {}).get("ExitCode")
     why = status.get("Err") or status.get("Message")
     return f"its task on node {node} ended ({status['State']}, exit code {code}: {why})"
