@@ -255,6 +255,7 @@ class SwarmAgents:
         self.broker, self.grace = broker, grace
         self._stopping = threading.Event()
         self._services: dict[int, Any] = {}  # agent -> its service
+        self._agents: dict[str, int] = {}  # service id -> its agent
         self._reported: set[str] = set()  # ended tasks already reported
         self._live: set[int] = set()  # agents whose task ran at the last look
 
@@ -266,7 +267,7 @@ class SwarmAgents:
             if self._stopping.is_set():
                 return
             service = self._create(p, launches[p])
-            self._services[p] = service
+            self._services[p], self._agents[service.id] = service, p
             b.follow(service.name, service_logs(service), log_path(b.logs, p))
 
         status = console.status(f"starting {len(launches)} agent services")
@@ -304,10 +305,10 @@ class SwarmAgents:
         for task in self.broker.tasks():
             status = task["Status"]
             if task["ServiceID"] == self.broker.service:
-                if task["Status"]["State"] in ENDED:
+                if status["State"] in ENDED:
                     raise RunFailed(f"the broker's task {status['State']}: {status.get('Err')}")
                 continue
-            agent = self._agent_of(task["ServiceID"])
+            agent = self._agents.get(task["ServiceID"])
             if agent is None or task["ID"] in self._reported:
                 continue
             if status["State"] not in ENDED:
@@ -330,7 +331,7 @@ class SwarmAgents:
         """summary.json's `swarm`: every node, what ran on it (the broker, agents' ids)."""
         ran: dict[str, set[int]] = {}
         for task in self.broker.tasks("agent"):
-            agent = self._agent_of(task["ServiceID"])
+            agent = self._agents.get(task["ServiceID"])
             if agent is not None and "NodeID" in task:
                 ran.setdefault(task["NodeID"], set()).add(agent)
         broker = {t.get("NodeID") for t in self.broker.tasks("broker")}
@@ -347,9 +348,6 @@ class SwarmAgents:
                 for node in self.broker.client.nodes.list()
             ]
         }
-
-    def _agent_of(self, service_id: str) -> int | None:
-        return next((p for p, s in self._services.items() if s.id == service_id), None)
 
     def signal(self, agent: int, sig: int) -> None:
         """SIGKILL: the agent's service scaled to 0 (its stop signal is SIGKILL). A swarm
