@@ -328,8 +328,10 @@ class Connection:
         access: ClientAccess,
         keepalive: int = 30,
         give_up: float = RECONNECT_BUDGET,
+        first_wait: float = 0.0,
     ) -> None:
         self.broker, self.access, self.keepalive, self.give_up = broker, access, keepalive, give_up
+        self.first_wait = first_wait
         self._inflight = _Inflight()
         self._client = _Client(
             "",
@@ -375,11 +377,27 @@ class Connection:
         )
 
     async def __aenter__(self) -> Self:
-        try:
-            await self._connect()
-        except (OSError, gmqtt.mqtt.handler.MQTTConnectError) as exc:
-            await self._close()
-            raise MqttError(f"cannot connect to the broker at {self.broker}: {exc}") from None
+        """Connect; for up to `first_wait` s the broker may not be there yet (a host's broker
+        that comes up after its agents): attempts back off as reconnects do."""
+        end, pause = time.monotonic() + self.first_wait, RECONNECT_FIRST
+        while True:
+            try:
+                await self._connect()
+                break
+            except (OSError, gmqtt.mqtt.handler.MQTTConnectError) as exc:
+                refused = getattr(exc, "_code", None) in _REFUSED_FOR_GOOD
+                if refused or time.monotonic() + pause > end:
+                    await self._close()
+                    raise MqttError(
+                        f"cannot connect to the broker at {self.broker}: {exc}"
+                    ) from None
+                if not self.outages.attempts:
+                    log.warning("no broker at %s yet (%s); trying again", self.broker, exc)
+                self.outages.attempts += 1
+                with contextlib.suppress(Exception):  # what this attempt left half made
+                    await self._client._disconnect()
+            await asyncio.sleep(pause * random.uniform(0.5, 1.0))
+            pause = min(2 * pause, RECONNECT_MAX)
         self._up = True
         self._settled.set()
         return self
@@ -613,10 +631,13 @@ class Connection:
 
 
 def client(
-    broker: BrokerAddress, access: ClientAccess, give_up: float = RECONNECT_BUDGET
+    broker: BrokerAddress,
+    access: ClientAccess,
+    give_up: float = RECONNECT_BUDGET,
+    first_wait: float = 0.0,
 ) -> Connection:
     """A connection as every privnet party makes it (use with `async with`)."""
-    return Connection(broker, access, give_up=give_up)
+    return Connection(broker, access, give_up=give_up, first_wait=first_wait)
 
 
 @dataclass(frozen=True)
@@ -811,6 +832,10 @@ class _FastPath:
             return False
         try:
             out = machine.receive(topic, payload, now, retained)
+            if clock() - now > PAUSED:  # stopped while it worked: no tick may count that time
+                _report(client, out, self.on_output)
+                client.interrupt()  # the pump's loop sees the pause, and says so (deaf)
+                return True
             wake = machine.next_tick()
             if wake is not None and clock() >= wake:
                 out += machine.tick(clock())
@@ -942,7 +967,8 @@ async def run_agent(
     access: ClientAccess,
     checkpoints: str | Path | None = None,
 ) -> int:
-    """Register, serve sessions until Bye (0), a failure (2) or a lost broker (3).
+    """Register, serve sessions until Bye (0), a failure (2) or a lost broker (3). A broker
+    not there yet is waited for, as long as a lost one would be (RECONNECT_BUDGET s).
 
     With `checkpoints` (a directory) the agent saves its checkpoints there, and, when
     launched to rejoin, starts from the one it finds."""
@@ -961,7 +987,7 @@ async def run_agent(
             save_checkpoint(path, out.checkpoint)
 
     try:
-        async with client(broker, access) as mqtt:
+        async with client(broker, access, first_wait=RECONNECT_BUDGET) as mqtt:
             for topic, qos in node.subscription_qos.items():
                 await mqtt.subscribe(topic, qos)
             publish(mqtt, node.start(time.monotonic()))

@@ -37,17 +37,18 @@ from agent.access import ClientAccess
 from agent.inbox import Inbox
 from agent.mqtt import BrokerAddress
 from agent.topics import MAX_PACKET_SIZE
-from broker.credentials import Credentials, write_private
+from broker.credentials import Credentials, Users, write_private
 from broker.tls import TLSFiles, make_tls
 
 Kind = Literal["mosquitto", "embedded", "external"]
 KINDS = ("auto", "mosquitto", "embedded")
 BASE_CONFIG = files("broker") / "mosquitto.conf"
-SYS_TOPICS = {
-    "$SYS/broker/bytes/received": "bytes_received",
-    "$SYS/broker/bytes/sent": "bytes_sent",
-    "$SYS/broker/messages/received": "messages_received",
-    "$SYS/broker/messages/sent": "messages_sent",
+SYS_PREFIX = "$SYS/broker/"
+SYS_COUNTERS = {  # topic under SYS_PREFIX -> key
+    "bytes/received": "bytes_received",
+    "bytes/sent": "bytes_sent",
+    "messages/received": "messages_received",
+    "messages/sent": "messages_sent",
 }
 READY_TIMEOUT = 30.0
 STOP_TIMEOUT = 5.0
@@ -85,7 +86,7 @@ def mosquitto_config(listener: str, settings: Mapping[str, str] | None = None) -
 
 def mosquitto_settings(
     directory: Path,
-    credentials: Credentials | None,
+    credentials: Credentials | Users | None,
     tls: TLSFiles | None,
     *,
     at: Path | None = None,
@@ -222,14 +223,12 @@ class Broker:
 
     def _command(self) -> list[str]:
         assert self._tmp is not None
-        tls = make_tls(self._tmp, self.hostnames) if self.tls else None
-        self.ca_file = tls.ca_cert if tls is not None else None
         if self.kind == "mosquitto":
-            settings = mosquitto_settings(self._tmp, self.credentials, tls)
-            conf = self._tmp / "mosquitto.conf"
-            conf.write_text(mosquitto_config(f"{self.address.port} 127.0.0.1", settings))
+            conf = write_private(self._tmp / "mosquitto.conf", self.mosquitto_conf(self._tmp))
             _give_to_mosquitto_user(self._tmp)
             return [_mosquitto_path(), "-c", str(conf)]
+        tls = make_tls(self._tmp, self.hostnames) if self.tls else None
+        self.ca_file = tls.ca_cert if tls is not None else None
         command = [sys.executable, "-m", "broker.embedded", "--port", str(self.address.port)]
         if self.credentials is not None:
             passwd = write_private(self._tmp / "passwd", self.credentials.amqtt_password_file())
@@ -238,6 +237,14 @@ class Broker:
         if tls is not None:
             command += ["--certfile", str(tls.cert), "--keyfile", str(tls.key)]
         return [*command, "--max-packet-size", str(MAX_PACKET_SIZE)]
+
+    def mosquitto_conf(self, directory: Path) -> str:
+        """mosquitto.conf for this broker, its password file, ACL and TLS files written into
+        `directory` (a subclass configures another kind of mosquitto: `broker.bridge`)."""
+        tls = make_tls(directory, self.hostnames) if self.tls else None
+        self.ca_file = tls.ca_cert if tls is not None else None
+        settings = mosquitto_settings(directory, self.credentials, tls)
+        return mosquitto_config(f"{self.address.port} 127.0.0.1", settings)
 
     def kill(self) -> None:
         """SIGKILL the broker (a crash): its clients lose their connections, and it loses
@@ -444,7 +451,28 @@ async def read_sys_bytes(
     messages_received, messages_sent. Where the broker has credentials, `access` must be the
     orchestrator's or the inspector's (`broker.access("orchestrator")`).
     """
-    values = dict.fromkeys(SYS_TOPICS.values(), 0)
+    counters = await read_counters(address, {SYS_PREFIX: SYS_COUNTERS}, timeout, access=access)
+    return counters[SYS_PREFIX]
+
+
+async def read_counters(
+    address: BrokerAddress,
+    prefixes: Mapping[str, Mapping[str, str]],
+    timeout: float = 5.0,
+    *,
+    access: ClientAccess | None = None,
+) -> dict[str, dict[str, int]]:
+    """Counters published under several topic prefixes (a broker's `$SYS/broker/`, a bridged
+    site's), each no older than this call, read over one connection: per prefix, `names`
+    maps a topic under it to a key. The retained values first, then every prefix's first live
+    update, then the end of that burst (see `read_sys_bytes`)."""
+    values = {prefix: dict.fromkeys(names.values(), 0) for prefix, names in prefixes.items()}
+    keys = {
+        prefix + name: (prefix, key)
+        for prefix, names in prefixes.items()
+        for name, key in names.items()
+    }
+    stale = set(prefixes)
     try:
         async with (
             asyncio.timeout(timeout),
@@ -453,20 +481,21 @@ async def read_sys_bytes(
             ) as client,
             Inbox(client) as inbox,
         ):
-            for topic in SYS_TOPICS:
+            for topic in keys:
                 await client.subscribe(topic)
-            fresh = False
             while True:
                 try:
-                    message = await inbox.get(0.2 if fresh else None)
+                    message = await inbox.get(None if stale else 0.2)
                 except TimeoutError:
                     return values
-                values[SYS_TOPICS[message.topic.value]] = int(bytes(message.payload))
-                fresh = fresh or not message.retain
+                prefix, key = keys[message.topic.value]
+                values[prefix][key] = int(bytes(message.payload))
+                if not message.retain:
+                    stale.discard(prefix)
     except TimeoutError:
         raise TimeoutError(
-            f"no live $SYS counters from {address} within {timeout} s: is it mosquitto with "
-            "sys_interval set, and may this client read $SYS?"
+            f"no live $SYS counters under {sorted(stale)} from {address} within {timeout} s: is it "
+            "mosquitto with sys_interval set, and may this client read them?"
         ) from None
 
 

@@ -234,9 +234,37 @@ def _check_view(args: argparse.Namespace) -> None:
 
 
 def prepare(args: argparse.Namespace) -> int:
-    """Secrets for a compose run: broker users and ACL, the orchestrator's key, agent launches."""
+    """Secrets for a compose run: broker users and ACL, the orchestrator's key, agent launches;
+    with --hosts, one bundle per host and the core's."""
     from orchestrator.engines.net import prepare as write
 
+    if args.hosts is not None:
+        from orchestrator import sites
+
+        compose = {
+            "--broker": args.broker != "broker:1883",
+            "--mount": args.mount != Path("/privnet"),
+            "--broker-uid": args.broker_uid is not None,
+            "--client-uid": args.client_uid is not None,
+        }
+        if any(compose.values()):
+            flags = ", ".join(flag for flag, given in compose.items() if given)
+            raise ConfigError(
+                f"prepare --hosts: drop {flags} (compose's); the core's address is hosts.toml's"
+            )
+        hosts = sites.Hosts.load(args.hosts)
+        if args.agents is not None:
+            hosts.check(args.agents, str(args.hosts))
+        sites.prepare_hosts(
+            args.out, hosts, args.run_name, tuple(args.hostname) if args.tls else None
+        )
+        console.print(
+            f"wrote run {args.run_name!r} ({hosts.agents} agents) to {args.out}: core/ stays "
+            f"here, {', '.join(f'{h}/' for h in hosts.hosts)} go to their hosts"
+        )
+        return 0
+    if args.agents is None:
+        raise ConfigError("prepare needs --agents N (or --hosts hosts.toml)")
     write(
         args.out,
         args.agents,
@@ -318,6 +346,42 @@ def _docker_nic(
         raise ConfigError(f"the docker run for the NIC column failed (exit {code}); see {where}")
     nic: dict[str, Any] = json.loads((where / "summary.json").read_text())["config"]["nic"]
     return nic
+
+
+def lab(args: argparse.Namespace) -> int:
+    """A run across hosts that are network namespaces on this machine, over WAN-like links."""
+    from orchestrator.lab.netns import Conditions, parse_partitions
+    from orchestrator.lab.run import run_lab, strip_flags
+
+    given = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    _experiment_flags(given)
+    given.add_argument("--tls", action="store_true")
+    given.add_argument("--agents-per-process", type=int, default=1)
+    known, _ = given.parse_known_args(args.forward)
+    taken = [a for a in args.forward if a.split("=")[0] in ("--prepared", "--resume")]
+    if taken:
+        raise ConfigError(f"privnet lab prepares and starts the run itself: drop {taken}")
+    config = experiment(known)
+    conditions = Conditions.parse(args.delay, args.loss, args.rate)
+    partitions = parse_partitions(args.partition or "", args.hosts)
+    drop = {"--tls": False, "--agents-per-process": True, "--out": True}
+    return run_lab(
+        args.hosts,
+        conditions,
+        partitions,
+        config.agents,
+        out_dir(known, config, "lab"),
+        strip_flags(args.forward, drop),
+        tls=known.tls,
+        per_process=known.agents_per_process,
+    )
+
+
+def site(args: argparse.Namespace) -> int:
+    """One host's part of a run across hosts (`privnet site BUNDLE`)."""
+    from orchestrator.sites import site as serve
+
+    return serve(args)
 
 
 def dp_audit(args: argparse.Namespace) -> int:
@@ -475,6 +539,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--run-name", help="topic namespace privnet/<run>/ (default: random)")
     p.add_argument(
+        "--hosts",
+        type=Path,
+        metavar="HOSTS_TOML",
+        help="agents on several hosts (`privnet site` on each): start the core broker of "
+        "hosts.toml for their bridges and wait for them; with --prepared DIR/core/run.json",
+    )
+    p.add_argument(
         "--deadline",
         type=float,
         help="seconds of silence before an agent is left out of the run (a new membership "
@@ -559,8 +630,14 @@ def main(argv: list[str] | None = None) -> int:
         "prepare", help="write a run's secrets for a broker and agents started by compose"
     )
     p.add_argument("--out", type=Path, required=True, help="directory to write (created)")
-    p.add_argument("--agents", type=int, required=True)
+    p.add_argument("--agents", type=int, help="agents (with --hosts: as hosts.toml places)")
     p.add_argument("--run-name", required=True, help="topic namespace privnet/<run>/")
+    p.add_argument(
+        "--hosts",
+        type=Path,
+        metavar="HOSTS_TOML",
+        help="a run across hosts: one bundle per host (its agents, its bridge) and the core's",
+    )
     p.add_argument("--broker", default="broker:1883", help="HOST:PORT agents connect to")
     p.add_argument("--tls", action="store_true", help="a per-run CA and a broker certificate")
     p.add_argument("--hostname", action="append", default=[], help="the broker's name (TLS)")
@@ -602,7 +679,49 @@ def main(argv: list[str] | None = None) -> int:
 
     add_bench(sub, bench)
 
-    args = parser.parse_args(argv)
+    p = sub.add_parser(
+        "site", help="one host's part of a run across hosts: its broker, bridged, its agents"
+    )
+    p.add_argument("bundle", type=Path, metavar="BUNDLE", help="bundles/<host> of prepare --hosts")
+    p.add_argument(
+        "--via",
+        metavar="HOST:PORT",
+        help="reach the core broker through this address (a tunnel or a proxy) instead",
+    )
+    p.add_argument(
+        "--port", type=_port, help="this host's broker port on 127.0.0.1 (default: free)"
+    )
+    p.add_argument("--out", type=Path, help="the agents' logs (default runs/site-<host>-<time>)")
+    p.add_argument(
+        "--agents-per-process",
+        type=int,
+        default=1,
+        metavar="K",
+        help="run K agents in each agent process (as for run)",
+    )
+    p.set_defaults(func=site)
+
+    p = sub.add_parser(
+        "lab",
+        help="a run across hosts made of network namespaces here, over links with delay, "
+        "loss, rate and partitions (root); other flags go to `privnet run`",
+        allow_abbrev=False,
+    )
+    p.add_argument("--hosts", type=int, required=True, metavar="N", help="host namespaces")
+    p.add_argument("--delay", default="0ms", help="each link's one-way delay, e.g. 25ms")
+    p.add_argument("--loss", default="0%", help="each link's loss per direction, e.g. 1%%")
+    p.add_argument("--rate", default="", help="each link's rate per direction, e.g. 10mbit")
+    p.add_argument(
+        "--partition",
+        metavar="LIST",
+        help="cut a host off at a round, e.g. 2@200+5s (host 2, round 200, 5 s)",
+    )
+    p.set_defaults(func=lab)
+
+    args, forward = parser.parse_known_args(argv)
+    if forward and args.func is not lab:
+        parser.error(f"unrecognized arguments: {' '.join(forward)}")
+    args.forward = forward
     # `docker stop` and friends send SIGTERM: clean up as for Ctrl-C. SIGINT too when the
     # shell started us with it ignored (`privnet run &` in a script). `privnet run` takes
     # both on its event loop while the run goes on (`orchestrator.engines.net.Stop`).

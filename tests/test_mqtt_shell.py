@@ -5,6 +5,7 @@ interrupted, and `pump` feeds a machine from the transport's callback while it w
 from __future__ import annotations
 
 import asyncio
+import types
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from gmqtt.mqtt.constants import MQTTv311
 from gmqtt.mqtt.package import PublishPacket
 from gmqtt.mqtt.utils import ConnectionState, IdGenerator
 
+from agent import mqtt
 from agent.access import ClientAccess
 from agent.mqtt import BrokerAddress, Connection, _Protocol, pump
 from agent.node import Output, Publish
@@ -224,3 +226,44 @@ async def test_pump_raises_what_the_machine_raised_in_the_callback() -> None:
     conn._deliver("in", b"boom", False)
     with pytest.raises(ValueError, match="boom"):
         await asyncio.wait_for(pumping, 5)
+
+
+class Stopped(Echo):
+    """SIGSTOPped while it works on b'stop': its clock jumps past its deadline meanwhile."""
+
+    def __init__(self, clock: list[float]) -> None:
+        super().__init__()
+        self.clock, self.calls = clock, []  # type: list[tuple[str, float]]
+
+    def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output:
+        if payload == b"stop":
+            self.clock[0] += 9.0
+        return super().receive(topic, payload, now, retained)
+
+    def tick(self, now: float) -> Output:
+        self.calls.append(("tick", now))
+        self.done = True
+        return Output()
+
+    def next_tick(self) -> float | None:
+        return 1000.0 + 3.0  # a deadline, 3 s after the start
+
+    def deaf(self, now: float) -> Output:
+        self.calls.append(("deaf", now))
+        return Output()
+
+
+async def test_a_stop_while_the_machine_works_is_a_pause_not_a_silence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The clock jumps inside a delivery the callback feeds (the process was stopped then):
+    the machine hears it was deaf before any tick, so no deadline counts the stop."""
+    clock = [1000.0]
+    monkeypatch.setattr(mqtt, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    conn, machine = connection(), Stopped(clock)
+    conn.publish = lambda *_: None  # type: ignore[method-assign]
+    pumping = asyncio.ensure_future(pump(conn, machine, lambda: machine.done))
+    await asyncio.sleep(0)
+    conn._deliver("in", b"stop", False)
+    await asyncio.wait_for(pumping, 5)
+    assert [kind for kind, _ in machine.calls] == ["deaf", "tick"]

@@ -33,6 +33,7 @@ from agent.access import ClientAccess
 from agent.mqtt import QOS, AgentLaunch, Connection, Machine, MqttError, client, publish, pump
 from agent.node import Output
 from agent.spec import ConfigError
+from broker.bridge import CoreBroker
 from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, write_private
 from broker.launcher import Broker, launch, read_sys_bytes, write_compose_files
 from orchestrator.conductor import Conductor, Resume, SessionResult, Stage, add_counts, describe
@@ -293,14 +294,24 @@ async def _run_network(problem: Problem, args: argparse.Namespace, out: Path, st
     if resume is None:
         journal.begin(out, config, run_secrets.to_json())
     faults = parse_faults(args.faults or "", config.agents)
-    broker, pool = _runtime(args, run_secrets.credentials, out / "logs")
+    broker: Broker | ContainerBroker
+    pool: Launcher | None
+    if getattr(args, "hosts", None) is not None:  # across hosts: the agents run there
+        from orchestrator import sites
+
+        sites.check_run_flags(args, faults)
+        broker, pool = sites.core_broker(args.hosts, args.prepared, run_secrets), None
+    else:
+        broker, pool = _runtime(args, run_secrets.credentials, out / "logs")
     docker = broker if isinstance(broker, ContainerBroker) else None
     try:
         # matplotlib loads while the broker starts (and the agents' zygote imports), in a
         # thread that nothing waits for: the event loop stays free to hear a stop.
         threading.Thread(target=load_plotting, name="load-plotting", daemon=True).start()
         await _settled(asyncio.get_running_loop().run_in_executor(None, broker.start), broker.stop)
-        where = "external agents" if args.external_agents else f"agent logs in {out}/logs"
+        where = "external agents" if pool is None else f"agent logs in {out}/logs"
+        if isinstance(broker, CoreBroker):
+            where = "agents on " + ", ".join(f"{b.host} ({len(b.agents)})" for b in broker.bridges)
         console.print(f"broker: {broker.kind} at {broker.address}; run {run}; {where}")
         conductor = Conductor(
             run,
@@ -448,7 +459,7 @@ async def _drive(
             save_models(out / "models.npz", conductor.results)
             extra: dict[str, Any] = {
                 "broker": broker.kind,
-                "runtime": broker.runtime if isinstance(broker, ContainerBroker) else "local",
+                "runtime": _runtime_name(broker),
                 "run": conductor.run,
                 "seed": c.seed,
                 "orchestrator": _orchestrator(conductor),
@@ -461,8 +472,8 @@ async def _drive(
             # nothing before the orchestrator connects (nothing to read first, so no wait for
             # a $SYS tick). A restarted broker counts from zero again: its window is void then.
             restarted = mqtt.outages.losses > 0
-            if not restarted and (sys_after := await _sys(broker)):
-                extra["broker_sys"] = sys_after
+            if not restarted:
+                extra |= await _sys(broker)
             if docker is not None and nic_before is not None:
                 rounds = sum(plan.rounds for plan in conductor.plans)
                 nic_after = await asyncio.to_thread(docker.nic)
@@ -608,12 +619,22 @@ def _outputs(
     return show_audit(out)
 
 
-async def _sys(broker: Broker | ContainerBroker) -> dict[str, int] | None:
-    """mosquitto's $SYS counters, read as the inspector: the orchestrator's own connection
-    is still up (a second one of its user would displace it) and the audit's tap, the other
-    inspector, has closed."""
+async def _sys(broker: Broker | ContainerBroker) -> dict[str, Any]:
+    """summary.json's `broker_sys`: mosquitto's $SYS counters, read as the inspector (the
+    orchestrator's own connection is still up, and a second one of its user would displace
+    it; the audit's tap, the other inspector, has closed). Across hosts, every broker's."""
+    if isinstance(broker, CoreBroker):
+        from orchestrator import sites
+
+        return await sites.counters(broker)
     if broker.kind != "mosquitto":
-        return None
+        return {}
     with contextlib.suppress(TimeoutError, aiomqtt.MqttError):
-        return await read_sys_bytes(broker.address, access=broker.access(INSPECTOR))
-    return None
+        return {"broker_sys": await read_sys_bytes(broker.address, access=broker.access(INSPECTOR))}
+    return {}
+
+
+def _runtime_name(broker: Broker | ContainerBroker) -> str:
+    if isinstance(broker, ContainerBroker):
+        return broker.runtime  # docker or swarm
+    return "sites" if isinstance(broker, CoreBroker) else "local"
