@@ -6,7 +6,9 @@ key, its launch token, broker credentials) comes out of band: the JSON launch th
 list, `privnet run --agents-per-process K`) runs several agents in this one process, each
 with its own MQTT client, credentials, identity and node. `--claim DIR` takes the
 first unclaimed launch file in DIR (docker-compose replicas, which share one volume), and
-`--remember FILE` keeps that claim for the container's next start.
+`--remember FILE` keeps that claim for the container's next start; `--launch FILE --slot N`
+takes the N-th of a list of launches (docker-stack.yml replicas, which share one Docker
+secret).
 """
 
 from __future__ import annotations
@@ -80,6 +82,14 @@ def _claim(directory: Path, remember: Callable[[AgentLaunch, str], AgentLaunch])
     raise ValueError(f"no unclaimed agent-<id>.json launch file in {directory}")
 
 
+def slot(path: Path, n: int) -> AgentLaunch:
+    """The n-th launch (from 1) of a file holding the list of a run's launches."""
+    launches = AgentLaunch.group_from_json(path.read_text(), str(path))
+    if not 1 <= n <= len(launches):
+        raise ValueError(f"--slot {n}, but {path} holds launches 1 to {len(launches)}")
+    return launches[n - 1]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agent", description=__doc__)
     where = parser.add_mutually_exclusive_group()
@@ -91,6 +101,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="with --claim: keep the claim in FILE (in a container's own filesystem), so the "
         "container started again comes back as the same agent",
+    )
+    parser.add_argument(
+        "--slot",
+        type=int,
+        help="with --launch FILE holding a list of launches (`privnet prepare --stack`): take "
+        "the N-th, from 1 (a swarm task's {{.Task.Slot}}, docker-stack.yml)",
     )
     parser.add_argument(
         "--id", type=int, help="the agent id the launch must name (a label for ps and logs)"
@@ -114,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"$PRIVNET_LOG={args.log_level}: choose one of {', '.join(LEVELS)}")
     if args.remember is not None and args.claim is None:
         parser.error("--remember keeps a claim: give --claim DIR too")
+    if args.slot is not None and args.launch is None:
+        parser.error("--slot N takes the N-th launch of --launch FILE: give the file")
     try:
         group = AgentLaunch.group_from_env() if args.claim is args.launch is None else None
         if group is not None:  # --agents-per-process: several agents, one process
@@ -127,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             return run(run_agents(group))
         if args.claim is not None:
             launch = claim(args.claim, args.remember)
+        elif args.launch is not None and args.slot is not None:
+            launch = slot(args.launch, args.slot)
         elif args.launch is not None:
             launch = AgentLaunch.from_file(args.launch)
         else:

@@ -741,24 +741,28 @@ class AgentLaunch:
         return {self.ENV: self.to_json()}
 
     @classmethod
+    def group_json(cls, launches: list[AgentLaunch]) -> str:
+        """Several launches as one JSON list: $PRIVNET_LAUNCHES, or a stack's launches.json."""
+        return json.dumps([asdict(a) for a in launches])
+
+    @classmethod
     def group_env(cls, launches: list[AgentLaunch]) -> dict[str, str]:
-        return {cls.GROUP_ENV: json.dumps([asdict(a) for a in launches])}
+        return {cls.GROUP_ENV: cls.group_json(launches)}
 
     @classmethod
     def group_from_env(cls, env: Mapping[str, str] = os.environ) -> list[AgentLaunch] | None:
         text = env.get(cls.GROUP_ENV)
-        if text is None:
-            return None
+        return None if text is None else cls.group_from_json(text, f"${cls.GROUP_ENV}")
+
+    @classmethod
+    def group_from_json(cls, text: str, where: str) -> list[AgentLaunch]:
         try:
             items = json.loads(text)
             if not isinstance(items, list) or not items:
                 raise ValueError("not a non-empty list")
         except ValueError as exc:
-            raise ValueError(f"${cls.GROUP_ENV} is not a list of launches: {exc}") from None
-        return [
-            cls.from_json(json.dumps(item), f"${cls.GROUP_ENV}[{n}]")
-            for n, item in enumerate(items)
-        ]
+            raise ValueError(f"{where} is not a list of launches: {exc}") from None
+        return [cls.from_json(json.dumps(item), f"{where}[{n}]") for n, item in enumerate(items)]
 
     @classmethod
     def from_json(cls, text: str, where: str) -> AgentLaunch:

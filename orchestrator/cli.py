@@ -291,7 +291,8 @@ def _run_config(args: argparse.Namespace) -> ExperimentConfig:
 
 
 def _check_runtime(args: argparse.Namespace) -> None:
-    """The broker asked for exists; --runtime docker gets only the flags it can honour."""
+    """The broker asked for exists; --runtime docker and swarm get only the flags they can
+    honour."""
     from agent.mqtt import BrokerAddress
     from broker.launcher import KINDS, has_mosquitto
 
@@ -302,7 +303,7 @@ def _check_runtime(args: argparse.Namespace) -> None:
         )
     if args.broker not in KINDS:
         BrokerAddress.parse(args.broker)
-    if args.runtime != "docker":
+    if args.runtime not in ("docker", "swarm"):
         return
     given = {
         "--broker": args.broker != "auto",
@@ -313,8 +314,8 @@ def _check_runtime(args: argparse.Namespace) -> None:
     }
     if any(given.values()):
         raise ConfigError(
-            "--runtime docker starts its own broker (plain TCP on the run's network) and agent "
-            f"containers: drop {', '.join(flag for flag, on in given.items() if on)}"
+            f"--runtime {args.runtime} starts its own broker (plain TCP on the run's network) "
+            f"and agents: drop {', '.join(flag for flag, on in given.items() if on)}"
         )
 
 
@@ -370,6 +371,7 @@ def prepare(args: argparse.Namespace, _: None) -> int:
         mount=args.mount,
         broker_uid=args.broker_uid,
         client_uid=args.client_uid,
+        stack=args.stack,
     )
     console.print(
         f"wrote the secrets of run {args.run_name!r} ({args.agents} agents) to {args.out}"
@@ -685,15 +687,16 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--runtime",
-        choices=("local", "docker"),
+        choices=("local", "docker", "swarm"),
         default="local",
         help="local: agents as processes here; docker: broker and agents in containers "
-        "(privnet[docker]), with NIC byte counts",
+        "(privnet[docker]), with NIC byte counts; swarm: broker and agents as services of "
+        "the Docker Swarm whose manager DOCKER_HOST names",
     )
     p.add_argument(
         "--image",
-        help="--runtime docker: the agents' image (default: built from the checkout, "
-        "else privnet:<version>)",
+        help="--runtime docker/swarm: the agents' image (default: built from the checkout, "
+        "else privnet:<version>; on a swarm of several nodes, every node must have it)",
     )
     p.add_argument("--run-name", help="topic namespace privnet/<run>/ (default: random)")
     p.add_argument(
@@ -819,6 +822,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mount", type=Path, default=Path("/privnet"), help="where --out is mounted")
     p.add_argument("--broker-uid", type=int, help="owner of broker/ (1883 in eclipse-mosquitto)")
     p.add_argument("--client-uid", type=int, help="owner of the clients' files (1000: privnet)")
+    p.add_argument(
+        "--stack",
+        action="store_true",
+        help="for docker-stack.yml: every launch in one launches.json (agents take theirs by "
+        "slot) instead of agents/ claim files",
+    )
     p.set_defaults(func=prepare, configure=_prepare_config)
 
     p = sub.add_parser(

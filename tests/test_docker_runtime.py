@@ -100,6 +100,22 @@ def leftovers(client: Any, run: str) -> tuple[list[str], list[str]]:
     return containers, [n.name for n in client.networks.list(filters=label)]
 
 
+def test_exit_without_stop_leaves_nothing(client: Any, tmp_path: Path) -> None:
+    """A process that started a run's broker and exits without stopping it: the atexit hook
+    removes its container and network (it used to fail there: an executor takes no work
+    once the interpreter exits)."""
+    run = f"test-exit-{secrets.token_hex(3)}"
+    start = (
+        "from pathlib import Path; from broker.credentials import Credentials; "
+        "from orchestrator.engines.docker import BROKER_IMAGE, DockerBroker; "
+        f"DockerBroker(Credentials.generate({run!r}, 2), Path({str(tmp_path)!r}), "
+        "image=BROKER_IMAGE).start()"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-c", start], cwd=ROOT, env=env, timeout=300, check=True)
+    assert leftovers(client, run) == ([], [])
+
+
 def test_docker_run_equals_memory_and_counts_three_ways(client: Any, tmp_path: Path) -> None:
     run = f"test-{secrets.token_hex(4)}"
     flags = ["--agents", str(AGENTS), "--iters", str(ITERS), "--seed", str(SEED)]

@@ -1,10 +1,11 @@
 """The `net` engine, `privnet run`: a broker, agent processes and the conductor over MQTT.
 
 The conductor (`orchestrator.conductor`) decides everything; this shell launches the
-broker and the agents (here, or with `--runtime docker` in containers), hands each agent
-its launch out of band (its id, the run's orchestrator key, its token, its broker
-credentials), pumps MQTT into the conductor, watches the agents, shows progress and writes
-the outputs. Whatever it started it stops: on success, on failure and on Ctrl-C.
+broker and the agents (here; with `--runtime docker` in containers; with `--runtime swarm`
+as services of a Docker Swarm), hands each agent its launch out of band (its id, the run's
+orchestrator key, its token, its broker credentials), pumps MQTT into the conductor,
+watches the agents, shows progress and writes the outputs. Whatever it started it stops: on
+success, on failure and on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ from orchestrator.conductor import (
     add_counts,
     describe,
 )
-from orchestrator.engines import journal, memory
-from orchestrator.engines.docker import DockerAgents, DockerBroker, nic_window
+from orchestrator.engines import journal, memory, swarm
+from orchestrator.engines.docker import ContainerBroker, DockerAgents, DockerBroker, nic_window
 from orchestrator.engines.launch import Launcher, LocalLauncher
 from orchestrator.engines.memory import RunFailed
 from orchestrator.engines.watch import POLL, Watch, write_membership
@@ -175,10 +176,13 @@ def prepare(
     mount: Path = Path("/privnet"),
     broker_uid: int | None = None,
     client_uid: int | None = None,
+    stack: bool = False,
 ) -> RunSecrets:
     """A run's secrets as files, for agents and a broker someone else starts (compose):
     the broker's files (`write_compose_files`), `run.json` for the orchestrator and one
-    launch file per agent in `agents/` (claimed with `python -m agent --claim`)."""
+    launch file per agent in `agents/` (claimed with `python -m agent --claim`); with
+    `stack`, for docker-stack.yml, instead every launch in `launches.json`, in id order (one
+    Docker secret: each agent replica takes its own with `python -m agent --slot`)."""
     run_secrets = RunSecrets.generate(run, agents)
     write_compose_files(
         out,
@@ -195,11 +199,17 @@ def prepare(
         return run_secrets.credentials.access(user, tls=ca is not None, ca_file=ca)
 
     write_private(out / "run.json", run_secrets.to_json())
-    write_launches(out / "agents", run_secrets.launches(broker, access))
+    launches = run_secrets.launches(broker, access)
+    if stack:
+        ordered = [launches[p] for p in sorted(launches)]
+        write_private(out / "launches.json", AgentLaunch.group_json(ordered))
+    else:
+        write_launches(out / "agents", launches)
     for p in run_secrets.tokens:  # an agent's password travels only in its launch file
         (out / "users" / f"{p}.env").unlink(missing_ok=True)
     if client_uid is not None:
-        for path in [out / "run.json", out / "agents", *(out / "agents").iterdir()]:
+        theirs = [out / "launches.json"] if stack else [out / "agents", *(out / "agents").iterdir()]
+        for path in [out / "run.json", *theirs]:
             os.chown(path, client_uid, client_uid)
     return run_secrets
 
@@ -304,7 +314,7 @@ async def _run_network(problem: Problem, args: argparse.Namespace, out: Path, st
         run_secrets = RunSecrets.generate(args.run_name or new_run_name(), config.agents)
     run = run_secrets.run
     faults = parse_faults(args.faults or "", config.agents)
-    broker: Broker | DockerBroker
+    broker: Broker | ContainerBroker
     pool: Launcher | None
     if getattr(args, "hosts", None) is not None:  # across hosts: the agents run there
         from orchestrator import sites
@@ -313,7 +323,7 @@ async def _run_network(problem: Problem, args: argparse.Namespace, out: Path, st
         broker, pool = sites.core_broker(args.hosts, args.prepared, run_secrets), None
     else:
         broker, pool = _runtime(args, run_secrets.credentials, out / "logs")
-    docker = broker if isinstance(broker, DockerBroker) else None
+    docker = broker if isinstance(broker, ContainerBroker) else None
     code = 1
     try:
         if resume is None:
@@ -332,7 +342,7 @@ async def _run_network(problem: Problem, args: argparse.Namespace, out: Path, st
             escrow=bool(args.audit),
         )
         conductor.results = done
-        reach = broker.agent_address if isinstance(broker, DockerBroker) else broker.address
+        reach = docker.agent_address if docker is not None else broker.address
         launches = run_secrets.launches(str(reach), broker.access)
         if pool is not None and args.checkpoint_every:
             kept = str(out / "checkpoints") if docker is None else None
@@ -381,7 +391,7 @@ async def _run_network(problem: Problem, args: argparse.Namespace, out: Path, st
             journal.discard_if_empty(out)
 
 
-async def _start(broker: Broker | DockerBroker) -> None:
+async def _start(broker: Broker | ContainerBroker) -> None:
     """Start the broker (an external one: check it answers). matplotlib loads meanwhile
     (and the agents' zygote imports), in a thread that nothing waits for: the event loop
     stays free to hear a stop."""
@@ -414,22 +424,24 @@ async def _view(
 
 def _runtime(
     args: argparse.Namespace, credentials: Credentials, logs: Path
-) -> tuple[Broker | DockerBroker, Launcher | None]:
+) -> tuple[Broker | ContainerBroker, Launcher | None]:
     """The broker, and the launcher of the agents (None: external agents register by
-    themselves): on this machine, or with --runtime docker both in containers (the flags it
-    cannot honour are refused before: `orchestrator.cli`)."""
+    themselves): on this machine, in containers (--runtime docker) or as services of a swarm
+    (--runtime swarm); the flags they cannot honour are refused before (`orchestrator.cli`)."""
     if args.runtime == "local":
         local = launch(args.broker, credentials=credentials, tls=args.tls, ca_file=args.ca_file)
         return local, None if args.external_agents else LocalLauncher(
             logs, per_process=getattr(args, "agents_per_process", 1)
         )
+    if args.runtime == "swarm":
+        return swarm.runtime(credentials, logs, args.image, args.faults)
     broker = DockerBroker(credentials, logs, image=args.image)
     return broker, DockerAgents(broker)
 
 
 async def _drive(
     problem: Problem,
-    broker: Broker | DockerBroker,
+    broker: Broker | ContainerBroker,
     watch: Watch,
     out: Path,
     began: float,
@@ -449,7 +461,7 @@ async def _drive(
     """
     c = problem.config
     conductor, pool = watch.conductor, watch.pool
-    docker = broker if isinstance(broker, DockerBroker) else None
+    docker = broker if isinstance(broker, DockerBroker) else None  # NIC counters: one engine
     nic_before = await asyncio.to_thread(docker.nic) if docker is not None else None
     # A broker restart is ridden out as the agents ride it out (`agent.mqtt.Connection`): for
     # as long as the conductor would wait for a silent session anyway, at least 10 s.
@@ -502,6 +514,8 @@ async def _drive(
                 rounds = sum(plan.rounds for plan in conductor.plans)
                 nic_after = await asyncio.to_thread(docker.nic)
                 extra["nic"] = nic_window(docker, nic_before, nic_after, rounds)
+            if isinstance(pool, swarm.SwarmAgents):  # which node ran what
+                extra["swarm"] = await asyncio.to_thread(pool.placement)
             ours = isinstance(pool, LocalLauncher)  # processes here; containers as before
             if ours:
                 publish(mqtt, conductor.bye())
@@ -700,7 +714,7 @@ def _outputs(
     return max(code, show_audit(out))
 
 
-async def _sys(broker: Broker | DockerBroker) -> dict[str, Any]:
+async def _sys(broker: Broker | ContainerBroker) -> dict[str, Any]:
     """summary.json's `broker_sys`: mosquitto's $SYS counters, read as the inspector (the
     orchestrator's own connection is still up, and a second one of its user would displace
     it; the audit's tap, the other inspector, has closed). Across hosts, every broker's."""
@@ -715,7 +729,7 @@ async def _sys(broker: Broker | DockerBroker) -> dict[str, Any]:
     return {}
 
 
-def _runtime_name(broker: Broker | DockerBroker) -> str:
-    if isinstance(broker, DockerBroker):
-        return "docker"
+def _runtime_name(broker: Broker | ContainerBroker) -> str:
+    if isinstance(broker, ContainerBroker):
+        return broker.runtime  # docker or swarm
     return "sites" if isinstance(broker, CoreBroker) else "local"

@@ -24,7 +24,7 @@ from agent.node import Output
 from broker.launcher import Broker
 from orchestrator.conductor import IN_SESSION, Conductor, Stage, View
 from orchestrator.engines import journal
-from orchestrator.engines.docker import DockerBroker
+from orchestrator.engines.docker import ContainerBroker
 from orchestrator.engines.launch import Launcher
 from orchestrator.experiment.problem import Problem, msd
 from orchestrator.faults import Fault
@@ -40,7 +40,7 @@ class Watch:
         self,
         conductor: Conductor,
         pool: Launcher | None,
-        broker: Broker | DockerBroker,
+        broker: Broker | ContainerBroker,
         launches: Mapping[int, AgentLaunch],
         problem: Problem,
         out: Path,
