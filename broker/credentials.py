@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,7 +25,10 @@ from pathlib import Path
 from pwdlib.hashers.argon2 import Argon2Hasher
 
 from agent.access import ClientAccess
+from agent.private import write_private
 from agent.topics import run_filter
+
+__all__ = ["Credentials", "write_private"]  # write_private: broker/ writes through it
 
 ORCHESTRATOR = "orchestrator"
 INSPECTOR = "inspector"
@@ -52,17 +54,22 @@ def acl_rules(run: str, agents: int) -> dict[str, Rules]:
     """
     _check_agents(agents)
     everything = run_filter(run)
-    base = everything.removesuffix("/#")
     rules = {
         ORCHESTRATOR: Rules(read=(everything, SYS_FILTER), write=(everything,)),
         INSPECTOR: Rules(read=(everything, SYS_FILTER), write=()),
     }
     for m in range(agents):
-        rules[str(m)] = Rules(
-            read=(f"{base}/to/{m}/from/+", f"{base}/ctl/down/{m}", f"{base}/ctl/down/all"),
-            write=(f"{base}/to/+/from/{m}", f"{base}/ctl/up/{m}", f"{base}/telemetry/{m}"),
-        )
+        rules[str(m)] = agent_rules(run, m)
     return rules
+
+
+def agent_rules(run: str, m: int) -> Rules:
+    """Agent m's rules: what `acl_rules` gives it, and what a bridge carrying m may do."""
+    base = run_filter(run).removesuffix("/#")
+    return Rules(
+        read=(f"{base}/to/{m}/from/+", f"{base}/ctl/down/{m}", f"{base}/ctl/down/all"),
+        write=(f"{base}/to/+/from/{m}", f"{base}/ctl/up/{m}", f"{base}/telemetry/{m}"),
+    )
 
 
 @dataclass(frozen=True)
@@ -122,29 +129,17 @@ class Credentials:
             ) from exc
 
     def mosquitto_password_file(self) -> str:
-        """mosquitto 2.0 `password_file`: `user:$7$rounds$salt$hash`, PBKDF2-HMAC-SHA512."""
-        lines = []
-        for user, password in self.passwords.items():
-            salt = secrets.token_bytes(12)
-            digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, PBKDF2_ROUNDS)
-            b64 = base64.b64encode
-            lines.append(f"{user}:$7${PBKDF2_ROUNDS}${b64(salt).decode()}${b64(digest).decode()}")
-        return "\n".join(lines) + "\n"
+        """mosquitto 2.0 `password_file` of every user (`mosquitto_password_file`)."""
+        return mosquitto_password_file(self.passwords)
 
     def amqtt_password_file(self) -> str:
         """amqtt FileAuthPlugin's `password_file`: `user:<argon2id hash>` (it reads Argon2)."""
         return "".join(f"{u}:{_ARGON2.hash(p)}\n" for u, p in self.passwords.items())
 
     def mosquitto_acl(self) -> str:
-        """mosquitto `acl_file`: one `user` block each; no `pattern` lines, nothing anonymous."""
-        out = [f"# privnet ACL of run {self.run!r}, agents 0..{self.agents - 1}; generated"]
-        for user, rules in acl_rules(self.run, self.agents).items():
-            both = [t for t in rules.read if t in rules.write]
-            out += ["", f"user {user}"]
-            out += [f"topic readwrite {t}" for t in both]
-            out += [f"topic read {t}" for t in rules.read if t not in both]
-            out += [f"topic write {t}" for t in rules.write if t not in both]
-        return "\n".join(out) + "\n"
+        """mosquitto `acl_file` of every user (`mosquitto_acl`)."""
+        title = f"privnet ACL of run {self.run!r}, agents 0..{self.agents - 1}"
+        return mosquitto_acl(title, acl_rules(self.run, self.agents))
 
     def amqtt_acl(self) -> dict[str, dict[str, list[str]]]:
         """amqtt TopicAccessControlListPlugin config: `acl` (subscribe) and `publish_acl`."""
@@ -155,13 +150,43 @@ class Credentials:
         }
 
 
-def write_private(path: Path, text: str, mode: int = 0o600) -> Path:
-    """Write `text` to a file created with `mode` (never briefly world-readable)."""
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    return path
+@dataclass(frozen=True)
+class Users:
+    """Some users and their rules, for a broker that serves part of a run: a site's broker
+    (its agents), or the core broker of a run across hosts (its bridges, no agent)."""
+
+    title: str
+    passwords: Mapping[str, str] = field(repr=False)
+    rules: Mapping[str, Rules]
+
+    def mosquitto_password_file(self) -> str:
+        return mosquitto_password_file(self.passwords)
+
+    def mosquitto_acl(self) -> str:
+        return mosquitto_acl(self.title, self.rules)
+
+
+def mosquitto_password_file(passwords: Mapping[str, str]) -> str:
+    """mosquitto 2.0 `password_file`: `user:$7$rounds$salt$hash`, PBKDF2-HMAC-SHA512."""
+    lines = []
+    for user, password in passwords.items():
+        salt = secrets.token_bytes(12)
+        digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, PBKDF2_ROUNDS)
+        b64 = base64.b64encode
+        lines.append(f"{user}:$7${PBKDF2_ROUNDS}${b64(salt).decode()}${b64(digest).decode()}")
+    return "\n".join(lines) + "\n"
+
+
+def mosquitto_acl(title: str, rules: Mapping[str, Rules]) -> str:
+    """mosquitto `acl_file`: one `user` block each; no `pattern` lines, nothing anonymous."""
+    out = [f"# {title}; generated"]
+    for user, rule in rules.items():
+        both = [t for t in rule.read if t in rule.write]
+        out += ["", f"user {user}"]
+        out += [f"topic readwrite {t}" for t in both]
+        out += [f"topic read {t}" for t in rule.read if t not in both]
+        out += [f"topic write {t}" for t in rule.write if t not in both]
+    return "\n".join(out) + "\n"
 
 
 def _check_agents(agents: int) -> None:

@@ -36,18 +36,20 @@ import aiomqtt
 from agent.access import ClientAccess
 from agent.inbox import Inbox
 from agent.mqtt import BrokerAddress
+from agent.spec import ConfigError
 from agent.topics import MAX_PACKET_SIZE
-from broker.credentials import Credentials, write_private
+from broker.credentials import Credentials, Users, write_private
 from broker.tls import TLSFiles, make_tls
 
 Kind = Literal["mosquitto", "embedded", "external"]
 KINDS = ("auto", "mosquitto", "embedded")
 BASE_CONFIG = files("broker") / "mosquitto.conf"
-SYS_TOPICS = {
-    "$SYS/broker/bytes/received": "bytes_received",
-    "$SYS/broker/bytes/sent": "bytes_sent",
-    "$SYS/broker/messages/received": "messages_received",
-    "$SYS/broker/messages/sent": "messages_sent",
+SYS_PREFIX = "$SYS/broker/"
+SYS_COUNTERS = {  # topic under SYS_PREFIX -> key
+    "bytes/received": "bytes_received",
+    "bytes/sent": "bytes_sent",
+    "messages/received": "messages_received",
+    "messages/sent": "messages_sent",
 }
 READY_TIMEOUT = 30.0
 STOP_TIMEOUT = 5.0
@@ -85,7 +87,7 @@ def mosquitto_config(listener: str, settings: Mapping[str, str] | None = None) -
 
 def mosquitto_settings(
     directory: Path,
-    credentials: Credentials | None,
+    credentials: Credentials | Users | None,
     tls: TLSFiles | None,
     *,
     at: Path | None = None,
@@ -222,14 +224,12 @@ class Broker:
 
     def _command(self) -> list[str]:
         assert self._tmp is not None
-        tls = make_tls(self._tmp, self.hostnames) if self.tls else None
-        self.ca_file = tls.ca_cert if tls is not None else None
         if self.kind == "mosquitto":
-            settings = mosquitto_settings(self._tmp, self.credentials, tls)
-            conf = self._tmp / "mosquitto.conf"
-            conf.write_text(mosquitto_config(f"{self.address.port} 127.0.0.1", settings))
+            conf = write_private(self._tmp / "mosquitto.conf", self.mosquitto_conf(self._tmp))
             _give_to_mosquitto_user(self._tmp)
             return [_mosquitto_path(), "-c", str(conf)]
+        tls = make_tls(self._tmp, self.hostnames) if self.tls else None
+        self.ca_file = tls.ca_cert if tls is not None else None
         # -P: a module of the user's in the working directory must not shadow broker's
         command = [sys.executable, "-P", "-m", "broker.embedded", "--port", str(self.address.port)]
         if self.credentials is not None:
@@ -239,6 +239,14 @@ class Broker:
         if tls is not None:
             command += ["--certfile", str(tls.cert), "--keyfile", str(tls.key)]
         return [*command, "--max-packet-size", str(MAX_PACKET_SIZE)]
+
+    def mosquitto_conf(self, directory: Path) -> str:
+        """mosquitto.conf for this broker, its password file, ACL and TLS files written into
+        `directory` (a subclass configures another kind of mosquitto: `broker.bridge`)."""
+        tls = make_tls(directory, self.hostnames) if self.tls else None
+        self.ca_file = tls.ca_cert if tls is not None else None
+        settings = mosquitto_settings(directory, self.credentials, tls)
+        return mosquitto_config(f"{self.address.port} 127.0.0.1", settings)
 
     def kill(self) -> None:
         """SIGKILL the broker (a crash): its clients lose their connections, and it loses
@@ -347,10 +355,11 @@ def write_compose_files(
     mount: Path = Path("/privnet"),
     broker_uid: int | None = None,
     client_uid: int | None = None,
+    port: int = 1883,
 ) -> Path:
     """A run's broker files for docker-compose, written into `out`, mounted at `mount`:
 
-    - `broker/`: mosquitto.conf (listener 1883, anonymous refused, the run's password file
+    - `broker/`: mosquitto.conf (listener `port`, anonymous refused, the run's password file
       and ACL, TLS if `tls_hostnames` is given: server cert for those names), passwd, acl,
       server.crt, server.key.
     - `credentials.json`: every user (the orchestrator's copy); `users/<user>.env`: one
@@ -359,6 +368,8 @@ def write_compose_files(
 
     Everything private is 0600: run as root with `broker_uid` (1883 in eclipse-mosquitto) and
     `client_uid` (1000, privnet in the image) to hand each part to the user who reads it.
+    As root without `broker_uid`, broker/ goes to this host's `mosquitto` user, if any: a
+    mosquitto started here as root reads it as that user.
     """
     out = Path(out)
     broker_dir, users = out / "broker", out / "users"
@@ -371,13 +382,15 @@ def write_compose_files(
         shutil.copyfile(tls.ca_cert, out / "ca.crt")
         ca_file = mount / "ca.crt"
     settings = mosquitto_settings(broker_dir, credentials, tls, at=mount / "broker")
-    (broker_dir / "mosquitto.conf").write_text(mosquitto_config("1883", settings))
+    (broker_dir / "mosquitto.conf").write_text(mosquitto_config(str(port), settings))
     write_private(out / "credentials.json", credentials.to_json())
     for user in credentials.passwords:
         env = credentials.access(user, tls=tls is not None, ca_file=ca_file).to_env()
         write_private(users / f"{user}.env", "".join(f"{k}={v}\n" for k, v in env.items()))
     if broker_uid is not None:
         _chown_files(broker_dir, broker_uid, broker_uid)
+    else:
+        _give_to_mosquitto_user(broker_dir)
     if client_uid is not None:
         _chown_files(users, client_uid, client_uid)
         os.chown(out / "credentials.json", client_uid, client_uid)
@@ -410,7 +423,7 @@ def launch(
     """
     if choice not in KINDS:
         if ":" not in choice:
-            raise ValueError(
+            raise ConfigError(
                 f"unknown broker {choice!r}: use auto, mosquitto, embedded or HOST:PORT"
             )
         if hostnames:
@@ -445,7 +458,28 @@ async def read_sys_bytes(
     messages_received, messages_sent. Where the broker has credentials, `access` must be the
     orchestrator's or the inspector's (`broker.access("orchestrator")`).
     """
-    values = dict.fromkeys(SYS_TOPICS.values(), 0)
+    counters = await read_counters(address, {SYS_PREFIX: SYS_COUNTERS}, timeout, access=access)
+    return counters[SYS_PREFIX]
+
+
+async def read_counters(
+    address: BrokerAddress,
+    prefixes: Mapping[str, Mapping[str, str]],
+    timeout: float = 5.0,
+    *,
+    access: ClientAccess | None = None,
+) -> dict[str, dict[str, int]]:
+    """Counters published under several topic prefixes (a broker's `$SYS/broker/`, a bridged
+    site's), each no older than this call, read over one connection: per prefix, `names`
+    maps a topic under it to a key. The retained values first, then every prefix's first live
+    update, then the end of that burst (see `read_sys_bytes`)."""
+    values = {prefix: dict.fromkeys(names.values(), 0) for prefix, names in prefixes.items()}
+    keys = {
+        prefix + name: (prefix, key)
+        for prefix, names in prefixes.items()
+        for name, key in names.items()
+    }
+    stale = set(prefixes)
     try:
         async with (
             asyncio.timeout(timeout),
@@ -454,20 +488,21 @@ async def read_sys_bytes(
             ) as client,
             Inbox(client) as inbox,
         ):
-            for topic in SYS_TOPICS:
+            for topic in keys:
                 await client.subscribe(topic)
-            fresh = False
             while True:
                 try:
-                    message = await inbox.get(0.2 if fresh else None)
+                    message = await inbox.get(None if stale else 0.2)
                 except TimeoutError:
                     return values
-                values[SYS_TOPICS[message.topic.value]] = int(bytes(message.payload))
-                fresh = fresh or not message.retain
+                prefix, key = keys[message.topic.value]
+                values[prefix][key] = int(bytes(message.payload))
+                if not message.retain:
+                    stale.discard(prefix)
     except TimeoutError:
         raise TimeoutError(
-            f"no live $SYS counters from {address} within {timeout} s: is it mosquitto with "
-            "sys_interval set, and may this client read $SYS?"
+            f"no live $SYS counters under {sorted(stale)} from {address} within {timeout} s: is it "
+            "mosquitto with sys_interval set, and may this client read them?"
         ) from None
 
 

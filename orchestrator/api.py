@@ -17,6 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from agent.private import private_dir
 from agent.spec import ConfigError
 from orchestrator.engines.memory import RunFailed
 from orchestrator.experiment import config as configuration
@@ -25,7 +26,15 @@ from orchestrator.experiment.problem import Problem
 from orchestrator.report import Curve, finish, progress_bar, result_record, settings
 from orchestrator.result import Result
 
-VERSION = metadata.version("privnet")  # privnet.__version__, `privnet --version`
+
+def _version() -> str:
+    try:
+        return metadata.version("privnet")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+VERSION = _version()  # privnet.__version__, `privnet --version`
 ENGINES = ("oracle", "memory")
 RUNTIMES = ("local", "docker")
 RESTARTS = ("never", "on-failure")
@@ -89,19 +98,6 @@ class Experiment(ExperimentConfig):
             return cls(**{name: getattr(base, name) for name in CONFIG_FIELDS}, **changes)
         except TypeError as exc:
             raise ConfigError(f"{exc}; the settings are Experiment's fields") from None
-
-    @classmethod
-    def of(cls, config: ExperimentConfig, flags: argparse.Namespace) -> Experiment:
-        """The experiment `config` with the run options the CLI's `flags` give (the rest at
-        their defaults): how `privnet simulate` and `privnet run` call this API."""
-        options = {
-            f.name: getattr(flags, f.name)
-            for f in fields(cls)
-            if f.name not in CONFIG_FIELDS and hasattr(flags, f.name)
-        }
-        if hasattr(flags, "no_telemetry"):
-            options["telemetry"] = not flags.no_telemetry
-        return cls(**{name: getattr(config, name) for name in CONFIG_FIELDS}, **options)
 
     @property
     def config(self) -> ExperimentConfig:
@@ -212,20 +208,24 @@ async def run_async(experiment: ExperimentConfig) -> Result:
 
 def network(exp: Experiment) -> tuple[Problem, argparse.Namespace, Path]:
     """What the net engine takes for `exp`: its problem (a resumed run's own, secret seed
-    included), its run options, and its output directory (made)."""
+    included), its run options, and its output directory (made private: 0700, as the run
+    keeps its secrets there)."""
+    from orchestrator.engines import journal
+
     config = exp.config
     if exp.resume is not None:
-        from orchestrator.engines import journal
-
         out = Path(exp.resume)
         try:
             config = journal.config(out)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        secret = journal.secret_seed(out)
     else:
-        out = Path(exp.out or default_out(config, "run"))
-        out.mkdir(parents=True, exist_ok=True)
-    return Problem.build(config), exp.args(out), out
+        out = private_dir(Path(exp.out or default_out(config, "run")))
+        secret = False  # the Experiment's seed is the caller's: summary.json records it
+    options = exp.args(out)
+    options.secret_seed = secret
+    return Problem.build(config), options, out
 
 
 def default_out(config: ExperimentConfig, command: str) -> Path:
