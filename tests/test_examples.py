@@ -63,7 +63,7 @@ def test_torch_mlp(tmp_path: Path) -> None:
     out = run("torch_mlp.py", "--agents", "4", "--iters", "3", cwd=tmp_path)
     assert "model: 2442 parameters" in out
     gap = float(re.search(rf"w\(none\)\| .*: {FLOAT}", out).group(1))  # type: ignore[union-attr]
-    assert gap < 1e-12
+    assert gap < 1e-5  # local-ghp rounds each weighted term to the noise grid, 2^-24
     rows = re.findall(rf"^\s+(\d+)\s+{FLOAT}\s+{FLOAT}$", out, re.M)
     assert [int(r) for r, _, _ in rows] == [1, 2, 3]
     assert all(a == b for _, a, b in rows)  # the same accuracy, to the printed digit
