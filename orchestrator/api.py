@@ -1,7 +1,7 @@
 """privnet from Python: an `Experiment`, and `simulate`, `run`, `run_async` giving a `Result`.
 
-The CLI is a layer over this: `privnet simulate` and `privnet run` build an Experiment from
-their flags and call these. `run` works in a script and inside a running event loop (a
+`privnet simulate` and `privnet run` (orchestrator.cli) drive the same engines and write the
+same files from their flags. `run` works in a script and inside a running event loop (a
 notebook): there it runs the network on a thread of its own and waits for it; `await
 run_async(...)` runs it on the caller's loop instead.
 """
@@ -197,7 +197,7 @@ async def run_async(experiment: ExperimentConfig) -> Result:
     """`run` on the caller's event loop: `result = await privnet.run_async(experiment)`."""
     from orchestrator.engines.net import run_network
 
-    problem, options, out = network(_experiment(experiment))
+    problem, options, out = _network(_experiment(experiment))
     code = await run_network(problem, options, out)
     if code > STOPPED:
         raise KeyboardInterrupt(f"the run was stopped by signal {code - STOPPED}; {out} holds it")
@@ -206,7 +206,7 @@ async def run_async(experiment: ExperimentConfig) -> Result:
     return Result.load(out, problem)
 
 
-def network(exp: Experiment) -> tuple[Problem, argparse.Namespace, Path]:
+def _network(exp: Experiment) -> tuple[Problem, argparse.Namespace, Path]:
     """What the net engine takes for `exp`: its problem (a resumed run's own, secret seed
     included), its run options, and its output directory (made private: 0700, as the run
     keeps its secrets there)."""
