@@ -62,6 +62,7 @@ class Experiment(ExperimentConfig):
     ca_file: str | Path | None = None
     prepared: str | Path | None = None  # a run's secrets from `privnet prepare`
     external_agents: bool = False
+    hosts: str | Path | None = None  # hosts.toml: agents across hosts (privnet site)
     launch_dir: str | Path | None = None
     run_name: str | None = None
     deadline: float | None = None  # s of silence before an agent is left out
@@ -106,7 +107,7 @@ class Experiment(ExperimentConfig):
 
     def args(self, out: Path) -> argparse.Namespace:
         """The run options as the net engine reads them."""
-        paths = ("ca_file", "prepared", "launch_dir", "resume")
+        paths = ("ca_file", "prepared", "launch_dir", "resume", "hosts")
         options = {
             f.name: getattr(self, f.name)
             for f in fields(self)
