@@ -491,8 +491,6 @@ async def _drive(
                 if tap is not None:  # the sealed telemetry validates the audit's truth
                     tap.telemetry += [r.models for r in conductor.results]
                     tap.link_keys = conductor.link_keys  # to open the sealed frames
-            curves = memory.results_curves(problem, conductor.results)
-            save_models(out / "models.npz", conductor.results)
             extra: dict[str, Any] = {
                 "broker": broker.kind,
                 "runtime": _runtime_name(broker),
@@ -519,6 +517,10 @@ async def _drive(
             ours = isinstance(pool, LocalLauncher)  # processes here; containers as before
             if ours:
                 publish(mqtt, conductor.bye())
+            # After the Bye: nothing beats any more, and a session whose membership changed
+            # is replayed here (its MSD per round), which outlasts a short --deadline.
+            curves = await asyncio.to_thread(memory.results_curves, problem, conductor.results)
+            save_models(out / "models.npz", conductor.results)
             # Off the loop, which keeps answering the broker's keepalives meanwhile: the
             # audit replays the whole run for its ground truth.
             accounts = view.account if view is not None else None  # its twin runs, if done
