@@ -54,8 +54,8 @@ from agent.core import AgentCore, split_senders
 from agent.losses import Loss
 from agent.messages import ORCHESTRATOR, KeyPlan, KeyShare, Message, Rejected
 from agent.mqtt import BrokerAddress
-from agent.node import Publish
 from agent.private import private_file, write_private
+from agent.protocol import Publish
 from agent.spec import STRATEGY_STEP, AgentSpec, Scheme, StepPlan, Strategy
 from orchestrator.conductor import View
 from orchestrator.engines.memory import Network

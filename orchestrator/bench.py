@@ -40,7 +40,7 @@ from rich.table import Table
 
 from agent import topics
 from agent.mqtt import BrokerAddress, Connection, run
-from agent.node import PEER_QOS
+from agent.protocol import PEER_QOS, Publish
 from agent.spec import ConfigError, Scheme, Strategy
 from broker.credentials import Credentials
 from broker.launcher import has_mosquitto, launch
@@ -264,7 +264,6 @@ def privnet_run(
 
 def memory_rate(problem: Problem, strategy: Strategy, scheme: Scheme) -> tuple[float, int, int]:
     """(rounds/s, model messages per round, mean model payload bytes) on the memory engine."""
-    from agent.node import Publish
     from orchestrator.engines.memory import Network
     from orchestrator.experiment.specs import session_plans
 

@@ -29,7 +29,7 @@ import numpy as np
 from agent import control, keys, topics, wire
 from agent.losses import ProblemSpec
 from agent.messages import Rejected
-from agent.node import (
+from agent.protocol import (
     BEATS,
     Deliveries,
     Event,

@@ -40,7 +40,7 @@ import numpy as np
 from rich.table import Table
 
 from agent.messages import KeyPlan, KeyShare
-from agent.node import Publish, Traffic
+from agent.protocol import Publish, Traffic
 from agent.spec import STRATEGY_STEP, Rekey, Scheme, Strategy
 from agent.wire import Peer
 from orchestrator.engines.memory import CONDUCTOR, Network

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from agent import rng
-from agent.node import Publish
+from agent.protocol import Publish
 from agent.spec import Scheme, Strategy
 from orchestrator import audit
 from orchestrator.attack import RECOVERED, attack_session, insider_knowledge, reconstruct

@@ -29,7 +29,8 @@ from rich.console import Console
 from agent import keys, rng, topics, wire
 from agent.core import AgentCore, split_senders
 from agent.messages import KeyShare, Model, Rejected
-from agent.node import Phase, Publish
+from agent.node import Phase
+from agent.protocol import Publish
 from agent.spec import STRATEGY_STEP, AgentSpec, Rekey, Scheme, Strategy
 from broker.launcher import launch
 from orchestrator import audit, overhead

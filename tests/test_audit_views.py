@@ -20,7 +20,8 @@ import pytest
 from conftest import need_mosquitto
 from runs import Clock, model_place
 
-from agent.node import AgentNode, Publish
+from agent.node import AgentNode
+from agent.protocol import Publish
 from agent.spec import STRATEGY_STEP, Scheme, Strategy
 from orchestrator import audit
 from orchestrator.cli import main

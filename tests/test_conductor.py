@@ -36,12 +36,11 @@ from runs import (
 
 from agent import control, keys, topics, wire
 from agent.messages import Report
-from agent.node import (
-    TELEMETRY_BATCH,
+from agent.node import TELEMETRY_BATCH, Phase
+from agent.protocol import (
     Checkpoint,
     Event,
     Output,
-    Phase,
     Publish,
     escrow_context,
     hello_proof,

@@ -21,7 +21,8 @@ import numpy as np
 
 from agent import keys
 from agent.core import AgentCore
-from agent.node import AgentNode, Event, Launch, Output, Publish
+from agent.node import AgentNode, Launch
+from agent.protocol import Event, Output, Publish
 from agent.spec import Scheme, Strategy
 from orchestrator.conductor import Conductor, SessionPlan, SessionResult, Stage, View, add_counts
 from orchestrator.experiment.problem import Problem, msd

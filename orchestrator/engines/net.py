@@ -31,7 +31,6 @@ from rich.progress import Progress, TaskID
 from agent import keys
 from agent.access import ClientAccess
 from agent.mqtt import (
-    QOS,
     AgentLaunch,
     BrokerAddress,
     Connection,
@@ -42,8 +41,8 @@ from agent.mqtt import (
     publish,
     pump,
 )
-from agent.node import Event, Output
 from agent.private import private_dir, private_file
+from agent.protocol import QOS, Event, Output
 from agent.spec import ConfigError
 from broker.bridge import CoreBroker
 from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, write_private

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from agent.mqtt import AgentLaunch
-from agent.node import Output
+from agent.protocol import Output
 from broker.launcher import Broker
 from orchestrator.conductor import IN_SESSION, Conductor, Stage, View
 from orchestrator.engines import journal
