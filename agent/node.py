@@ -34,7 +34,7 @@ from agent import control, keys, topics, wire
 from agent.core import AgentCore
 from agent.links import Links
 from agent.losses import make_loss
-from agent.messages import Message, Rejected, Report
+from agent.messages import Message, Reason, Rejected, Report
 from agent.protocol import (
     BEATS,
     PEER_QOS,
@@ -233,18 +233,18 @@ class AgentNode:
         privnet publishes nothing retained, so a retained frame is someone else's."""
         self.deliveries.received += 1
         if self.done:
-            self._count("closed")
+            self._count(Reason.CLOSED)
             return Output()
         try:
             if retained:
-                raise Rejected("retained", f"a retained frame on {topic!r}")
+                raise Rejected(Reason.RETAINED, f"a retained frame on {topic!r}")
             peer = topics.parse_peer_topic(topic)
             if peer is not None:
                 out = self._on_peer(peer, payload, now)
             elif topic in self.subscriptions[1:]:
                 out = self._on_control(payload, now)
             else:
-                raise Rejected("wrong-topic", f"agent {self.me} does not read {topic!r}")
+                raise Rejected(Reason.WRONG_TOPIC, f"agent {self.me} does not read {topic!r}")
         except Rejected as exc:
             self._count(exc.reason)
             return Output()
@@ -281,10 +281,10 @@ class AgentNode:
     def _on_control(self, payload: bytes, now: float) -> Output:
         frame = wire.decode_signed(payload)
         if frame.run != self.run:
-            raise Rejected("wrong-run", f"frame for run {frame.run!r}, this is {self.run!r}")
+            raise Rejected(Reason.WRONG_RUN, f"frame for run {frame.run!r}, this is {self.run!r}")
         frame.verify(self.launch.orchestrator, "this run's orchestrator")
         if frame.seq <= self._heard:
-            raise Rejected("replay", f"sequence number {frame.seq}, already at {self._heard}")
+            raise Rejected(Reason.REPLAY, f"sequence number {frame.seq}, already at {self._heard}")
         out = self._obey(frame.msg, now)  # raises Rejected("out-of-phase") if it does not fit
         self._heard, self._orchestrator_at = frame.seq, now
         return out
@@ -328,7 +328,7 @@ class AgentNode:
                 self.phase = Phase.CLOSED
                 return Output(events=[Event("closed")])
         raise Rejected(
-            "out-of-phase",
+            Reason.OUT_OF_PHASE,
             f"{type(msg).__name__} does not fit agent {self.me} in phase {self.phase}",
         )
 
@@ -370,12 +370,12 @@ class AgentNode:
                 setup_context(self.run, self.me, setup.session, setup.view),
             )
         except keys.BadKey as exc:
-            raise Rejected("bad-seal", f"Setup: {exc}") from exc
+            raise Rejected(Reason.BAD_SEAL, f"Setup: {exc}") from exc
         config = wire.decode_config(plain)
         spec = config.spec
         if spec.agent != self.me or spec.view != setup.view:
             raise Rejected(
-                "schema",
+                Reason.SCHEMA,
                 f"Config for agent {spec.agent} view {spec.view} sealed to agent {self.me} "
                 f"for view {setup.view}",
             )
@@ -390,7 +390,7 @@ class AgentNode:
                 if m in spec.neighbours  # peer frames travel only between neighbours
             }
         except keys.BadKey as exc:
-            raise Rejected("bad-key", f"Config directory: {exc}") from exc
+            raise Rejected(Reason.BAD_KEY, f"Config directory: {exc}") from exc
         links = Links(self.run, self.me, spec.dim, spec.view, link_keys, sealed=config.seal_links)
         history = self._history_for(setup.session, spec)
         if config.resume not in history:
@@ -528,7 +528,7 @@ class AgentNode:
     def _drop_early(self) -> None:
         """Peer frames still waiting for a view that will not come: counted, unused."""
         self.deliveries.received += len(self._early)
-        self._count_n("no-session", len(self._early))
+        self._count_n(Reason.NO_SESSION, len(self._early))
         self._early, self._early_bytes = [], 0
 
     # ---- data plane -------------------------------------------------------------------
@@ -536,14 +536,14 @@ class AgentNode:
     def _on_peer(self, peer: tuple[str, int, int], payload: bytes, now: float) -> Output:
         run, receiver, sender = peer
         if run != self.run or receiver != self.me:
-            raise Rejected("wrong-topic", f"peer topic for run {run!r}, agent {receiver}")
+            raise Rejected(Reason.WRONG_TOPIC, f"peer topic for run {run!r}, agent {receiver}")
         if self.phase in WAITING:
             self._keep(sender, payload)
             return Output()
         try:
             return self._peer(sender, payload, now)
         except Rejected as exc:
-            if exc.reason != "ahead-view":
+            if exc.reason is not Reason.AHEAD_VIEW:
                 raise
             self._keep(sender, payload)  # a neighbour has its Setup for the next view first
             return Output()
@@ -551,7 +551,7 @@ class AgentNode:
     def _keep(self, sender: int, payload: bytes) -> None:
         """Keep a frame until the next Setup can authenticate it (bounded)."""
         if len(self._early) >= EARLY_COUNT or self._early_bytes + len(payload) > EARLY_BYTES:
-            raise Rejected("overflow", f"more than {EARLY_COUNT} early peer frames")
+            raise Rejected(Reason.OVERFLOW, f"more than {EARLY_COUNT} early peer frames")
         self._early.append((sender, payload))
         self._early_bytes += len(payload)
         self.deliveries.used -= 1  # counted when it is replayed into the session
@@ -565,7 +565,7 @@ class AgentNode:
         try:
             produced = core.receive(msg)
         except keys.BadKey as exc:
-            raise Rejected("bad-key", str(exc)) from exc
+            raise Rejected(Reason.BAD_KEY, str(exc)) from exc
         out = self._emit(produced)  # a fresh Output: add to it in place
         if self.phase is Phase.CONFIGURED:
             out += self._keyed()
@@ -656,13 +656,13 @@ class AgentNode:
         )
         return Output([self._up(topic, finished)], [Event("finished", did)])
 
-    def _count(self, reason: str) -> None:
+    def _count(self, reason: Reason) -> None:
         self._count_n(reason, 1)
 
-    def _count_n(self, reason: str, n: int) -> None:
-        if n:
-            self.deliveries.rejected[reason] += n
-            self._unreported[reason] += n
+    def _count_n(self, reason: Reason, n: int) -> None:
+        if n:  # counted under the plain string: what Finished and Left carry
+            self.deliveries.rejected[reason.value] += n
+            self._unreported[reason.value] += n
 
     # ---- for tests and the audit --------------------------------------------------------
 

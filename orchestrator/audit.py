@@ -52,7 +52,7 @@ from agent import control, rng, topics, wire
 from agent.access import ClientAccess
 from agent.core import AgentCore, split_senders
 from agent.losses import Loss
-from agent.messages import ORCHESTRATOR, KeyPlan, KeyShare, Message, Rejected
+from agent.messages import ORCHESTRATOR, KeyPlan, KeyShare, Message, Reason, Rejected
 from agent.mqtt import BrokerAddress
 from agent.private import private_file, write_private
 from agent.protocol import Publish
@@ -461,13 +461,13 @@ class Opener:
         try:
             return wire.peek_peer(payload, self.dim)
         except Rejected as exc:
-            if exc.reason != "sealed":
+            if exc.reason is not Reason.SEALED:
                 raise
         head = wire.read_head(payload)
         link = (min(head.sender, head.receiver), max(head.sender, head.receiver))
         key = self.escrowed.get((session, head.view), {}).get(link)
         if key is None:
-            raise Rejected("sealed", f"no escrowed key for link {link} of view {head.view}")
+            raise Rejected(Reason.SEALED, f"no escrowed key for link {link} of view {head.view}")
         aead = self._aeads.get(key) or self._aeads.setdefault(key, ChaCha20Poly1305(key))
         return wire.open_head(head, aead, self.run, self.dim)
 
@@ -476,7 +476,7 @@ def _add(session: SessionWire, payload: bytes, read: Callable[[bytes], wire.Peer
     try:
         msg = read(payload)
     except Rejected as exc:
-        if exc.reason == "sealed":
+        if exc.reason is Reason.SEALED:
             session.sealed += 1
         else:
             session.undecodable += 1
