@@ -150,7 +150,8 @@ class SessionResult:
         `privnet run --resume` went on with, those from where it went on (the counts of the
         rounds before died with the first run's agents)."""
         resumed = self.views and self.views[0].reason == "resumed"
-        return self.models.shape[0] - (self.views[0].start - 1 if resumed else 0)
+        rounds: int = self.models.shape[0]
+        return rounds - (self.views[0].start - 1 if resumed else 0)
 
     @property
     def missed(self) -> dict[int, int]:

@@ -28,7 +28,8 @@ from orchestrator.engines.docker import ContainerBroker
 from orchestrator.engines.launch import Launcher
 from orchestrator.experiment.problem import Problem, msd
 from orchestrator.faults import Fault
-from orchestrator.report import METRICS_HEADER, console
+from orchestrator.results import METRICS_HEADER
+from orchestrator.terminal import console
 
 POLL = 0.5  # how often child processes are checked
 
