@@ -63,7 +63,6 @@ from orchestrator.attack import (
     insider_knowledge,
 )
 from orchestrator.conductor import View
-from orchestrator.engines.watch import read_membership
 from orchestrator.experiment import config as configuration
 from orchestrator.experiment import topology
 from orchestrator.experiment.config import ExperimentConfig
@@ -240,6 +239,9 @@ def load_telemetry(run_dir: Path) -> list[np.ndarray] | None:
 
 def load_membership(run_dir: Path) -> list[View] | None:
     """The run's views (membership.json, written when its membership changed), or None."""
+    # The shell's module loads the broker launcher and its credentials: not for an audit.
+    from orchestrator.engines.watch import read_membership
+
     path = run_dir / MEMBERSHIP_FILE
     if not path.is_file():
         return None

@@ -24,7 +24,6 @@ from rich.table import Table
 from agent.spec import Scheme, Strategy
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
-from orchestrator.experiment.specs import session_list
 from orchestrator.flags import print_error
 from orchestrator.results import (
     DPI,
@@ -484,7 +483,10 @@ def finish(
     recorded wire), with `account_of` where given (see `accountant.attach`). The exit code:
     1 when a curve diverged (its numbers mean nothing), else 0."""
     if neighbour is not None:
-        from orchestrator.privacy import accountant  # matplotlib and twin runs: on --account
+        # Not on the CLI's start-up: the accountant loads matplotlib and the memory engine,
+        # session_list the conductor and the agent's wire (cryptography, msgpack).
+        from orchestrator.experiment.specs import session_list
+        from orchestrator.privacy import accountant
 
         order = session_list(config)
         with console.status(f"accounting: twin runs with agent {neighbour}'s data replaced"):

@@ -45,7 +45,6 @@ from agent.spec import ConfigError
 from broker.bridge import CoreBroker
 from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, write_private
 from broker.launcher import Broker, launch, read_sys_bytes, write_compose_files
-from orchestrator import sites
 from orchestrator.conductor import (
     Conductor,
     Resume,
@@ -205,6 +204,8 @@ async def _run_network(problem: Problem, args: argparse.Namespace, out: Path, st
     broker: Broker | ContainerBroker
     pool: Launcher | None
     if getattr(args, "hosts", None) is not None:  # across hosts: the agents run there
+        from orchestrator import sites  # only across hosts: a local run's start-up skips it
+
         sites.check_run_flags(args, faults)
         broker, pool = sites.core_broker(args.hosts, args.prepared, run_secrets), None
     else:
@@ -605,6 +606,8 @@ async def _sys(broker: Broker | ContainerBroker) -> dict[str, Any]:
     orchestrator's own connection is still up, and a second one of its user would displace
     it; the audit's tap, the other inspector, has closed). Across hosts, every broker's."""
     if isinstance(broker, CoreBroker):
+        from orchestrator import sites  # only across hosts
+
         return await sites.counters(broker)
     if broker.kind != "mosquitto":
         return {}

@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.figure import Figure
 from rich.table import Table
 
 from agent.losses import Loss
@@ -390,6 +389,8 @@ def finite(value: float) -> float | str:
 def plot_epsilon(curves: list[Curve], path: Path, neighbour: int) -> None:
     """eps(i) per scheme: every agent (thin), the neighbour (bold), the whole wire and the
     paper's formula (dashed); `none` is infinite and says so."""
+    from matplotlib.figure import Figure  # as the report's plots: only when drawing
+
     accounted = [c for c in curves if "epsilon_network" in c.series]
     order = sorted(accounted, key=lambda c: (c.strategy, SCHEME_ORDER.index(c.scheme)))
     fig = Figure(figsize=(4.4 * len(order), 4.4), dpi=DPI, layout="constrained")
