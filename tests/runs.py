@@ -21,7 +21,8 @@ import numpy as np
 from agent import control, keys, topics, wire
 from agent.core import AgentCore
 from agent.messages import Model, Rejected
-from agent.node import AgentNode, Checkpoint, Output, Publish
+from agent.node import AgentNode
+from agent.protocol import Checkpoint, Output, Publish
 from agent.spec import Scheme, Strategy
 from orchestrator.conductor import Conductor, SessionResult, Stage, View
 from orchestrator.engines.memory import CONDUCTOR, Endpoint, Network

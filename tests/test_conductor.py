@@ -37,12 +37,11 @@ from runs import (
 
 from agent import control, keys, topics, wire
 from agent.messages import Report
-from agent.node import (
-    TELEMETRY_BATCH,
+from agent.node import TELEMETRY_BATCH, Phase
+from agent.protocol import (
     Checkpoint,
     Event,
     Output,
-    Phase,
     Publish,
     escrow_context,
     hello_proof,
@@ -59,10 +58,11 @@ from orchestrator.conductor import (
     describe,
 )
 from orchestrator.engines import journal
-from orchestrator.engines.memory import CONDUCTOR, Network, RunFailed, results_curve
+from orchestrator.engines.memory import CONDUCTOR, Network, results_curve
 from orchestrator.engines.oracle import run_oracle
 from orchestrator.experiment.problem import msd
 from orchestrator.experiment.specs import session_plans
+from orchestrator.results import RunFailed
 
 TARGET = 1  # the agent whose frames are forged: a leaf, neither first nor last to report
 OTHER = 2  # the agent a spoofed frame names

@@ -32,7 +32,7 @@ from agent import topics, wire
 from agent.control import Telemetry
 from agent.messages import Model
 from agent.mqtt import checkpoint_path, load_checkpoint
-from agent.node import QOS_OF
+from agent.protocol import QOS_OF
 from agent.spec import Scheme
 from broker.credentials import INSPECTOR
 from orchestrator.cli import main
