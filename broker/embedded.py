@@ -40,7 +40,7 @@ from amqtt.mqtt.protocol.broker_handler import BrokerProtocolHandler
 from amqtt.mqtt.publish import PublishPacket
 from amqtt.session import IncomingApplicationMessage, OutgoingApplicationMessage, Session
 
-from agent.mqtt import run as loop_run
+from agent.loop import run_loop
 from agent.topics import MAX_PACKET_SIZE, publish_packet
 
 log = logging.getLogger("privnet.broker")
@@ -474,7 +474,7 @@ def main(argv: list[str] | None = None) -> None:
             certfile=args.certfile,
             keyfile=args.keyfile,
         )
-        loop_run(serve(config, args.max_packet_size))
+        run_loop(serve(config, args.max_packet_size))
     except (BrokerError, ValueError, OSError) as exc:
         sys.exit(f"embedded broker on {args.host}:{args.port} failed: {exc}")
 

@@ -49,11 +49,10 @@ from rich.table import Table
 from scipy import stats
 
 from agent import control, rng, topics, wire
-from agent.access import ClientAccess
+from agent.access import BrokerAddress, ClientAccess
 from agent.core import AgentCore, split_senders
 from agent.losses import Loss
 from agent.messages import ORCHESTRATOR, KeyPlan, KeyShare, Message, Rejected
-from agent.mqtt import BrokerAddress
 from agent.node import Publish
 from agent.private import private_file, write_private
 from agent.spec import STRATEGY_STEP, AgentSpec, Scheme, StepPlan, Strategy

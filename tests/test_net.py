@@ -31,8 +31,8 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from agent import topics, wire
 from agent.control import Telemetry
 from agent.messages import Model
-from agent.mqtt import checkpoint_path, load_checkpoint
 from agent.node import QOS_OF
+from agent.process import checkpoint_path, load_checkpoint
 from broker.credentials import INSPECTOR
 from orchestrator.cli import main
 from orchestrator.engines.memory import Network, results_curve

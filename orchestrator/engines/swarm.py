@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
-from agent.mqtt import AgentLaunch, BrokerAddress
+from agent.access import BrokerAddress
+from agent.launch import AgentLaunch
 from agent.spec import ConfigError
 from broker.credentials import Credentials
 from broker.launcher import accepts
