@@ -1,12 +1,13 @@
 """The gmqtt adapter: the one file of privnet that imports gmqtt, and the only one that
-touches its internals (pinned to the gmqtt in use by tests/test_contracts.py).
+touches its internals (each pinned to the gmqtt in use by tests/test_edges.py).
 
 gmqtt is the agents' and the orchestrator's MQTT client (`agent.transport.Connection` drives
 it). What is changed, and the private members of gmqtt that takes:
 - `DirectProtocol` parses where the bytes arrive, with no read task: it calls
-  `BaseMQTTProtocol.connection_made` past `MQTTProtocol`'s, writes `_transport`, stamps the
-  connection's `_last_data_in` (the keepalive's clock), and hands QoS-0 PUBLISHes of the
-  current connection (`_connection._handler.current_connection`) straight to `deliver`;
+  `BaseMQTTProtocol.connection_made` past `MQTTProtocol`'s, replaces `_read_packet`,
+  writes to and closes `_transport` itself, stamps the connection's `_last_data_in` (the
+  keepalive's clock), and hands QoS-0 PUBLISHes of the current connection
+  (`_connection._handler.current_connection`) straight to `deliver`;
 - `GmqttClient` makes its connections on `DirectProtocol` (its `_create_connection` is
   gmqtt's, which takes no protocol class: `_exit_reconnecting_state`, `_package_handler`,
   `_connack_received`, `_connection_lost`, `_connection_state`, `_logger`), never reconnects

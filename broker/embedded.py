@@ -16,6 +16,10 @@ hands a connected client id to whoever connects with it. With a password file, `
 checks every CONNECT's user first and gives the client its username as client id (mosquitto's
 `use_username_as_clientid`): a refused client touches nothing, and an accepted one can only
 displace a connection of its own user.
+
+This is the one file that imports amqtt. Every private member of amqtt it touches is pinned
+to the amqtt it was written against by tests/test_edges.py: an upgrade fails that test,
+naming what to read again.
 """
 
 import argparse
