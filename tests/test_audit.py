@@ -408,6 +408,10 @@ def test_overhead_amortizes_over_the_run_length_asked_for() -> None:
             assert cost["amortized_per_round"] == pytest.approx(
                 curve.extra["peer_bytes_per_round"], rel=1e-12
             ), key
+    for r in rows:  # the row's own setting (sealed) is the sealed column; a tag per frame
+        sealing = r["sealing"]
+        assert sealing["sealed_per_round"] == r["privacy"]["amortized_per_round"]
+        assert 1.0 < sealing["sealed_per_round"] / sealing["visible_per_round"] < 1.05
     once, every = by[("local-ghp", "once")]["privacy"], by[("local-ghp", "every-round")]["privacy"]
     assert once["keys_per_round"] == 0 < once["key_setup"] and every["keys_per_round"] > 0
     assert by[("none", "n/a")]["ratio_to_none"]["amortized"] == 1.0
@@ -419,6 +423,7 @@ def test_overhead_tables_fit_80_columns(tmp_path: Path) -> None:
     rows = overhead.overhead(config(agents=6, iters=20), topologies=("ring", "complete"))
     for r in rows:
         r["privacy"] = {k: 1000 * v for k, v in r["privacy"].items()}
+        r["sealing"] = {k: 1000 * v for k, v in r["sealing"].items()}
         r["dh_agreements_setup"] *= 1000
         r["dh_agreements_per_round"] *= 1000
     text = ""
