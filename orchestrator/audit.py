@@ -49,10 +49,9 @@ from rich.table import Table
 from scipy import stats
 
 from agent import control, rng, topics, wire
-from agent.access import ClientAccess
+from agent.access import BrokerAddress, ClientAccess
 from agent.core import split_senders
 from agent.messages import Reason, Rejected
-from agent.mqtt import BrokerAddress
 from agent.private import private_file, write_private
 from agent.spec import STRATEGY_STEP, Scheme, Strategy
 from orchestrator.attack import (

@@ -1,7 +1,7 @@
 """`privnet bench`: how fast privnet runs, against what its transport can do, in one sitting.
 
 For every broker x agent count asked for, in this order:
-1. the transport ceiling: raw MQTT clients (the agents' own `agent.mqtt.Connection`, with
+1. the transport ceiling: raw MQTT clients (the agents' own `agent.transport.Connection`, with
    the run's credentials and ACL) publish, round after round, the same messages per round
    (one per directed edge of the graph) with the same payload size as privnet's models, and
    wait for their in-neighbours' messages before the next round: no privnet logic at all.
@@ -40,9 +40,11 @@ import psutil
 from rich.table import Table
 
 from agent import topics
-from agent.mqtt import BrokerAddress, Connection, run
+from agent.access import BrokerAddress
+from agent.loop import run_loop
 from agent.protocol import PEER_QOS, Publish
 from agent.spec import ConfigError, Scheme, Strategy
+from agent.transport import Connection
 from broker.credentials import Credentials
 from broker.launcher import has_mosquitto, launch
 from orchestrator.experiment.config import ExperimentConfig
@@ -136,7 +138,7 @@ async def _ceiling_clients(
 
 
 def _ceiling_worker(*args: Any) -> None:
-    run(_ceiling_clients(*args))
+    run_loop(_ceiling_clients(*args))
 
 
 def ceiling(

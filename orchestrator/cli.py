@@ -250,7 +250,7 @@ def _interrupt(signum: int, _frame: object) -> None:
 
 
 def run(args: argparse.Namespace, config: ExperimentConfig) -> int:
-    from agent.mqtt import run as run_loop
+    from agent.loop import run_loop
     from orchestrator.engines.net import run_network
 
     if args.view:
@@ -295,7 +295,7 @@ def _run_config(args: argparse.Namespace) -> ExperimentConfig:
 def _check_runtime(args: argparse.Namespace) -> None:
     """The broker asked for exists; --runtime docker and swarm get only the flags they can
     honour."""
-    from agent.mqtt import BrokerAddress
+    from agent.access import BrokerAddress
     from broker.launcher import KINDS, has_mosquitto
 
     if args.broker == "mosquitto" and not has_mosquitto():
@@ -382,7 +382,7 @@ def prepare(args: argparse.Namespace, _: None) -> int:
 
 
 def _prepare_config(args: argparse.Namespace) -> None:
-    from agent.mqtt import BrokerAddress
+    from agent.access import BrokerAddress
 
     BrokerAddress.parse(args.broker)
     if args.out.exists() and not args.out.is_dir():
@@ -550,7 +550,7 @@ def _agents(text: str) -> tuple[int, ...]:
 
 def view(args: argparse.Namespace, _: None) -> int:
     """Serve a run's directory through the live view's page until Ctrl-C."""
-    from agent.mqtt import run as run_loop
+    from agent.loop import run_loop
     from orchestrator.view.server import serve_run
 
     check_view_host(args.view_host)

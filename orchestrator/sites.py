@@ -43,9 +43,10 @@ from typing import Any
 
 import aiomqtt
 
-from agent.access import ClientAccess
-from agent.mqtt import AgentLaunch, BrokerAddress, client
+from agent.access import BrokerAddress, ClientAccess
+from agent.launch import AgentLaunch
 from agent.spec import ConfigError
+from agent.transport import client
 from broker.bridge import COUNTS, MONITOR, Bridge, CoreBroker, SiteBroker, sys_prefix
 from broker.credentials import INSPECTOR, write_private
 from broker.launcher import SYS_COUNTERS, SYS_PREFIX, free_port, has_mosquitto, read_counters

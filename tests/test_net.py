@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from agent import topics, wire
 from agent.control import Telemetry
 from agent.messages import Model
-from agent.mqtt import checkpoint_path, load_checkpoint
+from agent.process import checkpoint_path, load_checkpoint
 from agent.protocol import QOS_OF
 from agent.spec import Scheme
 from broker.credentials import INSPECTOR

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.mqtt import AgentLaunch
+from agent.launch import AgentLaunch
 from broker.launcher import Broker, launch
 from orchestrator.engines.launch import LocalLauncher
 from orchestrator.engines.lifetime import RunSecrets

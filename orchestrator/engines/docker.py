@@ -33,8 +33,8 @@ from importlib import metadata
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
-from agent.access import ClientAccess
-from agent.mqtt import AgentLaunch, BrokerAddress
+from agent.access import BrokerAddress, ClientAccess
+from agent.launch import AgentLaunch
 from agent.spec import ConfigError
 from broker.credentials import Credentials
 from broker.launcher import accepts, mosquitto_config, mosquitto_settings

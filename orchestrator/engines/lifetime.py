@@ -15,7 +15,7 @@ from typing import Any
 
 from agent import keys
 from agent.access import ClientAccess
-from agent.mqtt import AgentLaunch
+from agent.launch import AgentLaunch
 from agent.spec import ConfigError
 from broker.credentials import Credentials
 from orchestrator.terminal import console

@@ -27,21 +27,13 @@ import aiomqtt
 import numpy as np
 from rich.progress import Progress, TaskID
 
-from agent.access import ClientAccess
-from agent.mqtt import (
-    AgentLaunch,
-    BrokerAddress,
-    Connection,
-    CouldNotConnect,
-    Machine,
-    MqttError,
-    client,
-    publish,
-    pump,
-)
+from agent.access import BrokerAddress, ClientAccess
+from agent.driver import Machine, publish, pump
+from agent.launch import AgentLaunch
 from agent.private import private_dir, private_file
 from agent.protocol import QOS, Event, Output
 from agent.spec import ConfigError
+from agent.transport import Connection, CouldNotConnect, MqttError, client
 from broker.bridge import CoreBroker
 from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, write_private
 from broker.launcher import Broker, launch, read_sys_bytes, write_compose_files
@@ -350,7 +342,7 @@ async def _drive(
     conductor, pool = watch.conductor, watch.pool
     docker = broker if isinstance(broker, DockerBroker) else None  # NIC counters: one engine
     nic_before = await asyncio.to_thread(docker.nic) if docker is not None else None
-    # A broker restart is ridden out as the agents ride it out (`agent.mqtt.Connection`): for
+    # A broker restart is ridden out as the agents ride it out (`agent.transport.Connection`): for
     # as long as the conductor would wait for a silent session anyway, at least 10 s.
     give_up = max(conductor.deadline, 10.0)
     access = broker.access(ORCHESTRATOR)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.mqtt import AgentLaunch
+from agent.launch import AgentLaunch
 from agent.protocol import Output
 from broker.launcher import Broker
 from orchestrator.conductor import IN_SESSION, Conductor, Stage, View
@@ -57,7 +57,7 @@ class Watch:
         self._later: list[tuple[float, Callable[[], None]]] = []  # (when, action)
         self._streamed = (-1, 0)  # (session, rounds written: every member reported them)
 
-    # ---- the Machine protocol (agent.mqtt.pump) ----------------------------------------
+    # ---- the Machine protocol (agent.driver.pump) ----------------------------------------
 
     def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output:
         out = self._seen(self.conductor.receive(topic, payload, now, retained))

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from agent import topics
-from agent.mqtt import Machine
+from agent.driver import Machine
 from agent.protocol import QOS, Output
 from agent.spec import Scheme, Strategy
 from orchestrator.conductor import IN_SESSION, Conductor, SessionPlan, Stage, View, describe
