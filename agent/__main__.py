@@ -23,8 +23,10 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from agent.mqtt import AgentLaunch, run, run_agent, run_agents
+from agent.launch import AgentLaunch
+from agent.loop import run_loop
 from agent.private import write_private
+from agent.process import run_agent, run_agents
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -142,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                 level=args.log_level,
                 format=f"%(asctime)s agents[{ids[0]}-{ids[-1]}] %(levelname)s %(message)s",
             )
-            return run(run_agents(group))
+            return run_loop(run_agents(group))
         if args.claim is not None:
             launch = claim(args.claim, args.remember)
         elif args.launch is not None and args.slot is not None:
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level,
         format=f"%(asctime)s agent[{launch.agent}] %(levelname)s %(message)s",
     )
-    return run(run_agent(broker, node_launch, access, launch.checkpoints))
+    return run_loop(run_agent(broker, node_launch, access, launch.checkpoints))
 
 
 if __name__ == "__main__":

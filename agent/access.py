@@ -1,10 +1,11 @@
-"""What one MQTT client needs to connect to a run's broker, and how it is handed over.
+"""What one MQTT client needs to connect to a run's broker (where: `BrokerAddress`; as whom:
+`ClientAccess`), and how it is handed over.
 
 The orchestrator gives each agent process its own `ClientAccess` through the environment
 (`to_env`: PRIVNET_MQTT_USERNAME, PRIVNET_MQTT_PASSWORD, PRIVNET_MQTT_CAFILE, PRIVNET_MQTT_TLS)
 and the agent rebuilds it (`from_env`). This module needs only the standard library (and
 aiomqtt for `client_kwargs`, imported there: agents speak gmqtt), so agent processes and the
-broker launcher share it.
+broker share it without loading the agent's runtime.
 """
 
 from __future__ import annotations
@@ -14,10 +15,35 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.spec import ConfigError
+
 ENV_USERNAME = "PRIVNET_MQTT_USERNAME"
 ENV_PASSWORD = "PRIVNET_MQTT_PASSWORD"
 ENV_CAFILE = "PRIVNET_MQTT_CAFILE"
 ENV_TLS = "PRIVNET_MQTT_TLS"
+
+
+@dataclass(frozen=True)
+class BrokerAddress:
+    """Where clients connect."""
+
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> BrokerAddress:
+        """'HOST:PORT' or '[IPv6]:PORT'."""
+        host, sep, port = text.strip().rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65_536:
+            raise ConfigError(
+                f"bad broker address {text!r}: write HOST:PORT with a port in 1-65535, "
+                "e.g. 127.0.0.1:1883 or [::1]:1883"
+            )
+        return cls(host, int(port))
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
 @dataclass(frozen=True)

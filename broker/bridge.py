@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.mqtt import BrokerAddress
+from agent.access import BrokerAddress
 from agent.topics import run_filter
 from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, Rules, Users, agent_rules
 from broker.launcher import Broker, mosquitto_config, mosquitto_settings

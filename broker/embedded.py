@@ -16,6 +16,10 @@ hands a connected client id to whoever connects with it. With a password file, `
 checks every CONNECT's user first and gives the client its username as client id (mosquitto's
 `use_username_as_clientid`): a refused client touches nothing, and an accepted one can only
 displace a connection of its own user.
+
+This is the one file that imports amqtt. Every private member of amqtt it touches is pinned
+to the amqtt it was written against by tests/test_edges.py: an upgrade fails that test,
+naming what to read again.
 """
 
 import argparse
@@ -40,7 +44,7 @@ from amqtt.mqtt.protocol.broker_handler import BrokerProtocolHandler
 from amqtt.mqtt.publish import PublishPacket
 from amqtt.session import IncomingApplicationMessage, OutgoingApplicationMessage, Session
 
-from agent.mqtt import run as loop_run
+from agent.loop import run_loop
 from agent.topics import MAX_PACKET_SIZE, publish_packet
 
 log = logging.getLogger("privnet.broker")
@@ -474,7 +478,7 @@ def main(argv: list[str] | None = None) -> None:
             certfile=args.certfile,
             keyfile=args.keyfile,
         )
-        loop_run(serve(config, args.max_packet_size))
+        run_loop(serve(config, args.max_packet_size))
     except (BrokerError, ValueError, OSError) as exc:
         sys.exit(f"embedded broker on {args.host}:{args.port} failed: {exc}")
 

@@ -33,9 +33,8 @@ from typing import Any, Literal, Self
 
 import aiomqtt
 
-from agent.access import ClientAccess
+from agent.access import BrokerAddress, ClientAccess
 from agent.inbox import Inbox
-from agent.mqtt import BrokerAddress
 from agent.spec import ConfigError
 from agent.topics import MAX_PACKET_SIZE
 from broker.credentials import Credentials, Users, write_private

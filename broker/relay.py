@@ -27,7 +27,7 @@ import socket
 import sys
 from typing import Any
 
-from agent.mqtt import BrokerAddress
+from agent.access import BrokerAddress
 
 CHUNK = 1 << 16
 QUEUED = 1024  # chunks held per direction before the sender is made to wait

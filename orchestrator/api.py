@@ -19,12 +19,13 @@ from typing import Any
 
 from agent.private import private_dir
 from agent.spec import ConfigError
-from orchestrator.engines.memory import RunFailed
 from orchestrator.experiment import config as configuration
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
-from orchestrator.report import Curve, finish, progress_bar, result_record, settings
+from orchestrator.report import finish, result_record, settings
 from orchestrator.result import Result
+from orchestrator.results import Curve, RunFailed
+from orchestrator.terminal import progress_bar
 
 
 def _version() -> str:
@@ -188,7 +189,7 @@ def run(experiment: ExperimentConfig) -> Result:
 
 
 def _loop(main: Any) -> Result:
-    from agent.mqtt import run as run_loop
+    from agent.loop import run_loop
 
     result: Result = run_loop(main)
     return result

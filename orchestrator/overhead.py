@@ -40,14 +40,14 @@ import numpy as np
 from rich.table import Table
 
 from agent.messages import KeyPlan, KeyShare
-from agent.node import Publish, Traffic
+from agent.protocol import Publish, Traffic
 from agent.spec import STRATEGY_STEP, Rekey, Scheme, Strategy
 from agent.wire import Peer
 from orchestrator.engines.memory import CONDUCTOR, Network
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 from orchestrator.experiment.specs import session_plans
-from orchestrator.report import narrow_table
+from orchestrator.terminal import narrow_table
 
 RUN = "run-00000000"  # as long as the names `privnet run` draws (net.new_run_name)
 TOPOLOGIES = ("ring", "geometric", "complete")
@@ -167,6 +167,20 @@ def row(problem: Problem, strategy: Strategy, scheme: Scheme, measured: Measured
     return result
 
 
+def _sealing(
+    config: ExperimentConfig, strategy: Strategy, scheme: Scheme, measured: dict[str, Any]
+) -> dict[str, float]:
+    """Amortized peer bytes per round with every link sealed and with the visible wire: the
+    row's own setting is `measured`, the other one is played too."""
+    other = replace(config, seal_links=not config.seal_links)
+    problem = Problem.build(other)
+    theirs = row(problem, strategy, scheme, measure(problem, strategy, scheme))
+    mine = measured["privacy"]["amortized_per_round"]
+    ours = theirs["privacy"]["amortized_per_round"]
+    sealed, visible = (mine, ours) if config.seal_links else (ours, mine)
+    return {"sealed_per_round": sealed, "visible_per_round": visible}
+
+
 # (topology, scheme, rekey) -> summary.json's `config` of a `--runtime docker` run of that
 # row: its `nic` and, where the broker counted it, `broker_sys`
 WireFigures = dict[tuple[str, str, str], dict[str, Any]]
@@ -203,6 +217,7 @@ def overhead(
             started = time.perf_counter()
             measured = measure(problem, strategy, scheme)
             result = row(problem, strategy, scheme, measured)
+            result["sealing"] = _sealing(config, strategy, scheme, result)
             result["wall_s"] = time.perf_counter() - started
             figures = {"amortized": result["privacy"]["amortized_per_round"]}
             real = (wire or {}).get((topology, str(scheme), str(rekey)), {})
@@ -269,10 +284,33 @@ def overhead_tables(rows: list[dict[str, Any]]) -> list[Table]:
                 _ratio(r["ratio_to_none"].get("amortized")),
             )
         tables.append(table)
+    tables.append(_sealing_table(rows))
     if any("nic" in r or "broker_sys" in r for r in rows):
         tables.append(_wire_table(rows))
     tables.append(_keys_table(rows))
     return tables
+
+
+def _sealing_table(rows: list[dict[str, Any]]) -> Table:
+    table = narrow_table(
+        "What sealing costs",
+        f"Amortized peer B/rd over {rows[0]['rounds']} rounds, every link sealed "
+        "(ChaCha20-Poly1305, the default) and the paper's visible wire (--seal-links off, "
+        "an HMAC per frame): both played in full.",
+    )
+    for n, name in enumerate(["topology", "scheme", "re-key", "sealed", "visible", "x visible"]):
+        table.add_column(name, justify="left" if n < 3 else "right", overflow="fold")
+    for r in rows:
+        seal = r["sealing"]
+        table.add_row(
+            r["topology"],
+            r["scheme"],
+            r["rekey"],
+            f"{seal['sealed_per_round']:,.0f}",
+            f"{seal['visible_per_round']:,.0f}",
+            _ratio(seal["sealed_per_round"] / seal["visible_per_round"]),
+        )
+    return table
 
 
 def _wire_table(rows: list[dict[str, Any]]) -> Table:
@@ -296,20 +334,21 @@ def _wire_table(rows: list[dict[str, Any]]) -> Table:
 
 def _keys_table(rows: list[dict[str, Any]]) -> Table:
     table = narrow_table(
-        "local-ghp: DH agreements, key messages vs the paper's bound",
+        "Masked schemes: DH agreements, key messages vs the paper's bound",
         "msgs/agent: key plans and shares an agent originates in its first key epoch "
         "(relays not counted); bound: |N_p| + sum_k |N_k| / 2 (Sec. IV-C)",
     )
-    names = ["topology", "re-key", "DH once", "DH/rd", "msgs/agent\nmean (max)", "bound\nmean"]
-    names += ["agents\nover it"]
+    names = ["topology", "scheme", "re-key", "DH once", "DH/rd", "msgs/agent\nmean (max)"]
+    names += ["bound\nmean", "agents\nover it"]
     for n, name in enumerate(names):
-        table.add_column(name, justify="left" if n < 2 else "right", overflow="fold")
+        table.add_column(name, justify="left" if n < 3 else "right", overflow="fold")
     for r in rows:
         keys = r.get("key_messages_per_agent")
         if keys is None:
             continue
         table.add_row(
             r["topology"],
+            r["scheme"],
             r["rekey"],
             f"{r['dh_agreements_setup']:,}",
             f"{r['dh_agreements_per_round']:,.0f}",

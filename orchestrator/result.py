@@ -22,15 +22,8 @@ from agent.spec import ConfigError
 from orchestrator.experiment import config as configuration
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
-from orchestrator.report import (
-    METRIC_FILES,
-    METRICS_HEADER,
-    Curve,
-    metrics,
-    plot_metric,
-    plot_msd,
-    plot_topology,
-)
+from orchestrator.report import METRIC_FILES, metrics, plot_metric, plot_msd, plot_topology
+from orchestrator.results import METRICS_HEADER, Curve
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -43,18 +43,19 @@ from typing import Any
 
 import aiomqtt
 
-from agent.access import ClientAccess
-from agent.mqtt import AgentLaunch, BrokerAddress, client
+from agent.access import BrokerAddress, ClientAccess
+from agent.launch import AgentLaunch
 from agent.spec import ConfigError
+from agent.transport import client
 from broker.bridge import COUNTS, MONITOR, Bridge, CoreBroker, SiteBroker, sys_prefix
 from broker.credentials import INSPECTOR, write_private
 from broker.launcher import SYS_COUNTERS, SYS_PREFIX, free_port, has_mosquitto, read_counters
 from broker.relay import Relay
 from broker.tls import make_tls
 from orchestrator.engines.launch import LocalLauncher
-from orchestrator.engines.net import RunSecrets, Stop
+from orchestrator.engines.lifetime import RunSecrets, Stop
 from orchestrator.faults import Fault
-from orchestrator.report import console
+from orchestrator.terminal import console
 
 CORE = "core"  # the core bundle's directory; no host may have this name
 SITE_JSON = "site.json"

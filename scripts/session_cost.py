@@ -31,21 +31,23 @@ import os
 variant = os.environ.get("PRIVNET_SESSION_VARIANT", "")
 if variant:
     import itertools
-    import agent.mqtt as mqtt
+    import agent.driver as driver
     import agent.node as node
+    import agent.protocol as protocol
+    import agent.transport as transport
 
     if "qos1" in variant:
-        node.PEER_QOS = mqtt.PEER_QOS = 1
-        node.QOS_OF.update(model=1, keys=1)
+        node.PEER_QOS = driver.PEER_QOS = 1
+        protocol.QOS_OF.update(model=1, keys=1)
     if "persistent" in variant:
         serial = itertools.count()
 
-        class Persistent(mqtt._Client):
-            def __init__(self, client_id, clean_session=True, **kwargs):
+        class Persistent(transport.GmqttClient):
+            def __init__(self, deliver, inflight):
                 fixed = f"privnet-{os.getpid()}-{next(serial)}"
-                super().__init__(fixed, clean_session=False, **kwargs)
+                super().__init__(deliver, inflight, client_id=fixed, clean_session=False)
 
-        mqtt._Client = Persistent
+        transport.GmqttClient = Persistent
 """
 
 VARIANTS = ("clean", "persistent", "clean+qos1", "persistent+qos1")

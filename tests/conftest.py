@@ -20,11 +20,13 @@ from amqtt.adapters import BufferReader
 from amqtt.mqtt.connect import ConnectPacket
 
 from agent import keys
-from agent.mqtt import BrokerAddress, Connection, publish, pump
+from agent.access import BrokerAddress
+from agent.driver import publish, pump
 from agent.node import AgentNode
+from agent.transport import Connection
 from broker.launcher import Broker, has_mosquitto, launch
 from orchestrator.engines.launch import agent_args
-from orchestrator.engines.net import RunSecrets
+from orchestrator.engines.lifetime import RunSecrets
 
 BROKER_KINDS = ("mosquitto", "embedded")
 

@@ -29,17 +29,19 @@ from rich.console import Console
 from agent import keys, rng, topics, wire
 from agent.core import AgentCore, split_senders
 from agent.messages import KeyShare, Model, Rejected
-from agent.node import Phase, Publish
+from agent.node import Phase
+from agent.protocol import Publish
 from agent.spec import STRATEGY_STEP, AgentSpec, Rekey, Scheme, Strategy
 from broker.launcher import launch
-from orchestrator import audit, overhead
+from orchestrator import audit, overhead, replay
 from orchestrator.cli import main
 from orchestrator.engines import memory
-from orchestrator.engines.memory import Network, RunFailed
+from orchestrator.engines.memory import Network
 from orchestrator.experiment import specs
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 from orchestrator.experiment.specs import session_plans
+from orchestrator.results import RunFailed
 
 SEED = 3
 SIGMA_G = 0.1
@@ -258,7 +260,7 @@ def local_run() -> tuple[Problem, Witnessed]:
     """Witness cores (the audit replay's) note the clear values of the very run recorded."""
     problem = Problem.build(config(agents=20, iters=30, schemes=(Scheme.LOCAL_GHP,)))
     clear: dict[tuple[int, int, int], np.ndarray] = {}
-    witness = partial(audit._Witness, clear=clear)
+    witness = partial(replay._Witness, clear=clear)
     records, _, escrowed = recorded(problem, [(Strategy.ATC, Scheme.LOCAL_GHP, 0)], witness)
     (seen,) = audit.split_sessions(records, RUN, problem.config.dim, escrowed)
     sent = {(s, r, i): vector for (s, r, i, _), vector in seen.models.items()}
@@ -408,6 +410,10 @@ def test_overhead_amortizes_over_the_run_length_asked_for() -> None:
             assert cost["amortized_per_round"] == pytest.approx(
                 curve.extra["peer_bytes_per_round"], rel=1e-12
             ), key
+    for r in rows:  # the row's own setting (sealed) is the sealed column; a tag per frame
+        sealing = r["sealing"]
+        assert sealing["sealed_per_round"] == r["privacy"]["amortized_per_round"]
+        assert 1.0 < sealing["sealed_per_round"] / sealing["visible_per_round"] < 1.05
     once, every = by[("local-ghp", "once")]["privacy"], by[("local-ghp", "every-round")]["privacy"]
     assert once["keys_per_round"] == 0 < once["key_setup"] and every["keys_per_round"] > 0
     assert by[("none", "n/a")]["ratio_to_none"]["amortized"] == 1.0
@@ -419,6 +425,7 @@ def test_overhead_tables_fit_80_columns(tmp_path: Path) -> None:
     rows = overhead.overhead(config(agents=6, iters=20), topologies=("ring", "complete"))
     for r in rows:
         r["privacy"] = {k: 1000 * v for k, v in r["privacy"].items()}
+        r["sealing"] = {k: 1000 * v for k, v in r["sealing"].items()}
         r["dh_agreements_setup"] *= 1000
         r["dh_agreements_per_round"] *= 1000
     text = ""

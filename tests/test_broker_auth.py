@@ -30,7 +30,7 @@ from pwdlib.hashers.argon2 import Argon2Hasher
 
 from agent import topics as T
 from agent.access import ClientAccess
-from agent.mqtt import Connection
+from agent.transport import Connection
 from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, acl_rules
 from broker.launcher import (
     Broker,
@@ -101,7 +101,7 @@ async def test_only_the_runs_users_connect(
 # --- client ids: bound to users --------------------------------------------------------------
 # Client ids travel in the clear in CONNECT. Both brokers make a client's id its username, so
 # whatever id an impostor names it can displace no other user's connection, and a refused
-# one displaces nothing. The parties connect as privnet's do (`agent.mqtt.Connection`, which
+# one displaces nothing. The parties connect as privnet's do (`agent.transport.Connection`, which
 # sends a random id) through a relay that reads their CONNECTs off the wire.
 
 INBOX = {"4": T.inbox_filter(RUN, 4), ORCHESTRATOR: T.ctl_up(RUN, 1)}  # what each victim reads

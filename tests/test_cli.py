@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.access import ClientAccess
-from agent.mqtt import BrokerAddress, Connection, CouldNotConnect
+from agent.access import BrokerAddress, ClientAccess
 from agent.spec import ConfigError
+from agent.transport import Connection, CouldNotConnect
 from broker.launcher import free_port
 from orchestrator.cli import main
 

@@ -1,4 +1,4 @@
-"""The MQTT shell's own machinery, without a broker: `_Protocol` parses what arrives in any
+"""The MQTT shell's own machinery, without a broker: `DirectProtocol` parses what arrives in any
 split and writes a corked batch as one, `Connection.get` waits, times out and is
 interrupted, and `pump` feeds a machine from the transport's callback while it waits."""
 
@@ -14,10 +14,12 @@ from gmqtt.mqtt.constants import MQTTv311
 from gmqtt.mqtt.package import PublishPacket
 from gmqtt.mqtt.utils import ConnectionState, IdGenerator
 
-from agent import mqtt
-from agent.access import ClientAccess
-from agent.mqtt import BrokerAddress, Connection, _Protocol, pump
-from agent.node import Output, Publish
+from agent import driver
+from agent.access import BrokerAddress, ClientAccess
+from agent.driver import pump
+from agent.gmqtt_adapter import DirectProtocol
+from agent.protocol import Output, Publish
+from agent.transport import Connection
 
 
 def packet(command: int, body: bytes) -> bytes:
@@ -55,7 +57,7 @@ class FakeTransport(asyncio.Transport):
 
 
 class FakeConnection:
-    """What `_Protocol` asks of gmqtt's MQTTConnection."""
+    """What `DirectProtocol` asks of gmqtt's MQTTConnection."""
 
     def __init__(self, seen: list[object]) -> None:
         self.seen = seen
@@ -67,9 +69,9 @@ class FakeConnection:
         self.seen.append(("gmqtt", pkg.cmd, bytes(pkg.data)))
 
 
-async def protocol() -> tuple[_Protocol, FakeTransport, list[object]]:
+async def protocol() -> tuple[DirectProtocol, FakeTransport, list[object]]:
     seen: list[object] = []
-    proto = _Protocol(
+    proto = DirectProtocol(
         deliver=lambda *delivery: seen.append(delivery),
         connection_state=ConnectionState(protocol_version=MQTTv311),
         id_generator=IdGenerator(),
@@ -259,7 +261,7 @@ async def test_a_stop_while_the_machine_works_is_a_pause_not_a_silence(
     """The clock jumps inside a delivery the callback feeds (the process was stopped then):
     the machine hears it was deaf before any tick, so no deadline counts the stop."""
     clock = [1000.0]
-    monkeypatch.setattr(mqtt, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(driver, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
     conn, machine = connection(), Stopped(clock)
     conn.publish = lambda *_: None  # type: ignore[method-assign]
     pumping = asyncio.ensure_future(pump(conn, machine, lambda: machine.done))

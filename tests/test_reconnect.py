@@ -1,4 +1,4 @@
-"""Broker restarts (issue 10, item 4): `agent.mqtt.Connection` reconnects with backoff,
+"""Broker restarts (issue 10, item 4): `agent.transport.Connection` reconnects with backoff,
 subscribes again and keeps `get`/`publish` working; an agent rides out a restart.
 
 The broker is SIGKILLed (it persists nothing: every session, subscription and queued message
@@ -19,7 +19,8 @@ import aiomqtt
 import pytest
 from conftest import need_mosquitto, prepared, relay
 
-from agent.mqtt import Connection, MqttError, _Inflight
+from agent.gmqtt_adapter import Inflight
+from agent.transport import Connection, MqttError
 from broker.credentials import INSPECTOR
 from broker.launcher import Broker, launch
 from orchestrator.engines.launch import agent_args
@@ -127,8 +128,8 @@ async def test_a_loss_right_after_the_connack_is_retried_at_once(kind: str) -> N
 
 def test_unacknowledged_qos1_publishes_outlive_a_clean_session() -> None:
     """gmqtt `clear`s its store of unacknowledged QoS-1 PUBLISHes when the broker kept no
-    session; `_Inflight` keeps what they carried, to send them again."""
-    store = _Inflight()
+    session; `Inflight` keeps what they carried, to send them again."""
+    store = Inflight()
     for mid, payload in ((1, b"acked"), (2, b"unacked")):
         store.next = ("t", payload, 1)
         store.push_message(mid, b"raw")

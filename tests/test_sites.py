@@ -23,9 +23,9 @@ import pytest
 from conftest import need_mosquitto
 
 from agent import topics
-from agent.access import ClientAccess
-from agent.mqtt import BrokerAddress, Connection, MqttError
+from agent.access import BrokerAddress, ClientAccess
 from agent.spec import ConfigError
+from agent.transport import Connection, MqttError
 from broker.bridge import Bridge, CoreBroker, SiteBroker, bridge_rules, bridge_section, sys_prefix
 from broker.credentials import ORCHESTRATOR, Credentials
 from broker.launcher import accepts, free_port, launch

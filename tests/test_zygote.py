@@ -13,10 +13,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.mqtt import AgentLaunch
+from agent.launch import AgentLaunch
 from broker.launcher import Broker, launch
 from orchestrator.engines.launch import LocalLauncher
-from orchestrator.engines.net import RunSecrets
+from orchestrator.engines.lifetime import RunSecrets
 from orchestrator.engines.zygote import Spawn, Zygote
 
 pytestmark = pytest.mark.net

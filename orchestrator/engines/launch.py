@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
-from agent.mqtt import AgentLaunch
+from agent.launch import AgentLaunch
 from orchestrator.engines.zygote import Spawn, Zygote
 
 

@@ -41,7 +41,7 @@ from agent.spec import Scheme, Strategy
 from orchestrator.experiment import data, seeds
 from orchestrator.experiment.config import parse_choices
 from orchestrator.experiment.problem import Problem
-from orchestrator.report import Curve
+from orchestrator.results import Curve
 
 CHUNK = 100  # rounds of noise and minibatch indices drawn at once; bounds memory
 

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
-from agent.mqtt import AgentLaunch, BrokerAddress
+from agent.access import BrokerAddress
+from agent.launch import AgentLaunch
 from agent.spec import ConfigError
 from broker.credentials import Credentials
 from broker.launcher import accepts
@@ -54,10 +55,11 @@ from orchestrator.engines.docker import (
     ensure_image,
     remove_all,
 )
+from orchestrator.engines.docker_sdk import service_logs
 from orchestrator.engines.launch import agent_args, log_path, log_tail
-from orchestrator.engines.memory import RunFailed
 from orchestrator.faults import parse_faults
-from orchestrator.report import console
+from orchestrator.results import RunFailed
+from orchestrator.terminal import console
 
 SCHEDULE_TIMEOUT = 120.0  # s for the broker's task to run (its node may pull the image first)
 REMOVAL_TIMEOUT = 60.0  # s for the run's tasks to go, before its secrets and network can
@@ -233,19 +235,6 @@ class SwarmBroker(ContainerBroker):
                 with contextlib.suppress(docker.errors.APIError):
                     thing.remove()
             time.sleep(0.5)
-
-
-def service_logs(service: Any) -> Any:
-    """A service's output (every task of it, on any node), followed, as a stream that can be
-    closed: `Service.logs` of the SDK cannot be, and never ends by itself (not even once the
-    service is removed); its container logs can, so this is the same request, wrapped so."""
-    from docker.types.daemon import CancellableStream
-
-    api = service.client.api
-    url = api._url("/services/{0}/logs", service.id)
-    params = {"follow": True, "stdout": True, "stderr": True}
-    response = api._get(url, params=params, stream=True)
-    return CancellableStream(api._get_result_tty(True, response, False), response)
 
 
 class SwarmAgents:

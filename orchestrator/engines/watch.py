@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.mqtt import AgentLaunch
-from agent.node import Output
+from agent.launch import AgentLaunch
+from agent.protocol import Output
 from broker.launcher import Broker
 from orchestrator.conductor import IN_SESSION, Conductor, Stage, View
 from orchestrator.engines import journal
@@ -28,7 +28,8 @@ from orchestrator.engines.docker import ContainerBroker
 from orchestrator.engines.launch import Launcher
 from orchestrator.experiment.problem import Problem, msd
 from orchestrator.faults import Fault
-from orchestrator.report import METRICS_HEADER, console
+from orchestrator.results import METRICS_HEADER
+from orchestrator.terminal import console
 
 POLL = 0.5  # how often child processes are checked
 
@@ -56,7 +57,7 @@ class Watch:
         self._later: list[tuple[float, Callable[[], None]]] = []  # (when, action)
         self._streamed = (-1, 0)  # (session, rounds written: every member reported them)
 
-    # ---- the Machine protocol (agent.mqtt.pump) ----------------------------------------
+    # ---- the Machine protocol (agent.driver.pump) ----------------------------------------
 
     def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output:
         out = self._seen(self.conductor.receive(topic, payload, now, retained))

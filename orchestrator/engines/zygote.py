@@ -65,7 +65,7 @@ def lines(buffer: bytes) -> tuple[list[bytes], bytes]:
 def serve(requests: int = 0, replies: int = 1) -> None:
     """Fork a child per request line, report pids and exits, until the launcher goes."""
     importlib.import_module("agent.__main__")  # what every agent imports: once, here
-    with contextlib.suppress(ImportError):  # `agent.mqtt.run`'s loop, where installed
+    with contextlib.suppress(ImportError):  # `agent.loop.run_loop`'s loop, where installed
         importlib.import_module("uvloop")
     _check_single_threaded()
     os.write(replies, encode({"ready": True}))
