@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.losses import ProblemSpec
+from agent.problems import Share
 from agent.spec import AgentSpec
 
 # ---- upward: agent -> orchestrator, signed with the agent's identity key ---------------------
@@ -198,7 +198,7 @@ class Config:
     run's seed)."""
 
     spec: AgentSpec
-    problem: ProblemSpec  # the data model and this agent's own data and minibatch keys
+    problem: Share  # the problem and data by name, and this agent's own keys and rows
     directory: dict[int, bytes]  # agent id -> PublicIdentity.to_bytes()
     deadline: float
     telemetry: bool

@@ -1,25 +1,28 @@
-"""Local risks behind one small interface, and each agent's data.
+"""The two problems of the paper, and the one place a Share becomes an agent's loss.
 
-An agent generates (regression) or takes (classification, from a dataset shipped in
-agent/data) its own samples from its own problem spec, so raw data never crosses the
-wire. A spec holds the public data model and this agent's own keys and rows, which the
-orchestrator derives from the run's master seed (orchestrator/experiment/seeds.py): they
-regenerate this agent's data and minibatches and nobody else's. The orchestrator computes
-w^o from the same functions over every agent's spec. `make_loss` is the one place that
-turns a problem spec into an agent's loss.
+`LeastSquares` (section V-A) and `Logistic` (section V-B) are plug-ins like any other
+(agent.problems); their risks take leading axes, so the oracle evaluates every agent and
+repeat in one call of the very code each agent runs. `make_loss` turns the Share in an
+agent's Setup into what its core asks each round: the gradient of its risk on that
+round's minibatch (drawn from its own key, the same in every engine).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
-from agent import datasets, rng
+from agent import problems
+from agent.spec import ConfigError
+
+NEWTON_TOL = 1e-12
 
 
 class Loss(Protocol):
+    """What an agent's core asks of its loss (agent.core)."""
+
     dim: int
 
     def grad(self, w: np.ndarray, round_: int) -> np.ndarray:
@@ -27,138 +30,171 @@ class Loss(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class RegressionSpec:
-    """One agent's share of the paper's section V-A problem: its N samples of
-    d = u^T w* + o, u ~ N(0, R_u), o ~ N(0, noise_var), drawn from its own `data_key`."""
-
-    dim: int
-    samples: int  # N
-    w_star: tuple[float, ...]
-    r_u: tuple[tuple[float, ...], ...]
-    noise_var: float  # sigma_o,p^2 of this agent (they differ: non-iid)
-    rho: float
-    data_key: tuple[int, int]  # this agent's samples
-    batch_key: tuple[int, int]  # this agent's minibatch indices
-    batch: int | None = None  # None: full batch (exact local gradients)
+def _t(a: np.ndarray) -> np.ndarray:
+    return a.swapaxes(-1, -2)
 
 
-@dataclass(frozen=True)
-class ClassificationSpec:
-    """One agent's share of the paper's section V-B problem on a shipped dataset:
-    regularized logistic regression on its `rows` of the training set (the agents' blocks
-    are disjoint), with N(0, feature_noise^2) added to every feature but the bias from its
-    own `data_key`, which makes the agents' data non-iid."""
-
-    dataset: str
-    dim: int
-    rows: tuple[int, ...]  # this agent's rows of the training split
-    feature_noise: float  # this agent's std
-    rho: float
-    data_key: tuple[int, int]  # this agent's feature noise
-    batch_key: tuple[int, int]  # this agent's minibatch indices
-    batch: int | None = None
+def _rows(x: np.ndarray, y: np.ndarray, rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The minibatch `rows` (..., B) of samples x (..., N, F), y (..., N); all of them for None."""
+    if rows is None:
+        return x, y
+    return np.take_along_axis(x, rows[..., None], axis=-2), np.take_along_axis(y, rows, axis=-1)
 
 
-ProblemSpec = RegressionSpec | ClassificationSpec
+def _check_rho(rho: float) -> float:
+    if not (rho >= 0 and np.isfinite(rho)):
+        raise ConfigError(f"rho must be a finite number >= 0, got {rho}")
+    return float(rho)
 
 
-def regression_data(spec: RegressionSpec) -> tuple[np.ndarray, np.ndarray]:
-    """The agent's samples (u of shape (N, M), d of shape (N,)), reproducible from its spec."""
-    gen = rng.generator(spec.data_key)
-    chol = np.linalg.cholesky(np.asarray(spec.r_u))
-    u = gen.standard_normal((spec.samples, spec.dim)) @ chol.T
-    o = gen.standard_normal(spec.samples) * np.sqrt(spec.noise_var)
-    d = u @ np.asarray(spec.w_star) + o
-    return u, d
+class LeastSquares:
+    """J_p(w) = 1/N sum_n (y_n - x_n^T w)^2 + rho ||w||^2 (the paper's section V-A)."""
+
+    stacks = True
+    data = problems.LINEAR
+
+    def __init__(self, rho: float = 0.01) -> None:
+        self.rho = _check_rho(rho)
+
+    def dim(self, features: int, classes: int) -> int:
+        return features
+
+    def risk(self, x: np.ndarray, y: np.ndarray, classes: int) -> _Squares:
+        return _Squares(x, y, self.rho)
+
+    def optimum(self, parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+        """w^o = (mean_p R_p + rho I)^-1 mean_p r_p, R_p = x^T x / N, r_p = x^T y / N."""
+        r_hat = np.mean([x.T @ x / len(y) for x, y in parts], axis=0)
+        r_xy = np.mean([x.T @ y / len(y) for x, y in parts], axis=0)
+        return np.linalg.solve(r_hat + self.rho * np.eye(len(r_hat)), r_xy)
 
 
-class _Samples:
-    """What every loss holds: its samples, rho, and which of them a round's gradient uses."""
+class _Squares:
+    """Full batch: precomputed moments, so a gradient is one small matmul per model."""
 
-    def __init__(
-        self,
-        x: np.ndarray,
-        y: np.ndarray,
-        rho: float,
-        *,
-        batch: int | None = None,
-        key: tuple[int, int] = (0, 0),
-    ) -> None:
-        self.dim = x.shape[1]
-        self.x, self.y, self.rho = x, y, rho
-        self.batch = batch if batch and batch < len(y) else None
-        self.key = key
+    def __init__(self, x: np.ndarray, y: np.ndarray, rho: float) -> None:
+        n = x.shape[-2]
+        self.x, self.y, self.rho = x, y.astype(np.float64), rho
+        eye = np.eye(x.shape[-1])
+        self.hessian = 2.0 * (_t(x) @ x / n + rho * eye)  # (..., M, M), symmetric
+        self.r = 2.0 * (_t(x) @ self.y[..., None] / n).swapaxes(-1, -2)  # (..., 1, M)
 
-    def sample(self, round_: int) -> tuple[np.ndarray, np.ndarray]:
-        """This round's minibatch (the same in every engine)."""
-        assert self.batch is not None
-        idx = batch_indices(self.key, round_, self.batch, len(self.y))
-        return self.x[idx], self.y[idx]
+    def gradient(self, w: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
+        if rows is None:
+            g: np.ndarray = w @ self.hessian - self.r
+            return g
+        x, y = _rows(self.x, self.y, rows)
+        residual = x @ _t(w) - y[..., None]  # (..., B, K)
+        return _t(2.0 * (_t(x) @ residual / x.shape[-2] + self.rho * _t(w)))
 
-
-class LeastSquares(_Samples):
-    """J_p(w) = 1/N sum (d - u^T w)^2 + rho ||w||^2; full batch or per-round minibatches.
-
-    Samples: x = u (N, M) regressors, y = d (N,) targets."""
-
-    def __init__(self, u: np.ndarray, d: np.ndarray, rho: float, **batching: Any) -> None:
-        super().__init__(u, d, rho, **batching)
-        n = len(d)
-        # Full batch: precomputed moments, so the gradient is one small matvec.
-        self.hessian = 2.0 * (u.T @ u / n + rho * np.eye(self.dim))
-        self.r = 2.0 * (u.T @ d / n)
-
-    def grad(self, w: np.ndarray, round_: int) -> np.ndarray:
-        g: np.ndarray
-        if self.batch is None:
-            g = self.hessian @ w - self.r
-        else:
-            u, d = self.sample(round_)
-            g = 2.0 * (u.T @ (u @ w - d) / self.batch + self.rho * w)
-        return g
+    def value(self, w: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
+        x, y = _rows(self.x, self.y, rows)
+        residual = x @ _t(w) - y[..., None]
+        v: np.ndarray = np.mean(residual**2, axis=-2) + self.rho * np.sum(w**2, axis=-1)
+        return v
 
 
-def classification_data(spec: ClassificationSpec) -> tuple[np.ndarray, np.ndarray]:
-    """The agent's features (N, M), bias column last, and +-1 labels (N,)."""
-    data = datasets.load(spec.dataset)
-    rows = np.asarray(spec.rows)
-    x = data.x_train[rows].copy()
-    x[:, :-1] += spec.feature_noise * rng.generator(spec.data_key).standard_normal(
-        (len(rows), spec.dim - 1)
-    )
-    return x, data.y_train[rows]
+class Logistic:
+    """J_p(w) = 1/N sum_n ln(1 + exp(-t_n x_n^T w)) + rho ||w||^2, t_n = +1 for class 1 and
+    -1 for class 0 (the paper's section V-B); scored by its testing error."""
+
+    stacks = True
+    data = "adult"
+    metric = "test_error"
+
+    def __init__(self, rho: float = 0.001) -> None:
+        self.rho = _check_rho(rho)
+
+    def dim(self, features: int, classes: int) -> int:
+        if classes != 2:
+            raise ConfigError(
+                f"logistic regression takes two classes, the dataset has {classes}; "
+                "pick a binary dataset (adult, breast-cancer) or a problem such as mlp"
+            )
+        return features
+
+    def risk(self, x: np.ndarray, y: np.ndarray, classes: int) -> _Logits:
+        return _Logits(x, 2.0 * y - 1.0, self.rho)
+
+    def optimum(self, parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+        """argmin 1/P sum_p J_p by Newton's method (every row weighed 1 / (P N_p))."""
+        x = np.vstack([x for x, _ in parts])
+        t = np.concatenate([2.0 * y - 1.0 for _, y in parts])
+        weight = np.concatenate([np.full(len(y), 1.0 / (len(parts) * len(y))) for _, y in parts])
+        w = np.zeros(x.shape[1])
+        eye = np.eye(x.shape[1])
+        for _ in range(50):
+            s = _sigmoid(-t * (x @ w))
+            grad = -(x.T @ (weight * t * s)) + 2 * self.rho * w
+            hess = (x.T * (weight * s * (1 - s))) @ x + 2 * self.rho * eye
+            step = np.linalg.solve(hess, grad)
+            w -= step
+            if np.linalg.norm(step) < NEWTON_TOL:
+                break
+        return w
+
+    def score(self, w: np.ndarray, x: np.ndarray, y: np.ndarray, classes: int) -> np.ndarray:
+        """Fraction of rows misclassified by sign(x^T w), for each model of w (K, M)."""
+        wrong: np.ndarray = np.mean(np.sign(x @ w.T) != (2.0 * y - 1.0)[:, None], axis=0)
+        return wrong
 
 
-class Logistic(_Samples):
-    """J_p(w) = 1/N sum ln(1 + exp(-y h^T w)) + rho ||w||^2 (the paper's section V-B).
+class _Logits:
+    def __init__(self, x: np.ndarray, t: np.ndarray, rho: float) -> None:
+        self.x, self.t, self.rho = x, t, rho
 
-    Samples: x = h (N, M) features, y (N,) labels in {-1, +1}."""
+    def gradient(self, w: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
+        x, t = _rows(self.x, self.t, rows)
+        # d/dw ln(1 + e^{-t x^T w}) = -t x sigmoid(-t x^T w)
+        coeff = -t[..., None] * _sigmoid(-t[..., None] * (x @ _t(w))) / x.shape[-2]  # (..., N, K)
+        return _t(_t(x) @ coeff) + 2.0 * self.rho * w
 
-    def grad(self, w: np.ndarray, round_: int) -> np.ndarray:
-        x, y = (self.x, self.y) if self.batch is None else self.sample(round_)
-        # d/dw ln(1 + e^{-y h^T w}) = -y h sigmoid(-y h^T w), sigmoid written overflow-free.
-        weight = -y * _sigmoid(-y * (x @ w))
-        g: np.ndarray = x.T @ weight / len(y) + 2.0 * self.rho * w
-        return g
+    def value(self, w: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
+        x, t = _rows(self.x, self.t, rows)
+        margins = t[..., None] * (x @ _t(w))
+        v: np.ndarray = np.mean(np.logaddexp(0.0, -margins), axis=-2)
+        v += self.rho * np.sum(w**2, axis=-1)
+        return v
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
+    """1 / (1 + e^-z), written overflow-free."""
     e = np.exp(-np.abs(z))
     s: np.ndarray = np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
     return s
 
 
-def make_loss(spec: ProblemSpec) -> Loss:
-    """The local risk an agent's problem spec describes (the one factory every engine uses)."""
-    kind: type[LeastSquares | Logistic]
-    if isinstance(spec, RegressionSpec):
-        kind, (x, y) = LeastSquares, regression_data(spec)
-    else:
-        kind, (x, y) = Logistic, classification_data(spec)
-    return kind(x, y, spec.rho, batch=spec.batch, key=spec.batch_key)
+class Local:
+    """One agent's loss as its core asks for it: a risk on `samples` samples, on each
+    round's minibatch of `batch` of them drawn from `batch_key` (None: all of them)."""
+
+    def __init__(
+        self,
+        risk: problems.Risk,
+        dim: int,
+        samples: int,
+        batch: int | None = None,
+        batch_key: tuple[int, int] = (0, 0),
+    ) -> None:
+        self.risk, self.dim, self.samples = risk, dim, samples
+        self.batch, self.batch_key = batch, batch_key
+
+    def grad(self, w: np.ndarray, round_: int) -> np.ndarray:
+        rows = problems.minibatch(self.batch, self.batch_key, self.samples, round_)
+        g: np.ndarray = self.risk.gradient(w[None], rows)[0]
+        return g
 
 
-def batch_indices(key: tuple[int, int], round_: int, batch: int, n: int) -> np.ndarray:
-    """The minibatch of one agent in one round (with replacement), same in every engine."""
-    return rng.indices(rng.raw_row(key, rng.Domain.BATCH, 0, round_, batch), n)
+def make_loss(share: problems.Share) -> Local:
+    """The local risk an agent's Share describes (the one factory every engine uses):
+    its problem, built from the Share's parameters, on the samples the Share draws."""
+    problem = problems.make(share.problem, share.params)
+    features, classes = problems.shape(share.data)
+    dim = problem.dim(features, classes)
+    if dim != share.dim:
+        raise ConfigError(
+            f"problem {share.problem!r} has {dim} parameters on this agent's data, its Setup "
+            f"says {share.dim}: the orchestrator and the agent run different code"
+        )
+    x, y = problems.samples(share.data, share.data_key)
+    return Local(problem.risk(x, y, classes), dim, len(y), share.batch, share.batch_key)

@@ -51,7 +51,7 @@ from agent.protocol import (
     setup_context,
     telemetry_context,
 )
-from agent.spec import AgentSpec
+from agent.spec import AgentSpec, ConfigError
 
 HELLO_EVERY = 2.0  # seconds between Hellos until Welcome: the orchestrator may subscribe late
 REGISTER_TIMEOUT = 120.0
@@ -399,7 +399,10 @@ class AgentNode:
                 f"{config.resume}, which I do not hold (I hold {sorted(history)[-5:]})"
             )
         history = {r: w for r, w in history.items() if r <= config.resume}
-        loss = make_loss(config.problem)
+        try:
+            loss = make_loss(config.problem)
+        except ConfigError as exc:  # a problem or dataset this agent cannot build
+            return self._fail(f"agent {self.me}: {exc}")
         core = self._core_type(spec, loss, self.identity, directory)
         core.resume_from(history[config.resume])
         self.session = self._next_session(setup, config, core, links, history)

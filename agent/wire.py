@@ -38,7 +38,7 @@ import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
-from agent import datasets, keys
+from agent import keys
 from agent.control import (
     Abort,
     Beat,
@@ -61,11 +61,11 @@ from agent.control import (
     Telemetry,
     Welcome,
 )
-from agent.losses import ClassificationSpec, RegressionSpec
 from agent.messages import KeyPlan, KeyShare, Model, Reason, Rejected, Report
+from agent.problems import Linear, Param, Params, Rows, Share
 from agent.spec import STEPS, AgentSpec, ConfigError, Rekey, Scheme, StepPlan
 
-VERSION = 2  # 2: a Config carries the agent's own keys, never the run's seed
+VERSION = 3  # 3: a Config carries a Share: its problem and data by name and parameters
 MAX_PEER_BYTES = 64 * 1024
 MAX_CONTROL_BYTES = 1024 * 1024
 MAC_BYTES = 16
@@ -74,6 +74,7 @@ SIGN_TAG = b"privnet/control/v1\0"
 DTYPE = "<f8"
 ID_LIMIT = 2**32  # agent ids are packed as uint32 in key derivations
 COUNT_LIMIT = 2**64  # rounds and epochs are packed as uint64
+PARAM_DEPTH = 4  # how deep a problem parameter's lists may nest
 
 Peer = Model | KeyPlan | KeyShare
 T = TypeVar("T")
@@ -390,70 +391,64 @@ _AGENT_SPEC = _record(
 )
 
 
-def _check_problem(problem: RegressionSpec) -> None:
-    m = problem.dim
-    square = len(problem.r_u) == m and all(len(row) == m for row in problem.r_u)
-    if len(problem.w_star) != m or not square:
-        raise ConfigError(f"w_star must have {m} entries and r_u must be {m} x {m}")
-    if problem.noise_var < 0:
-        raise ConfigError(f"noise_var is a variance, which must be >= 0, got {problem.noise_var}")
+def _param_decode(value: Any, where: str, depth: int = 0) -> Param:
+    """A problem parameter: a number, string, boolean or list of them (lists nest 4 deep)."""
+    if type(value) is float:
+        return _float_decode(value, where)
+    if type(value) in (bool, int, str):
+        return cast(Param, value)
+    if type(value) is list and depth < PARAM_DEPTH:
+        return tuple(_param_decode(v, f"{where}[{n}]", depth + 1) for n, v in enumerate(value))
+    raise _schema(where, "a number, string, boolean or list of them", value)
 
 
-def _check_classification(problem: ClassificationSpec) -> None:
-    if problem.dataset not in datasets.DATASETS:
-        raise ConfigError(
-            f"dataset {problem.dataset!r} is not shipped with this agent "
-            f"({', '.join(datasets.DATASETS)}); update the agent or pick a shipped dataset"
-        )
-    size = len(datasets.load(problem.dataset).y_train)
-    if not problem.rows or max(problem.rows) >= size:
-        raise ConfigError(
-            f"rows must name at least one of the {size} training rows of {problem.dataset} "
-            f"(0 .. {size - 1}); got {len(problem.rows)} rows up to {max(problem.rows, default=0)}"
-        )
-    if problem.feature_noise < 0:
-        raise ConfigError(
-            f"feature_noise is a standard deviation, which must be >= 0, "
-            f"got {problem.feature_noise}"
-        )
+def _params_encode(params: Params) -> dict[str, Any]:
+    def plain(value: Param) -> Any:
+        return [plain(v) for v in value] if isinstance(value, tuple) else value
+
+    return {name: plain(value) for name, value in params}
 
 
-_REGRESSION = _record(
-    RegressionSpec,
+def _params_decode(value: Any, where: str) -> Params:
+    if type(value) is not dict or not all(type(k) is str for k in value):
+        raise _schema(where, "a map of parameter names to values", value)
+    return tuple((k, _param_decode(value[k], f"{where}[{k!r}]")) for k in sorted(value))
+
+
+_PARAMS = _Kind(_params_encode, _params_decode)
+
+_LINEAR = _record(
+    Linear,
     _named(
-        ("dim", _POSITIVE),
         ("samples", _POSITIVE),
         ("w_star", _tuple(_FLOAT)),
         ("r_u", _tuple(_tuple(_FLOAT))),
         ("noise_var", _FLOAT),
-        ("rho", _FLOAT),
-        ("data_key", _KEY),
-        ("batch_key", _KEY),
-        ("batch", _optional(_POSITIVE)),
     ),
-    _check_problem,
 )
 
-_CLASSIFICATION = _record(
-    ClassificationSpec,
+_ROWS = _record(
+    Rows,
     _named(
         ("dataset", _TEXT),
-        ("dim", _POSITIVE),
         ("rows", _tuple(_int(0, ID_LIMIT, "a training row index"), distinct=True)),
         ("feature_noise", _FLOAT),
-        ("rho", _FLOAT),
+    ),
+)
+
+_DATA = _tagged({"linear": (Linear, _LINEAR), "rows": (Rows, _ROWS)})
+
+_SHARE = _record(
+    Share,
+    _named(
+        ("problem", _TEXT),
+        ("params", _PARAMS),
+        ("data", _DATA),
+        ("dim", _POSITIVE),
         ("data_key", _KEY),
         ("batch_key", _KEY),
         ("batch", _optional(_POSITIVE)),
     ),
-    _check_classification,
-)
-
-_PROBLEM = _tagged(
-    {
-        "regression": (RegressionSpec, _REGRESSION),
-        "classification": (ClassificationSpec, _CLASSIFICATION),
-    }
 )
 
 
@@ -602,7 +597,7 @@ _CONFIG = _Schema(
     Config,
     _named(
         ("spec", _AGENT_SPEC),
-        ("problem", _PROBLEM),
+        ("problem", _SHARE),
         ("directory", _mapping(_ID, _bytes(64))),
         ("deadline", _FLOAT),
         ("telemetry", _BOOL),
@@ -931,6 +926,25 @@ def encode_peer(msg: Peer, link_key: bytes) -> bytes:
         if frame is not None:
             return frame
     return _frame(_schema_of(msg, _PEER, "a peer frame"), msg, link_key)
+
+
+def model_frame_bytes(dim: int) -> int:
+    """The largest peer frame a model of `dim` parameters makes (sealed or MACed, every
+    count at its widest), which must stay within MAX_PEER_BYTES."""
+    big = ID_LIMIT - 1
+    msg = Model(big, big - 1, COUNT_LIMIT - 1, STEPS[0], np.zeros(dim), COUNT_LIMIT - 1)
+    aead = ChaCha20Poly1305(bytes(32))
+    return max(len(seal_peer(msg, aead, "")), len(encode_peer(msg, bytes(32))))
+
+
+@functools.cache
+def max_model_dim() -> int:
+    """The most parameters a model may have and still fit one peer frame."""
+    low, high = 0, MAX_PEER_BYTES // 8  # fits, does not fit
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if model_frame_bytes(mid) <= MAX_PEER_BYTES else (low, mid)
+    return low
 
 
 def decode_peer(

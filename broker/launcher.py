@@ -229,7 +229,8 @@ class Broker:
             return [_mosquitto_path(), "-c", str(conf)]
         tls = make_tls(self._tmp, self.hostnames) if self.tls else None
         self.ca_file = tls.ca_cert if tls is not None else None
-        command = [sys.executable, "-m", "broker.embedded", "--port", str(self.address.port)]
+        # -P: a module of the user's in the working directory must not shadow broker's
+        command = [sys.executable, "-P", "-m", "broker.embedded", "--port", str(self.address.port)]
         if self.credentials is not None:
             passwd = write_private(self._tmp / "passwd", self.credentials.amqtt_password_file())
             acl = write_private(self._tmp / "acl.json", json.dumps(self.credentials.amqtt_acl()))

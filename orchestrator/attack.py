@@ -35,7 +35,7 @@ from scipy.linalg import lstsq, null_space
 
 from agent.core import split_senders
 from agent.spec import ConfigError, Scheme, Strategy
-from orchestrator.experiment import classification
+from orchestrator.experiment import data
 from orchestrator.experiment.problem import Problem
 from orchestrator.privacy.accountant import Adversary
 from orchestrator.terminal import titled_table
@@ -155,17 +155,13 @@ def _solve(rows, values, exact, sums) -> np.ndarray:
 
 
 def local_minimizers(problem: Problem, repeat: int) -> np.ndarray:
-    """The true argmin J_p of every agent, (P, M)."""
-    from agent.losses import classification_data
-
-    c = problem.config
-    if problem.classifies:
-        specs = problem.classification_specs(repeat)
-        return np.array([classification.minimizer(*classification_data(s), c.rho) for s in specs])
-    r_hat, r_ud = problem.moments(repeat)
-    return np.array(
-        [np.linalg.solve(r_hat[p] + c.rho * np.eye(c.dim), r_ud[p]) for p in range(c.agents)]
-    )
+    """The true argmin J_p of every agent, (P, M) (NaN rows: the problem has no reference)."""
+    dim = problem.config.dim
+    found = [
+        data.reference(problem.plugin, [risk], [part], dim)
+        for risk, part in zip(problem.risks(repeat), problem.parts(repeat), strict=True)
+    ]
+    return np.array([np.full(dim, np.nan) if w is None else w for w in found])
 
 
 def estimate_minimizers(

@@ -12,12 +12,12 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.private import private_dir
 from agent.spec import ConfigError, Rekey, Scheme, Strategy
+from orchestrator.api import VERSION
 from orchestrator.experiment import config as configuration
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
@@ -633,7 +633,7 @@ def _common(parser: argparse.ArgumentParser, default: Any = False) -> None:
 def parser() -> argparse.ArgumentParser:
     """The `privnet` command line."""
     cli = Parser(prog="privnet", description=__doc__)
-    cli.add_argument("--version", action="version", version=f"privnet {_version()}")
+    cli.add_argument("--version", action="version", version=f"privnet {VERSION}")
     _common(cli)
     sub = cli.add_subparsers(dest="command", required=True)
 
@@ -911,13 +911,6 @@ def parser() -> argparse.ArgumentParser:
     for command in sub.choices.values():
         _common(command, argparse.SUPPRESS)
     return cli
-
-
-def _version() -> str:
-    try:
-        return metadata.version("privnet")
-    except metadata.PackageNotFoundError:
-        return "unknown (not installed)"
 
 
 def configure(argv: list[str] | None = None) -> tuple[argparse.Namespace, Any]:

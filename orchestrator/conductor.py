@@ -27,8 +27,8 @@ from typing import Any, Literal
 import numpy as np
 
 from agent import control, keys, topics, wire
-from agent.losses import ProblemSpec
 from agent.messages import Reason, Rejected
+from agent.problems import Share
 from agent.protocol import (
     BEATS,
     Deliveries,
@@ -73,7 +73,7 @@ class SessionPlan:
 
     label: str
     specs: list[AgentSpec]
-    problems: tuple[ProblemSpec, ...]
+    problems: tuple[Share, ...]
     view_specs: ViewSpecs | None = None
 
     @property

@@ -32,7 +32,6 @@ from orchestrator.results import (
     SCHEME_STYLE,
     STRATEGY_ORDER,
     STRATEGY_TITLE,
-    TEST_ERRORS,
     Curve,
     diverged,
     steady_state,
@@ -50,6 +49,8 @@ if TYPE_CHECKING:
 UNIFORM_Q_RTOL = 1e-9  # q entries closer than this (relative) are drawn as uniform
 
 ROWS = (("msd_centroid", "centroid MSD"), ("msd_avg", "avg. individual MSD"))
+SCORED = {"_centroid": "centroid", "_avg": "average individual"}  # a test metric's two series
+METRIC_FILES = {"test_error": "testing_error.png"}  # others: <metric>.png
 
 
 # Everything a command writes into its --out (`privnet run` and co. set an earlier run's
@@ -67,9 +68,9 @@ def result_record(curve: Curve, settings: dict[str, Any]) -> dict[str, Any]:
     """One row of summary.json: who, under which settings, steady-state MSD (and testing
     error, for classification), speed, costs."""
     errors = {
-        f"{name}_pct": 100 * steady_state(curve.series[name])
-        for name in TEST_ERRORS
-        if name in curve.series
+        f"{metric}{end}_pct": 100 * steady_state(curve.series[metric + end])
+        for metric in metrics(curve)
+        for end in SCORED
     }
     with np.errstate(all="ignore"):
         centroid, average = steady_state_db(curve.msd_centroid), steady_state_db(curve.msd_avg)
@@ -102,8 +103,8 @@ def write_outputs(
     (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     write_metrics(out / "metrics.csv", curves)
     plot_msd(curves, out / "msd.png")
-    if any(TEST_ERRORS.keys() <= c.series.keys() for c in curves):
-        plot_test_error(curves, out / "testing_error.png")
+    for metric in sorted({m for c in curves for m in metrics(c)}):
+        plot_metric(curves, metric, out / METRIC_FILES.get(metric, f"{metric}.png"))
     if graph is not None:
         plot_topology(graph, out / "topology.png", q)
     return summary
@@ -183,7 +184,15 @@ def load_plotting() -> None:
     import matplotlib.figure  # noqa: F401
 
 
-def plot_msd(curves: list[Curve], path: Path, title: str | None = None) -> None:
+def metrics(curve: Curve) -> list[str]:
+    """The test metrics a curve has per round (test_error, test_accuracy, ...): each as the
+    pair of series <metric>_centroid and <metric>_avg."""
+    first = next(iter(SCORED))
+    found = [name.removesuffix(first) for name in curve.series if name.endswith(first)]
+    return [m for m in found if all(m + end in curve.series for end in SCORED)]
+
+
+def plot_msd(curves: list[Curve], path: Path | None, title: str | None = None) -> Figure:
     """The paper's Fig. 3: strategies as columns, centroid / avg. individual MSD as rows, in dB."""
     from matplotlib.figure import Figure
 
@@ -208,40 +217,47 @@ def plot_msd(curves: list[Curve], path: Path, title: str | None = None) -> None:
     if title:
         fig.suptitle(title, fontsize=14)
     _legend(fig, lines, fontsize=11, handlelength=3)
-    fig.savefig(path, dpi=DPI)
+    return _saved(fig, path)
 
 
-def plot_test_error(curves: list[Curve], path: Path) -> None:
-    """The paper's Fig. TE: centroid and average individual testing error (%), a row per
-    strategy; curves are averaged over repeats."""
+def _saved(fig: Figure, path: Path | None) -> Figure:
+    """The figure, written to `path` first when there is one."""
+    if path is not None:
+        fig.savefig(path, dpi=DPI)
+    return fig
+
+
+def plot_metric(curves: list[Curve], metric: str, path: Path | None) -> Figure:
+    """The paper's Fig. TE for a test metric (testing error, or any other the problem
+    scores): centroid and average individual (%), a row per strategy; curves are averaged
+    over repeats."""
     from matplotlib.figure import Figure
 
-    with_errors = [c for c in curves if TEST_ERRORS.keys() <= c.series.keys()]
+    what = "testing error" if metric == "test_error" else metric.replace("_", " ")
+    with_errors = [c for c in curves if metric in metrics(c)]
     strategies = _ordered({c.strategy for c in with_errors}, STRATEGY_ORDER)
     fig = Figure(figsize=(11, 4.2 * len(strategies) + 0.6), dpi=DPI, layout="constrained")
     axes = fig.subplots(len(strategies), 2, sharex=True, sharey=True, squeeze=False)
     lines: dict[str, Line2D] = {}
     for row, strategy in enumerate(strategies):
         by_scheme = {c.scheme: c for c in with_errors if c.strategy == strategy}
-        for col, (name, what) in enumerate(TEST_ERRORS.items()):
+        for col, (end, whose) in enumerate(SCORED.items()):
             ax = axes[row, col]
             letter = chr(ord("a") + 2 * row + col)
-            ax.set_title(
-                f"({letter}) {STRATEGY_TITLE.get(strategy, strategy)}: {what} testing error"
-            )
+            ax.set_title(f"({letter}) {STRATEGY_TITLE.get(strategy, strategy)}: {whose} {what}")
             for z, scheme in enumerate(_ordered(by_scheme, SCHEME_ORDER)):
-                err = 100 * by_scheme[scheme].series[name].mean(axis=0)
+                err = 100 * by_scheme[scheme].series[metric + end].mean(axis=0)
                 style = SCHEME_STYLE.get(scheme, {"label": scheme})
                 iters = np.arange(1, len(err) + 1)
                 (lines[scheme],) = ax.plot(iters, err, zorder=2 + z, **style)
             ax.grid(True, alpha=0.3)
             ax.tick_params(labelleft=True)
-        axes[row, 0].set_ylabel("testing error (%)")
+        axes[row, 0].set_ylabel(f"{what} (%)")
     for ax in axes[-1]:
         ax.set_xlabel("iteration $i$")
     axes[0, 0].margins(x=0)
     _legend(fig, lines)
-    fig.savefig(path, dpi=DPI)
+    return _saved(fig, path)
 
 
 def _legend(fig: Figure, lines: dict[str, Line2D], **style: Any) -> None:
@@ -275,7 +291,7 @@ def _plot_panel(ax: Axes, curves: list[Curve], attr: str) -> dict[str, Line2D]:
     return lines
 
 
-def plot_topology(graph: nx.Graph, path: Path, q: np.ndarray | None = None) -> None:
+def plot_topology(graph: nx.Graph, path: Path | None, q: np.ndarray | None = None) -> Figure:
     """Draw the network at its 'pos' coordinates; colour and size nodes by Perron weight q."""
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize, to_rgba
@@ -325,7 +341,7 @@ def plot_topology(graph: nx.Graph, path: Path, q: np.ndarray | None = None) -> N
     ax.set_title(f"P = {len(nodes)} agents, {edges} edges, mean degree {mean_degree:.2f}{note}")
     ax.set_aspect("equal")
     ax.set_axis_off()
-    fig.savefig(path, dpi=DPI)
+    return _saved(fig, path)
 
 
 NODE_GAP = 0.06  # of the drawing's span: centres closer than this overlap (320 pt^2 nodes)

@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 
 METRICS_HEADER = ("strategy", "scheme", "repeat", "iter", "msd_centroid", "msd_avg")
-TEST_ERRORS = {"test_error_centroid": "centroid", "test_error_avg": "average individual"}
 DIVERGED_GROWTH = 10.0  # a tail of MSD this many times the window before it: diverging
 DPI = 120  # every figure's
 

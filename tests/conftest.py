@@ -47,6 +47,17 @@ def need_mosquitto() -> None:
         )
 
 
+def need_torch() -> None:
+    """Skip without torch (the PyTorch adapter's extra), except in CI (PRIVNET_REQUIRE_TORCH=1:
+    scripts/setup installs its CPU wheel), where it is a failure."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        skip_unless_required(
+            "PRIVNET_REQUIRE_TORCH", "torch is not installed (pip install 'privnet[torch]')"
+        )
+
+
 @pytest.fixture(scope="module", params=BROKER_KINDS)
 def broker_kind(request: pytest.FixtureRequest) -> str:
     """Each broker privnet can launch (module scope: pytest groups a module's tests by broker)."""

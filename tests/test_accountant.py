@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from agent import rng
-from agent.losses import LeastSquares
+from agent.losses import LeastSquares, Local
 from agent.spec import Scheme, Strategy
 from orchestrator.cli import main
 from orchestrator.experiment.config import ExperimentConfig
@@ -34,8 +34,10 @@ C, C_TWIN = (1.5, -0.5), 0.25
 GRID_SLACK = 10
 
 
-def hand_losses(c0: float) -> list[LeastSquares]:
-    return [LeastSquares(np.ones((1, 1)), np.array([c]), RHO) for c in (c0, C[1])]
+def hand_losses(c0: float) -> list[Local]:
+    return [
+        Local(LeastSquares(RHO).risk(np.ones((1, 1)), np.array([c]), 0), 1, 1) for c in (c0, C[1])
+    ]
 
 
 HAND = (hand_losses(C[0]), hand_losses(C_TWIN))

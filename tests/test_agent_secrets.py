@@ -21,8 +21,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from agent import control, keys, rng, topics, wire
-from agent.losses import RegressionSpec
 from agent.node import Launch
+from agent.problems import Linear
 from agent.protocol import Publish, setup_context
 from agent.spec import Scheme, Strategy
 from orchestrator.conductor import View
@@ -180,7 +180,7 @@ def test_no_setup_holds_the_seed_or_another_agents_keys(insider: Insider) -> Non
     own = {p: seeds.key(seed, p, 0, INSIDER) for p in seeds.Purpose}
     for config in configs:  # and the keys it holds are its own
         problem = config.problem
-        assert isinstance(problem, RegressionSpec)
+        assert isinstance(problem.data, Linear)
         assert config.spec.noise_key == own[seeds.Purpose.NOISE]
         assert problem.data_key == own[seeds.Purpose.DATA]
         assert problem.batch_key == own[seeds.Purpose.BATCH]
@@ -191,7 +191,7 @@ def test_no_agent_can_draw_another_agents_noise() -> None:
     differs, and no draw m can make at a round equals what k drew there."""
     problem = Problem.build(public_config(secrets.randbits(63)))
     specs = agent_specs(problem, Strategy.ATC, Scheme.RANDOM)
-    data = problem.regression_specs(0)
+    data = problem.specs(0)
     for field in ("data_key", "batch_key"):
         assert len({getattr(s, field) for s in data}) == AGENTS
     assert len({s.noise_key for s in specs}) == AGENTS
@@ -206,7 +206,7 @@ def test_no_agent_can_draw_another_agents_noise() -> None:
 
 def test_the_twin_changes_one_agents_data_key_only() -> None:
     problem = Problem.build(public_config(11))
-    specs, twin = problem.regression_specs(0), problem.twin(2).regression_specs(0)
+    specs, twin = problem.specs(0), problem.twin(2).specs(0)
     assert [s == t for s, t in zip(specs, twin, strict=True)] == [m != 2 for m in range(AGENTS)]
     assert twin[2].data_key == seeds.key(11, seeds.Purpose.TWIN_DATA, 0, 2)
     assert twin[2].batch_key == specs[2].batch_key  # same minibatch draws on D and D'

@@ -6,6 +6,8 @@ nothing, insiders what is addressed to them, with the masks they hold."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import networkx as nx
 import numpy as np
 import pytest
@@ -119,7 +121,7 @@ def path_problem() -> Problem:
     graph = nx.path_graph([1, 0, 2])
     config = ExperimentConfig(agents=3, iters=10, strategies=(Strategy.ATC,))
     a = topology.combination_matrix(graph, "metropolis")
-    return Problem(config, graph, a, topology.perron(a))
+    return dataclasses.replace(Problem.build(config), graph=graph, A=a, q=topology.perron(a))
 
 
 @pytest.mark.parametrize("scheme", [Scheme.LOCAL_GHP, Scheme.MASKED_GHP])

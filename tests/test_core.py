@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from agent import keys, rng, topics, wire
 from agent.core import AgentCore, Seat, split_senders
-from agent.losses import LeastSquares, make_loss
+from agent.losses import LeastSquares, Local, make_loss
 from agent.messages import KeyPlan, KeyShare, Message, Model, Rejected, Report
 from agent.node import AgentNode
 from agent.protocol import Publish
@@ -71,7 +71,7 @@ def problem_on(graph: nx.Graph, rule: str = "metropolis", **overrides: Any) -> P
     overrides = {"iters": ROUNDS, "seed": SEED, **overrides}
     config = ExperimentConfig(agents=graph.number_of_nodes(), rule=rule, **overrides)
     a = topology.combination_matrix(graph, rule)
-    return Problem(config, graph, a, topology.perron(a))
+    return dataclasses.replace(Problem.build(config), graph=graph, A=a, q=topology.perron(a))
 
 
 def geometric(agents: int = 10, rule: str = "metropolis", **overrides: Any) -> Problem:
@@ -269,12 +269,15 @@ def cores(problem: Problem, strategy: Strategy, scheme: Scheme) -> list[AgentCor
 def test_core_rejects_inconsistent_construction() -> None:
     problem = geometric(4)
     spec = cores(problem, Strategy.ATC, Scheme.NONE)[0].spec
-    loss = LeastSquares(np.ones((3, spec.dim + 1)), np.ones(3), 0.0)
+
+    def loss(dim: int) -> Local:
+        return Local(LeastSquares(0.0).risk(np.ones((3, dim)), np.ones(3), 0), dim, 3)
+
     with pytest.raises(ValueError, match="loss has dim"):
-        AgentCore(spec, loss)
+        AgentCore(spec, loss(spec.dim + 1))
     lg = dataclasses.replace(spec, scheme=Scheme.LOCAL_GHP)
     with pytest.raises(ValueError, match="local-ghp needs the agent's identity"):
-        AgentCore(lg, LeastSquares(np.ones((3, spec.dim)), np.ones(3), 0.0))
+        AgentCore(lg, loss(spec.dim))
 
 
 def test_scheme_given_as_text_runs_that_scheme() -> None:

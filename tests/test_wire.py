@@ -35,8 +35,8 @@ from agent.control import (
     Telemetry,
     Welcome,
 )
-from agent.losses import RegressionSpec
 from agent.messages import KeyPlan, KeyShare, Model, Rejected, Report
+from agent.problems import Linear, Share
 from agent.spec import AgentSpec, Rekey, Scheme, StepPlan
 
 KEY = bytes(range(32))
@@ -119,16 +119,20 @@ def agent_spec() -> AgentSpec:
     )
 
 
-def problem() -> RegressionSpec:
+def problem() -> Share:
     gen = np.random.default_rng(7)
     r = gen.standard_normal((DIM, DIM))
-    return RegressionSpec(
-        dim=DIM,
+    data = Linear(
         samples=100,
         w_star=tuple(gen.standard_normal(DIM).tolist()),
         r_u=tuple(tuple(row) for row in (r @ r.T + np.eye(DIM)).tolist()),
         noise_var=0.375,
-        rho=0.01,
+    )
+    return Share(
+        problem="least-squares",
+        params=(("layers", (2, (3, "x"), True)), ("rho", 0.01)),
+        data=data,
+        dim=DIM,
         data_key=(2**63 + 5, 19),
         batch_key=(0, 2**64 - 1),
         batch=None,
@@ -666,7 +670,11 @@ CONTROL_REJECTIONS: list[tuple[str, bytes, str]] = [
         "[version: int, type: str, body: bin",
     ),
     ("malformed", signed("go", b"\xc1", raw_body=True), "go body is not valid msgpack"),
-    ("version", signed("go", envelope({"session": 1}), version=3), "wire version 3"),
+    (
+        "version",
+        signed("go", envelope({"session": 1}), version=wire.VERSION + 1),
+        f"wire version {wire.VERSION + 1}",
+    ),
     ("schema", signed("model", {}), "unknown control message type 'model'"),
     ("schema", signed("config", {}), "unknown control message type 'config'"),
     ("schema", signed("nope", envelope({})), "unknown control message type 'nope'"),
@@ -797,18 +805,23 @@ CONFIG_REJECTIONS: list[tuple[Edit, str, str]] = [
     (set_in(("spec", "mu"), -0.4), "schema", "mu must be a positive number"),
     (set_in(("spec", "w0"), [0.0]), "schema", "w0 has 1 entries"),
     (set_in(("spec", "session"), "abc"), "schema", "config.spec.session: expected bytes"),
-    (set_in(("problem", 1, "dim"), 3), "schema", "r_u must be 3 x 3"),
-    (set_in(("problem", 1, "r_u", 1), [1.0]), "schema", "r_u must be 2 x 2"),
-    (set_in(("problem", 1, "noise_var"), -1.0), "schema", "must be >= 0"),
-    (set_in(("problem", 1, "noise_var"), [1.0]), "schema", "regression.noise_var: expected"),
-    (set_in(("problem", 1, "data_key"), [1, -2]), "schema", "regression.data_key[1]"),
-    (set_in(("problem", 1, "batch_key"), [3]), "schema", "batch_key: expected a list of 2"),
-    (set_in(("problem", 1, "seed"), 1), "schema", "unknown field 'seed'"),
-    (set_in(("problem", 1, "batch"), 0), "schema", "config.problem.regression.batch"),
+    (set_in(("problem", "data", 1, "r_u", 1), [1.0]), "schema", "r_u must be 2 x 2"),
+    (set_in(("problem", "data", 1, "noise_var"), -1.0), "schema", "must be >= 0"),
+    (set_in(("problem", "data", 1, "noise_var"), [1.0]), "schema", "linear.noise_var: expected"),
+    (set_in(("problem", "data", 0), "pickle"), "schema", "kind one of linear, rows"),
+    (set_in(("problem", "data_key"), [1, -2]), "schema", "problem.data_key[1]"),
+    (set_in(("problem", "batch_key"), [3]), "schema", "batch_key: expected a list of 2"),
+    (set_in(("problem", "seed"), 1), "schema", "unknown field 'seed'"),
+    (set_in(("problem", "batch"), 0), "schema", "config.problem.batch"),
+    (set_in(("problem", "problem"), "os:system;"), "schema", "is not a plug-in name"),
+    (set_in(("problem", "params", "rho"), {"code": b"x"}), "schema", "params['rho']: expected"),
+    (set_in(("problem", "params", "rho"), [[[[[1]]]]]), "schema", "[0][0][0][0]: expected"),
+    (set_in(("problem", "params", "rho"), math.nan), "non-finite", "params['rho'] is nan"),
+    (set_in(("problem", "params", 1), 2), "schema", "a map of parameter names"),
     (
-        set_in(("problem", 1, "w_star", 0), math.inf),
+        set_in(("problem", "data", 1, "w_star", 0), math.inf),
         "non-finite",
-        "config.problem.regression.w_star[0] is inf",
+        "config.problem.data.linear.w_star[0] is inf",
     ),
     (set_in(("directory", 11), bytes(63)), "schema", "config.directory[11]: expected 64 bytes"),
     (set_in(("deadline",), 5), "schema", "config.deadline: expected a float64"),
@@ -844,7 +857,7 @@ def test_config_rejections(edit: Edit, reason: str, detail: str) -> None:
 
 
 def test_config_problem_must_match_the_spec_dimension() -> None:
-    other = dataclasses.replace(problem(), dim=3, w_star=(0.0,) * 3, r_u=((1.0,) * 3,) * 3)
+    other = dataclasses.replace(problem(), dim=3)
     data = wire.encode_config(dataclasses.replace(config(), problem=other))
     with pytest.raises(Rejected, match=r"schema: config: problem\.dim 3 differs from spec\.dim 2"):
         wire.decode_config(data)
@@ -1189,4 +1202,4 @@ def test_mac_is_hmac_sha256(key: bytes, body: bytes, name: str) -> None:
 def test_a_tagged_record_with_a_kind_that_is_no_name_is_a_schema_error(kind: object) -> None:
     """The fuzz found it: an unhashable kind raised TypeError instead of Rejected."""
     with pytest.raises(Rejected, match="schema"):
-        wire._PROBLEM.decode([kind, {}], "config.problem")
+        wire._DATA.decode([kind, {}], "config.problem.data")

@@ -9,6 +9,7 @@ import asyncio
 import json
 import secrets
 import signal
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -105,9 +106,12 @@ class Stop:
         self.task = task
         self.signum: int | None = None  # the first signal received
         self.finishing = False
-        self._previous = {s: signal.getsignal(s) for s in self.SIGNALS}
+        # Only the main thread takes signals (`privnet.run` inside a running event loop runs
+        # the network on a thread of its own: the caller's handlers stay as they are).
+        main = threading.current_thread() is threading.main_thread()
+        self._previous = {s: signal.getsignal(s) for s in self.SIGNALS} if main else {}
         loop = asyncio.get_running_loop()
-        for s in self.SIGNALS:
+        for s in self._previous:
             loop.add_signal_handler(s, self._received, s)
 
     def _received(self, signum: int) -> None:

@@ -27,7 +27,7 @@ from agent.spec import Scheme, Strategy
 from orchestrator.conductor import Conductor, SessionPlan, SessionResult, Stage, View, add_counts
 from orchestrator.experiment.problem import Problem, msd
 from orchestrator.experiment.specs import session_list, session_plans
-from orchestrator.results import TEST_ERRORS, Curve, RunFailed
+from orchestrator.results import Curve, RunFailed
 
 CONDUCTOR = "orchestrator"
 Tap = Callable[[str, Publish], None]  # (publisher, frame)
@@ -226,10 +226,15 @@ class Network:
         return self.conductor.results
 
 
+def run_session(problem: Problem, strategy: Strategy, scheme: Scheme, repeat: int) -> SessionResult:
+    """One session through conductor and nodes: its models, bytes, messages, views."""
+    plans = session_plans(problem, [(strategy, scheme, repeat)])
+    return Network.build(plans, seal_links=problem.config.seal_links).play()[0]
+
+
 def run_once(problem: Problem, strategy: Strategy, scheme: Scheme, repeat: int) -> np.ndarray:
     """The models of every agent after every round, shape (iters, P, M)."""
-    plans = session_plans(problem, [(strategy, scheme, repeat)])
-    return Network.build(plans, seal_links=problem.config.seal_links).play()[0].models
+    return run_session(problem, strategy, scheme, repeat).models
 
 
 def run_memory(
@@ -237,20 +242,23 @@ def run_memory(
     strategies: Iterable[Strategy] | None = None,
     schemes: Iterable[Scheme] | None = None,
     progress: Callable[[int], None] | None = None,
+    models: dict[str, np.ndarray] | None = None,
 ) -> list[Curve]:
-    """Every strategy x scheme x repeat through conductor and nodes; one Curve per pair."""
+    """Every strategy x scheme x repeat through conductor and nodes; one Curve per pair,
+    with what the wire cost (the bytes the agents' shells would publish). `models` gets
+    every session's models, (iters, P, M), by its label (`atc/none/0`)."""
     c = problem.config
     curves = []
     for strategy in strategies or c.strategies:
         for scheme in schemes or c.schemes:
-            start = time.perf_counter()
-            runs = []
+            results = []
             for r in range(c.repeats):
-                runs.append(run_once(problem, strategy, scheme, r))
+                results.append(run_session(problem, strategy, scheme, r))
+                if models is not None:
+                    models[results[-1].label] = results[-1].models
                 if progress:
                     progress(1)
-            rate = c.iters * c.repeats / (time.perf_counter() - start)
-            curves.append(curve_of(problem, str(strategy), str(scheme), runs, rate))
+            curves.append(results_curve(problem, str(strategy), str(scheme), results))
     return curves
 
 
@@ -265,14 +273,14 @@ def curve_of(
     """MSD (and testing errors, for classification) over repeats of models (T, P, M)."""
     cent = np.zeros((len(runs), problem.config.iters))
     avg = np.zeros_like(cent)
-    errors = np.zeros((2, *cent.shape))
+    scored = np.zeros((2, *cent.shape))
     for r, models in enumerate(runs):
         for i, w in enumerate(models):
             cent[r, i], avg[r, i] = msd(w, problem.w_opt[r], problem.q)
-        tested = problem.test_errors(models)
+        tested = problem.scores(models)
         if tested is not None:
-            errors[:, r] = tested
-    series = dict(zip(TEST_ERRORS, errors, strict=True)) if problem.classifies else {}
+            scored[:, r] = tested
+    series = {name: scored[n] for n, name in enumerate(problem.metric_series)}
     return Curve(strategy, scheme, cent, avg, rounds_per_s, extra or {}, series)
 
 
@@ -315,9 +323,15 @@ def results_curves(problem: Problem, results: list[SessionResult]) -> list[Curve
     return curves
 
 
-def replay(problem: Problem, membership: list[View]) -> list[Curve]:
+def replay(
+    problem: Problem, membership: list[View], models: dict[str, np.ndarray] | None = None
+) -> list[Curve]:
     """Every session of a run, applying its recorded membership views at their rounds (a
-    faulty network run, reproduced in memory: same config and seed, same trajectories)."""
+    faulty network run, reproduced in memory: same config and seed, same trajectories).
+    `models` gets every session's models by its label."""
     plans = session_plans(problem, session_list(problem.config))
     network = Network.build(plans, script=membership, seal_links=problem.config.seal_links)
-    return results_curves(problem, network.play())
+    results = network.play()
+    if models is not None:
+        models.update((r.label, r.models) for r in results)
+    return results_curves(problem, results)

@@ -1,11 +1,13 @@
 """The oracle engine: the paper's matrix recursion (eq. extRec) on whole-network arrays.
 
 It shares no code with the agent state machine, only the public inputs every engine uses
-(the Problem, the counter-based streams of agent.rng, the per-agent keys of
-orchestrator.experiment.seeds and the data generator), so when the net and memory
-engines agree with it, the agent core computes the paper's algorithm.
+(the Problem and its plug-in's risks, which are the gradients every agent computes, the
+counter-based streams of agent.rng, the per-agent keys of orchestrator.experiment.seeds
+and the data), so when the net and memory engines agree with it, the agent core computes
+the paper's algorithm.
 
-Per round i = 1..T, from w_0 = 0 (eqs. preComb, update, postComb):
+Per round i = 1..T, from w_0 (zero, or the plug-in's initial model; eqs. preComb, update,
+postComb):
     phi = C1(w);  psi = C0(phi) - mu grad(phi);  w = C2(psi),
 where C_j is the privatized combine with A_j (an identity step adds no noise). With the
 noise table G of step j and round i (row m: what sender m draws from its own key, laid
@@ -33,15 +35,13 @@ from dataclasses import dataclass
 from time import perf_counter
 
 import numpy as np
-from scipy.special import expit
 
 from agent import rng
-from agent.losses import classification_data, regression_data
-from agent.spec import ConfigError, Scheme, Strategy
-from orchestrator.experiment import seeds
+from agent.spec import Scheme, Strategy
+from orchestrator.experiment import data, seeds
 from orchestrator.experiment.config import parse_choices
 from orchestrator.experiment.problem import Problem
-from orchestrator.results import TEST_ERRORS, Curve
+from orchestrator.results import Curve
 
 CHUNK = 100  # rounds of noise and minibatch indices drawn at once; bounds memory
 
@@ -51,26 +51,33 @@ def run_oracle(
     strategies: Iterable[Strategy | str] | None = None,
     schemes: Iterable[Scheme | str] | None = None,
     progress: Callable[[int], None] | None = None,
+    models: dict[str, np.ndarray] | None = None,
 ) -> list[Curve]:
     """One Curve per (strategy, scheme), in the order strategies x schemes.
 
     Defaults come from problem.config. `progress(n)` reports n more units done (one unit
     per strategy, so n = 1 as each finishes; the memory engine reports the same way).
     rounds_per_s is iters * repeats over the wall time of the strategy; all its schemes ran
-    in that time, so they share the figure.
+    in that time, so they share the figure. `models` gets every session's models, (iters,
+    P, M), by its label (`atc/none/0`), as the memory engine gives them.
     """
     config = problem.config
     strategies = parse_choices(config.strategies if strategies is None else strategies, Strategy)
     schemes = parse_choices(config.schemes if schemes is None else schemes, Scheme)
     lanes = tuple(schemes)
-    grads = _gradients(problem)
+    grads = _Gradients(problem)
     curves: list[Curve] = []
     for strategy in strategies:
         start = perf_counter()
-        centroid, avg, errors = _run_strategy(problem, strategy, lanes, grads)
+        kept: list[np.ndarray] | None = None if models is None else []
+        centroid, avg, errors = _run_strategy(problem, strategy, lanes, grads, kept)
         rate = config.iters * config.repeats / (perf_counter() - start)
         for scheme in schemes:
             s = lanes.index(scheme)
+            if models is not None and kept is not None:
+                history = np.concatenate(kept)  # (T, P, R, S, M)
+                for r in range(config.repeats):
+                    models[f"{strategy}/{scheme}/{r}"] = history[:, :, r, s]
             series = {name: e[s] for name, e in errors.items()}
             curves.append(
                 Curve(strategy.value, scheme.value, centroid[s], avg[s], rate, {}, series)
@@ -188,118 +195,71 @@ class _Edges:
         return np.add.reduceat(terms, self.starts, axis=0)
 
 
-class _FullBatch:
-    """Exact local gradients grad_p(w) = H_p w - r_p, H_p = 2 (R_p + rho I), r_p = 2 r_ud_p,
-    as LeastSquares computes them, for every agent and repeat at once."""
-
-    def __init__(self, hessian_t: np.ndarray, r: np.ndarray) -> None:
-        self.hessian_t = hessian_t  # (P, R, M, M), H_p^T of each repeat
-        self.r = r  # (P, R, 1, M)
-
-    def load(self, first_round: int, rounds: int) -> None:
-        """Nothing is drawn per round with exact gradients."""
-
-    def __call__(self, phi: np.ndarray, t: int) -> np.ndarray:
-        return phi @ self.hessian_t - self.r
-
-
-class _Minibatch:
-    """LeastSquares' minibatch gradients; indices come from each agent's BATCH stream, a
-    block of rounds at a time (agent p's in round i is batch_indices(key_p, i, batch, N))."""
-
-    def __init__(self, problem: Problem, u: np.ndarray, d: np.ndarray, batch: int) -> None:
-        config = problem.config
-        self.rows = [
-            [rng.Rows(spec.batch_key, rng.Domain.BATCH, 0, batch) for spec in specs]
-            for specs in map(problem.regression_specs, range(config.repeats))
-        ]
-        self.u, self.d, self.batch, self.rho = u, d, batch, config.rho  # (P, R, N, M), (P, R, N)
-        self.agent = np.arange(config.agents)[:, None, None]
-        self.repeat = np.arange(config.repeats)[None, :, None]
-        self.idx = np.empty((0, config.agents, config.repeats, batch), dtype=np.int64)
-
-    def load(self, first_round: int, rounds: int) -> None:
-        samples = self.u.shape[2]
-        raw = np.array(
-            [[rows.block(first_round, rounds) for rows in agents] for agents in self.rows]
-        )  # (R, P, rounds, batch)
-        self.idx = rng.indices(raw, samples).transpose(2, 1, 0, 3)  # (rounds, P, R, batch)
-
-    def __call__(self, phi: np.ndarray, t: int) -> np.ndarray:
-        idx = self.idx[t]
-        u = self.u[self.agent, self.repeat, idx]  # (P, R, batch, M)
-        d = self.d[self.agent, self.repeat, idx]  # (P, R, batch)
-        w = phi.swapaxes(-1, -2)  # (P, R, M, S)
-        grad = 2.0 * (u.swapaxes(-1, -2) @ (u @ w - d[..., None]) / self.batch + self.rho * w)
-        return grad.swapaxes(-1, -2)
-
-
-class _Logistic:
-    """Full-batch gradients of 1/N sum_n ln(1 + exp(-y_n h_n^T w)) + rho ||w||^2 for every
-    agent and repeat at once, written here from the formula, not taken from agent.losses."""
+class _Gradients:
+    """Every agent's gradient in every repeat, from the problem plug-in's own risks (the code
+    each agent runs): one risk over all agents and repeats at once when the plug-in
+    `stacks` and every agent holds as many samples, else one risk per agent and repeat.
+    Minibatch rows come from each agent's BATCH stream, a block of rounds at a time (agent
+    p's in round i: problems.minibatch of its share)."""
 
     def __init__(self, problem: Problem) -> None:
-        config = problem.config
-        if _batch(problem):
-            raise ConfigError("the oracle runs classification with full batches only; drop --batch")
-        data = [
-            [classification_data(spec) for spec in problem.classification_specs(r)]
-            for r in range(config.repeats)
-        ]
-        self.x = np.array([[xy[0] for xy in row] for row in data]).swapaxes(0, 1)  # (P, R, N, M)
-        self.y = np.array([[xy[1] for xy in row] for row in data]).swapaxes(0, 1)[..., None]
-        self.rho = config.rho
+        c = problem.config
+        shares = [problem.specs(r) for r in range(c.repeats)]
+        parts = [data.parts(s) for s in shares]  # [r][p]: (x, y)
+        self.sizes = np.array([[len(y) for _, y in row] for row in parts]).T  # (P, R)
+        batch = c.batch or 0
+        self.batched = self.sizes > batch if batch else np.zeros(self.sizes.shape, dtype=bool)
+        self.rows = [
+            [rng.Rows(s.batch_key, rng.Domain.BATCH, 0, batch) for s in row] for row in shares
+        ]  # [r][p]
+        self.stacked = (
+            bool(getattr(problem.plugin, "stacks", False))
+            and len(np.unique(self.sizes)) == 1
+            and len(np.unique(self.batched)) == 1
+        )
+        plugin, classes = problem.plugin, problem.classes
+        if self.stacked:
+            x = np.array([[row[p][0] for row in parts] for p in range(c.agents)])  # (P, R, N, F)
+            y = np.array([[row[p][1] for row in parts] for p in range(c.agents)])  # (P, R, N)
+            self.risk = plugin.risk(x, y, classes)
+        else:
+            self.risks = [[plugin.risk(*row[p], classes) for row in parts] for p in range(c.agents)]
+        self.idx: dict[tuple[int, int], np.ndarray] = {}  # (p, r) -> (rounds, batch)
 
     def load(self, first_round: int, rounds: int) -> None:
-        """Nothing is drawn per round with exact gradients."""
+        """This chunk's minibatch rows of every agent that draws them."""
+        self.idx = {
+            (p, r): rng.indices(self.rows[r][p].block(first_round, rounds), int(self.sizes[p, r]))
+            for p, r in zip(*np.nonzero(self.batched), strict=True)
+        }
 
     def __call__(self, phi: np.ndarray, t: int) -> np.ndarray:
-        margins = self.y * (self.x @ phi.swapaxes(-1, -2))  # (P, R, N, S)
-        coeff = -self.y * expit(-margins) / self.x.shape[2]
-        return (self.x.swapaxes(-1, -2) @ coeff).swapaxes(-1, -2) + 2.0 * self.rho * phi
-
-
-_Gradients = _FullBatch | _Minibatch | _Logistic
-
-
-def _gradients(problem: Problem) -> _Gradients:
-    if problem.classifies:
-        return _Logistic(problem)
-    batch = _batch(problem)
-    return _minibatch(problem, batch) if batch else _full_batch(problem)
-
-
-def _batch(problem: Problem) -> int | None:
-    """The minibatch size LeastSquares uses: None (full batch) unless batch < samples."""
-    batch = problem.config.batch
-    return batch if batch and batch < problem.config.samples else None
-
-
-def _full_batch(problem: Problem) -> _FullBatch:
-    config = problem.config
-    eye = np.eye(config.dim)
-    moments = [problem.moments(r) for r in range(config.repeats)]
-    hessian = np.stack([2.0 * (r_hat + config.rho * eye) for r_hat, _ in moments], axis=1)
-    r = np.stack([2.0 * r_ud for _, r_ud in moments], axis=1)
-    return _FullBatch(np.ascontiguousarray(hessian.swapaxes(-1, -2)), r[:, :, None, :])
-
-
-def _minibatch(problem: Problem, batch: int) -> _Minibatch:
-    config = problem.config
-    data = [
-        [regression_data(spec) for spec in problem.regression_specs(r)]
-        for r in range(config.repeats)
-    ]
-    u = np.array([[ud[0] for ud in row] for row in data]).swapaxes(0, 1)  # (P, R, N, M)
-    d = np.array([[ud[1] for ud in row] for row in data]).swapaxes(0, 1)  # (P, R, N)
-    return _Minibatch(problem, u, d, batch)
+        """The gradients at phi (P, R, S, M) in round t of the chunk."""
+        if self.stacked:
+            rows = None
+            if self.idx:
+                agents, repeats = self.sizes.shape
+                rows = np.array(
+                    [[self.idx[(p, r)][t] for r in range(repeats)] for p in range(agents)]
+                )
+            return self.risk.gradient(phi, rows)
+        out = np.empty_like(phi)
+        for (p, r), _ in np.ndenumerate(self.sizes):
+            rows = self.idx[(p, r)][t] if (p, r) in self.idx else None
+            out[p, r] = self.risks[p][r].gradient(phi[p, r], rows)
+        return out
 
 
 def _run_strategy(
-    problem: Problem, strategy: Strategy, lanes: tuple[Scheme, ...], grads: _Gradients
+    problem: Problem,
+    strategy: Strategy,
+    lanes: tuple[Scheme, ...],
+    grads: _Gradients,
+    kept: list[np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Centroid and average MSD, each (S, R, T), of every lane and repeat of one strategy,
-    and for classification the two testing errors, each (S, R, T)."""
+    and the problem's test metric of the centroid and on average, each (S, R, T); `kept`
+    gets every chunk's models, (rounds, P, R, S, M)."""
     config = problem.config
     agents, repeats, dim, iters = config.agents, config.repeats, config.dim, config.iters
     matrices = problem.matrices(strategy)
@@ -313,8 +273,9 @@ def _run_strategy(
     }
     centroid = np.empty((len(lanes), repeats, iters))
     avg = np.empty_like(centroid)
-    errors = {name: np.empty_like(centroid) for name in TEST_ERRORS} if problem.classifies else {}
-    w = np.zeros((agents, repeats, len(lanes), dim))
+    names = problem.metric_series
+    errors = {name: np.empty_like(centroid) for name in names}
+    w = np.broadcast_to(problem.w0, (agents, repeats, len(lanes), dim)).copy()
     side_by_side = _Lanes(lanes, config.sigma_g)
 
     with np.errstate(over="ignore", invalid="ignore"):  # divergence is reported once, below
@@ -333,12 +294,18 @@ def _run_strategy(
                 psi = _apply(combines, noise, 0, phi, t, side_by_side) - config.mu * grads(phi, t)
                 w = _apply(combines, noise, 2, psi, t, side_by_side)
                 history[t] = w
+            if kept is not None:
+                kept.append(history)
             window = slice(first - 1, first - 1 + rounds)
             centroid[..., window], avg[..., window] = _msd(history, problem.q, problem.w_opt)
-            tested = problem.test_errors(history)  # each (rounds, R, S)
-            for name, values in zip(errors, tested or (), strict=True):
-                errors[name][..., window] = values.transpose(2, 1, 0)
-    if not np.all(np.isfinite(avg)):
+            if names:
+                by_model = history.transpose(0, 2, 3, 1, 4).reshape(-1, agents, dim)
+                tested = problem.scores(by_model) or ()
+                for name, values in zip(names, tested, strict=True):
+                    errors[name][..., window] = values.reshape(rounds, repeats, -1).transpose(
+                        2, 1, 0
+                    )
+    if np.isfinite(problem.w_opt).all() and not np.all(np.isfinite(avg)):  # NaN w^o: no MSD
         warnings.warn(
             f"{strategy}: the models diverged (MSD overflowed) with mu = {config.mu}; "
             "lower mu until the recursion is stable",

@@ -198,7 +198,9 @@ class Zygote:
         # with threads is unsafe. An agent's vectors are far too small for BLAS threads.
         env = {"OPENBLAS_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.engines.zygote"],
+            # -P: not the working directory first on the path, where a user's agent.py
+            # would shadow privnet's agent package.
+            [sys.executable, "-P", "-m", "orchestrator.engines.zygote"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,

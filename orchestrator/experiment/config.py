@@ -12,9 +12,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
+from agent import plugins, problems
 from agent.spec import ConfigError, Rekey, Scheme, Strategy
-
-PROBLEMS = ("regression", "classification")
+from orchestrator.experiment import partition
 
 
 @dataclass(frozen=True)
@@ -40,13 +40,19 @@ class ExperimentConfig:
     rule: str = "metropolis"
     matrix: str | None = None  # a user-given combination matrix (overrides rule)
     rekey: Rekey = Rekey.ONCE
-    problem: str = "regression"  # or "classification" (logistic regression on `dataset`)
-    dataset: str = "adult"
-    feature_noise: float = 0.5  # classification: agent p's feature noise std ~ U[0, this]
+    # The problem plug-in (agent.problems): least-squares, logistic, mlp, a registered name
+    # or module:Class (the paper's `regression` and `classification` name the first two),
+    # built with `params` (and `rho`, when it takes one).
+    problem: str = "least-squares"
+    params: dict[str, Any] = field(default_factory=dict)
+    dataset: str | None = None  # linear (generated) or a dataset; None: the problem's own
+    partition: str = "iid"  # how a dataset's rows are dealt out (orchestrator.experiment.partition)
+    feature_noise: float = 0.5  # datasets: agent p's feature noise std ~ U[0, this]
     seal_links: bool = True  # peer frames sealed end to end (False: the paper's visible wire)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self._coerce()
         checks = [
             (self.agents >= 2, f"agents must be >= 2, got {self.agents}"),
             (self.dim >= 1, f"dim must be >= 1, got {self.dim}"),
@@ -61,10 +67,6 @@ class ExperimentConfig:
             (self.rho >= 0 and math.isfinite(self.rho), f"rho must be >= 0, got {self.rho}"),
             (self.batch is None or self.batch >= 1, f"batch must be >= 1, got {self.batch}"),
             (
-                self.problem in PROBLEMS,
-                f"unknown problem {self.problem!r}; choose one of {', '.join(PROBLEMS)}",
-            ),
-            (
                 self.feature_noise >= 0 and math.isfinite(self.feature_noise),
                 f"feature_noise must be >= 0, got {self.feature_noise}",
             ),
@@ -78,6 +80,11 @@ class ExperimentConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        plugins.check_name("problem", self.problem)
+        if self.dataset is not None:
+            plugins.check_name("dataset", self.dataset)
+        partition.check(self.partition)
+        problems.params(self.params)  # numbers, strings, booleans and lists only
         need, have = self.footprint(), _memory()
         if have is not None and need > have:
             raise ConfigError(
@@ -86,6 +93,18 @@ class ExperimentConfig:
                 f"models) and this machine has {have / 2**30:.0f} GiB: lower agents, dim, "
                 "samples or iters"
             )
+
+    def _coerce(self) -> None:
+        """Names as a user writes them (`"atc"`, `"all"`, `"none,local-ghp"`, `"once"`, the
+        paper's problem names) as the members and names privnet runs."""
+        coerced = {
+            "strategies": parse_choices(self.strategies, Strategy),
+            "schemes": parse_choices(self.schemes, Scheme),
+            "rekey": _member(self.rekey, Rekey),
+            "problem": problems.ALIASES.get(self.problem, self.problem),
+        }
+        for name, value in coerced.items():
+            object.__setattr__(self, name, value)
 
     def footprint(self) -> int:
         """Bytes of the dense arrays any engine holds at once (a lower bound): what a config
@@ -128,6 +147,16 @@ def parse_choices(value: str | Iterable[str], kind: type[E]) -> tuple[E, ...]:
     if not chosen:
         raise ConfigError(f"choose at least one {what}")
     return chosen
+
+
+def _member(value: str, kind: type[E]) -> E:
+    try:
+        return kind(value)
+    except ValueError:
+        valid = ", ".join(str(k) for k in kind)
+        raise ConfigError(
+            f"unknown {kind.__name__.lower()} {value!r}; choose from: {valid}"
+        ) from None
 
 
 def _memory() -> int | None:

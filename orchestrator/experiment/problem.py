@@ -1,20 +1,25 @@
-"""The fixed parts of an experiment every engine shares: graph, matrices, data, w^o."""
+"""The fixed parts of an experiment every engine shares: graph, matrices, data, w^o.
+
+`Problem` is one experiment's instance: its graph and combination matrices, and its
+`plugin`, the learning problem (agent.problems) every agent solves on its share of the data.
+"""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import TypeVar, cast
 
 import networkx as nx
 import numpy as np
 
-from agent import datasets
-from agent.losses import ClassificationSpec, ProblemSpec, RegressionSpec
+from agent import problems, wire
+from agent.problems import LINEAR, Params, Share
 from agent.spec import ConfigError, Scheme, Strategy
-from orchestrator.experiment import topology
+from orchestrator.experiment import data, topology
 from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.data import draw_problem, global_minimizer, local_moments
+
+SCORED_MODELS = 64  # models scored at once: bounds the (models, test rows) output
 
 
 @dataclass(frozen=True)
@@ -23,16 +28,27 @@ class Problem:
     graph: nx.Graph
     A: np.ndarray  # left-stochastic: A[m, p] = a_mp, the weight p gives to m
     q: np.ndarray  # Perron vector, A q = q
+    plugin: problems.Problem  # what every agent minimizes, built from `params`
+    params: Params  # the plug-in's public parameters, as each agent's Setup carries them
+    features: int  # of the data's rows (a dataset's bias column included)
+    classes: int  # of the dataset's labels (0: regression targets)
     neighbour: int | None = None  # whose data is replaced (D'), for the accountant
 
     @classmethod
     def build(cls, config: ExperimentConfig) -> Problem:
-        if config.problem == "classification":
-            if config.dataset not in datasets.DATASETS:
-                raise ConfigError(
-                    f"unknown dataset {config.dataset!r}; shipped: {', '.join(datasets.DATASETS)}"
-                )
-            config = replace(config, dim=datasets.load(config.dataset).dim)
+        plugin_class = problems.problem_class(config.problem)
+        params = problems.params(_with_rho(plugin_class, config))
+        plugin = problems.make(config.problem, params)
+        dataset = config.dataset or getattr(plugin, "data", None)
+        if dataset is None:
+            raise ConfigError(
+                f"problem {config.problem!r} has no data of its own: name a dataset "
+                "(digits, adult, ...) or linear"
+            )
+        config = replace(config, dataset=dataset)
+        features, classes = (config.dim, 0) if dataset == LINEAR else _shape(dataset)
+        config = replace(config, dim=plugin.dim(features, classes))
+        _check_frame(config)
         if config.matrix:
             A = topology.load_matrix(config.matrix)
             graph = topology.graph_of(A)
@@ -43,15 +59,11 @@ class Problem:
             A = topology.combination_matrix(graph, config.rule)
         ghp = next((s for s in map(Scheme, config.schemes) if s.homomorphic), Scheme.NONE)
         topology.validate(A, graph, scheme=ghp)
-        return cls(config, graph, A, topology.perron(A))
+        return cls(config, graph, A, topology.perron(A), plugin, params, features, classes)
 
     def matrices(self, strategy: Strategy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(A0, A1, A2) of the paper's general form for this strategy."""
         return topology.strategy_matrices(strategy, self.A)
-
-    @property
-    def classifies(self) -> bool:
-        return self.config.problem == "classification"
 
     def twin(self, agent: int) -> Problem:
         """The same experiment on the neighbouring dataset D': `agent`'s data replaced."""
@@ -62,67 +74,78 @@ class Problem:
             )
         return replace(self, neighbour=agent)
 
-    def specs(self, repeat: int) -> tuple[ProblemSpec, ...]:
-        """Every agent's problem spec, by agent id: what its Setup carries (its own keys)."""
-        c = self.config
-        if self.classifies:
-            from orchestrator.experiment import classification  # scipy: only to classify
+    def specs(self, repeat: int) -> tuple[Share, ...]:
+        """Every agent's Share, by agent id: what its Setup carries (its own keys)."""
+        return data.draw_shares(self.config, self.params, self.features, repeat, self.neighbour)
 
-            return classification.draw_problem(c, repeat, self.neighbour)
-        return draw_problem(
-            c.seed,
-            c.agents,
-            repeat=repeat,
-            dim=c.dim,
-            samples=c.samples,
-            rho=c.rho,
-            batch=c.batch,
-            twin=self.neighbour,
-        )
+    def parts(self, repeat: int) -> data.Parts:
+        """Every agent's samples (x, y) in `repeat`, as each agent draws them."""
+        return data.parts(self.specs(repeat))
 
-    def regression_specs(self, repeat: int) -> tuple[RegressionSpec, ...]:
-        return _narrow(self.specs(repeat), RegressionSpec)
+    def risks(self, repeat: int) -> list[problems.Risk]:
+        """Every agent's local risk in `repeat`."""
+        return [self.plugin.risk(x, y, self.classes) for x, y in self.parts(repeat)]
 
-    def classification_specs(self, repeat: int) -> tuple[ClassificationSpec, ...]:
-        return _narrow(self.specs(repeat), ClassificationSpec)
+    @property
+    def w0(self) -> np.ndarray:
+        """The model every agent starts from: the plug-in's `initial`, else zeros."""
+        initial = getattr(self.plugin, "initial", None)
+        if initial is None:
+            return np.zeros(self.config.dim)
+        return np.asarray(initial(self.features, self.classes), dtype=np.float64)
 
     @cached_property
     def w_opt(self) -> np.ndarray:
-        """w^o per repeat, shape (repeats, M)."""
-        repeats = range(self.config.repeats)
-        if self.classifies:
-            from orchestrator.experiment import classification
+        """w^o per repeat, shape (repeats, M); NaN where the problem has no reference (then
+        MSD is NaN too, and the problem's test metric tells how learning went)."""
+        c = self.config
+        solved = [
+            data.reference(self.plugin, self.risks(r), self.parts(r), c.dim)
+            for r in range(c.repeats)
+        ]
+        return np.stack([np.full(c.dim, np.nan) if w is None else w for w in solved])
 
-            solved = [
-                classification.global_minimizer(self.classification_specs(r)) for r in repeats
-            ]
-        else:
-            solved = [global_minimizer(self.regression_specs(r)) for r in repeats]
-        return np.stack(solved)
-
-    def test_errors(self, models: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """Testing error of the centroid and average individual testing error, per round,
-        of models (T, P, M); None for regression, which has no test set."""
-        if not self.classifies:
+    @property
+    def metric(self) -> str | None:
+        """The name of the plug-in's test metric, if it has one and the data a test split."""
+        if self.config.dataset == LINEAR or not callable(getattr(self.plugin, "score", None)):
             return None
-        from orchestrator.experiment import classification
+        return str(getattr(self.plugin, "metric", "score"))
 
-        return classification.test_errors(models, self.q, datasets.load(self.config.dataset))
+    @property
+    def metric_series(self) -> tuple[str, ...]:
+        """The per-round columns of the test metric: of the centroid, of the average
+        individual (test_error_centroid, test_error_avg for logistic regression)."""
+        return () if self.metric is None else (f"{self.metric}_centroid", f"{self.metric}_avg")
 
-    def moments(self, repeat: int) -> tuple[np.ndarray, np.ndarray]:
-        return local_moments(self.regression_specs(repeat))
+    @property
+    def classifies(self) -> bool:
+        """Whether learning is measured by a test metric (classification) rather than MSD."""
+        return self.metric is not None
 
+    def scores(self, models: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """The test metric of the centroid and the average individual one, per round, of
+        models (T, P, M); agents without a model (NaN rows) left out, q renormalized over
+        the others. None without a metric."""
+        if self.metric is None or self.config.dataset is None:
+            return None
+        from agent import datasets
 
-S = TypeVar("S", RegressionSpec, ClassificationSpec)
-
-
-def _narrow(specs: tuple[ProblemSpec, ...], kind: type[S]) -> tuple[S, ...]:
-    """`specs` as the kind of problem a step is written for, or a clear error."""
-    if not all(isinstance(spec, kind) for spec in specs):
-        raise ConfigError(
-            f"this step works on a {kind.__name__}, the experiment is a {type(specs[0]).__name__}"
+        test = datasets.load(self.config.dataset)
+        score = self.plugin.score  # type: ignore[attr-defined]
+        present = ~np.isnan(models[..., 0])  # (T, P)
+        weights = np.where(present, self.q, 0.0)
+        centroid = np.einsum(
+            "tp,tpm->tm", weights / weights.sum(1, keepdims=True), np.nan_to_num(models)
         )
-    return cast(tuple[S, ...], specs)
+        flat = np.concatenate([centroid, models.reshape(-1, models.shape[-1])])
+        values = np.full(len(flat), np.nan)
+        rows = np.flatnonzero(~np.isnan(flat[:, 0]))
+        for start in range(0, len(rows), SCORED_MODELS):
+            chunk = rows[start : start + SCORED_MODELS]
+            values[chunk] = score(flat[chunk], test.x_test, test.y_test, self.classes)
+        individual = values[len(centroid) :].reshape(present.shape)
+        return values[: len(centroid)], np.nanmean(individual, axis=1)
 
 
 def msd(w: np.ndarray, w_opt: np.ndarray, q: np.ndarray) -> tuple[float, float]:
@@ -135,3 +158,31 @@ def msd(w: np.ndarray, w_opt: np.ndarray, q: np.ndarray) -> tuple[float, float]:
         w, q = w[present], q[present] / q[present].sum()
     centroid = q @ w
     return float(np.sum((centroid - w_opt) ** 2)), float(np.mean(np.sum((w - w_opt) ** 2, axis=1)))
+
+
+def _shape(dataset: str) -> tuple[int, int]:
+    from agent import datasets
+
+    full = datasets.load(dataset)
+    return full.dim, full.classes
+
+
+def _with_rho(plugin_class: type, config: ExperimentConfig) -> dict[str, object]:
+    """The plug-in's parameters: the experiment's `params`, and its `rho` when the plug-in's
+    constructor takes one and `params` does not set it."""
+    params = dict(config.params)
+    if "rho" not in params and "rho" in inspect.signature(plugin_class).parameters:
+        params["rho"] = config.rho
+    return params
+
+
+def _check_frame(config: ExperimentConfig) -> None:
+    """A model travels in one peer frame: refuse one that does not fit, naming the limit."""
+    if config.dim > wire.max_model_dim():
+        raise ConfigError(
+            f"problem {config.problem!r} has {config.dim:,} parameters: a model crosses the wire "
+            f"in one peer frame of at most {wire.MAX_PEER_BYTES:,} bytes "
+            f"(agent.wire.MAX_PEER_BYTES), which holds {wire.max_model_dim():,} float64 "
+            f"parameters ({wire.model_frame_bytes(config.dim):,} bytes needed); use a smaller "
+            "model"
+        )

@@ -42,6 +42,8 @@ def agent_specs(
     by_step = {0: A0, 1: A1, 2: A2}
     session = session if session is not None else secrets.token_bytes(16)
     noise_keys = seeds.keys(c.seed, seeds.Purpose.NOISE, repeat, c.agents)
+    w0 = problem.w0
+    start = tuple(w0.tolist()) if w0.any() else ()  # () is zeros, in fewer bytes
     return [
         AgentSpec(
             agent=p,
@@ -55,6 +57,7 @@ def agent_specs(
             noise_key=noise_keys[p],
             session=session,
             rekey=c.rekey,
+            w0=start,
         )
         for p in range(c.agents)
     ]

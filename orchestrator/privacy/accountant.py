@@ -47,6 +47,7 @@ import numpy as np
 from rich.table import Table
 
 from agent.losses import Loss
+from agent.problems import LINEAR
 from agent.spec import Scheme, Strategy
 from orchestrator.experiment import topology
 from orchestrator.experiment.problem import Problem
@@ -373,9 +374,9 @@ HOLDS_AGAINST = {
 
 
 def _changed(problem: Problem, neighbour: int) -> str:
-    if problem.classifies:
+    if problem.config.dataset != LINEAR:
         return (
-            f"agent {neighbour}'s {problem.config.samples} rows replaced by a fresh sample of "
+            f"agent {neighbour}'s rows replaced by as many freshly sampled from "
             f"{problem.config.dataset}'s training set with fresh feature noise"
         )
     return f"agent {neighbour}'s {problem.config.samples} samples redrawn from the data model"

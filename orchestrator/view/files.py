@@ -23,7 +23,7 @@ from orchestrator.conductor import View, describe
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 from orchestrator.experiment.specs import session_list, session_plans
-from orchestrator.results import METRICS_HEADER, TEST_ERRORS
+from orchestrator.results import METRICS_HEADER
 from orchestrator.view.links import link_bytes
 from orchestrator.view.state import AgentRow, ViewState, db
 
@@ -34,17 +34,17 @@ METRICS_FILE = "metrics.csv"
 MEMBERSHIP_FILE = "membership.json"
 
 
-def run_meta(
-    config: ExperimentConfig, run: str, labels: Sequence[str], live: bool
-) -> dict[str, Any]:
-    """What the page's header says and how it draws the curves."""
+def run_meta(problem: Problem, run: str, labels: Sequence[str], live: bool) -> dict[str, Any]:
+    """What the page's header says and how it draws the curves (MSD, or the problem's test
+    metric in %)."""
+    config = problem.config
     return {
         "run": run,
         "live": live,
         "agents": config.agents,
         "iters": config.iters,
         "sessions": list(labels),
-        "metric": "error" if config.problem == "classification" else "msd",
+        "metric": problem.metric or "msd",
         "topology": config.topology,
         "scheme": ",".join(str(s) for s in config.schemes),
         "strategy": ",".join(str(s) for s in config.strategies),
@@ -101,7 +101,7 @@ def load_run(run_dir: Path) -> ViewState:
     labels = [f"{st}/{sc}/{r}" for st, sc, r in session_list(config)]
     run = str(settings.get("run", run_dir.name))
     state = ViewState(
-        run_meta(config, run, labels, live=False),
+        run_meta(problem, run, labels, live=False),
         [problem.graph.nodes[p]["pos"] for p in range(config.agents)],
     )
     state.meta |= {"account": None, "audit": (run_dir / AUDIT_FILE).is_file()}
@@ -166,14 +166,14 @@ def _curves(state: ViewState, path: Path, problem: Problem) -> None:
     with --account epsilon per agent at the last round."""
     if not path.is_file():
         return
-    classifies = problem.classifies
+    scored = problem.metric_series
     agents = problem.config.agents
     eps: dict[str, dict[str, Any]] = {}
     with path.open(newline="") as fh:
         for row in csv.DictReader(fh):
             label = f"{row['strategy']}/{row['scheme']}/{row['repeat']}"
-            if classifies and all(row.get(k) for k in TEST_ERRORS):
-                values = [100 * float(row[k]) for k in TEST_ERRORS]
+            if scored and all(row.get(k) for k in scored):
+                values = [100 * float(row[k]) for k in scored]
             else:
                 values = [db(float(row[k])) or math.nan for k in METRICS_HEADER[4:]]
             state.curve(label).add(int(row["iter"]), *values)

@@ -98,7 +98,7 @@ class LiveView:
         self.watch, self.problem, self.out, self.tap = watch, problem, out, tap
         conductor = watch.conductor
         c = problem.config
-        meta = run_meta(c, conductor.run, [p.label for p in conductor.plans], live=True)
+        meta = run_meta(problem, conductor.run, [p.label for p in conductor.plans], live=True)
         meta |= {"deadline": conductor.deadline, "account": neighbour, "audit": tap is not None}
         meta["broker"] = watch.broker.kind
         nodes = [problem.graph.nodes[p]["pos"] for p in range(c.agents)]
@@ -263,15 +263,16 @@ class LiveView:
 
     def _metric_rows(self, label: str, models: np.ndarray, reported: int) -> int:
         """The rows every member has reported since the last sample, as the page's curve:
-        MSD in dB, or (classification) testing error in %, on at most TEST_ROWS rows."""
+        MSD in dB, or the problem's test metric in %, on at most TEST_ROWS rows."""
         curve = self.state.curve(label)
         rows = range(self._rows, reported)
         w_opt, q = self.problem.w_opt[int(label.rsplit("/", 1)[1])], self.problem.q
         if self.problem.classifies:
             step = max(1, len(rows) // TEST_ROWS)
             for r in sorted({*rows[::step][: TEST_ROWS - 1], *rows[-1:]}):
-                cen, avg = test_errors(self.problem, models[r])
-                curve.add(r + 1, 100 * cen, 100 * avg)
+                scored = self.problem.scores(models[r : r + 1])
+                assert scored is not None
+                curve.add(r + 1, 100 * scored[0][0], 100 * scored[1][0])
         else:
             for r in rows:
                 cen, avg = msd(models[r], w_opt, q)
@@ -411,19 +412,6 @@ def account_session(problem: Problem, label: str, neighbour: int) -> Account:
 def jsonable(value: float) -> float | str:
     """An epsilon for JSON: infinite ones are spelt "inf", as summary.json spells them."""
     return float(value) if np.isfinite(value) else "inf"
-
-
-def test_errors(problem: Problem, w: np.ndarray) -> tuple[float, float]:
-    """Testing error of the centroid and the average individual one, of the agents present
-    in models w (P, M) (q renormalized over them, as for MSD)."""
-    from agent import datasets
-    from orchestrator.experiment.classification import error_rate
-
-    present = ~np.isnan(w[:, 0])
-    w, q = w[present], problem.q[present] / problem.q[present].sum()
-    data = datasets.load(problem.config.dataset)
-    rates = error_rate(np.vstack([q @ w, w]), data.x_test, data.y_test)
-    return float(rates[0]), float(rates[1:].mean())
 
 
 def phase(conductor: Conductor, agent: int, rounds: np.ndarray) -> str:

@@ -51,7 +51,7 @@ function init(data) {
   const m = data.meta;
   $("run").textContent = `${m.run} · ${m.agents} agents · ${m.strategy} · ${m.scheme} · ${m.topology}`;
   $("link").textContent = m.live ? "live" : "a finished run's files";
-  $("metric-title").textContent = m.metric === "error" ? "testing error (%)" : "MSD (dB)";
+  $("metric-title").textContent = m.metric === "msd" ? "MSD (dB)" : `${m.metric.replaceAll("_", " ")} (%)`;
   $("net-note").textContent = `${m.agents} agents, ${data.edges.length} links; width: model bytes per round`;
   drawTopology();
   legend();
@@ -321,7 +321,7 @@ function makeCharts() {
     curves.push({ label: `${label} centroid`, stroke, width: 1.5, spanGaps: true });
     curves.push({ label: `${label} average`, stroke, width: 1, dash: [4, 3], spanGaps: true });
   });
-  const unit = m.metric === "error" ? "%" : "dB";
+  const unit = m.metric === "msd" ? "dB" : "%";
   charts.msd = chart("msd", curves, { axes: [{ label: "round" }, { label: unit, size: 44 }] });
   charts.rates = chart("rates", [{ label: "rounds/s", stroke: "#31a354", width: 1.5 }],
     { axes: [{ label: "s" }, { size: 44 }] });

@@ -1,0 +1,246 @@
+"""privnet from Python: an `Experiment`, and `simulate`, `run`, `run_async` giving a `Result`.
+
+`privnet simulate` and `privnet run` (orchestrator.cli) drive the same engines and write the
+same files from their flags. `run` works in a script and inside a running event loop (a
+notebook): there it runs the network on a thread of its own and waits for it; `await
+run_async(...)` runs it on the caller's loop instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import time
+from dataclasses import dataclass, fields
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from agent.private import private_dir
+from agent.spec import ConfigError
+from orchestrator.experiment import config as configuration
+from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.problem import Problem
+from orchestrator.report import finish, result_record, settings
+from orchestrator.result import Result
+from orchestrator.results import Curve, RunFailed
+from orchestrator.terminal import progress_bar
+
+
+def _version() -> str:
+    try:
+        return metadata.version("privnet")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+VERSION = _version()  # privnet.__version__, `privnet --version`
+ENGINES = ("oracle", "memory")
+RUNTIMES = ("local", "docker")
+RESTARTS = ("never", "on-failure")
+CONFIG_FIELDS = tuple(f.name for f in fields(ExperimentConfig))
+STOPPED = 128  # a run's exit code above this: stopped by signal (code - 128)
+
+
+@dataclass(frozen=True)
+class Experiment(ExperimentConfig):
+    """An experiment and how to run it: every setting of an experiment TOML file
+    (ExperimentConfig's fields: agents, iters, strategies, schemes, problem, dataset, ...)
+    and every flag of `privnet simulate` and `privnet run`. Names may be given as text
+    (`schemes="none,local-ghp"`, `strategies="atc"`)."""
+
+    # both
+    out: str | Path | None = None  # output directory (simulate: no files unless given)
+    account: bool = False  # epsilon(i) per agent from twin runs on D and D'
+    neighbour: int = 0  # the agent whose data D' replaces
+    # privnet simulate
+    engine: str = "oracle"  # oracle (vectorized) | memory (the agents' cores)
+    membership: str | Path | None = None  # replay a run's membership.json (memory engine)
+    # privnet run
+    broker: str = "auto"  # auto | mosquitto | embedded | HOST:PORT
+    tls: bool = False
+    ca_file: str | Path | None = None
+    prepared: str | Path | None = None  # a run's secrets from `privnet prepare`
+    external_agents: bool = False
+    hosts: str | Path | None = None  # hosts.toml: agents across hosts (privnet site)
+    launch_dir: str | Path | None = None
+    run_name: str | None = None
+    deadline: float | None = None  # s of silence before an agent is left out
+    audit: bool = False
+    runtime: str = "local"  # local | docker
+    image: str | None = None
+    agents_per_process: int = 1
+    restart: str = "never"  # never | on-failure
+    checkpoint_every: int = 25
+    resume: str | Path | None = None  # carry on a run whose orchestrator died
+    faults: str | None = None  # e.g. kill:7@120,broker@300
+    telemetry: bool = True  # agents report their models (MSD); False: bytes only
+    view: bool = False  # serve the live view's page
+    view_port: int = 0
+    view_host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name, value, allowed in (
+            ("engine", self.engine, ENGINES),
+            ("runtime", self.runtime, RUNTIMES),
+            ("restart", self.restart, RESTARTS),
+        ):
+            if value not in allowed:
+                raise ConfigError(f"{name} {value!r}: choose one of {', '.join(allowed)}")
+        if self.agents_per_process < 1:
+            raise ConfigError(f"agents_per_process must be >= 1, got {self.agents_per_process}")
+
+    @classmethod
+    def load(cls, source: str | Path, **changes: Any) -> Experiment:
+        """A TOML experiment file or shipped preset (`paper-regression`, ...), with changes."""
+        base = configuration.load(source)
+        try:
+            return cls(**{name: getattr(base, name) for name in CONFIG_FIELDS}, **changes)
+        except TypeError as exc:
+            raise ConfigError(f"{exc}; the settings are Experiment's fields") from None
+
+    @property
+    def config(self) -> ExperimentConfig:
+        """The experiment alone, as summary.json records it (no run options)."""
+        return ExperimentConfig(**{name: getattr(self, name) for name in CONFIG_FIELDS})
+
+    def args(self, out: Path) -> argparse.Namespace:
+        """The run options as the net engine reads them."""
+        paths = ("ca_file", "prepared", "launch_dir", "resume", "hosts")
+        options = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in (*CONFIG_FIELDS, "telemetry", "out")
+        }
+        options |= {name: None if options[name] is None else Path(options[name]) for name in paths}
+        return argparse.Namespace(**options, out=out, no_telemetry=not self.telemetry)
+
+
+def simulate(experiment: ExperimentConfig, engine: str | None = None) -> Result:
+    """The experiment in this process: on the vectorized oracle, or on the memory engine
+    (the agents' own cores, every message through the wire codec). Writes the CLI's files
+    only when the experiment names an `out` directory."""
+    exp = _experiment(experiment)
+    engine = engine or exp.engine
+    if engine not in ENGINES:
+        raise ConfigError(f"engine {engine!r}: choose one of {', '.join(ENGINES)}")
+    problem = Problem.build(exp.config)
+    models: dict[str, Any] = {}
+    c = problem.config
+    units = len(c.strategies) * (c.repeats * len(c.schemes) if engine == "memory" else 1)
+    start = time.perf_counter()
+    with progress_bar() as bar:
+        task = bar.add_task(f"{engine} engine", total=units, status="")
+        curves = _engine(exp, engine, problem, models, lambda n: bar.advance(task, n))
+    wall = time.perf_counter() - start
+    neighbour = exp.neighbour if exp.account else None
+    out = None if exp.out is None else Path(exp.out)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        finish(out, c, problem, curves, engine, {"wall_s": wall}, neighbour)
+    elif neighbour is not None:
+        from orchestrator.privacy import accountant
+
+        for curve in curves:
+            accountant.attach(curve, problem, neighbour)
+    records = [result_record(curve, settings(c, engine)) for curve in curves]
+    return Result(c, engine, curves, records, problem.graph, problem.q, models, out=out)
+
+
+def _engine(
+    exp: Experiment, engine: str, problem: Problem, models: dict[str, Any], progress: Any
+) -> list[Curve]:
+    if engine == "oracle":
+        if exp.membership is not None:
+            raise ConfigError(
+                "membership replays on the memory engine: set engine='memory' (--engine memory)"
+            )
+        from orchestrator.engines.oracle import run_oracle
+
+        curves: list[Curve] = run_oracle(problem, progress=progress, models=models)
+        return curves
+    from orchestrator.engines import memory
+
+    if exp.membership is None:
+        return memory.run_memory(problem, progress=progress, models=models)
+    from orchestrator.engines.watch import read_membership
+
+    try:
+        views = read_membership(Path(exp.membership))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    curves = memory.replay(problem, views, models=models)
+    progress(len(curves) * problem.config.repeats)
+    return curves
+
+
+def run(experiment: ExperimentConfig) -> Result:
+    """The experiment on a real network: a broker and one process per agent (`privnet
+    run`). In a script it runs an event loop of its own; inside a running one (a notebook)
+    on a thread of its own, and waits for it."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _loop(run_async(experiment))
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="privnet-run") as pool:
+        return pool.submit(_loop, run_async(experiment)).result()
+
+
+def _loop(main: Any) -> Result:
+    from agent.loop import run_loop
+
+    result: Result = run_loop(main)
+    return result
+
+
+async def run_async(experiment: ExperimentConfig) -> Result:
+    """`run` on the caller's event loop: `result = await privnet.run_async(experiment)`."""
+    from orchestrator.engines.net import run_network
+
+    problem, options, out = _network(_experiment(experiment))
+    code = await run_network(problem, options, out)
+    if code > STOPPED:
+        raise KeyboardInterrupt(f"the run was stopped by signal {code - STOPPED}; {out} holds it")
+    if code != 0:
+        raise RunFailed(f"the run failed (exit code {code}); its logs are in {out}/logs")
+    return Result.load(out, problem)
+
+
+def _network(exp: Experiment) -> tuple[Problem, argparse.Namespace, Path]:
+    """What the net engine takes for `exp`: its problem (a resumed run's own, secret seed
+    included), its run options, and its output directory (made private: 0700, as the run
+    keeps its secrets there)."""
+    from orchestrator.engines import journal
+
+    config = exp.config
+    if exp.resume is not None:
+        out = Path(exp.resume)
+        try:
+            config = journal.config(out)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        secret = journal.secret_seed(out)
+    else:
+        out = private_dir(Path(exp.out or default_out(config, "run")))
+        secret = False  # the Experiment's seed is the caller's: summary.json records it
+    options = exp.args(out)
+    options.secret_seed = secret
+    return Problem.build(config), options, out
+
+
+def default_out(config: ExperimentConfig, command: str) -> Path:
+    """runs/<command>-<name>-<time>, as the CLI names its output directories."""
+    return Path("runs") / f"{command}-{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _experiment(experiment: ExperimentConfig) -> Experiment:
+    if isinstance(experiment, Experiment):
+        return experiment
+    if not isinstance(experiment, ExperimentConfig):
+        raise ConfigError(
+            f"expected a privnet.Experiment, got {type(experiment).__name__}: "
+            "build one with privnet.Experiment(agents=..., ...) or Experiment.load(toml)"
+        )
+    return Experiment(**{name: getattr(experiment, name) for name in CONFIG_FIELDS})
