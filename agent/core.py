@@ -162,7 +162,12 @@ class AgentCore:
                 return [relay]
         else:
             raise Rejected("schema", f"agents do not accept {type(msg).__name__} messages")
-        return self._advance() if self.started else self._share_keys()
+        if self.started:
+            return self._advance()
+        out = self._share_keys()
+        if self.spec.scheme is Scheme.LOCAL_GHP and self.keyed:
+            self._open_banks()
+        return out
 
     def waiting_for(self) -> list[int]:
         """Who this agent is blocked on (for a clear error when a neighbour goes silent)."""
@@ -412,6 +417,16 @@ class AgentCore:
         hubs, masks = bank
         last = self.round if self.spec.rekey is Rekey.EVERY_ROUND else self.until
         return dict(zip(hubs, masks.at(self.round, last), strict=True))
+
+    def _open_banks(self) -> None:
+        """With every key of the first epoch in: agree on every pair's secret and open its
+        stream now, while keying (Go waits for every agent's Ready), not in round 1, which
+        would otherwise cost a thousand-agent network (about 140 pairs an agent) several
+        rounds' time. The banks are the ones round 1 would build: the same masks."""
+        epoch = self._epoch(self.round)
+        for plan in self.spec.steps:
+            if plan.communicates and (epoch, plan.step) not in self._banks:
+                self._banks[(epoch, plan.step)] = self._bank(epoch, plan)
 
     def _bank(self, epoch: int, plan: StepPlan) -> tuple[list[int], keys.MaskBank]:
         """The hubs where I sit at this step, and the bank of their masks for this epoch."""

@@ -561,22 +561,29 @@ class _Show:
         self.t0 = time.perf_counter()
         self.session = -1
         self.first = 0  # rounds done when the session was first seen
+        self.shown: tuple[int, int, int] | None = None  # (session, rounds, reported) shown
 
     def update(self) -> None:
+        """Called after every delivery: redraws only when a round or a report came in (a
+        1000-agent run gets hundreds of frames per round, and the MSD walks every agent)."""
         conductor, c = self.watch.conductor, self.problem.config
         plan = conductor.current
         if plan is None:
             return
+        now = (conductor.session, conductor.rounds_done, self.watch.reported)
+        if now == self.shown:
+            return
+        self.shown = now
         strategy, scheme, repeat = plan.label.split("/")
         name = f"{strategy}/{scheme}"
         if name not in self.tasks:
             self.tasks[name] = self.bar.add_task(name, total=c.iters * c.repeats, status="")
-        rounds = conductor.rounds_done
+        _, rounds, shown = now
         if conductor.session != self.session:  # from where it starts (later, when resumed)
             self.session, self.t0, self.first = conductor.session, time.perf_counter(), rounds
         rate = (rounds - self.first) / max(time.perf_counter() - self.t0, 1e-9)
         status = f"{rate:6.1f} rounds/s"
-        if shown := self.watch.reported:  # the rows Watch streamed: complete, never redone
+        if shown:  # the rows Watch streamed: complete, never redone
             w_opt = self.problem.w_opt[int(repeat)]
             cent, _ = msd(conductor.models[shown - 1], w_opt, self.problem.q)
             status += f"  MSD {10 * np.log10(cent):7.2f} dB"
