@@ -12,6 +12,7 @@ per in-neighbour, then combines: sum_m a_mp * (message from m), its own term inc
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -99,6 +100,10 @@ class AgentCore:
         self._ephemeral: dict[int, keys.Ephemeral] = {}
         self._shared_sent: set[int] = set()
         self._partner_keys: dict[tuple[int, int, int, int], bytes] = {}  # (epoch, hub, step, m)
+        # Counts that tell "keys still to come" in O(1) (every key share asks): partners'
+        # keys held per (epoch, step), and partners over the seats known per step.
+        self._keys_held: Counter[tuple[int, int]] = Counter()
+        self._partners: Counter[int] = Counter()
         self._secrets: dict[tuple[int, int, bytes], bytes] = {}  # (epoch, m, public) -> secret
         self._banks: dict[tuple[int, int], tuple[list[int], keys.MaskBank]] = {}  # (epoch, step)
         self._relayed: set[tuple[int, int, int, int]] = set()  # (owner, partner, step, epoch)
@@ -263,7 +268,7 @@ class AgentCore:
                 continue
             for m, seat in split_senders(senders, self.me).items():
                 if m == self.me:
-                    self._seats[(self.me, plan.step)] = seat
+                    self._seat(self.me, plan.step, seat)
                 else:
                     out.append(
                         KeyPlan(
@@ -291,7 +296,11 @@ class AgentCore:
                 "schema",
                 f"key plan from hub {msg.sender} has side {msg.side} and partners {msg.partners}",
             )
-        self._seats[(msg.sender, msg.step)] = Seat(msg.side, tuple(msg.partners))
+        self._seat(msg.sender, msg.step, Seat(msg.side, tuple(msg.partners)))
+
+    def _seat(self, hub: int, step: int, seat: Seat) -> None:
+        self._seats[(hub, step)] = seat
+        self._partners[step] += len(seat.partners)
 
     def _my_seats(self, step: int) -> dict[int, Seat]:
         return {hub: seat for (hub, j), seat in self._seats.items() if j == step}
@@ -353,6 +362,7 @@ class AgentCore:
             raise Rejected("unknown-sender", f"no identity key for agent {msg.owner}")
         keys.verify_share(owner, msg, self.spec.session)
         self._partner_keys[slot] = msg.public
+        self._keys_held[(msg.epoch, msg.step)] += 1
         return None
 
     def _relay(self, msg: KeyShare) -> KeyShare:
@@ -398,8 +408,11 @@ class AgentCore:
         return missing
 
     def _keys_ready(self, plan: StepPlan) -> bool:
-        if (self._epoch(self.round), plan.step) in self._banks:
+        epoch = self._epoch(self.round)
+        if (epoch, plan.step) in self._banks:
             return True  # built from this epoch's keys, which stay until the epoch ends
+        if self._keys_held[(epoch, plan.step)] < self._partners[plan.step]:
+            return False  # a partner's key is still to come: no need to find whose
         return not self._missing_keys(plan)
 
     def _masks(self, plan: StepPlan) -> dict[int, np.ndarray]:
@@ -470,6 +483,7 @@ class AgentCore:
             return
         self._ephemeral.pop(finished_round, None)
         self._partner_keys = {s: v for s, v in self._partner_keys.items() if s[0] != finished_round}
+        self._keys_held = Counter({s: n for s, n in self._keys_held.items() if s[0] != finished_round})
         self._secrets = {s: v for s, v in self._secrets.items() if s[0] != finished_round}
         self._banks = {s: v for s, v in self._banks.items() if s[0] != finished_round}
         self._relayed = {r for r in self._relayed if r[3] > finished_round}
