@@ -483,7 +483,8 @@ class AgentCore:
             return
         self._ephemeral.pop(finished_round, None)
         self._partner_keys = {s: v for s, v in self._partner_keys.items() if s[0] != finished_round}
-        self._keys_held = Counter({s: n for s, n in self._keys_held.items() if s[0] != finished_round})
+        for slot in [s for s in self._keys_held if s[0] == finished_round]:
+            del self._keys_held[slot]
         self._secrets = {s: v for s, v in self._secrets.items() if s[0] != finished_round}
         self._banks = {s: v for s, v in self._banks.items() if s[0] != finished_round}
         self._relayed = {r for r in self._relayed if r[3] > finished_round}

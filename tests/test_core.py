@@ -101,6 +101,7 @@ class Notes:
     # (agent, round) -> (the value it privatized, the self-term it kept)
     kept: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     refused: list[Exception] = field(default_factory=list)  # raised by receive, in order
+    agreed: dict[int, int] = field(default_factory=dict)  # agent -> DH agreements at its start
 
 
 class Observed(AgentCore):
@@ -115,6 +116,10 @@ class Observed(AgentCore):
         out = super()._send(plan)
         self.notes.kept[(self.me, self.round)] = (value, self._inbox[self.position][self.me])
         return out
+
+    def start(self, until: int | None = None) -> list[Message]:
+        self.notes.agreed[self.me] = self.counters.agreements
+        return super().start(until)
 
     def receive(self, msg: Message) -> list[Message]:
         try:
@@ -717,6 +722,17 @@ def test_rekey_counts_agreements_and_keeps_the_trajectory(graph: nx.Graph, rekey
         )
         assert core.counters.relayed == epochs * _relays(problem, Strategy.ATC, core.me)
     assert_same_trajectory(run.models, clean)
+
+
+def test_local_ghp_agrees_on_every_pair_key_while_keying_not_in_round_one() -> None:
+    """Go waits for every agent's Ready, so the Diffie-Hellman agreements and the pairs'
+    streams are made before it: round 1 then costs what later rounds cost (a thousand-agent
+    network has about 140 pairs an agent, several rounds' time in round 1 before)."""
+    problem = geometric()
+    run = played(problem, Strategy.ATC, Scheme.LOCAL_GHP)
+    want = {p: len(_distinct_partners(problem, Strategy.ATC, p)) for p in range(10)}
+    assert run.notes.agreed == want and sum(want.values()) > 0
+    assert all(core.counters.agreements == want[core.me] for core in run.cores)  # no more
 
 
 # ---- 7. waiting_for --------------------------------------------------------------------------
