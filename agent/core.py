@@ -7,7 +7,8 @@ very same code and the protocol is tested without a broker.
 A round runs the paper's three combine steps in order j = 1, 0, 2 (eqs. privPreComb,
 privUpdate, privPostComb). A step whose matrix is the identity needs no messages. For a
 communicating step the agent sends one message per out-neighbour, waits for one message
-per in-neighbour, then combines: sum_m a_mp * (message from m), its own term included.
+per in-neighbour, then combines: sum_m a_mp * (message from m), its own term included
+(masked schemes: each term rounded to the noise grid, where their masks cancel exactly).
 """
 
 from __future__ import annotations
@@ -28,10 +29,21 @@ Position = tuple[int, int]  # (round, index of the step in STEPS)
 
 @dataclass(frozen=True, slots=True)
 class Seat:
-    """local-ghp: where this agent sits at one hub for one step."""
+    """Masked schemes: where this agent sits at one hub for one step."""
 
     side: int  # +1 for N+, -1 for N-
     partners: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Masks:
+    """A masked scheme's masks at one step for one epoch: every target (the self-term
+    included), its public weight a_pk as a column, and the bank whose rows of a round are
+    each target's sum of side * g_pair (on the grid)."""
+
+    targets: list[int]
+    weights: np.ndarray  # (targets, 1)
+    bank: keys.MaskBank
 
 
 @dataclass
@@ -81,8 +93,8 @@ class AgentCore:
     ) -> None:
         if loss.dim != spec.dim:
             raise ValueError(f"loss has dim {loss.dim}, the spec says {spec.dim}")
-        if spec.scheme is Scheme.LOCAL_GHP and (identity is None or directory is None):
-            raise ValueError("local-ghp needs the agent's identity and its neighbours' keys")
+        if spec.scheme.masked and (identity is None or directory is None):
+            raise ValueError(f"{spec.scheme} needs the agent's identity and its neighbours' keys")
         self.spec, self.loss = spec, loss
         self.me = spec.agent
         self.identity = identity
@@ -95,7 +107,7 @@ class AgentCore:
         self.started, self._prepared = False, False
         self._sent = False
         self._inbox: dict[Position, dict[int, np.ndarray]] = {}
-        # local-ghp state: seats[(hub, step)], ephemeral keys and partners' keys per epoch
+        # masked schemes' state: seats[(hub, step)], ephemeral keys, partners' keys per epoch
         self._seats: dict[tuple[int, int], Seat] = {}
         self._ephemeral: dict[int, keys.Ephemeral] = {}
         self._shared_sent: set[int] = set()
@@ -105,7 +117,9 @@ class AgentCore:
         self._keys_held: Counter[tuple[int, int]] = Counter()
         self._partners: Counter[int] = Counter()
         self._secrets: dict[tuple[int, int, bytes], bytes] = {}  # (epoch, m, public) -> secret
-        self._banks: dict[tuple[int, int], tuple[list[int], keys.MaskBank]] = {}  # (epoch, step)
+        self._banks: dict[tuple[int, int], _Masks] = {}  # (epoch, step)
+        self._weights_in: dict[int, np.ndarray] = {}  # step -> its a_mp as a column
+        self._grid = rng.grid(spec.sigma_g)  # the lattice masked releases sit on
         self._relayed: set[tuple[int, int, int, int]] = set()  # (owner, partner, step, epoch)
 
     # ---- public API -------------------------------------------------------------------
@@ -125,14 +139,14 @@ class AgentCore:
 
     @property
     def keyed(self) -> bool:
-        """Whether round 1 can run without waiting for any key (always, but for local-ghp)."""
-        return self.spec.scheme is not Scheme.LOCAL_GHP or all(
+        """Whether round 1 can run without waiting for any key (always, but when masked)."""
+        return not self.spec.scheme.masked or all(
             self._keys_ready(plan) for plan in self.spec.steps if plan.communicates
         )
 
     def prepare(self) -> list[Message]:
-        """Before the rounds: local-ghp hubs announce their splits, agents share keys."""
-        if self.spec.scheme is not Scheme.LOCAL_GHP or self._prepared:
+        """Before the rounds: masked schemes' hubs announce their splits, agents share keys."""
+        if not self.spec.scheme.masked or self._prepared:
             return []
         self._prepared = True
         return self._announce_seats() + self._share_keys()
@@ -170,7 +184,7 @@ class AgentCore:
         if self.started:
             return self._advance()
         out = self._share_keys()
-        if self.spec.scheme is Scheme.LOCAL_GHP and self.keyed:
+        if self.spec.scheme.masked and self.keyed:
             self._open_banks()
         return out
 
@@ -178,13 +192,13 @@ class AgentCore:
         """Who this agent is blocked on (for a clear error when a neighbour goes silent)."""
         if self.done or self.held:
             return []
-        if not self.started:  # before round 1, only key shares can be missing (local-ghp)
+        if not self.started:  # before round 1, only key shares can be missing (masked)
             plans = [p for p in self.spec.steps if p.communicates]
-            if self.spec.scheme is not Scheme.LOCAL_GHP or not plans:
+            if not self.spec.scheme.masked or not plans:
                 return []
             return sorted(set().union(*(self._missing_keys(p) for p in plans)))
         plan = self.spec.steps[self.stage]
-        if self.spec.scheme is Scheme.LOCAL_GHP and not self._keys_ready(plan):
+        if self.spec.scheme.masked and not self._keys_ready(plan):
             return sorted(self._missing_keys(plan))
         have = self._inbox.get(self.position, {})
         return [m for m in plan.senders(self.me) if m not in have]
@@ -197,7 +211,7 @@ class AgentCore:
             plan = self.spec.steps[self.stage]
             if plan.communicates:
                 if not self._sent:
-                    if self.spec.scheme is Scheme.LOCAL_GHP:
+                    if self.spec.scheme.masked:
                         out += self._share_keys()
                         if not self._keys_ready(plan):
                             break
@@ -206,7 +220,7 @@ class AgentCore:
                 inbox = self._inbox.get(self.position, {})
                 if len(inbox) < len(plan.weights_in):
                     break
-                combined = _weighted_sum(plan.weights_in, inbox)
+                combined = self._combine(plan, inbox)
                 del self._inbox[self.position]
             else:
                 combined = self.value
@@ -230,19 +244,38 @@ class AgentCore:
     def _send(self, plan: StepPlan) -> list[Message]:
         """Privatize the current value for every out-neighbour; keep the self-term."""
         vectors = self._privatize(plan)
-        self._inbox.setdefault(self.position, {})[self.me] = vectors.pop(self.me)
+        self._inbox.setdefault(self.position, {})[self.me] = vectors[self.me]
         return [
-            Model(self.me, k, self.round, plan.step, v, self.spec.view) for k, v in vectors.items()
+            Model(self.me, k, self.round, plan.step, v, self.spec.view)
+            for k, v in vectors.items()
+            if k != self.me
         ]
 
     def _privatize(self, plan: StepPlan) -> dict[int, np.ndarray]:
+        """What goes to every out-neighbour (and the self-term): the scheme's release, then,
+        for a masked scheme, the pair masks on the lattice (rng.masked_release)."""
+        released = self._release(plan)
+        if not self.spec.scheme.masked:
+            return released
+        masks, rows = self._masks(plan)
+        if self.spec.scheme is Scheme.LOCAL_GHP:  # one release for every target: broadcast
+            vectors = self.value
+        else:  # np.array: np.stack costs several times more at this size
+            vectors = np.array([released[k] for k in masks.targets])
+        sent = rng.masked_release(vectors, rows, masks.weights, self._grid)
+        return dict(zip(masks.targets, sent, strict=True))
+
+    def _release(self, plan: StepPlan) -> dict[int, np.ndarray]:
+        """The scheme's release of the current value to every target, before any mask:
+        none and local-ghp the value itself; random, ghp and masked-ghp the value rounded
+        to the noise grid plus Laplace noise (random: a draw per link; ghp and masked-ghp:
+        one draw g per sender, -(1 - a_pp)/a_pp g on the self-term)."""
         x, me, spec = self.value, self.me, self.spec
         targets = list(plan.weights_out)
         if spec.scheme is Scheme.NONE:
             return {k: x.copy() for k in targets}
-        if spec.scheme is Scheme.LOCAL_GHP:
-            masks = self._masks(plan)
-            return {k: x + masks[k] if k in masks else x.copy() for k in targets}
+        if spec.scheme is Scheme.LOCAL_GHP:  # masked before it is sent: no copies
+            return dict.fromkeys(targets, x)
         x = rng.snap(x, spec.sigma_g)  # released on the noise grid, own term included
         # The agent's own stream: one draw per agent id (row k: what receiver k gets).
         raw = rng.raw_row(
@@ -251,11 +284,23 @@ class AgentCore:
         table = rng.laplace(rng.uniforms(raw), spec.sigma_g).reshape(spec.agents, spec.dim)
         if spec.scheme is Scheme.RANDOM:
             return {k: x.copy() if k == me else x + table[k] for k in targets}
-        g = table[me]  # ghp: one draw per sender, cancelled in the q-weighted network sum
+        g = table[me]  # one draw per sender, cancelled in the q-weighted network sum
         a_mm = plan.weights_out[me]
         return {k: x - (1 - a_mm) / a_mm * g if k == me else x + g for k in targets}
 
-    # ---- local-ghp: seats, key shares, masks -----------------------------------------
+    def _combine(self, plan: StepPlan, inbox: Mapping[int, np.ndarray]) -> np.ndarray:
+        """sum_m a_mp (what m sent); masked schemes take each term on the lattice, where
+        the pair masks cancel exactly (rng.on_lattice)."""
+        if not self.spec.scheme.masked:
+            return _weighted_sum(plan.weights_in, inbox)
+        a = self._weights_in.get(plan.step)
+        if a is None:
+            a = self._weights_in[plan.step] = np.array([*plan.weights_in.values()])[:, None]
+        stacked = np.array([inbox[m] for m in plan.weights_in])
+        total: np.ndarray = rng.on_lattice(stacked, a, self._grid).sum(axis=0)
+        return total
+
+    # ---- masked schemes: seats, key shares, masks -----------------------------------------
 
     def _epoch(self, round_: int) -> int:
         return round_ if self.spec.rekey is Rekey.EVERY_ROUND else 0
@@ -308,7 +353,7 @@ class AgentCore:
     def _share_keys(self) -> list[Message]:
         """Send this epoch's signed ephemeral key to every partner, via the hub."""
         epoch = self._epoch(self.round)
-        if self.spec.scheme is not Scheme.LOCAL_GHP or epoch in self._shared_sent:
+        if not self.spec.scheme.masked or epoch in self._shared_sent:
             return []
         needed = {(k, p.step) for p in self.spec.steps for k in p.receivers(self.me)}
         if not needed <= self._seats.keys():
@@ -415,9 +460,10 @@ class AgentCore:
             return False  # a partner's key is still to come: no need to find whose
         return not self._missing_keys(plan)
 
-    def _masks(self, plan: StepPlan) -> dict[int, np.ndarray]:
-        """Per hub where I sit: sum over my partners of side * g_pair / a_(me,hub), which
-        cancels at the hub. My own term at a hub with 2+ other neighbours has no seat, no mask.
+    def _masks(self, plan: StepPlan) -> tuple[_Masks, np.ndarray]:
+        """Per target k (the self-term included): sum over my partners at hub k of
+        side * g_pair, on the grid, which cancels at the hub once each term is on the
+        lattice. My own term at a hub with 2+ other neighbours has no seat, no mask.
 
         The pairs' masks come from one keys.PairStream per (pair, hub, step, epoch), read a
         round at a time (see there why that is as safe as a fresh key per round), through a
@@ -427,9 +473,8 @@ class AgentCore:
         bank = self._banks.get((epoch, step))
         if bank is None:
             bank = self._banks[(epoch, step)] = self._bank(epoch, plan)
-        hubs, masks = bank
         last = self.round if self.spec.rekey is Rekey.EVERY_ROUND else self.until
-        return dict(zip(hubs, masks.at(self.round, last), strict=True))
+        return bank, bank.bank.at(self.round, last)
 
     def _open_banks(self) -> None:
         """With every key of the first epoch in: agree on every pair's secret and open its
@@ -441,15 +486,17 @@ class AgentCore:
             if plan.communicates and (epoch, plan.step) not in self._banks:
                 self._banks[(epoch, plan.step)] = self._bank(epoch, plan)
 
-    def _bank(self, epoch: int, plan: StepPlan) -> tuple[list[int], keys.MaskBank]:
-        """The hubs where I sit at this step, and the bank of their masks for this epoch."""
+    def _bank(self, epoch: int, plan: StepPlan) -> _Masks:
+        """Every target, its public weight, and the bank of its masks for this epoch."""
         step = plan.step
-        seats = [
-            (hub, seat)
-            for hub in plan.weights_out
-            if (seat := self._seats.get((hub, step))) is not None
+        targets = list(plan.weights_out)
+        seats = [self._seats.get((hub, step)) for hub in targets]
+        pairs = [
+            (hub, m)
+            for hub, seat in zip(targets, seats, strict=True)
+            if seat
+            for m in seat.partners
         ]
-        pairs = [(hub, m) for hub, seat in seats for m in seat.partners]
         streams = [
             keys.PairStream(
                 self._secret(epoch, m, self._partner_keys[(epoch, hub, step, m)]),
@@ -462,13 +509,14 @@ class AgentCore:
             )
             for hub, m in pairs
         ]
-        coeffs = np.zeros((len(seats), len(pairs)))
-        for row, (hub, seat) in enumerate(seats):
+        coeffs = np.zeros((len(targets), len(pairs)))
+        for row, (hub, seat) in enumerate(zip(targets, seats, strict=True)):
             for col, (at, _) in enumerate(pairs):
-                if at == hub:
-                    coeffs[row, col] = seat.side / plan.weights_out[hub]
+                if seat is not None and at == hub:
+                    coeffs[row, col] = seat.side
         bank = keys.MaskBank(streams, coeffs, self.spec.dim, self.spec.sigma_g)
-        return [hub for hub, _ in seats], bank
+        weights = np.array([plan.weights_out[k] for k in targets])[:, None]
+        return _Masks(targets, weights, bank)
 
     def _secret(self, epoch: int, partner: int, public: bytes) -> bytes:
         slot = (epoch, partner, public)

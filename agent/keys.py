@@ -1,8 +1,9 @@
 """The real cryptography of privnet: identities, signed key shares, masks, link keys, sealing.
 
 Every agent has a long-term Ed25519 identity (signatures) and a static X25519 key (link MAC
-keys). For local-ghp, each pair at a hub agrees on a secret through ephemeral X25519 keys
-that the owners sign, so the relaying hub cannot swap in its own keys and strip the masks.
+keys). For the masked schemes (local-ghp, masked-ghp), each pair at a hub agrees on a secret
+through ephemeral X25519 keys that the owners sign, so the relaying hub cannot swap in its
+own keys and strip the masks.
 Secrets come from OS entropy only; masks come from HKDF + ChaCha20, never from numpy seeds.
 Pure functions, no I/O.
 """
@@ -186,7 +187,7 @@ class Identity:
 
 @dataclass(frozen=True, eq=False)
 class Ephemeral:
-    """X25519 key pair for one epoch of local-ghp agreements."""
+    """X25519 key pair for one epoch of pair-mask agreements."""
 
     private: X25519PrivateKey
     public: bytes
@@ -358,7 +359,7 @@ class MaskBank:
     """Fixed linear combinations of pair masks, round by round: row h of round i is
     sum_p coeffs[h, p] * g_p,i, with g_p,i the Laplace mask of round i from `streams[p]`.
 
-    The core's masks at a step are such combinations (side / a_(me,hub) over the pairs it
+    The core's masks at a step are such combinations (the side, +1 or -1, of each pair it
     sits in at each hub), the same every round of an epoch, so the bank reads `ahead`
     rounds of every stream at once and maps and combines them in a few numpy operations:
     a round then costs an index, not a cipher call and a dozen small numpy calls per pair.

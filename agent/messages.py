@@ -27,7 +27,7 @@ class Model:
 
 @dataclass(frozen=True, slots=True)
 class KeyPlan:
-    """local-ghp: hub `sender` tells `receiver` its side at this hub and its partners there."""
+    """Masked schemes: hub `sender` tells `receiver` its side at this hub and its partners."""
 
     sender: int  # the hub
     receiver: int
@@ -39,7 +39,7 @@ class KeyPlan:
 
 @dataclass(frozen=True, slots=True)
 class KeyShare:
-    """local-ghp: `owner`'s signed ephemeral X25519 key for `partner`, relayed by `hub`.
+    """Masked schemes: `owner`'s signed ephemeral X25519 key for `partner`, relayed by `hub`.
 
     Sent owner -> hub (sender=owner), then forwarded hub -> partner (sender=hub) unchanged.
     The signature covers everything but sender/receiver, so the hub cannot swap the key.

@@ -33,6 +33,8 @@ from gmqtt.mqtt.protocol import BaseMQTTProtocol, MQTTProtocol
 from agent import keys, topics
 from agent.access import ClientAccess
 from agent.node import PEER_QOS, QOS, AgentNode, Checkpoint, Launch, Output, Phase, Unsubscribe
+from agent.private import private_dir, write_private
+from agent.spec import ConfigError
 
 log = logging.getLogger("privnet.agent")
 PAUSED = 1.0  # seconds a wait overran: this process itself was not running
@@ -57,7 +59,7 @@ class BrokerAddress:
         host, sep, port = text.strip().rpartition(":")
         host = host.removeprefix("[").removesuffix("]")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65_536:
-            raise ValueError(
+            raise ConfigError(
                 f"bad broker address {text!r}: write HOST:PORT with a port in 1-65535, "
                 "e.g. 127.0.0.1:1883 or [::1]:1883"
             )
@@ -80,6 +82,10 @@ def run(main: Coroutine[Any, Any, T]) -> T:
 class MqttError(Exception):
     """The broker refused us, or the connection to it ended for good (the reconnect budget
     was spent, or the broker refused the credentials)."""
+
+
+class CouldNotConnect(MqttError):
+    """The first connection was never made: nothing there, no answer, or no MQTT."""
 
 
 RECONNECT_FIRST = 0.1  # s: the first pause after a loss, doubled per failed attempt ...
@@ -106,6 +112,10 @@ class Outages:
 Deliver = Callable[[str, bytes, bool], None]  # (topic, payload, retained)
 Taker = Callable[[str, bytes, bool], bool]  # ... True: taken, False: queue it
 _PUBLISH_QOS0 = 0x30  # fixed-header byte of a QoS-0 PUBLISH, flags DUP and RETAIN masked out
+# Fixed-header bytes a broker may send (3.1.1; PUBLISH with any flags): a server whose first
+# byte is none of them speaks another protocol (an HTTP server's "HTTP/1.1 ...", say).
+_FROM_BROKER = frozenset([0x20, 0x40, 0x50, 0x62, 0x70, 0x90, 0xB0, 0xD0, 0xE0, *range(0x30, 0x40)])
+NOT_MQTT_SHOWN = 40  # bytes of a non-MQTT server's answer quoted in the error
 
 
 class _Protocol(MQTTProtocol):  # type: ignore[misc,unused-ignore]
@@ -127,11 +137,19 @@ class _Protocol(MQTTProtocol):  # type: ignore[misc,unused-ignore]
         self._deliver = deliver
         self._unparsed = b""
         self._corked: list[bytes] | None = None
+        self._heard = False  # any byte from the server yet
+        self.not_mqtt: bytes | None = None  # what a server that is no MQTT broker answered
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         BaseMQTTProtocol.connection_made(self, transport)  # not gmqtt's: no read task
 
     def data_received(self, data: bytes) -> None:
+        if not self._heard:
+            self._heard = True
+            if data[0] not in _FROM_BROKER:  # an HTTP server, say: its words, not a packet
+                self.not_mqtt = data[:NOT_MQTT_SHOWN]
+                self._transport.close()
+                return
         data = self._unparsed + data if self._unparsed else data
         parsed = self._read_packet(data)
         if parsed < 0:  # a malformed length: gmqtt stops reading, the keepalive ends it
@@ -329,9 +347,12 @@ class Connection:
         keepalive: int = 30,
         give_up: float = RECONNECT_BUDGET,
         first_wait: float = 0.0,
+        connect_timeout: float | None = None,
     ) -> None:
         self.broker, self.access, self.keepalive, self.give_up = broker, access, keepalive, give_up
         self.first_wait = first_wait
+        self.connect_timeout = give_up if connect_timeout is None else connect_timeout
+        self._first: asyncio.Future[str] | None = None  # the first connect, closed: why
         self._inflight = _Inflight()
         self._client = _Client(
             "",
@@ -377,30 +398,61 @@ class Connection:
         )
 
     async def __aenter__(self) -> Self:
-        """Connect; for up to `first_wait` s the broker may not be there yet (a host's broker
-        that comes up after its agents): attempts back off as reconnects do."""
+        """Connect. For up to `first_wait` s the broker may not be there yet (a host's broker
+        that comes up after its agents): attempts back off as reconnects do. Past it, a
+        server that refuses, closes, answers in another protocol or says nothing within
+        `connect_timeout` ends it with MqttError saying which (nothing was lost, so nothing
+        is made again)."""
         end, pause = time.monotonic() + self.first_wait, RECONNECT_FIRST
         while True:
             try:
-                await self._connect()
+                await self._connect_first()
                 break
-            except (OSError, gmqtt.mqtt.handler.MQTTConnectError) as exc:
-                refused = getattr(exc, "_code", None) in _REFUSED_FOR_GOOD
-                if refused or time.monotonic() + pause > end:
+            except CouldNotConnect as exc:
+                if time.monotonic() + pause > end:
                     await self._close()
-                    raise MqttError(
-                        f"cannot connect to the broker at {self.broker}: {exc}"
-                    ) from None
+                    raise
                 if not self.outages.attempts:
                     log.warning("no broker at %s yet (%s); trying again", self.broker, exc)
                 self.outages.attempts += 1
                 with contextlib.suppress(Exception):  # what this attempt left half made
                     await self._client._disconnect()
+            except MqttError:
+                await self._close()
+                raise
             await asyncio.sleep(pause * random.uniform(0.5, 1.0))
             pause = min(2 * pause, RECONNECT_MAX)
         self._up = True
         self._settled.set()
         return self
+
+    async def _connect_first(self) -> None:
+        """One first attempt within `connect_timeout`: CouldNotConnect when no broker
+        answered, MqttError when one refused us for good."""
+        loop = asyncio.get_running_loop()
+        self._first = closed = loop.create_future()
+        attempt = loop.create_task(self._connect())
+        try:
+            done, _ = await asyncio.wait(
+                (attempt, closed), timeout=self.connect_timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if attempt in done:
+                attempt.result()
+            elif closed.done():
+                raise ConnectionError(closed.result())
+            else:
+                raise TimeoutError(f"no answer to CONNECT in {self.connect_timeout:.0f} s")
+        except (OSError, gmqtt.mqtt.handler.MQTTConnectError) as exc:
+            attempt.cancel()
+            with contextlib.suppress(BaseException):
+                await attempt
+            if getattr(exc, "_code", None) in _REFUSED_FOR_GOOD:  # a broker, saying no
+                raise MqttError(f"the broker at {self.broker} refused us: {exc}") from None
+            raise CouldNotConnect(
+                f"could not connect to the broker at {self.broker}: {exc}"
+            ) from None
+        finally:
+            self._first = None
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self._close()
@@ -455,6 +507,10 @@ class Connection:
             if not waiter.done():
                 waiter.set_exception(_Lost("connection lost before an acknowledgement"))
         self._acks.clear()
+        if self._first is not None:  # the first connect: it failed, nothing was lost
+            if not self._first.done():
+                self._first.set_result(self._refusal(exc))
+            return
         if self._closing or self._lost is not None:
             return
         if self._reconnecting is not None and not self._reconnecting.done():
@@ -464,6 +520,13 @@ class Connection:
         self.outages.losses += 1
         log.warning("lost the broker at %s (%s); reconnecting", self.broker, exc or "closed")
         self._reconnecting = asyncio.get_running_loop().create_task(self._reconnect())
+
+    def _refusal(self, exc: BaseException | None) -> str:
+        """Why the server closed a connection it never acknowledged."""
+        heard = None if self._client.protocol is None else self._client.protocol.not_mqtt
+        if heard is not None:
+            return f"the server there does not speak MQTT (it answered {heard!r})"
+        return f"it closed the connection before answering ({exc or 'no reason given'})"
 
     def _on_ack(self, _c: Any, mid: int, *_rest: Any) -> None:
         waiter = self._acks.pop(mid, None)
@@ -569,6 +632,10 @@ class Connection:
                 await waiter
         except _Lost:
             await self._wait_up()
+        except TimeoutError:
+            raise MqttError(
+                f"the broker at {self.broker} did not acknowledge in {timeout:.0f} s"
+            ) from None
 
     async def subscribe(self, topic: str, qos: int = QOS, timeout: float = 10.0) -> None:
         """Subscribe and wait for the SUBACK (through an outage: for the reconnect)."""
@@ -639,10 +706,14 @@ def client(
     broker: BrokerAddress,
     access: ClientAccess,
     give_up: float = RECONNECT_BUDGET,
+    *,
     first_wait: float = 0.0,
+    connect_timeout: float | None = None,
 ) -> Connection:
     """A connection as every privnet party makes it (use with `async with`)."""
-    return Connection(broker, access, give_up=give_up, first_wait=first_wait)
+    return Connection(
+        broker, access, give_up=give_up, first_wait=first_wait, connect_timeout=connect_timeout
+    )
 
 
 @dataclass(frozen=True)
@@ -675,24 +746,28 @@ class AgentLaunch:
         return {self.ENV: self.to_json()}
 
     @classmethod
+    def group_json(cls, launches: list[AgentLaunch]) -> str:
+        """Several launches as one JSON list: $PRIVNET_LAUNCHES, or a stack's launches.json."""
+        return json.dumps([asdict(a) for a in launches])
+
+    @classmethod
     def group_env(cls, launches: list[AgentLaunch]) -> dict[str, str]:
-        return {cls.GROUP_ENV: json.dumps([asdict(a) for a in launches])}
+        return {cls.GROUP_ENV: cls.group_json(launches)}
 
     @classmethod
     def group_from_env(cls, env: Mapping[str, str] = os.environ) -> list[AgentLaunch] | None:
         text = env.get(cls.GROUP_ENV)
-        if text is None:
-            return None
+        return None if text is None else cls.group_from_json(text, f"${cls.GROUP_ENV}")
+
+    @classmethod
+    def group_from_json(cls, text: str, where: str) -> list[AgentLaunch]:
         try:
             items = json.loads(text)
             if not isinstance(items, list) or not items:
                 raise ValueError("not a non-empty list")
         except ValueError as exc:
-            raise ValueError(f"${cls.GROUP_ENV} is not a list of launches: {exc}") from None
-        return [
-            cls.from_json(json.dumps(item), f"${cls.GROUP_ENV}[{n}]")
-            for n, item in enumerate(items)
-        ]
+            raise ValueError(f"{where} is not a list of launches: {exc}") from None
+        return [cls.from_json(json.dumps(item), f"{where}[{n}]") for n, item in enumerate(items)]
 
     @classmethod
     def from_json(cls, text: str, where: str) -> AgentLaunch:
@@ -953,11 +1028,7 @@ def checkpoint_path(directory: str | Path, agent: int) -> Path:
 def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
     """Atomically (a crash mid-write leaves the previous one), readable by the owner only:
     it holds true models."""
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(checkpoint.to_bytes())
-    os.replace(tmp, path)
+    write_private(path, checkpoint.to_bytes())
 
 
 def load_checkpoint(path: Path | None) -> Checkpoint | None:
@@ -979,7 +1050,7 @@ async def run_agent(
     launched to rejoin, starts from the one it finds."""
     path = None if checkpoints is None else checkpoint_path(checkpoints, launch.agent)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
     start = load_checkpoint(path) if launch.rejoin else None
     if start is not None and (start.run, start.agent) != (launch.run, launch.agent):
         log.warning("agent %s: %s is another run's checkpoint; not used", launch.agent, path)
@@ -998,6 +1069,6 @@ async def run_agent(
             publish(mqtt, node.start(time.monotonic()))
             await pump(mqtt, node, lambda: node.done, on_output)
     except (MqttError, TimeoutError) as exc:
-        log.error("agent %s: lost the broker at %s: %s", launch.agent, broker, exc)
+        log.error("agent %s: %s", launch.agent, exc or f"no answer from the broker at {broker}")
         return 3
     return 0 if node.phase is Phase.CLOSED else 2

@@ -764,7 +764,11 @@ class AgentNode:
             )
             payload = wire.encode_signed(finished, self.run, self._seq + 1, self.identity)
             size = topics.mqtt_publish_size(topic, len(payload), QOS)
-        return Output([self._up(topic, finished)], [Event("finished", f"session {session.number}")])
+        did = (
+            f"session {session.number}, view {session.view}, in {finished.wall:.2f} s: sent "
+            f"{dict(messages)} messages, {dict(sent)} bytes; rejected {dict(rejected) or 'none'}"
+        )
+        return Output([self._up(topic, finished)], [Event("finished", did)])
 
     def _count(self, reason: str) -> None:
         self._count_n(reason, 1)

@@ -102,6 +102,29 @@ def snap(x: np.ndarray, sigma_g: float) -> np.ndarray:
     return x if step == 0 else step * np.rint(x / step)
 
 
+def on_lattice(v: np.ndarray, a: np.ndarray | float, step: float) -> np.ndarray:
+    """a * v rounded to the noise grid `step` (grid(sigma_g)): the point n * step of the
+    integer lattice that a masked scheme releases (n exact for |n| < 2^51, i.e. |a v| < 2^30
+    Laplace scales; without noise, step 0, a v itself).
+
+    A hub applies the same function to what it receives: on_lattice(masked_release(v, M,
+    a, step), a, step) is exactly on_lattice(v, a, step) + M, so pair masks M on the grid
+    cancel exactly, in integers, and every term of a masked combination is a v rounded to
+    the grid."""
+    return a * v if step == 0 else step * np.rint(a * v / step)
+
+
+def masked_release(
+    v: np.ndarray, masks: np.ndarray | float, a: np.ndarray | float, step: float
+) -> np.ndarray:
+    """What a masked scheme sends to a hub that weighs it by the public a: the lattice point
+    on_lattice(v, a, step) + masks (masks on the grid) divided by a. The release is one
+    float function of that integer point and the public a, so its low-order bits carry
+    nothing of v (Mironov's float attack finds no impossible release; privacy/sampler.py).
+    """
+    return (on_lattice(v, a, step) + masks) / a
+
+
 def laplace(u: np.ndarray, sigma_g: float) -> np.ndarray:
     """Laplace noise on the grid (a discretized Laplace, as OpenDP releases it).
 

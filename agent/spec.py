@@ -30,6 +30,17 @@ class Scheme(StrEnum):
     RANDOM = "random"
     GHP = "ghp"
     LOCAL_GHP = "local-ghp"
+    MASKED_GHP = "masked-ghp"
+
+    @property
+    def masked(self) -> bool:
+        """Pairwise masks from key agreements, cancelling at each hub (released on the grid)."""
+        return self in (Scheme.LOCAL_GHP, Scheme.MASKED_GHP)
+
+    @property
+    def homomorphic(self) -> bool:
+        """One Laplace draw per sender, cancelled in the Perron-weighted network sum."""
+        return self in (Scheme.GHP, Scheme.MASKED_GHP)
 
 
 class Rekey(StrEnum):
@@ -47,7 +58,7 @@ class StepPlan:
 
     weights_in[m] = a_j,mp for m in N_p (p included): how p weighs what m sends.
     weights_out[k] = a_j,pk for every k that listens to p (p included): public weights
-    that local-ghp needs to scale masks and ghp needs for the self-term (a_pp).
+    that the masked schemes need to put masks on the lattice and ghp for the self-term (a_pp).
     """
 
     step: int
@@ -138,5 +149,5 @@ def _check_plan(spec: AgentSpec, plan: StepPlan) -> None:
             f"agent {me}, step {plan.step}: incoming weights sum to {total:.12g}, not 1; "
             "the combination matrix must be left-stochastic (columns sum to 1)"
         )
-    if spec.scheme is Scheme.GHP and plan.communicates and plan.weights_out[me] <= 0:
-        raise ConfigError(f"agent {me}: ghp needs a_pp > 0")
+    if spec.scheme.homomorphic and plan.communicates and plan.weights_out[me] <= 0:
+        raise ConfigError(f"agent {me}: {spec.scheme} needs a_pp > 0")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,7 +25,10 @@ from pathlib import Path
 from pwdlib.hashers.argon2 import Argon2Hasher
 
 from agent.access import ClientAccess
+from agent.private import write_private
 from agent.topics import run_filter
+
+__all__ = ["Credentials", "write_private"]  # write_private: broker/ writes through it
 
 ORCHESTRATOR = "orchestrator"
 INSPECTOR = "inspector"
@@ -185,15 +187,6 @@ def mosquitto_acl(title: str, rules: Mapping[str, Rules]) -> str:
         out += [f"topic read {t}" for t in rule.read if t not in both]
         out += [f"topic write {t}" for t in rule.write if t not in both]
     return "\n".join(out) + "\n"
-
-
-def write_private(path: Path, text: str, mode: int = 0o600) -> Path:
-    """Write `text` to a file created with `mode` (never briefly world-readable)."""
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    return path
 
 
 def _check_agents(agents: int) -> None:

@@ -36,6 +36,7 @@ import aiomqtt
 from agent.access import ClientAccess
 from agent.inbox import Inbox
 from agent.mqtt import BrokerAddress
+from agent.spec import ConfigError
 from agent.topics import MAX_PACKET_SIZE
 from broker.credentials import Credentials, Users, write_private
 from broker.tls import TLSFiles, make_tls
@@ -353,10 +354,11 @@ def write_compose_files(
     mount: Path = Path("/privnet"),
     broker_uid: int | None = None,
     client_uid: int | None = None,
+    port: int = 1883,
 ) -> Path:
     """A run's broker files for docker-compose, written into `out`, mounted at `mount`:
 
-    - `broker/`: mosquitto.conf (listener 1883, anonymous refused, the run's password file
+    - `broker/`: mosquitto.conf (listener `port`, anonymous refused, the run's password file
       and ACL, TLS if `tls_hostnames` is given: server cert for those names), passwd, acl,
       server.crt, server.key.
     - `credentials.json`: every user (the orchestrator's copy); `users/<user>.env`: one
@@ -365,6 +367,8 @@ def write_compose_files(
 
     Everything private is 0600: run as root with `broker_uid` (1883 in eclipse-mosquitto) and
     `client_uid` (1000, privnet in the image) to hand each part to the user who reads it.
+    As root without `broker_uid`, broker/ goes to this host's `mosquitto` user, if any: a
+    mosquitto started here as root reads it as that user.
     """
     out = Path(out)
     broker_dir, users = out / "broker", out / "users"
@@ -377,13 +381,15 @@ def write_compose_files(
         shutil.copyfile(tls.ca_cert, out / "ca.crt")
         ca_file = mount / "ca.crt"
     settings = mosquitto_settings(broker_dir, credentials, tls, at=mount / "broker")
-    (broker_dir / "mosquitto.conf").write_text(mosquitto_config("1883", settings))
+    (broker_dir / "mosquitto.conf").write_text(mosquitto_config(str(port), settings))
     write_private(out / "credentials.json", credentials.to_json())
     for user in credentials.passwords:
         env = credentials.access(user, tls=tls is not None, ca_file=ca_file).to_env()
         write_private(users / f"{user}.env", "".join(f"{k}={v}\n" for k, v in env.items()))
     if broker_uid is not None:
         _chown_files(broker_dir, broker_uid, broker_uid)
+    else:
+        _give_to_mosquitto_user(broker_dir)
     if client_uid is not None:
         _chown_files(users, client_uid, client_uid)
         os.chown(out / "credentials.json", client_uid, client_uid)
@@ -416,7 +422,7 @@ def launch(
     """
     if choice not in KINDS:
         if ":" not in choice:
-            raise ValueError(
+            raise ConfigError(
                 f"unknown broker {choice!r}: use auto, mosquitto, embedded or HOST:PORT"
             )
         if hostnames:

@@ -1,18 +1,27 @@
-"""The reconstruction attack: what an eavesdropper with the whole wire can rebuild.
+"""The reconstruction attack, adversary by adversary: what each rebuilds from what it reads.
 
-It records every model message of a run (as `privnet run --audit` does) and knows the
-public combination matrix, the strategy, the scheme and mu. Per round and combine step it
-solves for the clear values y_m (what each sender privatized) by least squares:
-  - every link message m -> k observes y_m (none: exactly; random: plus its own noise;
-    ghp: plus the sender's one draw; local-ghp: plus pair masks of scale b / a_mk);
-  - local-ghp only: every hub k with two or more other neighbours gets
-    sum_l a_lk (message l -> k) = sum_l a_lk y_l exactly, since the masks cancel there.
-    These sums are exact constraints (Mrini, Cyffers and Bellet, ICML 2024, reconstruct
-    data from gossip averages the same way); the link messages, weighted by a_mk^2, settle
-    only what the sums leave free.
-With the trajectory it estimates each agent's local minimizer (ATC): the update
-psi_p = phi_p - mu grad J_p(phi_p) gives grad J_p at phi_p = sum_m a_mp (what p received),
-and an affine fit grad ~ H w - r over the rounds has its root at H^-1 r.
+An adversary (privacy.accountant.Adversary) reads some of a run's model frames: an outsider
+(on one link, or the broker and anyone on every link) reads them only where the links are
+not sealed; an insider (a hub, a coalition) reads the frames addressed to it with its own
+link keys, knows its own values and holds its own pair masks. Everyone knows the public
+combination matrix, the strategy, the scheme and mu. Per round and combine step the attack
+solves for the values the senders released (the clear value under none and local-ghp; y
+plus its noise under random, ghp and masked-ghp, whose noise is what protects y) by least
+squares:
+  - every frame m -> k read observes that release (none: exactly; random: plus its own
+    noise; ghp: plus the sender's one draw; the masked schemes: plus pair masks of scale
+    b / a_mk, so the frame is weighted by a_mk);
+  - masked schemes: the frames into a hub, each taken on the lattice and added up, are the
+    sum of the releases exactly (the masks cancel there). That is an exact constraint
+    wherever the adversary reads every frame into a hub: the whole wire at every hub with
+    two or more other neighbours, an insider at its own hubs (its members' terms known).
+    Mrini, Cyffers and Bellet (ICML 2024) reconstruct data from gossip averages this way;
+  - an insider that holds every pair mask of a frame (its sender's partners at that hub
+    are all members; a hub with one other neighbour pairs with it) reads its release.
+With the trajectory it estimates each agent's local minimizer (ATC) where it reads every
+frame into that agent: the update psi_p = phi_p - mu grad J_p(phi_p) gives grad J_p at
+phi_p = sum_m a_mp (what p received), and an affine fit grad ~ H w - r over the rounds has
+its root at H^-1 r. An agent it reads nothing of is estimated as 0 (relative error 1).
 """
 
 from __future__ import annotations
@@ -24,23 +33,37 @@ import numpy as np
 from rich.table import Table
 from scipy.linalg import lstsq, null_space
 
-from agent.spec import Scheme, Strategy
+from agent.core import split_senders
+from agent.spec import ConfigError, Scheme, Strategy
 from orchestrator.experiment import classification
 from orchestrator.experiment.problem import Problem
+from orchestrator.privacy.accountant import Adversary
 from orchestrator.report import titled_table
 
 Seen = Mapping[tuple[int, int, int, int], np.ndarray]  # (sender, receiver, round, step)
-RECOVERED = 1e-9  # relative error below which a trajectory counts as recovered exactly
+# A trajectory within this relative error counts as recovered: exact up to the lattice the
+# masked schemes release on (each term rounded to 2^-20 of the noise scale; none: 1e-15).
+RECOVERED = 1e-6
+WIRE = Adversary("wire")
 
 
 def reconstruct(
-    problem: Problem, strategy: Strategy, scheme: Scheme, seen: Seen
+    problem: Problem,
+    strategy: Strategy,
+    scheme: Scheme,
+    seen: Seen,
+    adversary: Adversary = WIRE,
+    known: Seen | None = None,
 ) -> dict[tuple[int, int, int], np.ndarray]:
-    """Estimates of y[(sender, round, step)] from the messages on the wire."""
+    """Estimates of the releases y[(sender, round, step)] from the frames of `seen` that
+    `adversary` reads; `known`: the releases it knows exactly, by frame (an insider's own,
+    and those whose masks it holds: `insider_knowledge`)."""
     matrices = problem.matrices(strategy)
+    known = known or {}
     by_slot: dict[tuple[int, int], list[tuple[int, int, np.ndarray]]] = {}
     for (m, k, i, step), vector in seen.items():
-        by_slot.setdefault((i, step), []).append((m, k, np.asarray(vector)))
+        if adversary.reads(m, k):
+            by_slot.setdefault((i, step), []).append((m, k, np.asarray(vector)))
     out = {}
     for (i, step), links in by_slot.items():
         a = matrices[step]
@@ -50,30 +73,73 @@ def reconstruct(
         weights = np.ones(len(links))
         for r, (m, k, _) in enumerate(links):
             rows[r, column[m]] = 1.0
-            if scheme is Scheme.LOCAL_GHP:
+            if scheme.masked:
                 weights[r] = a[m, k]
         values = np.array([v for *_, v in links])
-        exact, sums = _hub_sums(a, links, column) if scheme is Scheme.LOCAL_GHP else (None, None)
+        exact, sums = _exact(a, links, column, (i, step), known) if scheme.masked else (None, None)
         y = _solve(rows * weights[:, None], values * weights[:, None], exact, sums)
         out.update({(m, i, step): y[column[m]] for m in senders})
     return out
 
 
-def _hub_sums(a: np.ndarray, links, column) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """local-ghp: sum_l a_lk y_l = sum_l a_lk (message l -> k) at hubs with >= 2 senders."""
+def _exact(
+    a: np.ndarray,
+    links: list[tuple[int, int, np.ndarray]],
+    column: dict[int, int],
+    slot: tuple[int, int],
+    known: Seen,
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The masked schemes' exact constraints of one slot: sum_l a_lk y_l = sum_l a_lk
+    (frame l -> k) at every hub with 2+ other neighbours whose every frame is in `links`
+    (the masks cancel there), and y_m itself for every frame of it in `known`."""
     into: dict[int, list[tuple[int, np.ndarray]]] = {}
     for m, k, v in links:
         into.setdefault(k, []).append((m, v))
     rows, sums = [], []
     for k, heard in sorted(into.items()):
-        if len(heard) < 2:
-            continue  # the hub pairs with its sole neighbour: its sum stays masked
+        if len(heard) < 2 or len(heard) < np.count_nonzero(a[:, k]) - 1:
+            continue  # a sole neighbour pairs with the hub, or a frame is missing: masked
         row = np.zeros(len(column))
         for m, _ in heard:
             row[column[m]] = a[m, k]
         rows.append(row)
         sums.append(sum(a[m, k] * v for m, v in heard))
+    for (m, _k, i, step), v in sorted(known.items(), key=lambda item: item[0]):
+        if (i, step) == slot:
+            row = np.zeros(len(column))
+            row[column[m]] = 1.0
+            rows.append(row)
+            sums.append(np.asarray(v))
     return (np.array(rows), np.array(sums)) if rows else (None, None)
+
+
+def insider_knowledge(
+    problem: Problem,
+    strategy: Strategy,
+    scheme: Scheme,
+    adversary: Adversary,
+    released: Seen,
+) -> dict[tuple[int, int, int, int], np.ndarray]:
+    """The releases an insider knows exactly, by frame (sender, receiver, round, step):
+    its members' own into its hubs, and, under a masked scheme, any whose every pair mask
+    it holds (the sender's partners at that member hub all members). `released`: every
+    frame's release, from the replay (audit.Replay.released)."""
+    if not adversary.insider:
+        return {}
+    matrices = problem.matrices(strategy)
+    seats = {}
+    out = {}
+    for (m, k, i, step), v in released.items():
+        if m == k or k not in adversary.members:
+            continue
+        if (k, step) not in seats:
+            heard = [int(s) for s in np.flatnonzero(matrices[step][:, k]) if s != k]
+            seats[(k, step)] = split_senders(heard, k) if heard else {}
+        seat = seats[(k, step)].get(m)
+        holds = scheme.masked and seat is not None and set(seat.partners) <= adversary.members
+        if m in adversary.members or holds:
+            out[(m, k, i, step)] = v
+    return out
 
 
 def _solve(rows, values, exact, sums) -> np.ndarray:
@@ -141,57 +207,111 @@ def attack_session(
     repeat: int,
     seen: Seen,
     clear: Mapping[tuple[int, int, int], np.ndarray],
+    adversary: Adversary = WIRE,
+    known: Seen | None = None,
+    attacked: int = 0,
 ) -> dict[str, Any]:
-    """Per-agent relative errors of the trajectory and local-minimizer estimates."""
-    estimate = reconstruct(problem, strategy, scheme, seen)
+    """Per-agent relative errors of what `adversary` rebuilds (trajectory, local
+    minimizer) of every agent outside it, agent `attacked`'s apart; `known` as for
+    `reconstruct`."""
+    known = known or {}
+    visible = {s: v for s, v in seen.items() if adversary.reads(s[0], s[1])}
+    estimate = reconstruct(problem, strategy, scheme, seen, adversary, known)
     c = problem.config
-    errors = []
-    for p in range(c.agents):
-        keys = [key for key in clear if key[0] == p and key in estimate]
+    targets = [p for p in range(c.agents) if p not in adversary.members]
+    errors: list[float | None] = [None] * c.agents
+    for p in targets:
+        keys = [key for key in clear if key[0] == p]
         truth = np.array([clear[key] for key in keys])
-        guess = np.array([estimate[key] for key in keys])
+        guess = np.array([estimate.get(key, np.zeros(c.dim)) for key in keys])
         scale = max(float(np.linalg.norm(truth)), 1e-300)
-        errors.append(float(np.linalg.norm(guess - truth)) / scale)
+        errors[p] = float(np.linalg.norm(guess - truth)) / scale
+    theirs = np.array([errors[p] for p in targets])
     record: dict[str, Any] = {
         "strategy": str(strategy),
         "scheme": str(scheme),
         "repeat": repeat,
+        "adversary": str(adversary),
+        "kind": adversary.kind,
+        "sealed": adversary.sealed,
+        "members": sorted(adversary.members),
+        "frames_read": sum(1 for s in seen if adversary.reads(s[0], s[1])),
         "trajectory_rel_error": errors,
-        "trajectory_rel_error_median": float(np.median(errors)),
-        "trajectory_rel_error_max": float(np.max(errors)),
-        "agents_recovered": int(np.sum(np.array(errors) < RECOVERED)),
+        "trajectory_rel_error_median": float(np.median(theirs)),
+        "trajectory_rel_error_max": float(np.max(theirs)),
+        "agents_recovered": int(np.sum(theirs < RECOVERED)),
+        "agents": len(targets),
+        "attacked_agent": attacked,
+        "attacked_trajectory_rel_error": errors[attacked],
     }
     if strategy is Strategy.ATC:
         truth = local_minimizers(problem, repeat)
-        guess = estimate_minimizers(problem, estimate, seen)
-        rel = np.linalg.norm(guess - truth, axis=1) / np.linalg.norm(truth, axis=1)
-        record["minimizer_rel_error"] = [float(e) for e in rel]
-        record["minimizer_rel_error_median"] = float(np.nanmedian(rel))
-    record["pinned_directions"] = pinned_directions(problem, strategy, scheme)
+        guess = estimate_minimizers(problem, estimate, visible)
+        rel = np.linalg.norm(np.nan_to_num(guess) - truth, axis=1) / np.linalg.norm(truth, axis=1)
+        record["minimizer_rel_error"] = [
+            None if p in adversary.members else float(e) for p, e in enumerate(rel)
+        ]
+        record["minimizer_rel_error_median"] = float(np.median(rel[targets]))
+        record["attacked_minimizer_rel_error"] = float(rel[attacked])
+    record["pinned_directions"] = pinned_directions(problem, strategy, scheme, adversary)
     recovered = record["agents_recovered"]
-    record["broken"] = recovered == c.agents
+    record["broken"] = recovered == len(targets)
     record["verdict"] = (
         "broken"
         if record["broken"]
-        else f"partly broken: {recovered} of {c.agents} agents"
+        else f"partly broken: {recovered} of {len(targets)} agents"
         if recovered
         else "not broken"
     )
     return record
 
 
-def pinned_directions(problem: Problem, strategy: Strategy, scheme: Scheme) -> int:
-    """How many of the P unknowns per step the exact hub sums fix (local-ghp; else 0)."""
-    if scheme is not Scheme.LOCAL_GHP:
+def pinned_directions(
+    problem: Problem, strategy: Strategy, scheme: Scheme, adversary: Adversary = WIRE
+) -> int:
+    """How many of the P unknowns per step the whole wire's exact hub sums fix (masked
+    schemes, their frames readable; else 0)."""
+    if not scheme.masked or adversary.kind != "wire" or adversary.sealed:
         return 0
     a = problem.A  # the matrix of the communicating step, for every strategy
     b = a.T - np.diag(np.diag(a))
     return int(np.linalg.matrix_rank(b[(b > 0).sum(axis=1) >= 2]))
 
 
+def adversaries(
+    problem: Problem, agent: int, coalition: tuple[int, ...] | None = None
+) -> list[Adversary]:
+    """The table's adversaries for agent `agent`'s data: the link to its largest hub (the
+    neighbour that weighs it most) and the whole wire, each sealed and open; that hub; and
+    `coalition` (default: the two neighbours that weigh it most)."""
+    c = problem.config
+    if not 0 <= agent < c.agents:
+        raise ConfigError(f"agent {agent} is not in [0, {c.agents}): pick one of the run's agents")
+    row = problem.A[agent].copy()  # the matrix of the communicating step, for every strategy
+    row[agent] = 0.0
+    hub = int(np.argmax(row))
+    if coalition is None:
+        coalition = tuple(int(k) for k in np.argsort(-row)[:2] if row[k] > 0)
+    if agent in coalition or not all(0 <= m < c.agents for m in coalition) or not coalition:
+        raise ConfigError(
+            f"coalition {list(coalition)}: name agents in [0, {c.agents}) other than agent "
+            f"{agent}, whose data it attacks (e.g. --coalition 3,7)"
+        )
+    return [
+        Adversary("link", sender=agent, receiver=hub, sealed=True),
+        Adversary("link", sender=agent, receiver=hub),
+        Adversary("hub", frozenset({hub})),
+        Adversary("coalition", frozenset(coalition)),
+        Adversary("wire", sealed=True),
+        Adversary("wire"),
+    ]
+
+
 def attack_table(records: list[dict[str, Any]]) -> Table:
+    """The whole wire's attack, one row per session (the sessions of `audit.json`'s
+    `reconstruction`)."""
     table = titled_table(
-        "reconstruction attack: an eavesdropper with the whole wire and A",
+        "reconstruction attack: an eavesdropper with the whole wire (open) and A",
         (
             "session",
             "recovered",
@@ -206,11 +326,45 @@ def attack_table(records: list[dict[str, Any]]) -> Table:
     for r in records:
         table.add_row(
             f"{r['strategy']}/{r['scheme']} r{r['repeat']}",
-            f"{r['agents_recovered']}/{len(r['trajectory_rel_error'])}",
-            f"{r['pinned_directions']}/{len(r['trajectory_rel_error'])}",
+            f"{r['agents_recovered']}/{r['agents']}",
+            f"{r['pinned_directions']}/{r['agents']}",
             f"{r['trajectory_rel_error_median']:.3g}",
             f"{r['trajectory_rel_error_max']:.3g}",
             f"{r['minimizer_rel_error_median']:.3g}" if "minimizer_rel_error_median" in r else "–",
             r["verdict"],
+        )
+    return table
+
+
+def adversary_table(records: list[dict[str, Any]], agent: int) -> Table:
+    """Per scheme x adversary: what it reads and rebuilds, and the epsilon that holds
+    against it for agent `agent`'s data (`audit.json`'s `adversaries`)."""
+    table = titled_table(
+        f"who learns what: per scheme and adversary (agent {agent} attacked; epsilon for its data)",
+        (
+            "scheme",
+            "adversary",
+            "frames read",
+            "recovered",
+            f"traj. err {agent}",
+            "traj. err (median)",
+            f"argmin J_{agent} err",
+            "epsilon",
+            "wire",
+        ),
+        left=2,
+    )
+    for r in records:
+        eps, minimizer = r["epsilon"], r.get("attacked_minimizer_rel_error")
+        table.add_row(
+            f"{r['strategy']}/{r['scheme']}" + (f" r{r['repeat']}" if r["repeat"] else ""),
+            r["adversary"],
+            str(r["frames_read"]),
+            f"{r['agents_recovered']}/{r['agents']}",
+            f"{r['attacked_trajectory_rel_error']:.3g}",
+            f"{r['trajectory_rel_error_median']:.3g}",
+            "–" if minimizer is None else f"{minimizer:.3g}",
+            eps if isinstance(eps, str) else f"{eps:.4g}",
+            r.get("wire", ""),
         )
     return table

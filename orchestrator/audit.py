@@ -10,10 +10,11 @@ off`) the MAC authenticates without encrypting, so the auditor, like any eavesdr
 every model body without any key (`wire.peek_peer`).
 
 Ground truth is a replay of the same config on the in-process memory engine: the same cores,
-seed and public noise draw the same trajectories (local-ghp's masks come from fresh DH secrets
-but cancel, so its trajectory agrees to float precision). A witness core records the clear
-value behind every model it sends. The replay is validated against the run's own sealed
-telemetry (the true w after each round, opened with the orchestrator's key) to TRUTH_TOL.
+seed and public noise draw the same trajectories (the masked schemes' masks come from fresh DH
+secrets but cancel exactly on the lattice, so their trajectories agree too). A witness core
+records the clear value behind every model it sends. The replay is validated against the
+run's own sealed telemetry (the true w after each round, opened with the orchestrator's key)
+to TRUTH_TOL.
 
 Capture commands. Local run: `tcpdump -i lo -w run.pcap port <broker port>` (the port is
 printed by `privnet run` and stored in wire.msgpack). Docker: `tcpdump -i <bridge> -w run.pcap
@@ -28,7 +29,6 @@ import contextlib
 import itertools
 import json
 import math
-import os
 import shutil
 import subprocess
 import threading
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
@@ -48,13 +48,14 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from rich.table import Table
 from scipy import stats
 
-from agent import control, topics, wire
+from agent import control, rng, topics, wire
 from agent.access import ClientAccess
 from agent.core import AgentCore, split_senders
 from agent.losses import Loss
 from agent.messages import ORCHESTRATOR, KeyPlan, KeyShare, Message, Rejected
 from agent.mqtt import BrokerAddress
 from agent.node import Publish
+from agent.private import private_file, write_private
 from agent.spec import STRATEGY_STEP, AgentSpec, Scheme, StepPlan, Strategy
 from orchestrator.conductor import View
 from orchestrator.engines.memory import Network
@@ -64,6 +65,9 @@ from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 from orchestrator.experiment.specs import session_list, session_plans, view_matrix
 from orchestrator.report import table_console
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 WIRE_FILE = "wire.msgpack"
 TELEMETRY_FILE = "telemetry.npz"
@@ -168,7 +172,8 @@ class WireTap:
         save_recording(out, recording)
         # Any: numpy types **kwds as if a name could be its allow_pickle flag
         arrays: dict[str, Any] = {f"session_{s}": m for s, m in enumerate(self.telemetry)}
-        np.savez_compressed(out / TELEMETRY_FILE, **arrays)
+        with private_file(out / TELEMETRY_FILE) as fh:  # true models
+            np.savez_compressed(fh, **arrays)
 
 
 def save_recording(out: Path, rec: Recording) -> None:
@@ -179,7 +184,7 @@ def save_recording(out: Path, rec: Recording) -> None:
         "config": rec.config.to_dict(),
         "records": [[r.t, r.topic, r.payload] for r in rec.records],
     }
-    (out / WIRE_FILE).write_bytes(msgpack.packb(doc, use_bin_type=True))
+    write_private(out / WIRE_FILE, msgpack.packb(doc, use_bin_type=True))  # the seed
     if rec.link_keys:
         save_link_keys(out, rec.link_keys)
 
@@ -201,9 +206,7 @@ def load_recording(run_dir: Path) -> Recording:
 def save_link_keys(out: Path, escrowed: Escrowed) -> None:
     """The escrowed link keys, 0600 from creation: they open every frame of the run."""
     doc = [[s, v, a, b, key] for (s, v), links in escrowed.items() for (a, b), key in links.items()]
-    fd = os.open(out / LINK_KEYS_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(msgpack.packb(doc, use_bin_type=True))
+    write_private(out / LINK_KEYS_FILE, msgpack.packb(doc, use_bin_type=True))
 
 
 def load_link_keys(run_dir: Path) -> Escrowed:
@@ -276,7 +279,9 @@ def read_pcap(path: Path, port: int) -> list[WireRecord]:
 
 class _Witness(AgentCore):
     """An AgentCore that notes the clear value behind every model it is about to send
-    (in `clear` by (sender, round, step), and in `views` by (view, sender, round, step));
+    (in `clear` by (sender, round, step), and in `views` by (view, sender, round, step)),
+    and the scheme's release to each target before any mask (in `released` by (view,
+    sender, receiver, round, step));
     given `losses`, agent p runs losses[p] instead of the one its Config describes; given
     `cores`, it leaves itself there under (view, agent), so a replay can run it on."""
 
@@ -288,10 +293,11 @@ class _Witness(AgentCore):
         clear: dict[tuple[int, int, int], np.ndarray],
         losses: Sequence[Loss] | None = None,
         views: dict[tuple[int, int, int, int], np.ndarray] | None = None,
+        released: dict[tuple[int, int, int, int, int], np.ndarray] | None = None,
         cores: dict[tuple[int, int], _Witness] | None = None,
     ) -> None:
         super().__init__(spec, loss if losses is None else losses[spec.agent], *args)
-        self.clear, self.views = clear, views
+        self.clear, self.views, self.released = clear, views, released
         if cores is not None:
             cores[(spec.view, spec.agent)] = self
 
@@ -302,18 +308,27 @@ class _Witness(AgentCore):
             self.views[(self.spec.view, self.me, self.round, plan.step)] = value
         return super()._send(plan)
 
+    def _release(self, plan: StepPlan) -> dict[int, np.ndarray]:
+        out = super()._release(plan)
+        if self.released is not None:
+            for k, vector in out.items():
+                self.released[(self.spec.view, self.me, k, self.round, plan.step)] = vector
+        return out
+
 
 @dataclass
 class Replay:
     """A memory-engine run: clear values (sender, round, step), the true models and the
     model messages on its wire, as an eavesdropper decodes them; `views` holds the clear
     values by (view, sender, round, step), those of rounds a later view redid included
-    (`clear` keeps the ones that stand)."""
+    (`clear` keeps the ones that stand), and `released` the scheme's release to each target
+    before any mask by (view, sender, receiver, round, step)."""
 
     clear: dict[tuple[int, int, int], np.ndarray]
     models: np.ndarray  # (iters, P, M)
     wire: SessionWire
     views: dict[tuple[int, int, int, int], np.ndarray] = field(default_factory=dict)
+    released: dict[tuple[int, int, int, int, int], np.ndarray] = field(default_factory=dict)
 
 
 def replay(
@@ -339,6 +354,7 @@ def replay(
     frame of it has its clear value in `Replay.views`."""
     clear: dict[tuple[int, int, int], np.ndarray] = {}
     by_view: dict[tuple[int, int, int, int], np.ndarray] = {}
+    released: dict[tuple[int, int, int, int, int], np.ndarray] = {}
     cores: dict[tuple[int, int], _Witness] = {}
     (plan,) = session_plans(problem, [(strategy, scheme, repeat)])
     if noise_keys is not None:
@@ -351,7 +367,9 @@ def replay(
         if topics.parse_peer_topic(frame.topic) is not None:
             _add(seen, frame.payload, partial(wire.peek_peer, dim=dim))
 
-    witness = partial(_Witness, clear=clear, losses=losses, views=by_view, cores=cores)
+    witness = partial(
+        _Witness, clear=clear, losses=losses, views=by_view, released=released, cores=cores
+    )
     script = None if views is None else [replace(v, session=0) for v in views]
     # The visible wire: its frames carry what sealed ones carry under the seal (the audit
     # opens the run's own with the escrowed keys), and `wire` is read as a reader would.
@@ -362,7 +380,7 @@ def replay(
         last = (reach or {}).get(view.view, 0)
         if members and last > min(core.until for core in members.values()):
             _run_on(members, last)
-    return Replay(clear, models, seen, by_view)
+    return Replay(clear, models, seen, by_view, released)
 
 
 def _run_on(cores: Mapping[int, _Witness], until: int) -> None:
@@ -526,6 +544,11 @@ def session_views(
     return views or None
 
 
+def reach_of(records: Iterable[WireRecord], run: str, dim: int) -> dict[int, dict[int, int]]:
+    """Per session of a recorded wire, how far each view ran (`_reach`)."""
+    return {s: _reach(seen) for s, seen in enumerate(split_sessions(records, run, dim))}
+
+
 def _reach(seen: SessionWire) -> dict[int, int]:
     """view -> the last round of it a model on the wire belongs to."""
     reach: dict[int, int] = {}
@@ -590,7 +613,7 @@ def audit_session(
             link.strengths.append(gap / size)
     strengths = [x for link in links.values() for x in link.strengths]
     expected = {part.view.view: (part.end - part.view.start + 1) * _links(part.A) for part in parts}
-    cancel = [_cancellation(part, seen, truth, step) for part in parts]
+    cancel = [_cancellation(part, seen, truth, step, c.sigma_g) for part in parts]
     learns = [_hub_learns(scheme, part.A) for part in parts]
     result: dict[str, Any] = {
         "strategy": str(strategy),
@@ -625,7 +648,7 @@ def audit_session(
             for (s, r), link in sorted(links.items())
         ],
     }
-    if scheme is Scheme.LOCAL_GHP:
+    if scheme.masked:
         result["max_cancellation_residual"] = _merge(checked for checked, _ in cancel)
     if views is None:
         return result, noise
@@ -644,7 +667,7 @@ def audit_session(
             ),
             "key_messages": seen.view_keys[part.view.view],
             "plaintext_messages": plain[part.view.view],
-            "max_cancellation_residual": checked if scheme is Scheme.LOCAL_GHP else None,
+            "max_cancellation_residual": checked if scheme.masked else None,
             "hub_rounds_not_combined": not_combined,
             "fallback_hubs": one["fallback_hubs"],
         }
@@ -696,8 +719,8 @@ def _redo(parts: Sequence[Part], seen: SessionWire, truth: Replay, step: int) ->
 
     The round a view starts from re-sends each member's value of the round before: the
     same clear value (unless the member came back from an older model), masked again,
-    under local-ghp with a fresh mask (the view is in the masks' HKDF info), under random
-    and ghp with the same seeded noise, so the very same vector. Rounds begun after it
+    under the masked schemes with a fresh mask (the view is in the masks' HKDF info), under
+    random and ghp with the same seeded noise, so the very same vector. Rounds begun after it
     under the old view, on its weights, carried other values than the redo sends. Per
     agent, from the wire: `same_value` (round and step whose value it sent once more, the
     same value: a re-release), `another_value` (sent again, the value differs), `frames`
@@ -801,10 +824,10 @@ def _seats(A: np.ndarray, hub: int) -> dict:
 
 @dataclass
 class Noise:
-    """wire - true as the scheme's law predicts it: KS samples, and local-ghp's power check."""
+    """wire - true as the scheme's law predicts it: KS samples, and the masks' power check."""
 
     samples: np.ndarray
-    power: float = 0.0  # local-ghp: sum over every seat of ||(wire - true) a_mk||^2
+    power: float = 0.0  # masked: sum over every seat of ||(wire - release) a_mk||^2
     expected_power: float = 0.0  # ... and its expectation, partners * sigma_g^2 per coordinate
 
 
@@ -812,9 +835,10 @@ def noise_samples(
     scheme: Scheme, parts: Sequence[Part], seen: SessionWire, truth: Replay, sigma_g: float
 ) -> Noise:
     """random: every link's wire - true; ghp: one per sender and round (g_m is the same on
-    all links); local-ghp: (wire - true) * a_mk of N+ senders with a single partner, so each
-    pair's mask counts once. A redone round counts once more only under local-ghp: random
-    and ghp draw the same seeded noise again, local-ghp masks are fresh in every view."""
+    all links); masked schemes: (wire - release) * a_mk of N+ senders with a single partner,
+    so each pair's mask counts once, and for masked-ghp its release - true as ghp's. A
+    redone round counts once more only for the masks: random and ghp draw the same seeded
+    noise again, masks are fresh in every view."""
     samples: list[np.ndarray] = []
     noise = Noise(np.zeros(0))
     once: set[tuple[int, ...]] = set()
@@ -826,20 +850,21 @@ def noise_samples(
         true = truth.views.get((v, s, i, j))
         if true is None or scheme is Scheme.NONE or v not in seats:
             continue
-        diff = vector - true
+        release = truth.released[(v, s, r, i, j)] if scheme.masked else vector
         if scheme is not Scheme.LOCAL_GHP:
             draw = (s, r, i, j) if scheme is Scheme.RANDOM else (s, i)
             if draw not in once:
                 once.add(draw)
-                samples.append(diff)
+                samples.append(release - rng.snap(true, sigma_g))
+        if not scheme.masked:
             continue
         A, at = seats[v]
         seat = at[r].get(s)
         if seat is None:  # no link of this view's matrix: unmatched
             continue
-        scaled = diff * A[s, r]
+        scaled = (vector - release) * A[s, r]
         noise.power += float(scaled @ scaled)
-        noise.expected_power += len(seat.partners) * sigma_g**2 * diff.size
+        noise.expected_power += len(seat.partners) * sigma_g**2 * scaled.size
         if seat.side == 1 and len(seat.partners) == 1:
             samples.append(scaled)
     noise.samples = np.concatenate(samples) if samples else np.zeros(0)
@@ -851,6 +876,10 @@ _LAW = {
     Scheme.RANDOM: "Laplace(0, b) per coordinate, every directed link",
     Scheme.GHP: "Laplace(0, b) per coordinate, one g_m per sender and round",
     Scheme.LOCAL_GHP: "(wire - true) * a_mk ~ Laplace(0, b) for N+ senders with one partner",
+    Scheme.MASKED_GHP: (
+        "(wire - release) * a_mk ~ Laplace(0, b) for N+ senders with one partner, and "
+        "release - true ~ Laplace(0, b), one g_m per sender and round"
+    ),
 }
 
 
@@ -877,17 +906,19 @@ def _noise_report(scheme: Scheme, noise: Noise, sigma_g: float) -> dict[str, Any
 
 
 def _cancellation(
-    part: Part, seen: SessionWire, truth: Replay, step: int
+    part: Part, seen: SessionWire, truth: Replay, step: int, sigma_g: float
 ) -> tuple[dict[str, Any], int]:
     """Max over hubs and rounds of one view of |wire combination - true combination| /
-    |true combination|, with the view's matrix; and how many hub-rounds the next view
-    redid before they were complete (never combined, nothing to check).
+    |true combination|, with the view's matrix, each term on the lattice as the hub takes
+    it (rng.on_lattice: the masks cancel exactly, so this is 0); and how many hub-rounds
+    the next view redid before they were complete (never combined, nothing to check).
 
-    The hub's own term is not on the wire; it is its clear value (from the truth), except at
-    a fallback hub (one other neighbour), whose own term carries the pair's mask: there the
+    The hub's own term is not on the wire; it is its release (from the truth), except at a
+    fallback hub (one other neighbour), whose own term carries the pair's mask: there the
     cancellation happens inside the hub and is not observable on the wire.
     """
     A, v = part.A, part.view.view
+    grid = rng.grid(sigma_g)
     worst, checked, fallback, missing, not_combined = 0.0, 0, [], 0, 0
     for hub in range(A.shape[0]):
         senders = [int(m) for m in np.flatnonzero(A[:, hub]) if m != hub]
@@ -897,9 +928,15 @@ def _cancellation(
             continue
         for i in range(part.view.start, part.last + 1):
             try:
-                own = A[hub, hub] * truth.views[(v, hub, i, step)]
-                on_wire = sum(A[m, hub] * seen.views[(v, m, hub, i, step)] for m in senders)
-                true = sum(A[m, hub] * truth.views[(v, m, i, step)] for m in senders)
+                own = rng.on_lattice(truth.released[(v, hub, hub, i, step)], A[hub, hub], grid)
+                on_wire = sum(
+                    rng.on_lattice(seen.views[(v, m, hub, i, step)], A[m, hub], grid)
+                    for m in senders
+                )
+                true = sum(
+                    rng.on_lattice(truth.released[(v, m, hub, i, step)], A[m, hub], grid)
+                    for m in senders
+                )
             except KeyError:
                 if i <= part.end:
                     missing += 1
@@ -951,6 +988,11 @@ def _hub_learns(scheme: Scheme, A: np.ndarray) -> dict[str, Any]:
         Scheme.RANDOM: "each neighbour's model plus independent Laplace noise (per link)",
         Scheme.GHP: "each neighbour's model plus that neighbour's g_m (the same on all its links)",
         Scheme.LOCAL_GHP: "only its weighted aggregate sum_m a_mk w_m: single masks do not cancel",
+        Scheme.MASKED_GHP: (
+            "only its weighted aggregate of its neighbours' ghp releases, sum_m a_mk (w_m + g_m):"
+            " single masks do not cancel, and each w_m carries its own Laplace draw (a hub "
+            "with one other neighbour pairs with it and learns that neighbour's w_m + g_m)"
+        ),
     }[scheme]
     fallback = []
     if scheme is Scheme.LOCAL_GHP:
@@ -964,24 +1006,87 @@ def _hub_learns(scheme: Scheme, A: np.ndarray) -> dict[str, Any]:
 # ---- the whole run ------------------------------------------------------------------------
 
 
+def _adversary_rows(
+    problem: Problem,
+    session: tuple[Strategy, Scheme, int],
+    seen: SessionWire,
+    keyless: SessionWire,
+    truth: Replay,
+    plan: AttackPlan,
+    views: Sequence[View] | None,
+    reach: Mapping[int, int] | None,
+) -> list[dict[str, Any]]:
+    """One session's rows of the adversary table: what each rebuilds, and its epsilon;
+    `seen` is the session's wire opened with the escrowed link keys, `keyless` as anyone
+    without a key reads it."""
+    from orchestrator.attack import adversaries, attack_session, insider_knowledge
+    from orchestrator.privacy.accountant import account, finite
+
+    strategy, scheme, repeat = session
+    accounted = account(
+        problem, strategy, scheme, plan.agent, repeat, views=views, reach=reach, ours=truth
+    )
+    released = {
+        slot: truth.released[(view, *slot)]
+        for slot, view in seen.latest.items()
+        if (view, *slot) in truth.released
+    }
+    sealed = keyless.sealed > 0  # how this run's peer frames went
+    rows = []
+    for adversary in adversaries(problem, plan.agent, plan.coalition):
+        known = insider_knowledge(problem, strategy, scheme, adversary, released)
+        # What it opens: an insider its own frames (the escrow stands in for its link
+        # keys); an outsider what this wire shows without a key, or, for the other
+        # setting of --seal-links, nothing (sealed) or every frame as opened (visible).
+        measured = adversary.insider or adversary.sealed == sealed
+        if adversary.insider:
+            frames = seen.models
+        elif measured:
+            frames = keyless.models
+        else:
+            frames = {} if adversary.sealed else seen.models
+        row = attack_session(
+            problem, strategy, scheme, repeat, frames, truth.clear, adversary, known, plan.agent
+        )
+        row["wire"] = (
+            "this run's"
+            if measured
+            else "modelled: --seal-links " + ("on" if adversary.sealed else "off")
+        )
+        row["epsilon"] = finite(accounted.against(adversary)[-1])
+        rows.append(row)
+    return rows
+
+
 @dataclass
 class Audit:
     report: dict[str, Any]  # what audit.json holds
     noise: dict[str, np.ndarray]  # per private session, the KS samples / b (for the plot)
 
 
+@dataclass(frozen=True)
+class AttackPlan:
+    """`inspect --attack`: whose data the epsilons are for, and the coalition (default:
+    attack.adversaries')."""
+
+    agent: int = 0
+    coalition: tuple[int, ...] | None = None
+
+
 def audit(
     recording: Recording,
     telemetry: list[np.ndarray] | None,
     source: str,
-    attack: bool = False,
+    attack: AttackPlan | None = None,
     membership: Sequence[View] | None = None,
 ) -> Audit:
     """Audit every session found on the wire of a recorded run; with `attack`, also try to
-    reconstruct every agent's trajectory and local minimizer from it (orchestrator.attack).
-    `membership`: the run's views (membership.json), which the replay plays as the
-    conductor's script, session by session. The recording's escrowed link keys open a
-    sealed wire; a session whose frames none opens is reported as sealed, nothing more."""
+    reconstruct every agent's trajectory and local minimizer from it, as the whole wire
+    and as each adversary of the table (orchestrator.attack), with the epsilon that holds
+    against each (privacy.accountant). `membership`: the run's views (membership.json),
+    which the replay plays as the conductor's script, session by session. The recording's
+    escrowed link keys open a sealed wire; a session whose frames none opens is reported
+    as sealed, nothing more."""
     c = recording.config
     problem = Problem.build(c)
     planned = session_list(c)
@@ -990,7 +1095,8 @@ def audit(
         raise AuditError(f"no session of run {recording.run!r} on the wire ({source})")
     if len(found) > len(planned):
         raise AuditError(f"{len(found)} sessions on the wire, the config plans {len(planned)}")
-    sessions, plotted, attempts = [], {}, []
+    sessions, plotted, attempts, rows = [], {}, [], []
+    keyless = split_sessions(recording.records, recording.run, c.dim) if attack else []
     b = c.sigma_g / math.sqrt(2)
     changed = False
     for s, ((strategy, scheme, repeat), seen) in enumerate(zip(planned, found, strict=False)):
@@ -1004,16 +1110,18 @@ def audit(
         told = telemetry[s] if telemetry is not None and s < len(telemetry) else None
         result, noise = audit_session(problem, strategy, scheme, repeat, seen, truth, told, views)
         sessions.append(result)
-        if attack:
+        if attack is not None:
             from orchestrator.attack import attack_session
 
             attempts.append(
                 attack_session(problem, strategy, scheme, repeat, seen.models, truth.clear)
             )
+            session = (strategy, scheme, repeat)
+            rows += _adversary_rows(problem, session, seen, keyless[s], truth, attack, views, reach)
         if noise.samples.size and b > 0:
-            plotted[f"{strategy}/{scheme} r{repeat}: p = {_fmt(result['noise']['p_value'])}"] = (
-                noise.samples / b
-            )
+            which = f"{strategy}/{scheme}" + (f", repeat {repeat}" if c.repeats > 1 else "")
+            p_value = _fmt(result["noise"]["p_value"])
+            plotted[f"{which}\nKS test against Laplace(0, b): p = {p_value}"] = noise.samples / b
     report = {
         "run": recording.run,
         "source": source,
@@ -1031,8 +1139,26 @@ def audit(
         "sigma_g": c.sigma_g,
         "sessions": sessions,
     }
-    if attack:
+    if attack is not None:
+        report["adversaries"] = {
+            "agent": attack.agent,
+            "epsilon": (
+                f"for agent {attack.agent}'s data replaced (the accountant's twin replay), at the"
+                " last round, every frame of every view charged, redone rounds included"
+            ),
+            "sealing": (
+                "an outsider (one link, the broker or the whole wire) reads what the recorded "
+                "wire shows without a key (`wire`: this run's) and, for the other setting of "
+                "--seal-links, nothing when sealed or every frame as the escrow opens it when "
+                "visible (`wire`: modelled); an insider reads the frames addressed to it"
+            ),
+            "rows": rows,
+        }
         report["reconstruction"] = {
+            "wire": (
+                "every model frame as the escrowed link keys open it: what anyone on the wire "
+                "reads with --seal-links off (sealed, it reads none: see `adversaries`)"
+            ),
             "sessions": attempts,
             "breaks": sorted({a["scheme"] for a in attempts if a["broken"]}),
             "breaks_partly": sorted(
@@ -1068,7 +1194,7 @@ def audit_table(report: dict[str, Any]) -> Table:
     table.caption = (
         "models: seen on the wire; clear: equal to the sender's true value; mask: "
         "|wire - true| / |true|; KS p, var: wire - true against the scheme's Laplace law; "
-        "cancel: max local-ghp residual at a hub"
+        "cancel: max residual of a masked scheme at a hub, each term on the lattice"
     )
     return table
 
@@ -1102,11 +1228,16 @@ def _fmt(value: float | None) -> str:
 
 
 def plot_noise(noise: dict[str, np.ndarray], path: Path) -> None:
-    """Histogram of (wire - true) / b per private session, against the Laplace(0, 1) density."""
+    noise_figure(noise).savefig(path, dpi=110)
+
+
+def noise_figure(noise: dict[str, np.ndarray]) -> Figure:
+    """Histogram of (wire - true) / b per private session, against the Laplace(0, 1) density:
+    what masking added to each model on the wire, in units of the noise scale b."""
     from matplotlib.figure import Figure
 
     panels = max(1, len(noise))
-    fig = Figure(figsize=(4 * panels, 3.4))
+    fig = Figure(figsize=(4 * panels, 3.6))
     axes = fig.subplots(1, panels, squeeze=False)[0]
     grid = np.linspace(-6, 6, 400)
     for ax, (name, samples) in zip(axes, noise.items(), strict=False):
@@ -1114,16 +1245,20 @@ def plot_noise(noise: dict[str, np.ndarray], path: Path) -> None:
         ax.stairs(density, edges, fill=True, alpha=0.6, label="wire - true")
         ax.plot(grid, 0.5 * np.exp(-np.abs(grid)), "k", lw=1.2, label="Laplace(0, 1)")
         ax.set_title(name, fontsize=9)
-        ax.set_xlabel("(wire - true) / b")
+        ax.set_xlabel("(model on the wire - true model) / b")
+        ax.set_ylabel("probability density")
         ax.legend(fontsize=7)
     if not noise:
         axes[0].text(0.5, 0.5, "no private scheme with noise in this run", ha="center")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    return fig
 
 
 def inspect(
-    run_dir: Path, pcap: Path | None = None, port: int | None = None, attack: bool = False
+    run_dir: Path,
+    pcap: Path | None = None,
+    port: int | None = None,
+    attack: AttackPlan | None = None,
 ) -> dict[str, Any]:
     """Audit a recorded run (live tap, or a pcap); write audit[-pcap].json and .png."""
     recording = load_recording(run_dir)
@@ -1140,7 +1275,10 @@ def inspect(
 
 
 def show_audit(
-    run_dir: Path, pcap: Path | None = None, port: int | None = None, attack: bool = False
+    run_dir: Path,
+    pcap: Path | None = None,
+    port: int | None = None,
+    attack: AttackPlan | None = None,
 ) -> int:
     """`privnet inspect`: audit, print the table, say where the files are; exit code."""
     from rich.console import Console
@@ -1152,10 +1290,11 @@ def show_audit(
         err.print(f"[red]audit failed:[/red] {exc}")
         return 1
     table_console().print(audit_table(report))
-    if attack:
-        from orchestrator.attack import attack_table
+    if attack is not None:
+        from orchestrator.attack import adversary_table, attack_table
 
         table_console().print(attack_table(report["reconstruction"]["sessions"]))
+        table_console().print(adversary_table(report["adversaries"]["rows"], attack.agent))
     for s in report["sessions"]:
         for hub in s["hub_learns"]["fallback_hubs"]:
             err.print(

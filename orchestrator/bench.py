@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import psutil
@@ -41,14 +41,19 @@ from rich.table import Table
 from agent import topics
 from agent.mqtt import BrokerAddress, Connection, run
 from agent.node import PEER_QOS
-from agent.spec import Scheme, Strategy
+from agent.spec import ConfigError, Scheme, Strategy
 from broker.credentials import Credentials
 from broker.launcher import has_mosquitto, launch
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
+from orchestrator.flags import comma_list, integer
 from orchestrator.report import console, progress_bar, table_console
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 RUN = "bench"
+BROKERS = ("mosquitto", "embedded")  # what bench can start: brokers run here
 
 
 @dataclass
@@ -425,47 +430,70 @@ def table(rows: list[Row], meta: dict[str, Any]) -> Table:
 
 
 def plot(rows: list[Row], path: Path, meta: dict[str, Any]) -> None:
-    import matplotlib
+    figure(rows, meta).savefig(path, dpi=110)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def figure(rows: list[Row], meta: dict[str, Any]) -> Figure:
+    """rounds/s of every measurement as bars from zero on a linear axis, so that a ratio
+    reads as a ratio of lengths; whiskers span the repeats (min to max)."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
 
     labels = [
-        "\n".join(
-            x for x in (r.kind, r.variant, r.broker, r.scheme, f"{r.agents} agents") if x not in "-"
+        " / ".join(
+            x
+            for x in (f"{r.agents} agents", r.broker, r.kind, r.variant, r.scheme)
+            if x not in ("", "-")
         )
         for r in rows
     ]
     colours = {"ceiling": "#999999", "privnet": "#1f77b4", "memory": "#2ca02c"}
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(rows)), 4.8))
-    bars = ax.bar(range(len(rows)), [r.rounds_per_s for r in rows])
-    for bar_, r in zip(bars, rows, strict=True):
-        bar_.set_color(colours[r.kind])
-        top = (bar_.get_x() + bar_.get_width() / 2, bar_.get_height())
-        ax.annotate(f"{r.rounds_per_s:.0f}", top, ha="center", va="bottom", fontsize=8)
-    ax.set_yscale("log")
-    ax.set_xticks(range(len(rows)), labels, fontsize=7)
-    ax.set_ylabel("rounds/s (log)")
+    fig = Figure(figsize=(8.5, 1.4 + 0.42 * len(rows)), layout="constrained")
+    ax = fig.subplots()
+    y = np.arange(len(rows))[::-1]
+    rates = np.array([r.rounds_per_s for r in rows])
+    low = np.array([min(r.runs, default=r.rounds_per_s) for r in rows])
+    high = np.array([max(r.runs, default=r.rounds_per_s) for r in rows])
+    ax.barh(y, rates, color=[colours[r.kind] for r in rows], height=0.7)
+    ax.errorbar(rates, y, xerr=[rates - low, high - rates], fmt="none", ecolor="k", capsize=3)
+    for at, r, top in zip(y, rows, high, strict=True):
+        note = f" {r.rounds_per_s:.0f}"
+        if r.x_ceiling is not None:
+            note += f" ({r.x_ceiling:.2f} of the ceiling)"
+        ax.text(top, at, note, va="center", fontsize=8)
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.set_xlim(0, 1.3 * float(high.max()))
+    ax.set_xlabel(f"rounds/s (median of {meta['repeats']}; whiskers: min to max)")
+    ax.grid(True, axis="x", alpha=0.3)
+    kinds = dict.fromkeys(r.kind for r in rows)
+    ax.legend(
+        [Patch(color=colours[k]) for k in kinds],
+        [{"ceiling": "transport ceiling (raw clients)"}.get(k, k) for k in kinds],
+        fontsize=8,
+        loc="lower right",
+    )
     ax.set_title(
         f"privnet bench, {meta['date']}, {meta['cpus']} cores, {meta['strategy']}, "
         f"{meta['iters']} rounds",
         fontsize=9,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
-def add_parser(sub: Any, handler: Callable[[argparse.Namespace], int]) -> None:
+def add_parser(sub: Any, handler: Callable[[argparse.Namespace, None], int]) -> None:
     p = sub.add_parser("bench", help="rounds/s against the transport ceiling, in one sitting")
-    p.add_argument("--brokers", default="mosquitto,embedded")
-    p.add_argument("--schemes", default="none,local-ghp")
-    p.add_argument("--agents", default="30", help="agent counts, a comma list")
-    p.add_argument("--iters", type=int, default=200, help="rounds per measurement")
-    p.add_argument("--strategy", default="atc")
-    p.add_argument("--repeats", type=int, default=3, help="median of this many")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="ceiling processes")
+    p.add_argument("--brokers", type=comma_list(_broker, "a broker"), default="mosquitto,embedded")
+    p.add_argument("--schemes", type=comma_list(Scheme, "a scheme"), default="none,local-ghp")
+    p.add_argument(
+        "--agents", type=comma_list(integer(2), "agents"), default="30", help="a comma list"
+    )
+    p.add_argument("--iters", type=integer(1), default=200, help="rounds per measurement")
+    p.add_argument("--strategy", choices=[str(s) for s in Strategy], default="atc")
+    p.add_argument("--repeats", type=integer(1), default=3, help="median of this many")
+    p.add_argument("--seed", type=integer(0, 2**63 - 1), default=1)
+    p.add_argument(
+        "--workers", type=integer(1), default=os.cpu_count() or 2, help="ceiling processes"
+    )
     p.add_argument("--extra", default="", help="more `privnet run` flags, quoted")
     p.add_argument(
         "--against",
@@ -473,4 +501,19 @@ def add_parser(sub: Any, handler: Callable[[argparse.Namespace], int]) -> None:
         help="`privnet run` flags to compare with, quoted: each repeat runs without, then with",
     )
     p.add_argument("--out", type=Path, help="output directory (default runs/bench-<time>)")
-    p.set_defaults(func=handler)
+    p.set_defaults(func=handler, configure=_check)
+
+
+def _broker(name: str) -> str:
+    if name not in BROKERS:
+        raise ValueError(f"choose from {', '.join(BROKERS)}")
+    return name
+
+
+def _check(args: argparse.Namespace) -> None:
+    """--extra and --against hold `privnet run` flags: checked as that command checks them."""
+    from orchestrator.cli import parser
+
+    parser().parse_args(["run", *args.extra.split(), *args.against.split()])
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        raise ConfigError(f"--out {args.out} is a file: give a directory (made if missing)")

@@ -790,7 +790,7 @@ class Conductor:
         for spec in specs:
             session = view_session(spec.session, view.view)
             spec = replace(spec, view=view.view, start=view.start, session=session)
-            # Whom this agent may meet: its neighbours (link keys) and theirs (local-ghp
+            # Whom this agent may meet: its neighbours (link keys) and theirs (mask pair
             # partners, whose signed key shares it verifies); not the whole network, which
             # would make every Setup, and the link keys agreed, grow with P.
             mine = near[spec.agent]

@@ -1,13 +1,23 @@
 """What privacy costs on the wire: bytes and messages per round, per scheme and re-key policy.
 
 The whole protocol runs on the memory engine (the very code the agents run, control plane
-included), and every frame an agent publishes is tapped and sized as an MQTT 3.1.1 PUBLISH
-at QoS 1 (agent.topics.mqtt_publish_size). Nothing is estimated from formulas, so the
+included), and every frame an agent publishes is tapped and sized as the MQTT 3.1.1 PUBLISH
+the agents count, each at its category's QoS (models and key shares 0, control and
+telemetry 1: agent.topics.mqtt_publish_size). Nothing is estimated from formulas, so the
 numbers match a `privnet run` of the same config (tests check this).
 
-One-time setup: the agent's control frames (Hello, Ready, Finished) and local-ghp's key
-plans, plus its key shares with re-key `once`. Per round: models, telemetry (sealed true
-models, batched as the shell batches them) and, with `every-round`, that round's key shares.
+What privacy costs is a peer-plane figure, as `privnet run`'s table names it too:
+- models B/rd: the model frames of a round, on average over the run;
+- keys B/rd: the key shares of a round (re-key `every-round` only);
+- key set-up B: what keying costs once (the masked schemes' key plans, local-ghp's and
+  masked-ghp's, and their shares with `once`);
+- amortized B/rd: models + keys per round + key set-up / T, over the T rounds asked for
+  (`--iters`), which is what a run of T rounds publishes per round (`peer B/rd`).
+Control frames (Hello, Ready, Finished: the same for every scheme) and telemetry (sealed
+true models for the MSD, not part of learning) are counted apart. The meter plays all T
+rounds: a frame's clear head carries its round (and a key frame its count on the link),
+whose encoding grows past 127, so a round late in a run can cost a byte more per frame than
+an early one.
 
 The paper (Sec. IV-C) bounds the extra communication of agent p under local-ghp by
 |N_p| + sum_{k in N_p} |N_k| / 2 (neighbourhoods without the agent itself): one split
@@ -37,15 +47,11 @@ from orchestrator.engines.memory import CONDUCTOR, Network
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 from orchestrator.experiment.specs import session_plans
+from orchestrator.report import narrow_table
 
 RUN = "run-00000000"  # as long as the names `privnet run` draws (net.new_run_name)
 TOPOLOGIES = ("ring", "geometric", "complete")
 CATEGORIES = ("model", "keys", "telemetry", "control")
-NIC_CAPTION = (
-    "NIC B/rd: what the agents' container interfaces sent (Docker stats) in a real run of the "
-    "row, registration and setup included, divided by its rounds: TCP/IP, MQTT acks and "
-    "keepalives included"
-)
 
 
 class Tally(Traffic):
@@ -113,33 +119,43 @@ def paper_bound(A: np.ndarray) -> np.ndarray:
 
 
 def row(problem: Problem, strategy: Strategy, scheme: Scheme, measured: Measured) -> dict[str, Any]:
+    """One scheme on one graph, measured over its config's rounds."""
     c = problem.config
     step = STRATEGY_STEP[strategy]
     A = problem.matrices(strategy)[(0, 1, 2).index(step)]
-    local = scheme is Scheme.LOCAL_GHP
-    epochs = c.iters if c.rekey is Rekey.EVERY_ROUND else 1
+    masked = scheme.masked
+    every = c.rekey is Rekey.EVERY_ROUND
+    epochs = c.iters if every else 1
+    per_round, setup = measured.rounds.as_dict(per=c.iters), measured.setup.as_dict()
+    models, keys = per_round["bytes"]["model"], per_round["bytes"]["keys"]
+    key_setup = setup["bytes"]["keys"]
     result: dict[str, Any] = {
         "topology": c.topology,
         "mean_degree": float(np.mean(degrees(A))),
         "strategy": str(strategy),
         "scheme": str(scheme),
-        "rekey": str(c.rekey) if local else "n/a",
+        "rekey": str(c.rekey) if masked else "n/a",
         "agents": c.agents,
-        "rounds": c.iters,
-        "setup": measured.setup.as_dict(),
-        "per_round": measured.rounds.as_dict(per=c.iters),
+        "rounds": c.iters,  # what the figures are measured and amortized over
+        "privacy": {  # peer-plane bytes, as the module says
+            "models_per_round": models,
+            "keys_per_round": keys,
+            "key_setup": key_setup,
+            "amortized_per_round": models + keys + key_setup / c.iters,
+        },
+        "setup": setup,
+        "per_round": per_round,
         "dh_agreements": measured.agreements,
-        "dh_agreements_setup": 0 if c.rekey is Rekey.EVERY_ROUND else measured.agreements,
-        "dh_agreements_per_round": measured.agreements / c.iters
-        if c.rekey is Rekey.EVERY_ROUND
-        else 0.0,
+        "dh_agreements_setup": 0 if every else measured.agreements,
+        "dh_agreements_per_round": measured.agreements / c.iters if every else 0.0,
     }
-    if local:
+    if masked:
         plans = np.count_nonzero(A, axis=1) - 1  # one plan per neighbour, sent once
         first_epoch = plans + (measured.originated - plans) / epochs
         bound = paper_bound(A)
         result["key_messages_per_agent"] = {
             "originated_first_epoch_mean": float(np.mean(first_epoch)),
+            "originated_first_epoch_max": float(np.max(first_epoch)),
             "relayed_per_epoch_mean": float(np.mean(measured.relayed / epochs)),
             "paper_bound_mean": float(np.mean(bound)),
             "agents_over_bound": int(np.sum(first_epoch > bound + 1e-9)),
@@ -151,14 +167,28 @@ def row(problem: Problem, strategy: Strategy, scheme: Scheme, measured: Measured
     return result
 
 
-# (topology, scheme, rekey) -> summary.json's `nic` of a `--runtime docker` run of that row
-NicFigures = dict[tuple[str, str, str], dict[str, Any]]
+def _sealing(
+    config: ExperimentConfig, strategy: Strategy, scheme: Scheme, measured: dict[str, Any]
+) -> dict[str, float]:
+    """Amortized peer bytes per round with every link sealed and with the visible wire: the
+    row's own setting is `measured`, the other one is played too."""
+    other = replace(config, seal_links=not config.seal_links)
+    problem = Problem.build(other)
+    theirs = row(problem, strategy, scheme, measure(problem, strategy, scheme))
+    mine = measured["privacy"]["amortized_per_round"]
+    ours = theirs["privacy"]["amortized_per_round"]
+    sealed, visible = (mine, ours) if config.seal_links else (ours, mine)
+    return {"sealed_per_round": sealed, "visible_per_round": visible}
+
+
+# (topology, scheme, rekey) -> summary.json's `config` of a `--runtime docker` run of that
+# row: its `nic` and, where the broker counted it, `broker_sys`
+WireFigures = dict[tuple[str, str, str], dict[str, Any]]
 
 
 def runs() -> list[tuple[Scheme, Rekey]]:
-    """The rows of a topology: every scheme, local-ghp under both re-key policies."""
-    plain = [s for s in Scheme if s is not Scheme.LOCAL_GHP]
-    return [(s, Rekey.ONCE) for s in plain] + [(Scheme.LOCAL_GHP, r) for r in Rekey]
+    """The rows of a topology: every scheme, the masked ones under both re-key policies."""
+    return [(s, r) for s in Scheme for r in (Rekey if s.masked else [Rekey.ONCE])]
 
 
 def overhead(
@@ -166,13 +196,14 @@ def overhead(
     strategy: Strategy = Strategy.ATC,
     topologies: tuple[str, ...] = TOPOLOGIES,
     progress: Callable[[str], None] | None = None,
-    nic: NicFigures | None = None,
+    wire: WireFigures | None = None,
 ) -> list[dict[str, Any]]:
-    """Every scheme (local-ghp under both re-key policies) on every topology; with `nic`,
-    each row also gets the bytes the agents' network interfaces sent per round."""
+    """Every scheme (the masked ones under both re-key policies) on every topology, over
+    `base.iters` rounds; with `wire`, each row also gets what a real run of it carried: the
+    agents' interfaces (NIC) and the broker ($SYS)."""
     rows = []
     for topology in topologies:
-        none_bytes = none_nic = None
+        none: dict[str, Any] = {}
         for scheme, rekey in runs():
             config = replace(
                 base,
@@ -184,90 +215,193 @@ def overhead(
             )
             problem = Problem.build(config)
             started = time.perf_counter()
-            result = row(problem, strategy, scheme, measure(problem, strategy, scheme))
+            measured = measure(problem, strategy, scheme)
+            result = row(problem, strategy, scheme, measured)
+            result["sealing"] = _sealing(config, strategy, scheme, result)
             result["wall_s"] = time.perf_counter() - started
-            total = result["per_round"]["bytes"]["total"]
-            none_bytes = total if scheme is Scheme.NONE else none_bytes
-            result["per_round_ratio_to_none"] = total / none_bytes if none_bytes else None
-            measured_nic = (nic or {}).get((topology, str(scheme), str(rekey)))
-            if measured_nic is not None:
-                sent = measured_nic["agents_tx_per_round"]
-                none_nic = sent if scheme is Scheme.NONE else none_nic
-                result["nic"] = measured_nic
-                result["nic_ratio_to_none"] = sent / none_nic if none_nic else None
+            figures = {"amortized": result["privacy"]["amortized_per_round"]}
+            real = (wire or {}).get((topology, str(scheme), str(rekey)), {})
+            if "nic" in real:
+                result["nic"] = real["nic"]
+                figures["nic"] = real["nic"]["agents_tx_per_round"]
+            if "broker_sys" in real:
+                result["broker_sys"] = real["broker_sys"]
+                per = {k: v / base.iters for k, v in real["broker_sys"].items()}
+                result["broker_sys_per_round"] = per
+                figures["sys"] = per["bytes_received"]
+            if scheme is Scheme.NONE:
+                none = figures
+            result["ratio_to_none"] = {
+                k: v / none[k] if none.get(k) else None for k, v in figures.items()
+            }
             rows.append(result)
             if progress is not None:
                 progress(f"{topology}/{scheme}/{result['rekey']}")
     return rows
 
 
-def overhead_table(rows: list[dict[str, Any]]) -> Table:
-    title = "communication per round (MQTT PUBLISH bytes, QoS 1) and one-time setup"
-    table = Table(title=title, caption=NIC_CAPTION if any("nic" in r for r in rows) else None)
-    for name in (
-        "topology", "deg", "scheme", "rekey", "model B/rd", "keys B/rd", "telem B/rd",
-        "total B/rd", "x none", "NIC B/rd", "NIC x none", "setup B", "DH setup", "DH/rd",
-        "key msgs/agent", "bound",
-    ):  # fmt: skip
-        table.add_column(name, justify="right")
+COST_CAPTION = (
+    "Peer-plane MQTT PUBLISH bytes (models and key shares go at QoS 0). models, keys: per "
+    "round, over the run; key set-up: once per run; amortized: models + keys + key set-up / "
+    "{rounds} rounds, which is `privnet run`'s peer B/rd for this config. x none: amortized "
+    "over none's."
+)
+WIRE_CAPTION = (
+    "A real run of each row on containers, divided by its {rounds} rounds, registration, "
+    "control and telemetry included. NIC: what the agents' interfaces sent (TCP/IP, MQTT acks, "
+    "keepalives); $SYS: what the broker received (MQTT only)."
+)
+
+
+def overhead_tables(rows: list[dict[str, Any]]) -> list[Table]:
+    """What privacy costs, one table per topology (each fits 80 columns); what the wire
+    carried in real runs, where measured; local-ghp's key messages against the paper's
+    bound."""
+    tables = []
+    topologies = list(dict.fromkeys(r["topology"] for r in rows))
+    for topology in topologies:
+        mine = [r for r in rows if r["topology"] == topology]
+        first = mine[0]
+        title = (
+            f"What privacy costs: {topology}, {first['agents']} agents, mean degree "
+            f"{first['mean_degree']:.1f}, {first['strategy']}"
+        )
+        last = topology == topologies[-1]  # the caption once, under the last
+        table = narrow_table(title, COST_CAPTION.format(rounds=first["rounds"]) if last else None)
+        names = ["scheme", "re-key", "models\nB/rd", "keys\nB/rd", "key set-up\nB"]
+        names += [f"amortized\nB/rd ({first['rounds']})", "x none"]
+        for n, name in enumerate(names):
+            table.add_column(name, justify="left" if n < 2 else "right", overflow="fold")
+        for r in mine:
+            cost = r["privacy"]
+            table.add_row(
+                r["scheme"],
+                r["rekey"],
+                f"{cost['models_per_round']:,.0f}",
+                f"{cost['keys_per_round']:,.0f}",
+                f"{cost['key_setup']:,.0f}",
+                f"{cost['amortized_per_round']:,.0f}",
+                _ratio(r["ratio_to_none"].get("amortized")),
+            )
+        tables.append(table)
+    tables.append(_sealing_table(rows))
+    if any("nic" in r or "broker_sys" in r for r in rows):
+        tables.append(_wire_table(rows))
+    tables.append(_keys_table(rows))
+    return tables
+
+
+def _sealing_table(rows: list[dict[str, Any]]) -> Table:
+    table = narrow_table(
+        "What sealing costs",
+        f"Amortized peer B/rd over {rows[0]['rounds']} rounds, every link sealed "
+        "(ChaCha20-Poly1305, the default) and the paper's visible wire (--seal-links off, "
+        "an HMAC per frame): both played in full.",
+    )
+    for n, name in enumerate(["topology", "scheme", "re-key", "sealed", "visible", "x visible"]):
+        table.add_column(name, justify="left" if n < 3 else "right", overflow="fold")
     for r in rows:
-        per = r["per_round"]["bytes"]
-        keys_per_agent = r.get("key_messages_per_agent")
-        nic = r.get("nic")
+        seal = r["sealing"]
         table.add_row(
             r["topology"],
-            f"{r['mean_degree']:.1f}",
             r["scheme"],
             r["rekey"],
-            f"{per['model']:.0f}",
-            f"{per['keys']:.0f}",
-            f"{per['telemetry']:.0f}",
-            f"{per['total']:.0f}",
-            f"{r['per_round_ratio_to_none']:.2f}",
-            f"{nic['agents_tx_per_round']:.0f}" if nic else "-",
-            f"{r['nic_ratio_to_none']:.2f}" if nic and r["nic_ratio_to_none"] else "-",
-            f"{r['setup']['bytes']['total']:.0f}",
-            str(r["dh_agreements_setup"]),
-            f"{r['dh_agreements_per_round']:.0f}",
-            f"{keys_per_agent['originated_first_epoch_mean']:.1f}" if keys_per_agent else "-",
-            f"{keys_per_agent['paper_bound_mean']:.1f}" if keys_per_agent else "-",
+            f"{seal['sealed_per_round']:,.0f}",
+            f"{seal['visible_per_round']:,.0f}",
+            _ratio(seal["sealed_per_round"] / seal["visible_per_round"]),
         )
     return table
 
 
+def _wire_table(rows: list[dict[str, Any]]) -> Table:
+    table = narrow_table("What the wire carried", WIRE_CAPTION.format(rounds=rows[0]["rounds"]))
+    names = ["topology", "scheme", "re-key", "NIC B/rd", "NIC x none", "$SYS B/rd", "x none"]
+    for n, name in enumerate(names):
+        table.add_column(name, justify="left" if n < 3 else "right", overflow="fold")
+    for r in rows:
+        nic, sys_per = r.get("nic"), r.get("broker_sys_per_round")
+        table.add_row(
+            r["topology"],
+            r["scheme"],
+            r["rekey"],
+            f"{nic['agents_tx_per_round']:,.0f}" if nic else "not measured",
+            _ratio(r["ratio_to_none"].get("nic")),
+            f"{sys_per['bytes_received']:,.0f}" if sys_per else "not measured",
+            _ratio(r["ratio_to_none"].get("sys")),
+        )
+    return table
+
+
+def _keys_table(rows: list[dict[str, Any]]) -> Table:
+    table = narrow_table(
+        "Masked schemes: DH agreements, key messages vs the paper's bound",
+        "msgs/agent: key plans and shares an agent originates in its first key epoch "
+        "(relays not counted); bound: |N_p| + sum_k |N_k| / 2 (Sec. IV-C)",
+    )
+    names = ["topology", "scheme", "re-key", "DH once", "DH/rd", "msgs/agent\nmean (max)"]
+    names += ["bound\nmean", "agents\nover it"]
+    for n, name in enumerate(names):
+        table.add_column(name, justify="left" if n < 3 else "right", overflow="fold")
+    for r in rows:
+        keys = r.get("key_messages_per_agent")
+        if keys is None:
+            continue
+        table.add_row(
+            r["topology"],
+            r["scheme"],
+            r["rekey"],
+            f"{r['dh_agreements_setup']:,}",
+            f"{r['dh_agreements_per_round']:,.0f}",
+            f"{keys['originated_first_epoch_mean']:.1f} ({keys['originated_first_epoch_max']:.0f})",
+            f"{keys['paper_bound_mean']:.1f}",
+            f"{keys['agents_over_bound']} of {r['agents']}",
+        )
+    return table
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def plot_overhead(rows: list[dict[str, Any]], path: Path) -> None:
-    """Bytes per round against mean degree, one line per scheme (and re-key policy)."""
+    """Peer bytes per round against mean degree, one line per scheme (and re-key policy):
+    a round's, and amortized over the run with the key set-up."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import NullFormatter
 
-    fig = Figure(figsize=(6.4, 4.2))
-    ax = fig.subplots()
-    lines: dict[str, list[tuple[float, float]]] = {}
-    for r in rows:
-        name = r["scheme"] if r["rekey"] == "n/a" else f"{r['scheme']} ({r['rekey']})"
-        lines.setdefault(name, []).append((r["mean_degree"], r["per_round"]["bytes"]["total"]))
-    for name, points in lines.items():
-        x, y = zip(*sorted(points), strict=True)
-        ax.plot(x, y, "o-", label=name)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    degrees_seen = sorted({r["mean_degree"] for r in rows})
-    ax.set_xticks(degrees_seen, [f"{d:.3g}" for d in degrees_seen])  # the topologies measured
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("mean degree")
-    ax.set_ylabel("bytes per round (all agents)")
-    ax.set_title(f"privacy overhead, {rows[0]['agents']} agents, {rows[0]['strategy']}")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.text(
-        0.98,
-        0.02,
-        "lines that coincide send the same bytes per round;\n`once` pays its keys at setup",
-        transform=ax.transAxes,
-        fontsize=7,
-        ha="right",
+    fig = Figure(figsize=(10, 4.4), layout="constrained")
+    axes = fig.subplots(1, 2, sharey=True)
+    panels = (
+        ("per_round", "(a) a round (models, every-round's keys)"),
+        ("amortized_per_round", f"(b) amortized over {rows[0]['rounds']} rounds (+ key set-up)"),
     )
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    where = {r["mean_degree"]: r["topology"] for r in rows}  # a tick per topology
+    for ax, (field, title) in zip(axes, panels, strict=True):
+        lines: dict[str, list[tuple[float, float]]] = {}
+        for r in rows:
+            name = r["scheme"] if r["rekey"] == "n/a" else f"{r['scheme']} ({r['rekey']})"
+            cost = r["privacy"]
+            value = (
+                cost["models_per_round"] + cost["keys_per_round"]
+                if field == "per_round"
+                else cost[field]
+            )
+            lines.setdefault(name, []).append((r["mean_degree"], value))
+        for n, (name, points) in enumerate(lines.items()):
+            x, y = zip(*sorted(points), strict=True)
+            ax.plot(x, y, "o-", label=name, zorder=2 + n, linewidth=2.5 - 0.3 * n)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xticks(sorted(where), [f"{d:.3g}\n{where[d]}" for d in sorted(where)])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("mean degree")
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("peer bytes per round, all agents (MQTT PUBLISH)")
+    axes[0].legend(fontsize=8, title="lines that coincide cost the same", title_fontsize=7)
+    fig.suptitle(
+        f"What privacy costs on the wire: {rows[0]['agents']} agents, {rows[0]['strategy']}"
+    )
     fig.savefig(path, dpi=110)
 
 

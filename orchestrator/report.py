@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 import numpy as np
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from agent.spec import Scheme, Strategy
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 
@@ -30,14 +32,18 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
+    from orchestrator.conductor import View
+
 METRICS_HEADER = ("strategy", "scheme", "repeat", "iter", "msd_centroid", "msd_avg")
 DPI = 120
 UNIFORM_Q_RTOL = 1e-9  # q entries closer than this (relative) are drawn as uniform
+DIVERGED_GROWTH = 10.0  # a tail of MSD this many times the window before it: diverging
 
-# The paper's Fig. 3: columns consensus, ATC, CTA; blue / yellow / red curves, plus local-ghp.
+# The paper's Fig. 3: columns consensus, ATC, CTA; blue / yellow / red curves, plus local-ghp
+# and masked-ghp.
 STRATEGY_ORDER = ("consensus", "atc", "cta")
 STRATEGY_TITLE = {"consensus": "Consensus", "atc": "ATC", "cta": "CTA"}
-SCHEME_ORDER = ("none", "random", "ghp", "local-ghp")
+SCHEME_ORDER = ("none", "random", "ghp", "local-ghp", "masked-ghp")
 SCHEME_STYLE: dict[str, dict[str, Any]] = {
     "none": {"label": "no privacy", "color": "tab:blue", "linestyle": "-", "linewidth": 1.6},
     "random": {"label": "random (Laplace)", "color": "orange", "linestyle": "-", "linewidth": 1.4},
@@ -48,15 +54,30 @@ SCHEME_STYLE: dict[str, dict[str, Any]] = {
         "linestyle": (0, (5, 3)),
         "linewidth": 1.8,
     },
+    "masked-ghp": {
+        "label": "masked graph-homomorphic",
+        "color": "tab:purple",
+        "linestyle": (0, (1, 2)),
+        "linewidth": 1.8,
+    },
 }
 ROWS = (("msd_centroid", "centroid MSD"), ("msd_avg", "avg. individual MSD"))
 TEST_ERRORS = {"test_error_centroid": "centroid", "test_error_avg": "average individual"}
 
 
+# Everything a command writes into its --out (`privnet run` and co. set an earlier run's
+# apart; tests check that a run writes nothing else), in the order `wrote` lists them.
+OUTPUTS = (
+    "summary.json", "metrics.csv", "msd.png", "topology.png", "testing_error.png",
+    "epsilon.png", "membership.json", "models.npz", "secrets.json", "wire.msgpack",
+    "telemetry.npz", "link_keys.msgpack", "audit.json", "audit.png", "audit-pcap.json",
+    "audit-pcap.png",
+    "dp_audit.json", "view.json", "journal", "logs", "checkpoints", "launch",
+)  # fmt: skip
 PIPED_WIDTH = 160  # columns for tables on a pipe or file, where rich would assume 80
 
 
-console = Console(stderr=True)  # progress and messages; tables go to stdout
+console = Console(stderr=True, soft_wrap=True)  # progress, messages (one line each); tables: stdout
 
 
 def table_console() -> Console:
@@ -122,6 +143,24 @@ def steady_state_db(msd: np.ndarray, tail: float = 0.2) -> float:
     return -math.inf if mean == 0 else 10.0 * math.log10(mean)
 
 
+def diverged(curve: Curve, tail: float = 0.2) -> bool:
+    """Whether the recursion ran away (a step size mu too large): MSD overflowed, or its
+    last `tail` of rounds is above its first round and DIVERGED_GROWTH times the window
+    before: a stable run's noise floor is flat, an unstable one grows geometrically.
+    Rounds nobody reported (NaN: a lost agent, a resumed run) are left out, not counted."""
+    for msd in (curve.msd_centroid, curve.msd_avg):
+        if np.isinf(msd).any():
+            return True
+        reported = msd[:, ~np.isnan(msd).any(axis=0)].mean(axis=0)
+        count = max(1, round(tail * len(reported)))
+        if len(reported) < 2 * count:
+            continue
+        last, before = reported[-count:].mean(), reported[-2 * count : -count].mean()
+        if last > DIVERGED_GROWTH * before and last > reported[0]:
+            return True
+    return False
+
+
 def steady_state(values: np.ndarray, tail: float = 0.2) -> float:
     """Mean over the last `tail` of iterations and all repeats of a (repeats, iters) series."""
     count = max(1, round(tail * values.shape[1]))
@@ -136,12 +175,15 @@ def result_record(curve: Curve, settings: dict[str, Any]) -> dict[str, Any]:
         for name in TEST_ERRORS
         if name in curve.series
     }
+    with np.errstate(all="ignore"):
+        centroid, average = steady_state_db(curve.msd_centroid), steady_state_db(curve.msd_avg)
     return {
         "strategy": curve.strategy,
         "scheme": curve.scheme,
         **settings,
-        "msd_centroid_db": steady_state_db(curve.msd_centroid),
-        "msd_avg_db": steady_state_db(curve.msd_avg),
+        "msd_centroid_db": centroid,
+        "msd_avg_db": average,
+        "diverged": diverged(curve),
         **errors,
         "rounds_per_s": float(curve.rounds_per_s),
         **curve.extra,
@@ -349,6 +391,7 @@ def plot_topology(graph: nx.Graph, path: Path, q: np.ndarray | None = None) -> N
     pos = nx.get_node_attributes(graph, "pos")
     if len(pos) != len(nodes):
         pos = nx.spring_layout(graph, seed=0)
+    pos = _spread(pos)
     plain: nx.Graph[int] = nx.Graph(graph)
     plain.remove_edges_from(nx.selfloop_edges(plain))
     edges = plain.number_of_edges()
@@ -389,9 +432,50 @@ def plot_topology(graph: nx.Graph, path: Path, q: np.ndarray | None = None) -> N
     fig.savefig(path, dpi=DPI)
 
 
+NODE_GAP = 0.06  # of the drawing's span: centres closer than this overlap (320 pt^2 nodes)
+SPREAD_LIMIT = 1000  # nodes: above this, positions are drawn as they are
+
+
+def _spread(pos: Mapping[Any, Any], gap: float = NODE_GAP, steps: int = 60) -> dict[Any, Any]:
+    """Positions nudged apart until no two nodes are closer than `gap` (a fraction of the
+    span), so none hides another; nodes already apart stay where they are."""
+    names = list(pos)
+    xy = np.array([pos[n] for n in names], dtype=np.float64)
+    if len(names) < 2 or len(names) > SPREAD_LIMIT:
+        return dict(pos)
+    span = max(float(np.ptp(xy, axis=0).max()), 1e-12)
+    xy = (xy - xy.min(axis=0)) / span
+    jitter = np.random.default_rng(0).normal(0, 1e-6, xy.shape)  # coincident nodes part too
+    xy += jitter
+    for _ in range(steps):
+        delta = xy[:, None, :] - xy[None, :, :]
+        dist = np.hypot(delta[..., 0], delta[..., 1])
+        np.fill_diagonal(dist, np.inf)
+        short = np.maximum(gap - dist, 0.0)
+        if not short.any():
+            break
+        push = (short / (2 * dist))[..., None] * delta
+        xy += push.sum(axis=1)
+    return {n: (float(x), float(y)) for n, (x, y) in zip(names, xy, strict=True)}
+
+
 def _text_color(rgba: np.ndarray) -> str:
     """Black on light nodes, white on dark ones (relative luminance, sRGB weights)."""
     return "black" if 0.2126 * rgba[0] + 0.7152 * rgba[1] + 0.0722 * rgba[2] > 0.5 else "white"
+
+
+def narrow_table(title: str, caption: str | None = None) -> Table:
+    """A table for an 80-column terminal: rules under the header only, no outer padding;
+    cells wrap (`overflow="fold"` on columns), never cut."""
+    return Table(
+        title=title,
+        caption=caption,
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+        show_edge=False,
+        caption_justify="left",
+    )
 
 
 def titled_table(title: str, columns: Iterable[str], left: int = 1) -> Table:
@@ -402,26 +486,38 @@ def titled_table(title: str, columns: Iterable[str], left: int = 1) -> Table:
     return table
 
 
+PEER_BYTES = (
+    "peer B/rd: models and key shares the agents published per round (MQTT PUBLISH bytes), "
+    "key set-up spread over the {rounds} rounds: `privnet overhead`'s amortized"
+)
+
+
 def results_table(records: list[dict[str, Any]]) -> Table:
-    """A terminal table: one row per strategy x scheme, bytes/round when the engine counted them."""
-    with_bytes = any("bytes_per_round" in r for r in records)
-    table = Table(title="Steady-state MSD (last 20% of iterations)")
-    table.add_column("strategy")
-    table.add_column("scheme")
-    for name in ("centroid MSD (dB)", "avg MSD (dB)", "rounds/s"):
-        table.add_column(name, justify="right")
-    if with_bytes:
-        table.add_column("bytes/round", justify="right")
+    """A terminal table, one row per strategy x scheme: steady-state MSD, testing error
+    (classification), rounds/s and, where the engine counted them, peer bytes per round."""
+    with_bytes = any("peer_bytes_per_round" in r for r in records)
+    with_errors = any("test_error_centroid_pct" in r for r in records)
+    caption = PEER_BYTES.format(rounds=records[0].get("iters")) if with_bytes else None
+    table = narrow_table("Steady state (last 20% of rounds)", caption)
+    table.add_column("strategy", overflow="fold")
+    table.add_column("scheme", overflow="fold")
+    names = ["MSD dB\ncentroid", "MSD dB\naverage"]
+    names += ["error %\ncentroid", "error %\naverage"] if with_errors else []
+    names += ["rounds/s"] + (["peer\nB/rd"] if with_bytes else [])
+    for name in names:
+        table.add_column(name, justify="right", overflow="fold")
     for r in records:
-        cells = [
-            str(r["strategy"]),
-            str(r["scheme"]),
-            _fmt(r.get("msd_centroid_db"), ".2f"),
-            _fmt(r.get("msd_avg_db"), ".2f"),
-            _fmt(r.get("rounds_per_s"), ".1f"),
-        ]
+        cells = [str(r["strategy"]), str(r["scheme"])]
+        cells += (
+            ["diverged"] * 2
+            if r.get("diverged")
+            else [_fmt(r.get("msd_centroid_db"), ".2f"), _fmt(r.get("msd_avg_db"), ".2f")]
+        )
+        if with_errors:
+            cells += [_fmt(r.get(f"test_error_{k}_pct"), ".2f") for k in ("centroid", "avg")]
+        cells.append(_fmt(r.get("rounds_per_s"), ".1f"))
         if with_bytes:
-            cells.append(_fmt(r.get("bytes_per_round"), ",.0f"))
+            cells.append(_fmt(r.get("peer_bytes_per_round"), ",.0f"))
         table.add_row(*cells)
     return table
 
@@ -504,16 +600,28 @@ def finish(
     engine: str,
     extra: dict[str, Any] | None = None,
     neighbour: int | None = None,
+    membership: Sequence[View] | None = None,
+    reach: Mapping[int, Mapping[int, int]] | None = None,
     account_of: Callable[..., Any] | None = None,
-) -> None:
+) -> int:
     """Write and show the results; with `neighbour`, account privacy first (--account),
-    with `account_of` where given (`accountant.attach`)."""
+    under the run's `membership` views (and per session the `reach` of each view on its
+    recorded wire), with `account_of` where given (see `accountant.attach`). The exit code:
+    1 when a curve diverged (its numbers mean nothing), else 0."""
     if neighbour is not None:
+        from orchestrator.experiment.specs import session_list
         from orchestrator.privacy import accountant
 
+        order = session_list(config)
         with console.status(f"accounting: twin runs with agent {neighbour}'s data replaced"):
             for curve in curves:
-                accountant.attach(curve, problem, neighbour, account_of)
+                sessions = [
+                    order.index((Strategy(curve.strategy), Scheme(curve.scheme), r))
+                    for r in range(config.repeats)
+                ]
+                accountant.attach(
+                    curve, problem, neighbour, sessions, membership, reach, account_of
+                )
     summary = write_outputs(
         out,
         {**config.to_dict(), **(extra or {})},
@@ -523,10 +631,27 @@ def finish(
         q=problem.q,
     )
     table_console().print(results_table(summary["results"]))
-    console.print(f"wrote {out}/summary.json, metrics.csv, msd.png, topology.png")
     if neighbour is not None:
         accountant.plot_epsilon(curves, out / "epsilon.png", neighbour)
         table_console().print(accountant.epsilon_table(summary["results"]))
+    console.print(wrote(out))
+    ran_away = [f"{r['strategy']}/{r['scheme']}" for r in summary["results"] if r["diverged"]]
+    if ran_away:
+        from orchestrator.flags import print_error
+
+        print_error(
+            f"{', '.join(ran_away)} diverged (the MSD grew without bound or overflowed): a "
+            f"step size mu = {config.mu:g} too large makes the recursion unstable; try a "
+            f"smaller --mu (the paper's is 0.4), or less noise than sigma_g2 = {config.sigma_g2:g}"
+        )
+        return 1
+    return 0
+
+
+def wrote(out: Path) -> str:
+    """'wrote <out>/: <every output there>' (an earlier run's were set apart first)."""
+    names = [f"{n}/" if (out / n).is_dir() else n for n in OUTPUTS if (out / n).exists()]
+    return f"wrote {out}/: {', '.join(names)}"
 
 
 def progress_bar() -> Progress:

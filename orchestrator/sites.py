@@ -407,7 +407,7 @@ def check_run_flags(args: argparse.Namespace, faults: list[Fault]) -> None:
     """What `privnet run --hosts` cannot do, said before anything starts."""
     given = {
         "--broker": args.broker != "auto",
-        "--runtime docker": args.runtime != "local",
+        f"--runtime {args.runtime}": args.runtime != "local",
         "--external-agents": args.external_agents,
         "--tls": args.tls,
         "--ca-file": args.ca_file is not None,

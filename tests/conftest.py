@@ -3,6 +3,7 @@
 import asyncio
 import contextlib
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -271,3 +272,33 @@ async def relay(broker: BrokerAddress) -> AsyncIterator[Relay]:
             yield wire
     finally:
         wire.drop()
+
+
+# Where a run keeps true models, keys, seeds and passwords: never readable by group or others.
+SECRET_DIRS = ("journal", "checkpoints", "launch")
+SECRET_FILES = ("models.npz", "telemetry.npz", "wire.msgpack", "link_keys.msgpack", "secrets.json")
+
+
+def assert_private_run(out: Path, *others: str) -> None:
+    """The permissions walk: `out` is 0700; every file under it that holds a true model, a
+    key, a seed or a password is 0600 (or stricter); no file others could read (were the
+    directory opened) holds the run's secret seed; and nothing there is unknown (but the
+    test's own `others`)."""
+    from orchestrator.report import OUTPUTS
+
+    assert out.stat().st_mode & 0o077 == 0, f"{out} is {oct(out.stat().st_mode & 0o777)}"
+    secrets_json = out / "secrets.json"
+    seed = json.loads(secrets_json.read_text())["seed"] if secrets_json.exists() else None
+    for path in out.rglob("*"):
+        where = path.relative_to(out)
+        if where.parts[0] in others:
+            continue
+        assert where.parts[0] in OUTPUTS, f"{where}: a file privnet does not list in OUTPUTS"
+        mode = path.stat().st_mode & 0o777
+        secret = where.parts[0] in SECRET_DIRS or where.name in SECRET_FILES
+        if path.is_dir():
+            assert not secret or mode & 0o077 == 0, f"{where} is {oct(mode)}"
+        elif secret:
+            assert mode & 0o077 == 0, f"{where} holds secrets and is {oct(mode)}"
+        elif seed is not None:
+            assert str(seed).encode() not in path.read_bytes(), f"{where} holds the seed"

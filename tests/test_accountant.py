@@ -27,7 +27,7 @@ from agent.spec import Scheme, Strategy
 from orchestrator.cli import main
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
-from orchestrator.privacy.accountant import account
+from orchestrator.privacy.accountant import Adversary, account
 
 MU, RHO, SIGMA_G2, ITERS = 0.1, 0.01, 0.25, 40
 C, C_TWIN = (1.5, -0.5), 0.25
@@ -86,6 +86,23 @@ def test_local_ghp_is_finite_per_link_and_infinite_for_the_wire(two_agents: Prob
     assert np.isinf(ours.epsilon_network[-1])
 
 
+def test_masked_ghp_is_finite_for_every_hub_and_the_wire(two_agents: Problem) -> None:
+    """Under its masks is ghp's release: a hub, and the whole wire that cancels every mask,
+    pay ghp's price; the links out of an agent at most that, or the masks' a_pk = 1/2 of it."""
+    ours = account(two_agents, Strategy.ATC, Scheme.MASKED_GHP, neighbour=0, losses=HAND)
+    ghp = account(two_agents, Strategy.ATC, Scheme.GHP, neighbour=0, losses=HAND)
+    assert np.isfinite(ours.epsilon_network[-1]) and ours.epsilon_network[-1] > 0
+    np.testing.assert_allclose(ours.epsilon_network, ghp.epsilon_network, rtol=1e-5)
+    np.testing.assert_allclose(ours.epsilon, 0.5 * ghp.epsilon, rtol=1e-5)
+    for hub, sender in ((0, 1), (1, 0)):  # each hub reads the other agent's frames
+        np.testing.assert_allclose(
+            ours.against(Adversary("hub", frozenset({hub}))), ghp.epsilon[:, sender], rtol=1e-5
+        )
+    local = account(two_agents, Strategy.ATC, Scheme.LOCAL_GHP, neighbour=0, losses=HAND)
+    assert np.isinf(local.against(Adversary("hub", frozenset({1})))[-1])
+    assert local.against(Adversary("wire", sealed=True))[-1] == 0  # sealed: nothing read
+
+
 def test_simulate_account_writes_privacy_columns_and_plot(tmp_path) -> None:
     code = main(
         [
@@ -119,6 +136,9 @@ def test_simulate_account_writes_privacy_columns_and_plot(tmp_path) -> None:
     privacy = {r["scheme"]: r["privacy"] for r in summary["results"]}
     assert privacy["none"]["epsilon_neighbour"] == "inf"
     assert privacy["local-ghp"]["epsilon_network"] == "inf"
+    # masked-ghp: ghp's release under its masks, the same draws: ghp's whole-wire epsilon
+    wire = privacy["masked-ghp"]["epsilon_network"]
+    assert wire == pytest.approx(privacy["ghp"]["epsilon_network"], rel=1e-3)
     for scheme in ("random", "ghp"):
         eps = privacy[scheme]["epsilon_per_agent"]
         assert privacy[scheme]["neighbour_agent"] == 2 and len(eps) == 5

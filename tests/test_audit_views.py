@@ -30,6 +30,7 @@ from orchestrator.experiment import topology
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 from orchestrator.experiment.specs import session_list, session_plans, view_matrix
+from orchestrator.privacy.accountant import Adversary, account
 
 RUN = "run-views"
 AGENTS, ITERS, SEED = 10, 40, 34  # a sparse graph: local-ghp pairs and fallback hubs
@@ -271,3 +272,40 @@ def test_a_killed_agent_on_a_real_broker(tmp_path: Path) -> None:
     assert s["max_cancellation_residual"]["max"] < CANCEL
     assert s["truth_vs_telemetry"] <= audit.TRUTH_TOL
     assert s["model_messages"] == s["expected_model_messages"]
+
+
+@pytest.mark.parametrize("scheme", [Scheme.LOCAL_GHP, Scheme.MASKED_GHP])
+def test_a_redone_round_is_charged_in_epsilon_exactly(scheme: Scheme) -> None:
+    """The stalled round goes out twice: under view 0 (lost on its way, seen by the
+    eavesdropper) and again under view 1, the same value under fresh masks. With the wire's
+    reach the twins replay both, and each agent's epsilon on its links grows by exactly
+    what those re-sent frames cost, sum_k a_pk ||y - y'||_1 / b; the ghp release under
+    masked-ghp's masks is the same draw of the same value, so the whole wire pays nothing
+    more there."""
+    c = config(scheme)
+    run = play(c, losing_round(STALLED), seen_before_edit=True)
+    (seen,) = audit.split_sessions(run.recording.records, RUN, c.dim, run.recording.link_keys)
+    views = audit.session_views(run.views, 0, seen, AGENTS)
+    problem = Problem.build(c)
+    charged = account(problem, Strategy.ATC, scheme, 0, views=views, reach=audit._reach(seen))
+    script = account(problem, Strategy.ATC, scheme, 0, views=views)  # no round redone
+    assert charged.charges is not None
+    ours, theirs = charged.charges.ours, charged.charges.theirs
+    step = STRATEGY_STEP[Strategy.ATC]
+    A = problem.matrices(Strategy.ATC)[step]
+    b = c.sigma_g / np.sqrt(2)
+    growth = charged.epsilon[-1] - script.epsilon[-1]
+    for p in range(AGENTS):
+        y = ours.views[(0, p, STALLED, step)]
+        np.testing.assert_array_equal(y, ours.views[(1, p, STALLED, step)])  # the same value
+        cost = np.abs(y - theirs.views[(0, p, STALLED, step)]).sum() / b
+        links = sum(A[p, k] for k in range(AGENTS) if k != p and A[p, k] > 0)
+        expected = links * cost if scheme is Scheme.LOCAL_GHP else min(cost, 2 * links * cost)
+        once = min(cost, links * cost)  # masked-ghp: the bound without the re-release
+        expected -= 0 if scheme is Scheme.LOCAL_GHP else once
+        assert growth[p] == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    assert growth.sum() > 0
+    assert audited(run)["redo"]["re_releases"][0]["frames"] == int(np.count_nonzero(A[0])) - 1
+    wire = Adversary("wire")
+    if scheme is Scheme.MASKED_GHP:
+        np.testing.assert_allclose(charged.against(wire), script.against(wire), rtol=1e-12)

@@ -500,25 +500,58 @@ async def test_the_compose_config_runs_on_mosquitto() -> None:
     conf = (out / "broker" / "mosquitto.conf").read_text()
     conf = conf.replace("listener 1883\n", f"listener {port} 127.0.0.1\n")
     (base / "test.conf").write_text(conf)
+    try:
+        async with serving(base / "test.conf", port):
+            access = ClientAccess.from_env(env_file(out / "users" / "3.env"))
+            async with aiomqtt.Client("localhost", port, **access.client_kwargs()) as agent:
+                await agent.publish(T.ctl_up(RUN, 3), b"from compose", qos=1)
+            anonymous = ClientAccess(tls=True, ca_file=access.ca_file)
+            with pytest.raises(aiomqtt.MqttError, match="Not authorized"):
+                async with aiomqtt.Client("localhost", port, **anonymous.client_kwargs()):
+                    pass
+    finally:
+        shutil.rmtree(base)
+
+
+@contextlib.asynccontextmanager
+async def serving(conf: Path, port: int) -> AsyncIterator[None]:
+    """mosquitto started on `conf` (as this user: root drops to "mosquitto") while the block
+    runs, answering on `port`."""
     proc = subprocess.Popen(
-        [shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(base / "test.conf")],
+        [shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)],
         stderr=subprocess.PIPE,
     )
     try:
-        address = BrokerAddress("127.0.0.1", port)
-        while not accepts(address, timeout=0.2):
+        while not accepts(BrokerAddress("127.0.0.1", port), timeout=0.2):
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             await asyncio.sleep(0.05)
-        access = ClientAccess.from_env(env_file(out / "users" / "3.env"))
-        async with aiomqtt.Client("localhost", port, **access.client_kwargs()) as agent:
-            await agent.publish(T.ctl_up(RUN, 3), b"from compose", qos=1)
-        anonymous = ClientAccess(tls=True, ca_file=access.ca_file)
-        with pytest.raises(aiomqtt.MqttError, match="Not authorized"):
-            async with aiomqtt.Client("localhost", port, **anonymous.client_kwargs()):
-                pass
+        yield
     finally:
         proc.terminate()
         proc.wait(5)
+
+
+async def test_prepare_serves_mosquitto_at_its_broker_port_as_it_starts() -> None:
+    """`privnet prepare --broker H:P`: the broker's config listens on P, and a mosquitto
+    started on it as is (as root too, without --broker-uid) reads its password file: an
+    agent logs in with its launch file."""
+    from orchestrator.cli import main
+
+    need_mosquitto()
+    base = Path(tempfile.mkdtemp(prefix="privnet-prepare-test-"))
+    base.chmod(0o755)  # as root mosquitto reads broker/ as user "mosquitto"
+    port = free_port()
+    flags = ["--out", str(base), "--agents", "2", "--run-name", RUN]
+    assert main(["prepare", *flags, "--broker", f"127.0.0.1:{port}", "--mount", str(base)]) == 0
+    conf = base / "broker" / "mosquitto.conf"
+    assert f"listener {port}\n" in conf.read_text()
+    try:
+        async with serving(conf, port):
+            launch = json.loads((base / "agents" / "agent-1.json").read_text())
+            access = ClientAccess(launch["username"], launch["password"])
+            async with aiomqtt.Client("127.0.0.1", port, **access.client_kwargs()) as agent:
+                await agent.publish(T.ctl_up(RUN, 1), b"from prepare", qos=1)
+    finally:
         shutil.rmtree(base)
 
 

@@ -98,7 +98,10 @@ def test_memory_engine_matches_the_oracle_on_classification() -> None:
         np.testing.assert_allclose(memory[scheme].msd_avg, curve.msd_avg, rtol=1e-9)
         for name, errors in curve.series.items():
             np.testing.assert_array_equal(memory[scheme].series[name], errors)
-    np.testing.assert_allclose(oracle["local-ghp"].msd_avg, oracle["none"].msd_avg)
+    # the masked schemes follow their unmasked twins up to each term on the noise grid
+    # (2^-21 at sigma_g^2 = 0.8): 1e-6 of these MSDs
+    np.testing.assert_allclose(oracle["local-ghp"].msd_avg, oracle["none"].msd_avg, rtol=1e-5)
+    np.testing.assert_allclose(oracle["masked-ghp"].msd_avg, oracle["ghp"].msd_avg, rtol=1e-5)
 
 
 def test_preset_loads_and_rejects_too_many_samples() -> None:

@@ -1223,7 +1223,7 @@ def test_a_resumed_sessions_bytes_and_speed_cover_the_rounds_it_ran(tmp_path: Pa
     round and rounds/s are over 10 rounds, not 20; the journal keeps what says so."""
     (whole,) = Harness.build(rounds=20).play()
     resumed = View(0, 0, 11, EVERYONE, "resumed", {m: 10 for m in EVERYONE})
-    journal.begin(tmp_path, problem(20).config, "{}")
+    journal.begin(tmp_path, problem(20).config, "{}", secret_seed=False)
     journal.session_done(tmp_path, 0, dataclasses.replace(whole, views=[resumed], wall=2.0))
     _, (loaded,), _, _ = journal.load(tmp_path)
     assert loaded.views == [resumed] and loaded.counted == 10

@@ -223,7 +223,7 @@ def test_compose_run_completes(compose_run: ComposeRun) -> None:
     assert compose_run.agent_exit_codes == [0] * AGENTS, "every agent container exits 0 on Bye"
     # The operator sees the results in `up`'s own output: they are written before Bye, and
     # the first agent to leave ends compose's log stream.
-    assert "wrote /app/runs/compose/summary.json" in compose_run.log, tail
+    assert "wrote /app/runs/compose/: summary.json" in compose_run.log, tail
 
 
 def test_compose_broker_refuses_anonymous_clients(compose_run: ComposeRun) -> None:
@@ -295,10 +295,10 @@ def _rounds(out: Path) -> int:
 
 def _victim(project: str, spare: set[int]) -> tuple[str, int]:
     """A running agent container, and the agent it claimed (in its claim memory,
-    /tmp/privnet-claim-<host>.json), one of `spare`: whose loss leaves a connected graph."""
+    /tmp/privnet-claim.json), one of `spare`: whose loss leaves a connected graph."""
     labels = [f"label=com.docker.compose.{k}" for k in (f"project={project}", "service=agent")]
     ps = ["docker", "ps", "--quiet", "--filter", labels[0], "--filter", labels[1]]
-    read = """sed -n 's/.*"agent": \\([0-9]*\\).*/\\1/p' /tmp/privnet-claim-*.json"""
+    read = """sed -n 's/.*"agent": \\([0-9]*\\).*/\\1/p' /tmp/privnet-claim.json"""
     for container in subprocess.run(ps, capture_output=True, text=True, check=True).stdout.split():
         exec_ = ["docker", "exec", container, "sh", "-c", read]
         agent = int(subprocess.run(exec_, capture_output=True, text=True, check=True).stdout)

@@ -22,7 +22,7 @@ from typing import Any
 import aiomqtt
 import numpy as np
 import pytest
-from conftest import need_docker
+from conftest import assert_private_run, need_docker
 
 from agent.access import ClientAccess
 from broker.credentials import ORCHESTRATOR, Credentials
@@ -100,6 +100,22 @@ def leftovers(client: Any, run: str) -> tuple[list[str], list[str]]:
     return containers, [n.name for n in client.networks.list(filters=label)]
 
 
+def test_exit_without_stop_leaves_nothing(client: Any, tmp_path: Path) -> None:
+    """A process that started a run's broker and exits without stopping it: the atexit hook
+    removes its container and network (it used to fail there: an executor takes no work
+    once the interpreter exits)."""
+    run = f"test-exit-{secrets.token_hex(3)}"
+    start = (
+        "from pathlib import Path; from broker.credentials import Credentials; "
+        "from orchestrator.engines.docker import BROKER_IMAGE, DockerBroker; "
+        f"DockerBroker(Credentials.generate({run!r}, 2), Path({str(tmp_path)!r}), "
+        "image=BROKER_IMAGE).start()"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-c", start], cwd=ROOT, env=env, timeout=300, check=True)
+    assert leftovers(client, run) == ([], [])
+
+
 def test_docker_run_equals_memory_and_counts_three_ways(client: Any, tmp_path: Path) -> None:
     run = f"test-{secrets.token_hex(4)}"
     flags = ["--agents", str(AGENTS), "--iters", str(ITERS), "--seed", str(SEED)]
@@ -108,6 +124,7 @@ def test_docker_run_equals_memory_and_counts_three_ways(client: Any, tmp_path: P
     code = main(["run", "--runtime", "docker", "--run-name", run, *flags, "--out", str(out)])
     assert code == 0
     assert leftovers(client, run) == ([], []), "containers or network left after success"
+    assert_private_run(out)
 
     assert main(["simulate", "--engine", "memory", *flags, "--out", str(tmp_path / "mem")]) == 0
     net, memory = read_metrics(out / "metrics.csv"), read_metrics(tmp_path / "mem" / "metrics.csv")
@@ -192,8 +209,9 @@ def test_overhead_gains_a_nic_column(client: Any, tmp_path: Path) -> None:
     ]  # fmt: skip
     for r in rows:
         assert r["nic"]["agents_tx_per_round"] >= r["per_round"]["bytes"]["total"] > 0
-    assert rows[0]["nic_ratio_to_none"] == 1.0
-    assert rows[-1]["nic_ratio_to_none"] > rows[0]["nic_ratio_to_none"]  # keys every round
+    assert rows[0]["ratio_to_none"]["nic"] == 1.0
+    assert rows[-1]["ratio_to_none"]["nic"] > rows[0]["ratio_to_none"]["nic"]  # keys every round
+    assert all(r["broker_sys_per_round"]["bytes_received"] > 0 for r in rows)  # $SYS column
     summaries = sorted(tmp_path.glob("docker-ring-*/summary.json"))
     assert len(summaries) == len(rows), "one docker run per row"
     for path in summaries:

@@ -55,3 +55,20 @@ def test_none_is_caught_and_random_ghp_stay_under_their_claim(six_agents: Proble
         # 6.1 with seed 1, 3.8 and 7.1 with seeds 2 and 3).
         assert 0 < r["epsilon_claimed"] < 10
         assert r["epsilon_lb"] <= r["epsilon_claimed"] and r["consistent"]
+
+
+def test_masked_ghp_claims_a_finite_epsilon_against_the_hub_and_the_wire(six_agents) -> None:
+    """Its masks cancel at the hub and on the whole wire; what is left is ghp's release, so
+    the claim there is ghp's, finite, and the attacker stays under it (few trials: a
+    smoke test of the claim; the README's numbers come from `privnet dp-audit`)."""
+    records = {
+        r["view"].split()[0]: r
+        for r in dp_audit(six_agents, Strategy.ATC, Scheme.MASKED_GHP, 0, 40)
+    }
+    assert records.keys() == {"one-link", "hub", "wire"}
+    (ghp,) = dp_audit(six_agents, Strategy.ATC, Scheme.GHP, 0, 2)
+    for view in ("hub", "wire"):
+        r = records[view]
+        assert r["epsilon_claimed"] == pytest.approx(ghp["epsilon_claimed"], rel=1e-6)
+        assert r["consistent"] and r["epsilon_lb"] <= r["epsilon_claimed"] < 5
+    assert 0 < records["one-link"]["epsilon_claimed"] < records["hub"]["epsilon_claimed"]

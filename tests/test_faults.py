@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from conftest import assert_private_run
 from runs import assert_whole_rounds
 
 from orchestrator.conductor import View
@@ -89,6 +90,8 @@ def test_a_crashed_agent_restarts_from_its_checkpoint(tmp_path: Path) -> None:
     checkpoint (or, when a view change comes first, as soon as it is back)."""
     flags = ("--faults", "kill:3@80", "--restart", "on-failure", "--checkpoint-every", "20")
     views, summary = run(tmp_path, 800, *flags)
+    assert summary["membership"]["faults"] == ["kill:3@80 (at round 80)"]  # not at a poll
+    assert_private_run(tmp_path)
     assert summary["membership"]["restarts"] == {"3": 1}
     assert all(3 in v.members or 3 in v.left for v in views)
     back = [v for v in views[1:] if 3 in v.members]

@@ -25,7 +25,7 @@ import msgpack
 import numpy as np
 import psutil
 import pytest
-from conftest import insider_run, prepared
+from conftest import assert_private_run, insider_run, prepared
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from agent import topics, wire
@@ -365,6 +365,36 @@ async def test_a_killed_agent_is_left_out_and_the_run_completes(
     assert gap < 1e-9
 
 
+def test_a_run_keeps_its_secrets_to_itself_and_logs_what_agents_did(
+    broker_kind: str,
+    net_run: Callable[[str], Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The permissions walk over a run's directory (`conftest.assert_private_run`), one with
+    a secret seed too: kept in secrets.json, nowhere others may read it; each agent's log
+    says what it did at INFO, the default; the console (a pipe here) says when set-up
+    phases ended and ends each progress line on its session's last round."""
+    assert_private_run(net_run(broker_kind))
+    capsys.readouterr()  # the fixture's run
+    flags = ["--agents", "4", "--iters", "12", "--scheme", "none,local-ghp"]
+    assert main(["run", *flags, "--broker", broker_kind, "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "connected at" in err and "4 agents registered at" in err, err
+    bars = [line for line in err.splitlines() if line.startswith("atc/")]
+    assert len(bars) == 2 and all(" 12/12 " in b and "set-up" in b for b in bars), bars
+    metrics = read_metrics(tmp_path / "metrics.csv").values()
+    for bar, (centroid, _) in zip(bars, metrics, strict=True):
+        assert f"MSD {10 * np.log10(centroid[0, -1]):.2f} dB" in bar  # the last round's
+        assert len(bar) <= 80 and "…" not in bar
+    assert_private_run(tmp_path)
+    seed = json.loads((tmp_path / "secrets.json").read_text())["seed"]
+    assert load_summary(tmp_path / "summary.json")["config"]["seed"] == "secrets.json" != seed
+    log = (tmp_path / "logs" / "agent-2.log").read_text()
+    for did in ("registered", "configured session 1", "keyed", "finished session 1", "left"):
+        assert f"agent 2 {did}" in log, log
+
+
 def test_ctrl_c_stops_everything(broker_kind: str, tmp_path: Path) -> None:
     privnet = start_privnet(broker_kind, tmp_path)
     with stopped(privnet):
@@ -473,6 +503,7 @@ def test_a_run_whose_orchestrator_died_resumes(tmp_path: Path) -> None:
         env={**os.environ, "COLUMNS": "400"},
     )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert_private_run(tmp_path, "privnet.err")
     assert "Mean of empty slice" not in resumed.stderr
     (view,) = read_membership(tmp_path / "membership.json")
     assert view.reason == "resumed" and len(streamed) - 50 < view.start <= len(streamed) + 1

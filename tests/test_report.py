@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import tempfile
@@ -17,7 +18,10 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from orchestrator.report import (
+    NODE_GAP,
     Curve,
+    _spread,
+    diverged,
     load_summary,
     plot_msd,
     plot_topology,
@@ -54,7 +58,7 @@ def synthetic_curves() -> list[Curve]:
             decay = np.exp(-(0.05 + 0.02 * k) * i)
             noise = gen.uniform(0.5, 1.5, (REPEATS, ITERS))
             cen = (decay + FLOOR[scheme]) * noise / 3
-            extra = {"bytes_per_round": np.int64(1000 * (k + 1)), "messages": 10 * (k + 1)}
+            extra = {"peer_bytes_per_round": np.int64(1000 * (k + 1)), "messages": 10 * (k + 1)}
             curves.append(Curve(strategy, scheme, cen, 4 * cen, 50.0 + k, extra))
     return curves
 
@@ -130,7 +134,8 @@ def test_result_record_layout() -> None:
     curve = Curve("cta", "ghp", np.full((2, 10), 1e-2), np.full((2, 10), 1e-1), 12.5, {"b": 3})
     record = result_record(curve, {"mu": 0.4, "agents": 30})
     assert list(record) == [
-        "strategy", "scheme", "mu", "agents", "msd_centroid_db", "msd_avg_db", "rounds_per_s", "b",
+        "strategy", "scheme", "mu", "agents", "msd_centroid_db", "msd_avg_db", "diverged",
+        "rounds_per_s", "b",
     ]  # fmt: skip
     assert record["msd_centroid_db"] == pytest.approx(-20.0, abs=1e-12)
     assert record["msd_avg_db"] == pytest.approx(-10.0, abs=1e-12)
@@ -160,7 +165,7 @@ def test_summary_json_holds_config_and_records(
         assert record["msd_centroid_db"] == steady_state_db(curve.msd_centroid)
         assert record["msd_avg_db"] == steady_state_db(curve.msd_avg)
         assert record["rounds_per_s"] == curve.rounds_per_s
-        assert record["bytes_per_round"] == int(curve.extra["bytes_per_round"])
+        assert record["peer_bytes_per_round"] == int(curve.extra["peer_bytes_per_round"])
         assert record["messages"] == curve.extra["messages"]
         assert {k: record[k] for k in SETTINGS} == {k: SETTINGS[k] for k in SETTINGS}
     # msd_avg = 4 msd_centroid, so the dB gap is 10 log10 4 everywhere.
@@ -291,8 +296,9 @@ def test_results_table_rows_and_columns(run: tuple[Path, list[Curve], dict[str, 
     table = results_table(summary["results"])
     headers = [str(c.header) for c in table.columns]
     assert headers == [
-        "strategy", "scheme", "centroid MSD (dB)", "avg MSD (dB)", "rounds/s", "bytes/round",
+        "strategy", "scheme", "MSD dB\ncentroid", "MSD dB\naverage", "rounds/s", "peer\nB/rd",
     ]  # fmt: skip
+    assert "amortized" in str(table.caption)  # named as `privnet overhead` names it
     assert table.row_count == len(curves)
     cells = [list(c.cells) for c in table.columns]
     assert list(zip(cells[0], cells[1], strict=True)) == [c.key for c in curves]
@@ -306,3 +312,51 @@ def test_results_table_omits_bytes_when_not_counted() -> None:
                             "msd_avg_db": None, "rounds_per_s": 9.0}])  # fmt: skip
     assert [str(c.header) for c in table.columns][-1] == "rounds/s"
     assert [list(c.cells) for c in table.columns][3] == ["–"]
+
+
+def test_classification_table_shows_testing_error_in_80_columns() -> None:
+    record = {"strategy": "consensus", "scheme": "local-ghp", "iters": 300,
+              "msd_centroid_db": -12.3, "msd_avg_db": -11.0, "test_error_centroid_pct": 15.91,
+              "test_error_avg_pct": 18.61, "rounds_per_s": 103.2,
+              "peer_bytes_per_round": 123_456.0}  # fmt: skip
+    table = results_table([record])
+    headers = [str(c.header) for c in table.columns]
+    assert headers[4:6] == ["error %\ncentroid", "error %\naverage"]
+    assert [list(c.cells) for c in table.columns][4:6] == [["15.91"], ["18.61"]]
+    lines = _render(table, 80)
+    assert max(map(len, lines)) <= 80 and not any("…" in line for line in lines)
+
+
+def test_a_diverged_curve_is_called_so() -> None:
+    grows = np.geomspace(1.0, 1e200, 30)[np.newaxis, :]
+    flat = np.full((1, 30), 1e-3)
+    noisy = np.random.default_rng(1).exponential(1e-3, (1, 30))
+    assert diverged(Curve("atc", "none", grows, grows, 1.0))
+    assert diverged(Curve("atc", "none", flat, np.full((1, 30), np.inf), 1.0))
+    assert not diverged(Curve("atc", "none", flat, noisy, 1.0))
+    unreported = flat.copy()
+    unreported[0, 10:20] = np.nan  # rounds nobody reported (a lost agent, a resumed run)
+    assert not diverged(Curve("atc", "none", unreported, unreported, 1.0))
+    record = result_record(Curve("atc", "none", grows, grows, 1.0), {})
+    assert record["diverged"] and [list(c.cells) for c in results_table([record]).columns][2:4] == [
+        ["diverged"],
+        ["diverged"],
+    ]
+
+
+def test_topology_nodes_never_overlap() -> None:
+    """A geometric graph's close nodes are drawn apart by at least NODE_GAP of the span."""
+    points = {0: (0.0, 0.0), 1: (0.001, 0.0), 2: (1.0, 1.0), 3: (0.5, 0.52), 4: (0.5, 0.5)}
+    drawn = _spread(points)
+    xy = np.array(list(drawn.values()))
+    gaps = np.hypot(*(xy[:, None] - xy[None]).transpose(2, 0, 1)) + np.eye(len(xy))
+    assert gaps.min() >= NODE_GAP - 1e-9
+    assert np.allclose(xy[2], (1.0, 1.0), atol=1e-4)  # a node already apart stays put
+
+
+def _render(table: Any, width: int) -> list[str]:
+    from rich.console import Console
+
+    console = Console(width=width, record=True, file=io.StringIO())
+    console.print(table)
+    return console.export_text().splitlines()

@@ -79,7 +79,7 @@ def test_reproduce_and_run_from_another_directory(
     _run([privnet, "reproduce", "--repeats", "1", "--iters", "50", "--out", "repro"], tmp_path, env)
     summary = json.loads((tmp_path / "repro" / "summary.json").read_text())
     assert summary["config"]["name"] == "paper-regression"
-    assert len(summary["results"]) == 12  # 3 strategies x 4 schemes of the shipped preset
+    assert len(summary["results"]) == 15  # 3 strategies x 5 schemes of the shipped preset
     flags = ["--agents", "4", "--iters", "5", "--scheme", "local-ghp", "--out", "net", "--view"]
     _run([privnet, "run", *flags], tmp_path, env)
     (result,) = json.loads((tmp_path / "net" / "summary.json").read_text())["results"]

@@ -8,7 +8,8 @@ The orchestrator stays on the host and reaches the broker through a port publish
 127.0.0.1 (so the engine must run on this machine, as a local or rootless dockerd does).
 
 `DockerBroker` plays the broker's part for the net engine (start, stop, address, access,
-kind) and owns the network; `DockerAgents` is its `Launcher`. Whatever happens (success,
+kind) and owns the network; `DockerAgents` is its `Launcher`. Its base, `ContainerBroker`,
+is what it shares with `--runtime swarm` (`orchestrator.engines.swarm`). Whatever happens (success,
 failure, Ctrl-C, exit), `DockerBroker.stop` removes every container labelled with the run
 and the network. `DockerBroker.nic` reads each container's interface counters (Docker stats
 API); `nic_window` turns two readings into the NIC bytes summary.json reports next to the
@@ -24,12 +25,13 @@ import tarfile
 import tempfile
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, ClassVar
 
 from agent.access import ClientAccess
 from agent.mqtt import AgentLaunch, BrokerAddress
@@ -46,35 +48,35 @@ RUN_LABEL = "privnet.run"
 ROLE_LABEL = "privnet.role"  # "broker", "agent" or "network"
 AGENT_LABEL = "privnet.agent"
 READY_TIMEOUT = 30.0
+FOLLOW_WAIT = 2.0  # s the log copies get to drain when a run stops
 WORKERS = 8  # parallel Docker API calls when starting, reading or removing containers
 SOURCE = Path(__file__).resolve().parents[2]  # the checkout, when privnet runs from one
 BROKER_FILES = PurePosixPath("/mosquitto/config")  # in the broker container
 # The image's mosquitto drops root for its own `mosquitto` user before it reads the password
 # file and ACL; that user's uid differs between images, so the container hands the 0600
 # files over by name (as docker-compose.yml's broker does), then becomes mosquitto.
-BROKER_COMMAND = [
-    "sh",
-    "-c",
+BROKER_SCRIPT = (
     f"chown -R mosquitto:mosquitto {BROKER_FILES} "
-    f"&& exec mosquitto -c {BROKER_FILES}/mosquitto.conf",
-]
-_live: dict[int, DockerBroker] = {}  # started and not yet stopped: atexit cleans these up
+    f"&& exec mosquitto -c {BROKER_FILES}/mosquitto.conf"
+)
+BROKER_COMMAND = ["sh", "-c", BROKER_SCRIPT]
+_live: dict[int, ContainerBroker] = {}  # started and not yet stopped: atexit cleans these up
 
 
-def connect() -> Any:
+def connect(runtime: str = "docker") -> Any:
     """A Docker SDK client from the environment (DOCKER_HOST & co.), or a clear ConfigError."""
     try:
         import docker
     except ImportError:
         raise ConfigError(
-            "--runtime docker needs the Docker SDK: pip install 'privnet[docker]'"
+            f"--runtime {runtime} needs the Docker SDK: pip install 'privnet[docker]'"
         ) from None
     try:
         client = docker.from_env()
         client.ping()
     except docker.errors.DockerException as exc:
         raise ConfigError(
-            f"--runtime docker found no Docker engine ({exc}); start one, or point "
+            f"--runtime {runtime} found no Docker engine ({exc}); start one, or point "
             "DOCKER_HOST at it"
         ) from None
     return client
@@ -110,6 +112,11 @@ def ensure_image(client: Any, image: str | None) -> str:
             f"there (docker build -t {tag} .) or pass --image NAME",
         )
         return tag
+    return build_image(client, root, tag)
+
+
+def build_image(client: Any, root: Path, tag: str) -> str:
+    """`docker build -t tag root`, its steps shown as it goes; RunFailed if it fails."""
     with console.status(f"image {tag}: building from {root}") as status:
         for chunk in client.api.build(path=str(root), tag=tag, rm=True, decode=True):
             if "error" in chunk:
@@ -128,6 +135,36 @@ def _need_image(client: Any, image: str, fix: str) -> None:
         client.images.get(image)
     except docker.errors.ImageNotFound:
         raise ConfigError(f"image {image} not found; {fix}") from None
+
+
+def remove_all(things: Sequence[Any], **how: Any) -> None:
+    """`thing.remove(**how)` for each (containers, services, ...), WORKERS at a time; one
+    already gone is fine. Plain threads: an executor takes no work once the interpreter
+    exits, and `_stop_leftovers` cleans up at exit."""
+    import docker
+
+    todo, failed = list(things), []
+
+    def work() -> None:
+        while True:
+            try:
+                thing = todo.pop()
+            except IndexError:
+                return
+            try:
+                thing.remove(**how)
+            except docker.errors.NotFound:
+                pass
+            except Exception as exc:  # raised below, in the caller's thread
+                failed.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(min(WORKERS, len(todo)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failed:
+        raise failed[0]
 
 
 @dataclass(frozen=True)
@@ -153,23 +190,32 @@ def nic_of(stats: dict[str, Any]) -> NicBytes:
     )
 
 
-def broker_files(credentials: Credentials) -> bytes:
-    """A tar of the broker container's mosquitto.conf (listener 1883, anonymous refused),
-    password file and ACL for the run: private files stay 0600."""
+def broker_files(credentials: Credentials) -> dict[str, bytes]:
+    """The broker container's files in BROKER_FILES, by name: mosquitto.conf (listener 1883,
+    anonymous refused), the run's password file (`passwd`) and ACL (`acl`)."""
     with tempfile.TemporaryDirectory(prefix="privnet-docker-") as tmp:
         directory = Path(tmp)
         settings = mosquitto_settings(directory, credentials, None, at=Path(BROKER_FILES))
         (directory / "mosquitto.conf").write_text(mosquitto_config(str(MQTT_PORT), settings))
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            for path in sorted(directory.iterdir()):
-                tar.add(path, arcname=path.name)
-        return buf.getvalue()
+        return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
+
+
+def broker_tar(credentials: Credentials) -> bytes:
+    """`broker_files` as a tar to put in the container: private files 0600."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in broker_files(credentials).items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644 if name == "mosquitto.conf" else 0o600
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
 
 
 @dataclass
-class DockerBroker:
-    """The run's network and mosquitto container; the broker the net engine talks to."""
+class ContainerBroker(ABC):
+    """What the docker and swarm runtimes share: the run (credentials, logs, the agents'
+    image), the names and labels everything of the run carries, and the broker the net engine
+    talks to (start, stop, address, access, kind)."""
 
     credentials: Credentials  # the run's users: the broker enforces them and their ACL
     logs: Path
@@ -177,7 +223,10 @@ class DockerBroker:
     client: Any = None
     kind: str = field(default="mosquitto", init=False)
     address: BrokerAddress = field(default=BrokerAddress("127.0.0.1", MQTT_PORT), init=False)
-    _followers: list[threading.Thread] = field(default_factory=list, init=False, repr=False)
+    _followers: list[tuple[threading.Thread, Any]] = field(
+        default_factory=list, init=False, repr=False
+    )
+    runtime: ClassVar[str]  # the --runtime it is, for summary.json
 
     @property
     def run(self) -> str:
@@ -193,16 +242,64 @@ class DockerBroker:
 
     @property
     def agent_address(self) -> BrokerAddress:
-        """Where agents reach the broker: its container name on the run's network."""
+        """Where agents reach the broker: its name on the run's network."""
         return BrokerAddress(f"{self.name}-broker", MQTT_PORT)
 
     def labels(self, role: str, **more: str) -> dict[str, str]:
         return {RUN_LABEL: self.run, ROLE_LABEL: role, **more}
 
+    @abstractmethod
+    def start(self) -> None:
+        """The broker up and answering at `address`; agents can be started after."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Remove everything of the run; safe to repeat, and run at exit if never called."""
+
+    def _started(self) -> None:
+        """From here on, stop() runs at exit even if no one calls it."""
+        _live[id(self)] = self
+
+    def _stopped(self) -> None:
+        _live.pop(id(self), None)
+
+    def follow(self, name: str, stream: Any, path: Path) -> None:
+        """Copy `stream` (a container's or a service's output, followed: a cancellable
+        stream of the SDK) into `path` as it comes, until it ends or the run stops."""
+
+        def copy() -> None:
+            with open(path, "wb") as out, contextlib.suppress(Exception):
+                for chunk in stream:
+                    out.write(chunk)
+                    out.flush()
+
+        thread = threading.Thread(target=copy, name=f"logs-{name}", daemon=True)
+        thread.start()
+        self._followers.append((thread, stream))
+
+    def _stop_following(self, wait: float = FOLLOW_WAIT) -> None:
+        """Let the log copies drain for up to `wait` s (a removed container's stream ends
+        by itself, a service's never does), then close their streams."""
+        deadline = time.monotonic() + wait
+        for thread, _ in self._followers:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        for thread, stream in self._followers:
+            with contextlib.suppress(Exception):
+                stream.close()
+            thread.join(timeout=1.0)
+        self._followers.clear()
+
+
+@dataclass
+class DockerBroker(ContainerBroker):
+    """The run's network and mosquitto container, on this machine's engine."""
+
+    runtime: ClassVar[str] = "docker"
+
     def start(self) -> None:
         """Image ready, network made, broker container up and answering on its port."""
         self.client = self.client or connect()
-        _live[id(self)] = self
+        self._started()
         try:
             self.image = ensure_image(self.client, self.image)
             self.logs.mkdir(parents=True, exist_ok=True)
@@ -215,9 +312,10 @@ class DockerBroker:
                 ports={f"{MQTT_PORT}/tcp": ("127.0.0.1", None)},
                 labels=self.labels("broker"),
             )
-            broker.put_archive(str(BROKER_FILES), broker_files(self.credentials))
+            broker.put_archive(str(BROKER_FILES), broker_tar(self.credentials))
             broker.start()
-            self.follow(broker, self.logs / "broker.log")
+            output = broker.logs(stream=True, follow=True)
+            self.follow(broker.name, output, self.logs / "broker.log")
             broker.reload()
             port = int(broker.ports[f"{MQTT_PORT}/tcp"][0]["HostPort"])
             self.address = BrokerAddress("127.0.0.1", port)
@@ -238,19 +336,6 @@ class DockerBroker:
         if not accepts(self.address, timeout=3.0):
             raise RunFailed(f"the broker container runs but {self.address} does not accept")
 
-    def follow(self, container: Any, path: Path) -> None:
-        """Copy a container's output into `path` as it comes, until the container goes."""
-
-        def copy() -> None:
-            with open(path, "wb") as out, contextlib.suppress(Exception):
-                for chunk in container.logs(stream=True, follow=True):
-                    out.write(chunk)
-                    out.flush()
-
-        thread = threading.Thread(target=copy, name=f"logs-{container.name}", daemon=True)
-        thread.start()
-        self._followers.append(thread)
-
     def containers(self, role: str | None = None, **filters: str) -> list[Any]:
         labels = [f"{RUN_LABEL}={self.run}"] + ([f"{ROLE_LABEL}={role}"] if role else [])
         return list(self.client.containers.list(all=True, filters={"label": labels, **filters}))
@@ -263,26 +348,17 @@ class DockerBroker:
             return {c.name: nic_of(s) for c, s in zip(running, stats, strict=True)}
 
     def remove(self, containers: Sequence[Any]) -> None:
-        import docker
-
-        def gone(container: Any) -> None:
-            with contextlib.suppress(docker.errors.NotFound):
-                container.remove(force=True)
-
-        with ThreadPoolExecutor(WORKERS) as pool:
-            list(pool.map(gone, containers))
+        remove_all(containers, force=True)
 
     def stop(self) -> None:
         """Remove every container labelled with the run, then the network. Safe to repeat."""
-        _live.pop(id(self), None)
+        self._stopped()
         if self.client is None:
             return
         import docker
 
         self.remove(self.containers())
-        for thread in self._followers:
-            thread.join(timeout=2.0)
-        self._followers.clear()
+        self._stop_following()
         for _ in range(20):  # Docker 20.10 keeps a stale endpoint a moment after a removal
             networks = self.client.networks.list(filters={"label": f"{RUN_LABEL}={self.run}"})
             if not networks:
@@ -325,7 +401,7 @@ class DockerAgents:
                 labels=b.labels("agent", **{AGENT_LABEL: str(p)}),
             )
             container.start()
-            b.follow(container, log_path(b.logs, p))
+            b.follow(container.name, container.logs(stream=True, follow=True), log_path(b.logs, p))
 
         status = console.status(f"starting {len(launches)} agent containers")
         with status, ThreadPoolExecutor(WORKERS) as pool:

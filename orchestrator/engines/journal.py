@@ -1,60 +1,75 @@
 """What `privnet run` keeps on disk as it goes, so `privnet run --resume RUN_DIR` can carry
 on after the orchestrator died (`kill -9`, a reboot).
 
-`<run>/journal/`: the experiment (`config.json`, the secret seed included) and the run's
-secrets (`run.json`, 0600: the orchestrator's key, the agents' tokens, broker users), every
-finished session (`session-<n>.npz` models, `session-<n>.json` what the agents reported),
-and the rounds of the session under way as the orchestrator got them (`rounds-<n>.bin`).
-The agents keep their own checkpoints (`<run>/checkpoints/`). Everything here is as secret
-as the run's telemetry: true models.
+`<run>/journal/` (0700, every file 0600): the experiment (`config.json`, the secret seed
+included) and the run's secrets (`run.json`: the orchestrator's key, the agents' tokens,
+broker users), every finished session (`session-<n>.npz` models, `session-<n>.json` what
+the agents reported), and the rounds of the session under way as the orchestrator got
+them (`rounds-<n>.bin`). The agents keep their own checkpoints (`<run>/checkpoints/`).
+Everything here is as secret as the run's telemetry: true models.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from agent import control
+from agent.private import PRIVATE, private_dir, private_file, write_private
 from orchestrator.conductor import Resume, SessionResult, View
 from orchestrator.experiment.config import ExperimentConfig, with_overrides
 
 JOURNAL = "journal"
+SECRETS = "secrets.json"  # the run's secret seed, 0600 (summary.json says where it is)
 
 
-def _private(path: Path, data: bytes) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
+def begin(out: Path, config: ExperimentConfig, secrets_json: str, secret_seed: bool) -> None:
+    """The journal of a new run; with `secret_seed`, the run's secrets.json (its seed, which
+    regenerates every agent's data and noise, is nowhere else outside the journal)."""
+    where = private_dir(out / JOURNAL)
+    write_private(where / "config.json", json.dumps(config.to_dict()))
+    write_private(where / "run.json", secrets_json)
+    if secret_seed:
+        write_private(out / SECRETS, json.dumps({"seed": config.seed}) + "\n")
 
 
-def begin(out: Path, config: ExperimentConfig, secrets_json: str) -> None:
+def secret_seed(out: Path) -> bool:
+    """Whether the run in `out` drew its seed (kept in its secrets.json)."""
+    return (out / SECRETS).is_file()
+
+
+def discard_if_empty(out: Path) -> None:
+    """Remove the journal (and secrets.json) of a run that ended before any round it could
+    carry on from."""
     where = out / JOURNAL
-    where.mkdir(parents=True, exist_ok=True)
-    _private(where / "config.json", json.dumps(config.to_dict()).encode())
-    _private(where / "run.json", secrets_json.encode())
+    kept = [*where.glob("session-*.json"), *where.glob("rounds-*.bin")]
+    if where.is_dir() and not any(path.stat().st_size for path in kept):
+        shutil.rmtree(where)
+        (out / SECRETS).unlink(missing_ok=True)
 
 
 def session_done(out: Path, index: int, result: SessionResult) -> None:
     where = out / JOURNAL
-    with open(where / f"session-{index}.npz", "wb") as fh:
+    with private_file(where / f"session-{index}.npz") as fh:
         np.savez(fh, models=result.models)
     finished = {str(m): asdict(done) for m, done in result.finished.items()}
     views = [v.to_json() for v in result.views]
     record = {"label": result.label, "wall": result.wall, "finished": finished, "views": views}
-    _private(where / f"session-{index}.json", json.dumps(record).encode())
+    write_private(where / f"session-{index}.json", json.dumps(record))
     (where / f"rounds-{index}.bin").unlink(missing_ok=True)
 
 
 def rounds(out: Path, index: int, models: np.ndarray) -> None:
     """Append the next rounds of session `index` (rows of `models`, each P x M): the file
     holds rounds 1, 2, ... in order."""
-    with open(out / JOURNAL / f"rounds-{index}.bin", "ab") as fh:
+    path = out / JOURNAL / f"rounds-{index}.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE)
+    with os.fdopen(fd, "ab") as fh:
         fh.write(np.ascontiguousarray(models, dtype="<f8").tobytes())
 
 

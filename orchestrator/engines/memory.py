@@ -294,6 +294,8 @@ def results_curve(
         "messages": messages,
         "rejected": rejected,
         "bytes_per_round": sum(per_round.values()),
+        # what privacy costs, as `privnet overhead` defines it: peer-plane bytes per round
+        "peer_bytes_per_round": (traffic.get("model", 0) + traffic.get("keys", 0)) / rounds,
         "bytes_per_round_by_category": per_round,
         "rounds_counted": rounds,  # what bytes, messages, wall and rounds/s cover
         "wall_s": wall,

@@ -1,10 +1,11 @@
 """The `net` engine, `privnet run`: a broker, agent processes and the conductor over MQTT.
 
 The conductor (`orchestrator.conductor`) decides everything; this shell launches the
-broker and the agents (here, or with `--runtime docker` in containers), hands each agent
-its launch out of band (its id, the run's orchestrator key, its token, its broker
-credentials), pumps MQTT into the conductor, watches the agents, shows progress and writes
-the outputs. Whatever it started it stops: on success, on failure and on Ctrl-C.
+broker and the agents (here; with `--runtime docker` in containers; with `--runtime swarm`
+as services of a Docker Swarm), hands each agent its launch out of band (its id, the run's
+orchestrator key, its token, its broker credentials), pumps MQTT into the conductor,
+watches the agents, shows progress and writes the outputs. Whatever it started it stops: on
+success, on failure and on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -29,15 +30,35 @@ from rich.progress import Progress, TaskID
 
 from agent import keys
 from agent.access import ClientAccess
-from agent.mqtt import QOS, AgentLaunch, Connection, Machine, MqttError, client, publish, pump
-from agent.node import Output
+from agent.mqtt import (
+    QOS,
+    AgentLaunch,
+    BrokerAddress,
+    Connection,
+    CouldNotConnect,
+    Machine,
+    MqttError,
+    client,
+    publish,
+    pump,
+)
+from agent.node import Event, Output
+from agent.private import private_dir, private_file
 from agent.spec import ConfigError
 from broker.bridge import CoreBroker
 from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, write_private
 from broker.launcher import Broker, launch, read_sys_bytes, write_compose_files
-from orchestrator.conductor import Conductor, Resume, SessionResult, Stage, add_counts, describe
-from orchestrator.engines import journal, memory
-from orchestrator.engines.docker import DockerAgents, DockerBroker, nic_window
+from orchestrator.conductor import (
+    Conductor,
+    Resume,
+    SessionResult,
+    Stage,
+    View,
+    add_counts,
+    describe,
+)
+from orchestrator.engines import journal, memory, swarm
+from orchestrator.engines.docker import ContainerBroker, DockerAgents, DockerBroker, nic_window
 from orchestrator.engines.launch import Launcher, LocalLauncher
 from orchestrator.engines.memory import RunFailed
 from orchestrator.engines.watch import POLL, Watch, write_membership
@@ -138,7 +159,7 @@ class RunSecrets:
 def write_launches(directory: Path, launches: dict[int, AgentLaunch]) -> None:
     """Launch files for agents started by someone else (compose): 0600, one per agent.
     Whatever an earlier run left there (files, claims) goes first."""
-    directory.mkdir(parents=True, exist_ok=True)
+    private_dir(directory)
     for stale in [*directory.glob("agent-*.json"), *directory.glob("agent-*.claimed")]:
         stale.unlink()
     for p, agent_launch in launches.items():
@@ -155,10 +176,13 @@ def prepare(
     mount: Path = Path("/privnet"),
     broker_uid: int | None = None,
     client_uid: int | None = None,
+    stack: bool = False,
 ) -> RunSecrets:
     """A run's secrets as files, for agents and a broker someone else starts (compose):
     the broker's files (`write_compose_files`), `run.json` for the orchestrator and one
-    launch file per agent in `agents/` (claimed with `python -m agent --claim`)."""
+    launch file per agent in `agents/` (claimed with `python -m agent --claim`); with
+    `stack`, for docker-stack.yml, instead every launch in `launches.json`, in id order (one
+    Docker secret: each agent replica takes its own with `python -m agent --slot`)."""
     run_secrets = RunSecrets.generate(run, agents)
     write_compose_files(
         out,
@@ -167,6 +191,7 @@ def prepare(
         mount=mount,
         broker_uid=broker_uid,
         client_uid=client_uid,
+        port=BrokerAddress.parse(broker).port,
     )
     ca = str(mount / "ca.crt") if tls_hostnames is not None else None
 
@@ -174,11 +199,17 @@ def prepare(
         return run_secrets.credentials.access(user, tls=ca is not None, ca_file=ca)
 
     write_private(out / "run.json", run_secrets.to_json())
-    write_launches(out / "agents", run_secrets.launches(broker, access))
+    launches = run_secrets.launches(broker, access)
+    if stack:
+        ordered = [launches[p] for p in sorted(launches)]
+        write_private(out / "launches.json", AgentLaunch.group_json(ordered))
+    else:
+        write_launches(out / "agents", launches)
     for p in run_secrets.tokens:  # an agent's password travels only in its launch file
         (out / "users" / f"{p}.env").unlink(missing_ok=True)
     if client_uid is not None:
-        for path in [out / "run.json", out / "agents", *(out / "agents").iterdir()]:
+        theirs = [out / "launches.json"] if stack else [out / "agents", *(out / "agents").iterdir()]
+        for path in [out / "run.json", *theirs]:
             os.chown(path, client_uid, client_uid)
     return run_secrets
 
@@ -263,6 +294,7 @@ async def _settled(job: asyncio.Future[T], hurry: Callable[[], None]) -> T:
 
 
 async def _run_network(problem: Problem, args: argparse.Namespace, out: Path, stop: Stop) -> int:
+    began = time.perf_counter()
     config = problem.config
     resume: Resume | None = None
     done: list[SessionResult] = []
@@ -281,10 +313,8 @@ async def _run_network(problem: Problem, args: argparse.Namespace, out: Path, st
     else:
         run_secrets = RunSecrets.generate(args.run_name or new_run_name(), config.agents)
     run = run_secrets.run
-    if resume is None:
-        journal.begin(out, config, run_secrets.to_json())
     faults = parse_faults(args.faults or "", config.agents)
-    broker: Broker | DockerBroker
+    broker: Broker | ContainerBroker
     pool: Launcher | None
     if getattr(args, "hosts", None) is not None:  # across hosts: the agents run there
         from orchestrator import sites
@@ -293,16 +323,12 @@ async def _run_network(problem: Problem, args: argparse.Namespace, out: Path, st
         broker, pool = sites.core_broker(args.hosts, args.prepared, run_secrets), None
     else:
         broker, pool = _runtime(args, run_secrets.credentials, out / "logs")
-    docker = broker if isinstance(broker, DockerBroker) else None
+    docker = broker if isinstance(broker, ContainerBroker) else None
+    code = 1
     try:
-        # matplotlib loads while the broker starts (and the agents' zygote imports), in a
-        # thread that nothing waits for: the event loop stays free to hear a stop.
-        threading.Thread(target=load_plotting, name="load-plotting", daemon=True).start()
-        await _settled(asyncio.get_running_loop().run_in_executor(None, broker.start), broker.stop)
-        where = "external agents" if pool is None else f"agent logs in {out}/logs"
-        if isinstance(broker, CoreBroker):
-            where = "agents on " + ", ".join(f"{b.host} ({len(b.agents)})" for b in broker.bridges)
-        console.print(f"broker: {broker.kind} at {broker.address}; run {run}; {where}")
+        if resume is None:
+            journal.begin(out, config, run_secrets.to_json(), args.secret_seed)
+        await _start(broker)
         conductor = Conductor(
             run,
             run_secrets.orchestrator,
@@ -316,7 +342,7 @@ async def _run_network(problem: Problem, args: argparse.Namespace, out: Path, st
             escrow=bool(args.audit),
         )
         conductor.results = done
-        reach = broker.agent_address if isinstance(broker, DockerBroker) else broker.address
+        reach = docker.agent_address if docker is not None else broker.address
         launches = run_secrets.launches(str(reach), broker.access)
         if pool is not None and args.checkpoint_every:
             kept = str(out / "checkpoints") if docker is None else None
@@ -334,11 +360,17 @@ async def _run_network(problem: Problem, args: argparse.Namespace, out: Path, st
         watch = Watch(conductor, pool, broker, launches, problem, out, faults, restart)
         view = await _view(args, watch, problem, out, tap, neighbour)
         try:
-            return await _drive(problem, broker, watch, out, stop, tap, neighbour, view)
+            code = await _drive(problem, broker, watch, out, began, stop, tap, neighbour, view)
+            return code
         finally:
             if view is not None:
                 await view.close()
     except RunFailed as exc:
+        console.print(f"[red]run failed:[/red] {exc}")
+        return 1
+    except CouldNotConnect as exc:
+        if broker.kind == "external":  # the address the user gave
+            raise ConfigError(f"{exc}: give --broker the HOST:PORT of an MQTT broker") from None
         console.print(f"[red]run failed:[/red] {exc}")
         return 1
     except (MqttError, aiomqtt.MqttError) as exc:  # ours, or the tap's and $SYS reader's
@@ -348,12 +380,27 @@ async def _run_network(problem: Problem, args: argparse.Namespace, out: Path, st
             if broker.kind == "external"
             else ""
         )
-        console.print(f"[red]run failed:[/red] the broker at {broker.address}: {exc}{hint}")
+        said = exc if isinstance(exc, MqttError) else f"the broker at {broker.address}: {exc}"
+        console.print(f"[red]run failed:[/red] {said}{hint}")  # ours name the broker
         return 1
     finally:
         if pool is not None:
             pool.stop(STOP_GRACE if stop.stopping else None)
         broker.stop()
+        if code != 0 and resume is None:  # nothing to resume from: no journal
+            journal.discard_if_empty(out)
+
+
+async def _start(broker: Broker | ContainerBroker) -> None:
+    """Start the broker (an external one: check it answers). matplotlib loads meanwhile
+    (and the agents' zygote imports), in a thread that nothing waits for: the event loop
+    stays free to hear a stop."""
+    threading.Thread(target=load_plotting, name="load-plotting", daemon=True).start()
+    starting = asyncio.get_running_loop().run_in_executor(None, broker.start)
+    try:
+        await _settled(starting, broker.stop)
+    except ConnectionError as exc:  # an external broker not there: the user's address
+        raise ConfigError(str(exc)) from None
 
 
 async def _view(
@@ -377,42 +424,35 @@ async def _view(
 
 def _runtime(
     args: argparse.Namespace, credentials: Credentials, logs: Path
-) -> tuple[Broker | DockerBroker, Launcher | None]:
+) -> tuple[Broker | ContainerBroker, Launcher | None]:
     """The broker, and the launcher of the agents (None: external agents register by
-    themselves): on this machine, or with --runtime docker both in containers."""
+    themselves): on this machine, in containers (--runtime docker) or as services of a swarm
+    (--runtime swarm); the flags they cannot honour are refused before (`orchestrator.cli`)."""
     if args.runtime == "local":
         local = launch(args.broker, credentials=credentials, tls=args.tls, ca_file=args.ca_file)
         return local, None if args.external_agents else LocalLauncher(
             logs, per_process=getattr(args, "agents_per_process", 1)
         )
-    given = {
-        "--broker": args.broker != "auto",
-        "--external-agents": args.external_agents,
-        "--tls": args.tls,
-        "--ca-file": args.ca_file is not None,
-        "--agents-per-process": getattr(args, "agents_per_process", 1) != 1,
-    }
-    if any(given.values()):
-        raise ConfigError(
-            "--runtime docker starts its own broker (plain TCP on the run's network) and agent "
-            f"containers: drop {', '.join(flag for flag, on in given.items() if on)}"
-        )
+    if args.runtime == "swarm":
+        return swarm.runtime(credentials, logs, args.image, args.faults)
     broker = DockerBroker(credentials, logs, image=args.image)
     return broker, DockerAgents(broker)
 
 
 async def _drive(
     problem: Problem,
-    broker: Broker | DockerBroker,
+    broker: Broker | ContainerBroker,
     watch: Watch,
     out: Path,
+    began: float,
     stop: Stop,
     tap: WireTap | None = None,
     neighbour: int | None = None,
     view: LiveView | None = None,
 ) -> int:
     """Register, run every session, write the outputs (privacy accounted with `neighbour`,
-    and the audit) and dismiss the agents; the exit code. A `view` watches the pump.
+    and the audit) and dismiss the agents; the exit code. `began`: when the run began, which
+    the console's set-up times count from. A `view` watches the pump.
 
     Agent processes this run started here are dismissed first: they leave while the outputs
     are written. Other agents get their Bye after the outputs (under `docker compose up
@@ -421,12 +461,21 @@ async def _drive(
     """
     c = problem.config
     conductor, pool = watch.conductor, watch.pool
-    docker = broker if isinstance(broker, DockerBroker) else None
+    docker = broker if isinstance(broker, DockerBroker) else None  # NIC counters: one engine
     nic_before = await asyncio.to_thread(docker.nic) if docker is not None else None
     # A broker restart is ridden out as the agents ride it out (`agent.mqtt.Connection`): for
     # as long as the conductor would wait for a silent session anyway, at least 10 s.
     give_up = max(conductor.deadline, 10.0)
-    async with client(broker.address, broker.access(ORCHESTRATOR), give_up) as mqtt:
+    access = broker.access(ORCHESTRATOR)
+    async with client(broker.address, access, give_up, connect_timeout=conductor.deadline) as mqtt:
+        where = "external agents" if pool is None else f"agent logs in {out}/logs"
+        if isinstance(broker, CoreBroker):
+            where = "agents on " + ", ".join(f"{b.host} ({len(b.agents)})" for b in broker.bridges)
+        took = time.perf_counter() - began
+        console.print(
+            f"broker: {broker.kind} at {broker.address}, connected at {took:.1f} s; "
+            f"run {conductor.run}; {where}"
+        )
         try:
             async with tap or contextlib.nullcontext():  # the audit's tap, before any agent
                 for topic in conductor.subscriptions:
@@ -436,7 +485,7 @@ async def _drive(
                     await pool.zygote.started()  # its imports: spawns are quick from then on
                 if pool is not None:
                     pool.start(watch.launches)
-                await _conduct(mqtt, watch, problem, view.machine() if view else watch)
+                await _conduct(mqtt, watch, problem, view.machine() if view else watch, began)
                 stop.finishing = True  # complete: a signal from here on waits for the outputs
                 write_membership(out / "membership.json", conductor.membership)
                 if tap is not None:  # the sealed telemetry validates the audit's truth
@@ -448,7 +497,7 @@ async def _drive(
                 "broker": broker.kind,
                 "runtime": _runtime_name(broker),
                 "run": conductor.run,
-                "seed": c.seed,
+                "seed": journal.SECRETS if journal.secret_seed(out) else c.seed,
                 "orchestrator": _orchestrator(conductor),
                 "broker_outages": asdict(mqtt.outages),  # as the orchestrator lived them
                 "membership": _membership(watch),
@@ -465,6 +514,8 @@ async def _drive(
                 rounds = sum(plan.rounds for plan in conductor.plans)
                 nic_after = await asyncio.to_thread(docker.nic)
                 extra["nic"] = nic_window(docker, nic_before, nic_after, rounds)
+            if isinstance(pool, swarm.SwarmAgents):  # which node ran what
+                extra["swarm"] = await asyncio.to_thread(pool.placement)
             ours = isinstance(pool, LocalLauncher)  # processes here; containers as before
             if ours:
                 publish(mqtt, conductor.bye())
@@ -472,7 +523,15 @@ async def _drive(
             # audit replays the whole run for its ground truth.
             accounts = view.account if view is not None else None  # its twin runs, if done
             code = await asyncio.to_thread(
-                _outputs, out, problem, curves, extra, tap, neighbour, accounts
+                _outputs,
+                out,
+                problem,
+                curves,
+                extra,
+                tap,
+                neighbour,
+                accounts,
+                conductor.membership,
             )
             if not ours:
                 publish(mqtt, conductor.bye())
@@ -484,11 +543,13 @@ async def _drive(
     return code
 
 
-async def _conduct(mqtt: Connection, watch: Watch, problem: Problem, machine: Machine) -> None:
+async def _conduct(
+    mqtt: Connection, watch: Watch, problem: Problem, machine: Machine, began: float
+) -> None:
     """Pump `machine` (the watch, or a view's lookout on it) until every session is done;
-    RunFailed when the conductor fails."""
+    RunFailed when the conductor fails. `began`: when the run began (perf_counter), which
+    the set-up times on the console count from."""
     conductor = watch.conductor
-    started = time.perf_counter()
     with progress_bar() as bar:
         show = _Show(bar, problem, watch)
 
@@ -498,8 +559,9 @@ async def _conduct(mqtt: Connection, watch: Watch, problem: Problem, machine: Ma
         def on_output(out: Output) -> None:
             for event in out.events:
                 if event.kind == "registered":
-                    took = time.perf_counter() - started
-                    console.print(f"{conductor.agents} agents registered in {took:.1f} s")
+                    took = time.perf_counter() - began
+                    console.print(f"{conductor.agents} agents registered at {took:.1f} s")
+                show.event(event)
             show.update()
 
         try:
@@ -507,6 +569,8 @@ async def _conduct(mqtt: Connection, watch: Watch, problem: Problem, machine: Ma
         except RunFailed as exc:
             publish(mqtt, conductor.abort(str(exc)))
             raise
+        finally:
+            show.settle()
     if conductor.stage is Stage.FAILED:
         raise RunFailed(conductor.failure)
 
@@ -533,8 +597,7 @@ def _orchestrator(conductor: Conductor) -> dict[str, Any]:
 def save_models(path: Path, results: list[SessionResult]) -> None:
     """Every agent's true model after every round, per session (NaN: not reported): what a
     replay (`privnet simulate --membership`) is checked against. 0600: true models."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
+    with private_file(path) as fh:
         arrays: dict[str, Any] = {r.label: r.models for r in results}
         np.savez_compressed(fh, **arrays)
 
@@ -553,42 +616,78 @@ def _membership(watch: Watch) -> dict[str, Any]:
 
 
 class _Show:
-    """Progress lines: rounds done, rounds/s, current centroid MSD, per session."""
+    """Progress lines, one per strategy/scheme: rounds done, rounds/s, the current centroid
+    MSD, and the seconds its sessions spent being set up (Setup to Go: the agents building
+    their data and agreeing keys; a new view's re-keying too). A session's line ends as the
+    session did (`settle`), so a log shows final lines, not the last refresh."""
 
     def __init__(self, bar: Progress, problem: Problem, watch: Watch) -> None:
         self.bar, self.problem, self.watch = bar, problem, watch
         self.tasks: dict[str, TaskID] = {}
-        self.t0 = time.perf_counter()
-        self.session = -1
-        self.first = 0  # rounds done when the session was first seen
-        self.shown: tuple[int, int, int] | None = None  # (session, rounds, reported) shown
+        self.t0 = time.perf_counter()  # when the session under way started its rounds
+        self.began: float | None = None  # ... or began being set up, while it is
+        self.setup: dict[str, float] = {}  # seconds of set-up, by line
+        self.first = 0  # rounds done when it started them (later than 0, when resumed)
+        self.settled = len(watch.conductor.results)  # sessions done before (--resume)
+        self.shown: tuple[int, int, int, float | None] | None = None  # what the line shows
+
+    def event(self, event: Event) -> None:
+        now = time.perf_counter()
+        if event.kind == "configuring":
+            self.began = now
+        elif event.kind == "started" and self.began is not None:
+            name, _ = _progress_line(event.detail)
+            self.setup[name] = self.setup.get(name, 0.0) + now - self.began
+            self.began, self.t0, self.first = None, now, self.watch.conductor.rounds_done
 
     def update(self) -> None:
-        """Called after every delivery: redraws only when a round or a report came in (a
-        1000-agent run gets hundreds of frames per round, and the MSD walks every agent)."""
+        """Called after every delivery: redraws only when a round, a report or a set-up
+        came in (a 1000-agent run gets hundreds of frames a round; the MSD walks every agent)."""
+        self.settle()
         conductor, c = self.watch.conductor, self.problem.config
         plan = conductor.current
         if plan is None:
             return
-        now = (conductor.session, conductor.rounds_done, self.watch.reported)
+        rounds, shown = conductor.rounds_done, self.watch.reported
+        now = (conductor.session, rounds, shown, self.began)
         if now == self.shown:
             return
         self.shown = now
-        strategy, scheme, repeat = plan.label.split("/")
-        name = f"{strategy}/{scheme}"
-        if name not in self.tasks:
-            self.tasks[name] = self.bar.add_task(name, total=c.iters * c.repeats, status="")
-        _, rounds, shown = now
-        if conductor.session != self.session:  # from where it starts (later, when resumed)
-            self.session, self.t0, self.first = conductor.session, time.perf_counter(), rounds
+        name, repeat = _progress_line(plan.label)
         rate = (rounds - self.first) / max(time.perf_counter() - self.t0, 1e-9)
-        status = f"{rate:6.1f} rounds/s"
+        rate = 0.0 if self.began is not None else rate
+        cent = None
         if shown:  # the rows Watch streamed: complete, never redone
-            w_opt = self.problem.w_opt[int(repeat)]
-            cent, _ = msd(conductor.models[shown - 1], w_opt, self.problem.q)
-            status += f"  MSD {10 * np.log10(cent):7.2f} dB"
-        done = int(repeat) * c.iters + rounds
+            cent = msd(conductor.models[shown - 1], self.problem.w_opt[repeat], self.problem.q)[0]
+        self._show(name, repeat * c.iters + rounds, rate, cent)
+
+    def settle(self) -> None:
+        """Every session done since: its line at all its rounds, its rate (the rounds it
+        ran, over Go to the last Finished) and its last centroid MSD."""
+        results, c = self.watch.conductor.results, self.problem.config
+        for result in results[self.settled :]:
+            name, repeat = _progress_line(result.label)
+            rate = result.counted / result.wall if result.wall > 0 else 0.0
+            w_opt, q = self.problem.w_opt[repeat], self.problem.q
+            self._show(name, (repeat + 1) * c.iters, rate, msd(result.models[-1], w_opt, q)[0])
+        self.settled = len(results)
+
+    def _show(self, name: str, done: int, rate: float, cent: float | None) -> None:
+        if name not in self.tasks:
+            total = self.problem.config.iters * self.problem.config.repeats
+            self.tasks[name] = self.bar.add_task(name, total=total, status="")
+        status = f"{rate:.1f} rounds/s"  # short: the line fits 80 columns, even piped
+        if cent is not None and np.isfinite(cent) and cent > 0:
+            status += f", MSD {10 * np.log10(cent):.2f} dB"
+        if name in self.setup:
+            status += f", set-up {self.setup[name]:.1f} s"
         self.bar.update(self.tasks[name], completed=done, status=status)
+
+
+def _progress_line(label: str) -> tuple[str, int]:
+    """A session label `strategy/scheme/repeat` as its progress line and repeat."""
+    name, repeat = label.rsplit("/", 1)
+    return name, int(repeat)
 
 
 def _outputs(
@@ -599,19 +698,30 @@ def _outputs(
     tap: WireTap | None,
     neighbour: int | None = None,
     account_of: Callable[..., Any] | None = None,
+    membership: Sequence[View] = (),
 ) -> int:
     """Write the run's outputs (privacy accounted with `neighbour`, by `account_of` where
-    given), and audit its wire when it was tapped; the exit code."""
-    finish(out, problem.config, problem, curves, "net", extra, neighbour, account_of)
+    given, under the run's `membership` with the tapped wire's reach of each view), and
+    audit its wire when it was tapped; the exit code."""
+    changed = any(view.view for view in membership)
+    reach = None
+    if tap is not None:
+        tap.save(out, problem.config)
+        if changed and neighbour is not None:
+            from orchestrator.audit import reach_of
+
+            reach = reach_of(tap.records, tap.run, problem.config.dim)
+    views = membership if changed else None
+    c = problem.config
+    code = finish(out, c, problem, curves, "net", extra, neighbour, views, reach, account_of)
     if tap is None:
-        return 0
+        return code
     from orchestrator.audit import show_audit
 
-    tap.save(out, problem.config)
-    return show_audit(out)
+    return max(code, show_audit(out))
 
 
-async def _sys(broker: Broker | DockerBroker) -> dict[str, Any]:
+async def _sys(broker: Broker | ContainerBroker) -> dict[str, Any]:
     """summary.json's `broker_sys`: mosquitto's $SYS counters, read as the inspector (the
     orchestrator's own connection is still up, and a second one of its user would displace
     it; the audit's tap, the other inspector, has closed). Across hosts, every broker's."""
@@ -626,7 +736,7 @@ async def _sys(broker: Broker | DockerBroker) -> dict[str, Any]:
     return {}
 
 
-def _runtime_name(broker: Broker | DockerBroker) -> str:
-    if isinstance(broker, DockerBroker):
-        return "docker"
+def _runtime_name(broker: Broker | ContainerBroker) -> str:
+    if isinstance(broker, ContainerBroker):
+        return broker.runtime  # docker or swarm
     return "sites" if isinstance(broker, CoreBroker) else "local"

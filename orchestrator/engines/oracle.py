@@ -14,12 +14,15 @@ out (P, M) per row):
     random:    C(x)_p = sum_m a_mp x_m + sum_{m != p} a_mp G[m, p]
     ghp:       C(x)_p = sum_m a_mp x_m + sum_{m != p} a_mp g_m - (1 - a_pp) g_p,  g_m = G[m, m]
                (random and ghp: x rounded to the noise grid first, agent.rng.snap)
-    local-ghp: its pairwise masks cancel exactly at every hub, so the recursion is `none`
-               and is computed as `none`.
+    local-ghp: C(x)_p = sum_m [a_mp x_m],  [y] = y rounded to the noise grid (the lattice)
+    masked-ghp: C(x)_p = sum_{m != p} [a_mp (x_m + g_m)] + [a_pp x_p - (1 - a_pp) g_p]
+               (x rounded to the grid first): the pairwise masks of both cancel exactly on
+               the lattice, at every hub, so they are not drawn here.
 Repeats and schemes run side by side in one state array of shape (P, R, S, M), so each
-combine of a round is one (P, P) x (P, R*S*M) matmul for all of them; `random` and `ghp`
-read the same table (off-diagonal and diagonal), drawn once per repeat in chunks of rounds,
-each sender's rows from its own key.
+combine of a round is one (P, P) x (P, R*S*M) matmul for all of them (the lattice lanes one
+sum over the edges); `random`, `ghp` and `masked-ghp` read the same table (off-diagonal
+and diagonal), drawn once per repeat in chunks of rounds, each sender's rows from its own
+key.
 """
 
 from __future__ import annotations
@@ -42,14 +45,6 @@ from orchestrator.report import TEST_ERRORS, Curve
 
 CHUNK = 100  # rounds of noise and minibatch indices drawn at once; bounds memory
 
-# The distinct recursions: local-ghp is computed as none.
-_LANE = {
-    Scheme.NONE: Scheme.NONE,
-    Scheme.LOCAL_GHP: Scheme.NONE,
-    Scheme.RANDOM: Scheme.RANDOM,
-    Scheme.GHP: Scheme.GHP,
-}
-
 
 def run_oracle(
     problem: Problem,
@@ -67,7 +62,7 @@ def run_oracle(
     config = problem.config
     strategies = parse_choices(config.strategies if strategies is None else strategies, Strategy)
     schemes = parse_choices(config.schemes if schemes is None else schemes, Scheme)
-    lanes = tuple(dict.fromkeys(_LANE[s] for s in schemes))
+    lanes = tuple(schemes)
     grads = _gradients(problem)
     curves: list[Curve] = []
     for strategy in strategies:
@@ -75,7 +70,7 @@ def run_oracle(
         centroid, avg, errors = _run_strategy(problem, strategy, lanes, grads)
         rate = config.iters * config.repeats / (perf_counter() - start)
         for scheme in schemes:
-            s = lanes.index(_LANE[scheme])
+            s = lanes.index(scheme)
             series = {name: e[s] for name, e in errors.items()}
             curves.append(
                 Curve(strategy.value, scheme.value, centroid[s], avg[s], rate, {}, series)
@@ -113,6 +108,7 @@ class _Combine:
     heard: np.ndarray  # receivers with at least one such edge ...
     starts: np.ndarray  # ... and where their edges start
     spread_ghp: np.ndarray  # (P, P): A^T with diagonal -(1 - a_pp), the self-term factor
+    every: _Edges  # every edge m -> p with a_mp > 0, self-terms included (lattice lanes)
 
     @classmethod
     def of(cls, a: np.ndarray) -> _Combine:
@@ -129,12 +125,14 @@ class _Combine:
             heard,
             np.searchsorted(receivers, heard),
             spread_ghp,
+            _Edges.of(a),
         )
 
     def noise(
         self, lane: Scheme, table: np.ndarray, draw: Callable[[np.ndarray], np.ndarray]
     ) -> np.ndarray:
-        """What each receiver adds under random or ghp, receiver-major (P, ..., M).
+        """What each receiver adds under random or ghp, receiver-major (P, ..., M); under
+        masked-ghp, sender-major, each sender's own draw g_m (the lattice adds it per edge).
 
         `table` is (..., P, P, M); `draw` turns just the entries the scheme reads (edges
         m -> p, or the diagonal) into Laplace noise, so nothing else is transformed.
@@ -149,11 +147,45 @@ class _Combine:
             return out
         own = np.arange(agents)
         g = draw(by_pair[own, own])  # (P, ..., M): g_m = G[m, m]
+        if lane is Scheme.MASKED_GHP:
+            return g
         return (self.spread_ghp @ g.reshape(agents, -1)).reshape(g.shape)
 
     def __call__(self, x: np.ndarray, noise: np.ndarray | None) -> np.ndarray:
         mixed = (self.a_t @ x.reshape(x.shape[0], -1)).reshape(x.shape)
         return mixed if noise is None else mixed + noise
+
+
+@dataclass(frozen=True)
+class _Edges:
+    """Every edge m -> p of A (a_mp > 0, m = p included), sorted by receiver: a combine
+    whose every term is rounded to the noise grid, as the masked schemes' hubs add."""
+
+    senders: np.ndarray  # (E,)
+    weights: np.ndarray  # (E,): a_mp
+    ghp: np.ndarray  # (E,): what g_m is multiplied by: 1, or -(1 - a_pp)/a_pp on p's own
+    starts: np.ndarray  # (P,): where each receiver's edges start
+
+    @classmethod
+    def of(cls, a: np.ndarray) -> _Edges:
+        receivers, senders = np.nonzero((a > 0).T)
+        weights = a[senders, receivers]
+        own = senders == receivers
+        ghp = np.where(own, -((1 - weights) / weights), 1.0)
+        return cls(senders, weights, ghp, np.searchsorted(receivers, np.arange(a.shape[0])))
+
+    def lattice(self, x: np.ndarray, g: np.ndarray | None, sigma_g: float) -> np.ndarray:
+        """sum_m [a_mp (x_m + c_mp g_m)] per receiver p, [.] rounded to the noise grid;
+        x and g are (P, ..., M), sender-major; g is None for local-ghp."""
+        shape = (-1, *[1] * (x.ndim - 1))
+        v = x[self.senders]
+        if g is not None:
+            v = v + self.ghp.reshape(shape) * g[self.senders]
+        terms = self.weights.reshape(shape) * v
+        step = rng.grid(sigma_g)
+        if step:
+            terms = step * np.rint(terms / step)
+        return np.add.reduceat(terms, self.starts, axis=0)
 
 
 class _FullBatch:
@@ -273,7 +305,7 @@ def _run_strategy(
     matrices = problem.matrices(strategy)
     eye = np.eye(agents)
     combines = {j: _Combine.of(a) for j, a in enumerate(matrices) if not np.array_equal(a, eye)}
-    noisy = config.sigma_g > 0 and any(lane is not Scheme.NONE for lane in lanes)
+    noisy = config.sigma_g > 0 and any(lane in _DRAWS for lane in lanes)
     keys = [seeds.keys(config.seed, seeds.Purpose.NOISE, r, agents) for r in range(repeats)]
     streams = {  # streams[j][r][m]: sender m's noise rows of step j in repeat r
         j: [[rng.Rows(key, rng.Domain.NOISE, j, agents * dim) for key in ks] for ks in keys]
@@ -283,11 +315,7 @@ def _run_strategy(
     avg = np.empty_like(centroid)
     errors = {name: np.empty_like(centroid) for name in TEST_ERRORS} if problem.classifies else {}
     w = np.zeros((agents, repeats, len(lanes), dim))
-    noisy_lane = np.array([lane is not Scheme.NONE for lane in lanes])[:, None]
-
-    def snapped(x: np.ndarray) -> np.ndarray:
-        """random and ghp combine their values rounded to the noise grid (rng.snap)."""
-        return np.where(noisy_lane, rng.snap(x, config.sigma_g), x)
+    side_by_side = _Lanes(lanes, config.sigma_g)
 
     with np.errstate(over="ignore", invalid="ignore"):  # divergence is reported once, below
         for first in range(1, iters + 1, CHUNK):
@@ -301,9 +329,9 @@ def _run_strategy(
             }
             history = np.empty((rounds, *w.shape))
             for t in range(rounds):
-                phi = _apply(combines, noise, 1, w, t, snapped)
-                psi = _apply(combines, noise, 0, phi, t, snapped) - config.mu * grads(phi, t)
-                w = _apply(combines, noise, 2, psi, t, snapped)
+                phi = _apply(combines, noise, 1, w, t, side_by_side)
+                psi = _apply(combines, noise, 0, phi, t, side_by_side) - config.mu * grads(phi, t)
+                w = _apply(combines, noise, 2, psi, t, side_by_side)
                 history[t] = w
             window = slice(first - 1, first - 1 + rounds)
             centroid[..., window], avg[..., window] = _msd(history, problem.q, problem.w_opt)
@@ -328,19 +356,44 @@ def _msd(history: np.ndarray, q: np.ndarray, w_opt: np.ndarray) -> tuple[np.ndar
     return centroid.transpose(2, 1, 0), avg.transpose(2, 1, 0)
 
 
+_DRAWS = (Scheme.RANDOM, Scheme.GHP, Scheme.MASKED_GHP)  # the lanes that draw noise ...
+_SNAPS = _DRAWS  # ... and release their value rounded to the noise grid (rng.snap)
+
+
+@dataclass(frozen=True)
+class _Lanes:
+    """The schemes side by side on axis 2 of the state (P, R, S, M): how a combine treats
+    each of them."""
+
+    schemes: tuple[Scheme, ...]
+    sigma_g: float
+
+    def combine(self, c: _Combine, x: np.ndarray, table: np.ndarray | None) -> np.ndarray:
+        """One combine of every lane; `table` is the round's noise (None without noise)."""
+        if table is not None:
+            snaps = np.array([lane in _SNAPS for lane in self.schemes])[:, None]
+            x = np.where(snaps, rng.snap(x, self.sigma_g), x)
+        out = c(x, table)
+        for s, lane in enumerate(self.schemes):
+            if lane.masked:
+                g = table[:, :, s] if table is not None and lane is Scheme.MASKED_GHP else None
+                out[:, :, s] = c.every.lattice(x[:, :, s], g, self.sigma_g)
+        return out
+
+
 def _apply(
     combines: dict[int, _Combine],
     noise: dict[int, np.ndarray | None],
     step: int,
     x: np.ndarray,
     t: int,
-    snapped: Callable[[np.ndarray], np.ndarray],
+    lanes: _Lanes,
 ) -> np.ndarray:
     """Combine step `step` of round t of the chunk; an identity step returns x itself."""
     if step not in combines:
         return x
     table = noise[step]
-    return combines[step](x, None) if table is None else combines[step](snapped(x), table[t])
+    return lanes.combine(combines[step], x, None if table is None else table[t])
 
 
 def _noise(
@@ -353,7 +406,8 @@ def _noise(
     sigma_g: float,
 ) -> np.ndarray:
     """The noise each receiver adds in the combine step whose rows `streams` reads
-    (streams[r][m]: sender m's in repeat r), shape (rounds, P, R, S, M)."""
+    (streams[r][m]: sender m's in repeat r), shape (rounds, P, R, S, M); for masked-ghp,
+    each sender's draw g_m."""
     agents = len(combine.a_t)
 
     def draw(raw: np.ndarray) -> np.ndarray:
@@ -364,6 +418,6 @@ def _noise(
         table = np.stack([rows.block(first_round, rounds) for rows in senders], axis=1)
         by_sender = table.reshape(rounds, agents, agents, dim)
         for s, lane in enumerate(lanes):
-            if lane is not Scheme.NONE:
+            if lane in _DRAWS:
                 out[:, :, r, s] = combine.noise(lane, by_sender, draw).swapaxes(0, 1)
     return out

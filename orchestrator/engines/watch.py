@@ -24,7 +24,7 @@ from agent.node import Output
 from broker.launcher import Broker
 from orchestrator.conductor import IN_SESSION, Conductor, Stage, View
 from orchestrator.engines import journal
-from orchestrator.engines.docker import DockerBroker
+from orchestrator.engines.docker import ContainerBroker
 from orchestrator.engines.launch import Launcher
 from orchestrator.experiment.problem import Problem, msd
 from orchestrator.faults import Fault
@@ -40,7 +40,7 @@ class Watch:
         self,
         conductor: Conductor,
         pool: Launcher | None,
-        broker: Broker | DockerBroker,
+        broker: Broker | ContainerBroker,
         launches: Mapping[int, AgentLaunch],
         problem: Problem,
         out: Path,
@@ -59,7 +59,9 @@ class Watch:
     # ---- the Machine protocol (agent.mqtt.pump) ----------------------------------------
 
     def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output:
-        return self._seen(self.conductor.receive(topic, payload, now, retained))
+        out = self._seen(self.conductor.receive(topic, payload, now, retained))
+        self._inject(now)  # as soon as the round is known done, not at the next poll
+        return out
 
     def unsubscribed(self, topic: str, now: float) -> Output:
         return self.conductor.unsubscribed(topic, now)
@@ -110,6 +112,8 @@ class Watch:
         return out
 
     def _inject(self, now: float) -> None:
+        if not self.faults:
+            return
         done = self.conductor.rounds_done
         while self.faults and self.faults[0].round <= done and self.conductor.stage in IN_SESSION:
             fault = self.faults.pop(0)

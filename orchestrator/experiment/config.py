@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import tomllib
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -57,13 +58,16 @@ class ExperimentConfig:
                 self.sigma_g2 >= 0 and math.isfinite(self.sigma_g2),
                 f"sigma_g2 must be >= 0, got {self.sigma_g2}",
             ),
-            (self.rho >= 0, f"rho must be >= 0, got {self.rho}"),
+            (self.rho >= 0 and math.isfinite(self.rho), f"rho must be >= 0, got {self.rho}"),
             (self.batch is None or self.batch >= 1, f"batch must be >= 1, got {self.batch}"),
             (
                 self.problem in PROBLEMS,
                 f"unknown problem {self.problem!r}; choose one of {', '.join(PROBLEMS)}",
             ),
-            (self.feature_noise >= 0, f"feature_noise must be >= 0, got {self.feature_noise}"),
+            (
+                self.feature_noise >= 0 and math.isfinite(self.feature_noise),
+                f"feature_noise must be >= 0, got {self.feature_noise}",
+            ),
             (bool(self.strategies), "choose at least one strategy"),
             (bool(self.schemes), "choose at least one scheme"),
             (
@@ -74,6 +78,24 @@ class ExperimentConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        need, have = self.footprint(), _memory()
+        if have is not None and need > have:
+            raise ConfigError(
+                f"this experiment needs at least {need / 2**30:.0f} GiB (agents^2 weights, "
+                f"agents x dim^2 moments, agents x samples x dim data, iters x agents x dim "
+                f"models) and this machine has {have / 2**30:.0f} GiB: lower agents, dim, "
+                "samples or iters"
+            )
+
+    def footprint(self) -> int:
+        """Bytes of the dense arrays any engine holds at once (a lower bound): what a config
+        too large for the machine is refused by, before anything is allocated."""
+        floats = (
+            3 * self.agents**2
+            + self.agents * self.dim * (self.dim + self.samples)
+            + self.iters * self.agents * self.dim
+        )
+        return 8 * floats
 
     @property
     def sigma_g(self) -> float:
@@ -89,6 +111,7 @@ class ExperimentConfig:
 
 E = TypeVar("E", bound=StrEnum)
 _FIELDS = {f.name for f in fields(ExperimentConfig)}
+_FIELD_TYPES = {f.name: f.type for f in fields(ExperimentConfig)}
 
 
 def parse_choices(value: str | Iterable[str], kind: type[E]) -> tuple[E, ...]:
@@ -107,8 +130,48 @@ def parse_choices(value: str | Iterable[str], kind: type[E]) -> tuple[E, ...]:
     return chosen
 
 
+def _memory() -> int | None:
+    """This machine's physical memory in bytes (None: unknown)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+# The plain type each setting takes (None, where a field allows it, means "not given").
+_TYPES = {"int": int, "float": float, "str": str, "bool": bool, "dict[str, Any]": dict}
+
+
+def _typed(key: str, value: Any) -> Any:
+    """`value` as setting `key` takes it (an int where a float goes), or a ConfigError."""
+    if key in ("strategies", "schemes"):
+        kind = Strategy if key == "strategies" else Scheme
+        names_ok = isinstance(value, str) or (
+            isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
+        )
+        if not names_ok:
+            raise ConfigError(f"{key} = {value!r}: give a name, a comma list or a list of names")
+        return parse_choices(value, kind)
+    if key == "rekey":
+        try:
+            return Rekey(value)
+        except (ValueError, TypeError):
+            choices = ", ".join(str(r) for r in Rekey)
+            raise ConfigError(f"rekey = {value!r}: choose {choices}") from None
+    want = _TYPES[str(_FIELD_TYPES[key]).removesuffix(" | None")]
+    if want is bool:  # ExperimentConfig checks it, saying so
+        return value
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, want) or isinstance(value, bool):
+        article = {int: "an integer", float: "a number", str: "text", dict: "a table"}[want]
+        raise ConfigError(f"{key} = {value!r}: give {article}")
+    return value
+
+
 def with_overrides(config: ExperimentConfig, overrides: dict[str, Any]) -> ExperimentConfig:
-    """Apply non-None overrides (CLI flags, TOML tables), coercing names to enums."""
+    """Apply non-None overrides (CLI flags, TOML tables), each checked for its type and
+    names coerced to enums."""
     clean: dict[str, Any] = {}
     for key, value in overrides.items():
         if value is None:
@@ -118,13 +181,7 @@ def with_overrides(config: ExperimentConfig, overrides: dict[str, Any]) -> Exper
             raise ConfigError(
                 f"unknown setting {key!r}; valid settings: {', '.join(sorted(_FIELDS))}"
             )
-        if key == "strategies":
-            value = parse_choices(value, Strategy)
-        elif key == "schemes":
-            value = parse_choices(value, Scheme)
-        elif key == "rekey":
-            value = Rekey(value)
-        clean[key] = value
+        clean[key] = _typed(key, value)
     return replace(config, **clean)
 
 

@@ -41,8 +41,8 @@ class Problem:
                 config.topology, config.agents, config.seed, radius=config.radius, path=config.edges
             )
             A = topology.combination_matrix(graph, config.rule)
-        ghp = Scheme.GHP in config.schemes
-        topology.validate(A, graph, scheme="ghp" if ghp else "none")
+        ghp = next((s for s in config.schemes if s.homomorphic), Scheme.NONE)
+        topology.validate(A, graph, scheme=ghp)
         return cls(config, graph, A, topology.perron(A))
 
     def matrices(self, strategy: Strategy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

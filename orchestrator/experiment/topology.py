@@ -287,8 +287,8 @@ def validate(
     if zero:
         # The agent core keeps its own term in every combination, so all schemes need it.
         why = (
-            "ghp's self-term needs a_mm > 0"
-            if scheme is Scheme.GHP
+            f"{scheme}'s self-term needs a_mm > 0"
+            if scheme.homomorphic
             else ("privnet's agents always keep a share of their own model (a_mm > 0)")
         )
         raise ConfigError(

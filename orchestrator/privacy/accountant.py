@@ -1,37 +1,47 @@
-"""The accountant: epsilon(i) per agent and for the network, from twin trajectories.
+"""The accountant: epsilon(i) per agent, per adversary and for the network, from twin runs.
 
 The paper's Definition DP compares what an observer sees when one agent's data is
 replaced (D -> D'). The accountant runs the experiment on D and on D' through the memory
-engine's agent cores with the same seed, so `random` and `ghp` draw the very same noise
-and every difference between the two runs is the change of data. It records the clear
-value y behind every model an agent sends and, with b = sigma_g / sqrt(2) the Laplace
-scale, adds up the privacy loss of each release (paper's proof of eq. (eps), corrected):
+engine's agent cores with the same seed, so `random`, `ghp` and `masked-ghp` draw the very
+same noise and every difference between the two runs is the change of data. It records
+the clear value y behind every model frame, and, with b = sigma_g / sqrt(2) the Laplace
+scale, charges each release what it can leak (paper's proof of eq. (eps), corrected):
 
-    eps_p(i) = 1/b * sum_{j <= i} sum_steps  c_p * || y_p,j - y'_p,j ||_1
+    L = || y - y' ||_1 / b    (the paper writes the L2 norm, which undercounts by sqrt(M))
 
-The Laplace mechanism's loss is the L1 distance over the scale; the paper writes the L2
-norm, which undercounts by up to sqrt(M). c_p says how many independent releases of y_p
-the scheme makes on the links out of p:
-  random     one per receiver (fresh noise on every link): c_p = |N_p| - 1
-  ghp        one draw g_p on all links: c_p = 1
-  local-ghp  per link to hub k, y_p + (a sum of pair masks, each Laplace(b) / a_pk):
-             at most a_pk / b per unit of L1 distance, so c_p = sum_{k != p} a_pk
-  none       the clear value: eps = infinity.
+What a frame of sender m to hub k costs depends on the scheme and on who reads it
+(`Adversary`): an outsider on some links, an insider (a hub, a coalition: it reads the
+frames addressed to it, knows its own values and the masks it shares, and adds up what
+reaches it, which cancels the masks), or the whole wire (which adds up every hub's
+frames). With sealed links an outsider reads nothing: epsilon 0. Per sender, round and
+step, over the frames the adversary reads:
+  none        the clear value: infinite.
+  random      L per link (fresh noise per link).
+  ghp         L once: one draw g_m on all links.
+  local-ghp   a_mk L per frame (its masks are Laplace(b) / a_mk) for an outsider; infinite
+              for anyone who can add up a hub's frames (the hub sums are exact).
+  masked-ghp  L once, as ghp, for anyone: under the masks is ghp's release y + g_m, and
+              nothing more; for an outsider also at most local-ghp's sum of a_mk L.
+A round a later membership view redid re-sends its value: under fresh masks (a view's
+masks are its own), so the masks' charge counts every view's frame again; random and ghp
+noise is drawn per round, not per view, so the same value re-sent is the same frame (no
+charge), and another value under the same noise gives their difference away (infinite).
 This is epsilon for this neighbouring pair, this noise level and this realisation; the
 paper's network form sqrt(2) P / sigma_g * sum_{j<i} Delta(j) and its high-probability
 linear bound (B, B' the largest distances of either trajectory to w^o, measured here) are
-reported beside it. An observer of the whole wire sees every agent's releases: for random
-and ghp its epsilon is the sum over agents; for local-ghp it can add an agent's messages
-to a hub and cancel the masks (the hub sums are in the clear), so its epsilon is infinite.
+reported beside it. The masked schemes release each term on the noise grid (the lattice,
+agent.rng.on_lattice), which the clear values here leave out: at most one grid step,
+2^-20 b, per coordinate and release.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -39,16 +49,86 @@ from rich.table import Table
 
 from agent.losses import Loss
 from agent.spec import Scheme, Strategy
+from orchestrator.experiment import topology
 from orchestrator.experiment.problem import Problem
-from orchestrator.experiment.specs import agent_specs
+from orchestrator.experiment.specs import view_matrix
 from orchestrator.report import DPI, SCHEME_ORDER, SCHEME_STYLE, Curve, titled_table
 
+if TYPE_CHECKING:
+    from orchestrator.audit import Replay
+    from orchestrator.conductor import View
+
 INFINITE = "inf"  # how summary.json spells an infinite epsilon (strict JSON has no inf)
+KINDS = ("link", "links-out", "hub", "coalition", "wire")
+
+
+@dataclass(frozen=True)
+class Adversary:
+    """Who reads which model frames, and whether it can cancel the pair masks.
+
+    `link`: an outsider on the link sender -> receiver; `links-out`: on every link out of
+    `sender`; `hub` and `coalition`: insiders, who read the frames addressed to `members`
+    (with or without sealing: their own link keys open them), know their own values and
+    hold their own pair masks; `wire`: the broker, or anyone on every link. `sealed`: peer
+    frames sealed end to end, so an outsider reads none.
+    """
+
+    kind: str
+    members: frozenset[int] = frozenset()
+    sender: int | None = None
+    receiver: int | None = None
+    sealed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown adversary {self.kind!r}; one of {', '.join(KINDS)}")
+
+    @property
+    def insider(self) -> bool:
+        return self.kind in ("hub", "coalition")
+
+    @property
+    def strips(self) -> bool:
+        """Whether it adds up every frame into a hub, where the masks cancel: an insider at
+        its own hubs, the whole wire at every hub."""
+        return self.insider or self.kind == "wire"
+
+    @property
+    def blind(self) -> bool:
+        """An outsider on sealed links: it reads no frame."""
+        return self.sealed and not self.insider
+
+    def reads(self, sender: int, receiver: int) -> bool:
+        """Whether the frame sender -> receiver is on its links (`blind` aside): for an
+        insider every frame addressed to it (its members' own too: charging them keeps a
+        coalition's bound above each of its hubs')."""
+        if self.insider:
+            return receiver in self.members
+        if self.kind == "wire":
+            return True
+        if self.kind == "links-out":
+            return sender == self.sender
+        return (sender, receiver) == (self.sender, self.receiver)
+
+    def __str__(self) -> str:
+        seal = " (sealed)" if self.sealed and not self.insider else ""
+        names = {
+            "link": f"link {self.sender}->{self.receiver}",
+            "links-out": f"links out of {self.sender}",
+            "hub": f"hub {min(self.members, default=-1)}",
+            "coalition": f"coalition {','.join(str(m) for m in sorted(self.members))}",
+            "wire": "whole wire",
+        }
+        return names[self.kind] + seal
+
+
+Frames = dict[tuple[int, int, int], list[tuple[int, int]]]  # (m, i, j) -> [(view, k)]
 
 
 @dataclass
 class Account:
-    """One strategy x scheme x repeat: per-round distances and epsilons."""
+    """One strategy x scheme x repeat: per-round distances and epsilons, and the twin
+    replays to charge any other adversary (`against`)."""
 
     delta: np.ndarray  # (T,): Delta(i) = ||w_i - w'_i|| over the whole network
     epsilon: np.ndarray  # (T, P): eps_p(i), links out of agent p
@@ -57,24 +137,104 @@ class Account:
     bound_slope: float  # the paper's linear bound on eps(i) / i, with B, B' measured
     models: np.ndarray  # (T, P, M) on D
     twin_models: np.ndarray  # (T, P, M) on D'
+    charges: Charges | None = field(default=None, repr=False)
+
+    def against(self, adversary: Adversary) -> np.ndarray:
+        """eps(i) (T,) of what `adversary` reads."""
+        assert self.charges is not None
+        return self.charges.epsilon(adversary)
 
 
-def releases(problem: Problem, strategy: Strategy, scheme: Scheme) -> dict[tuple[int, int], float]:
-    """c_p per (agent, step): how many Laplace(b) releases of y_p the links out of p carry."""
-    out = {}
-    for spec in agent_specs(problem, strategy, scheme):
-        for plan in spec.steps:
-            receivers = plan.receivers(spec.agent)
-            if not receivers:
-                continue
-            if scheme is Scheme.RANDOM:
-                out[(spec.agent, plan.step)] = float(len(receivers))
-            elif scheme is Scheme.GHP:
-                out[(spec.agent, plan.step)] = 1.0
-            elif scheme is Scheme.LOCAL_GHP:
-                out[(spec.agent, plan.step)] = sum(plan.weights_out[k] for k in receivers)
-            else:
-                out[(spec.agent, plan.step)] = math.inf
+@dataclass
+class Charges:
+    """The releases of one session on D and D' (every view's frames, re-sent ones
+    included) and what each costs, per the module docstring."""
+
+    scheme: Scheme
+    sigma_g: float
+    iters: int
+    ours: Replay
+    theirs: Replay
+    weights: Mapping[tuple[int, int], np.ndarray]  # (view, step) -> that view's A_j
+    frames: Frames = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        frames: Frames = defaultdict(list)
+        for v, m, k, i, j in self.ours.released:
+            if k != m:
+                frames[(m, i, j)].append((v, k))
+        self.frames = dict(frames)
+
+    def epsilon(self, adversary: Adversary) -> np.ndarray:
+        """eps(i) (T,) against `adversary`."""
+        per_round = np.zeros(self.iters)
+        for (m, i, j), sent in self.frames.items():
+            read = [] if adversary.blind else [(v, k) for v, k in sent if adversary.reads(m, k)]
+            if read:
+                per_round[i - 1] += self.charge(m, i, j, read, adversary.strips)
+        return np.cumsum(per_round)
+
+    def per_sender(self, strips: bool) -> np.ndarray:
+        """(T, P): eps(i) of every frame of each sender (the links out of it, or with
+        `strips` what the whole wire learns of it)."""
+        agents = self.ours.models.shape[1]
+        per_round = np.zeros((self.iters, agents))
+        for (m, i, j), sent in self.frames.items():
+            per_round[i - 1, m] += self.charge(m, i, j, sent, strips)
+        return np.cumsum(per_round, axis=0)
+
+    def charge(self, m: int, i: int, j: int, read: list[tuple[int, int]], strips: bool) -> float:
+        """What the frames `read` of sender m's value of round i, step j cost together."""
+        if self.scheme is Scheme.NONE:
+            return self._leak(m, i, j, sorted({v for v, _ in read}))
+        if self.scheme is Scheme.RANDOM:  # a draw per link, the same in every view
+            links = {k for _, k in read}
+            return sum(self._shared(m, i, j, sorted(v for v, k in read if k == to)) for to in links)
+        views = sorted({v for v, _ in read})
+        if self.scheme is Scheme.GHP:
+            return self._shared(m, i, j, views)
+        masks = sum(self.weights[(v, j)][m, k] * self._cost(m, i, j, v) for v, k in read)
+        if self.scheme is Scheme.LOCAL_GHP:
+            return self._leak(m, i, j, views) if strips else masks
+        ghp = self._shared(m, i, j, views)  # masked-ghp
+        return ghp if strips else min(ghp, masks)
+
+    def _difference(self, m: int, i: int, j: int, v: int) -> np.ndarray:
+        return self.ours.views[(v, m, i, j)] - self.theirs.views[(v, m, i, j)]
+
+    def _cost(self, m: int, i: int, j: int, v: int) -> float:
+        """L = ||y - y'||_1 / b of one release (0 when y = y', whatever b)."""
+        distance = float(np.abs(self._difference(m, i, j, v)).sum())
+        if distance == 0:
+            return 0.0
+        return distance * math.sqrt(2.0) / self.sigma_g if self.sigma_g > 0 else math.inf
+
+    def _leak(self, m: int, i: int, j: int, views: list[int]) -> float:
+        """A value read in the clear: infinite unless it is the same on D and D'."""
+        return math.inf if any(self._cost(m, i, j, v) > 0 for v in views) else 0.0
+
+    def _shared(self, m: int, i: int, j: int, views: list[int]) -> float:
+        """Releases of one value under the same noise draw in each view: the first costs
+        L; a later one with another value gives the difference away."""
+        first, *later = views
+        cost = self._cost(m, i, j, first)
+        base = self._difference(m, i, j, first)
+        for v in later:
+            if np.any(self._difference(m, i, j, v) != base):
+                return math.inf
+        return cost
+
+
+def view_weights(
+    problem: Problem, strategy: Strategy, views: Sequence[View] | None
+) -> dict[tuple[int, int], np.ndarray]:
+    """(view, step) -> A_j on that view's members' graph (view 0: the whole network)."""
+    out = {(0, j): a for j, a in enumerate(problem.matrices(strategy))}
+    for view in views or ():
+        members = frozenset(view.members)
+        a = problem.A if len(members) == problem.config.agents else view_matrix(problem, members)
+        for j, a_j in enumerate(topology.strategy_matrices(strategy, a)):
+            out[(view.view, j)] = a_j
     return out
 
 
@@ -85,56 +245,88 @@ def account(
     neighbour: int,
     repeat: int = 0,
     losses: tuple[Sequence[Loss], Sequence[Loss]] | None = None,
+    views: Sequence[View] | None = None,
+    reach: Mapping[int, int] | None = None,
+    ours: Replay | None = None,
 ) -> Account:
     """Run D and D' (agent `neighbour`'s data replaced) and account every release.
 
     `losses`: one loss per agent on D and on D' to run instead of the problem's own,
-    e.g. losses written by hand.
+    e.g. losses written by hand. `views`, `reach`: the membership views the session ran
+    under and how far each ran on the wire (audit.replay): both twins replay them, and
+    the frames of every round a later view redid are charged as the releases they are.
+    `ours`: the replay on D, when the caller has it (the audit's ground truth).
     """
     from orchestrator.audit import replay  # the memory engine, noting clear values
 
     c = problem.config
     twin = problem.twin(neighbour)
     ours_losses, twin_losses = losses or (None, None)
-    ours = replay(problem, strategy, scheme, repeat, losses=ours_losses)
-    theirs = replay(twin, strategy, scheme, repeat, losses=twin_losses)
-    per_round = np.zeros((c.iters, c.agents))
-    for (agent, step), count in releases(problem, strategy, scheme).items():
-        for i in range(1, c.iters + 1):
-            distance = np.abs(ours.clear[(agent, i, step)] - theirs.clear[(agent, i, step)]).sum()
-            if distance > 0:  # 0 * inf is no leak: an unchanged release tells nothing
-                per_round[i - 1, agent] += count * distance
-    per_round *= math.sqrt(2.0) / c.sigma_g if c.sigma_g > 0 else math.inf
-    epsilon = np.cumsum(per_round, axis=0)
-    network = epsilon.sum(axis=1)
-    if scheme is Scheme.LOCAL_GHP:
-        network = np.where(network > 0, math.inf, 0.0)
-    delta = np.linalg.norm((ours.models - theirs.models).reshape(c.iters, -1), axis=1)
+    if ours is None:
+        ours = replay(
+            problem, strategy, scheme, repeat, losses=ours_losses, views=views, reach=reach
+        )
+    theirs = replay(twin, strategy, scheme, repeat, losses=twin_losses, views=views, reach=reach)
+    charges = Charges(
+        scheme, c.sigma_g, c.iters, ours, theirs, view_weights(problem, strategy, views)
+    )
+    epsilon = charges.per_sender(strips=False)
+    network = charges.epsilon(Adversary("wire"))
+    delta = np.linalg.norm(np.nan_to_num(ours.models - theirs.models).reshape(c.iters, -1), axis=1)
     noisy = c.sigma_g > 0 and scheme is not Scheme.NONE
     scale = math.sqrt(2.0) * c.agents / c.sigma_g if noisy else math.inf
     before = np.concatenate([[0.0], np.cumsum(delta)[:-1]])
     paper = np.where(before > 0, scale * np.where(before > 0, before, 1.0), 0.0)
     w_o, w_o_twin = problem.w_opt[repeat], twin.w_opt[repeat]
-    b = np.linalg.norm((ours.models - w_o).reshape(c.iters, -1), axis=1).max()
-    b_twin = np.linalg.norm((theirs.models - w_o_twin).reshape(c.iters, -1), axis=1).max()
+    b = np.nanmax(np.linalg.norm((ours.models - w_o).reshape(c.iters, -1), axis=1))
+    b_twin = np.nanmax(np.linalg.norm((theirs.models - w_o_twin).reshape(c.iters, -1), axis=1))
     slope = scale * (b + b_twin + math.sqrt(c.agents) * np.linalg.norm(w_o - w_o_twin))
-    return Account(delta, epsilon, network, paper, float(slope), ours.models, theirs.models)
+    return Account(
+        delta, epsilon, network, paper, float(slope), ours.models, theirs.models, charges
+    )
 
 
 Accounting = Callable[[Problem, Strategy, Scheme, int, int], Account]
 
 
 def attach(
-    curve: Curve, problem: Problem, neighbour: int, account_of: Accounting | None = None
+    curve: Curve,
+    problem: Problem,
+    neighbour: int,
+    sessions: Sequence[int] = (),
+    membership: Sequence[View] | None = None,
+    reach: Mapping[int, Mapping[int, int]] | None = None,
+    account_of: Accounting | None = None,
 ) -> list[Account]:
     """Account every repeat of `curve` and add the result to it: per-round series for
-    metrics.csv and a `privacy` record for summary.json. `account_of`: where the accounts
-    come from (default `account`; the live view's, which ran them while the network did)."""
+    metrics.csv and a `privacy` record for summary.json. `sessions`: the session of each
+    repeat, whose views in `membership` (the run's) both twins replay; `reach`: per
+    session, how far each view ran on the wire (audit.Recording), whose redone rounds are
+    then charged too. `account_of`: where the accounts of a session without membership
+    changes come from (default `account`; the live view's, which ran them while the
+    network did)."""
+    from orchestrator.audit import SessionWire, session_views
+
     strategy, scheme = Strategy(curve.strategy), Scheme(curve.scheme)
-    accounts = [
-        (account_of or account)(problem, strategy, scheme, neighbour, r)
-        for r in range(problem.config.repeats)
-    ]
+    everyone = SessionWire(setups={0: set(range(problem.config.agents))})
+    accounts, redone = [], "no membership change"
+    for r in range(problem.config.repeats):
+        s = sessions[r] if sessions else r
+        views = session_views(membership, s, everyone, problem.config.agents)
+        seen = (reach or {}).get(s) if views is not None else None
+        if views is None:
+            accounted = (account_of or account)(problem, strategy, scheme, neighbour, r)
+            accounts.append(replace(accounted, charges=None))  # the replays: let them go
+            continue
+        redone = "membership changed: the twins replay the run's views; the rounds a view " + (
+            "began before the next redid them were read off the recorded wire and "
+            "their re-releases charged"
+            if seen is not None
+            else "began before the next redid them are not known without the recorded "
+            "wire (run with --audit, or `privnet inspect --attack`): not charged"
+        )
+        accounted = account(problem, strategy, scheme, neighbour, r, views=views, reach=seen)
+        accounts.append(replace(accounted, charges=None))
     curve.series["delta"] = np.stack([a.delta for a in accounts])
     curve.series["epsilon_network"] = np.stack([a.epsilon_network for a in accounts])
     curve.series["epsilon_paper"] = np.stack([a.epsilon_paper for a in accounts])
@@ -145,13 +337,14 @@ def attach(
         "neighbour_agent": neighbour,
         "changed_data": _changed(problem, neighbour),
         "sigma_g": problem.config.sigma_g,
-        "epsilon_per_agent": [_finite(e) for e in first.epsilon[-1]],
-        "epsilon_neighbour": _finite(first.epsilon[-1, neighbour]),
-        "epsilon_network": _finite(first.epsilon_network[-1]),
-        "epsilon_paper": _finite(first.epsilon_paper[-1]),
-        "paper_bound_slope_per_round": _finite(first.bound_slope),
+        "epsilon_per_agent": [finite(e) for e in first.epsilon[-1]],
+        "epsilon_neighbour": finite(first.epsilon[-1, neighbour]),
+        "epsilon_network": finite(first.epsilon_network[-1]),
+        "epsilon_paper": finite(first.epsilon_paper[-1]),
+        "paper_bound_slope_per_round": finite(first.bound_slope),
         "final_delta": float(first.delta[-1]),
         "holds_against": HOLDS_AGAINST[scheme],
+        "redone_rounds": redone,
         "what_this_is": (
             "epsilon(i) for this neighbouring pair (D, D'), this noise level and this noise "
             "realisation, repeat 0; per agent: an eavesdropper on the links out of that agent"
@@ -173,8 +366,12 @@ HOLDS_AGAINST = {
     Scheme.LOCAL_GHP: (
         "an eavesdropper on the links out of the agent only; not a hub (it learns its "
         "weighted sum exactly), not the whole wire (it can form the hub sums), not two "
-        "colluding partners (they know the pair's mask); and in exact arithmetic only: "
-        "its masks, divided by a_pk, are off the noise grid and leak low-order bits"
+        "colluding partners (they know the pair's mask)"
+    ),
+    Scheme.MASKED_GHP: (
+        "an eavesdropper on the links out of the agent, a hub, colluders and the whole wire "
+        "(epsilon_network): under the masks, which cancel at each hub, is ghp's release, "
+        "one draw per sender and round"
     ),
 }
 
@@ -188,7 +385,8 @@ def _changed(problem: Problem, neighbour: int) -> str:
     return f"agent {neighbour}'s {problem.config.samples} samples redrawn from the data model"
 
 
-def _finite(value: float) -> float | str:
+def finite(value: float) -> float | str:
+    """An epsilon for JSON: the number, or INFINITE."""
     return float(value) if math.isfinite(value) else INFINITE
 
 

@@ -1,12 +1,14 @@
 """`privnet dp-audit`: check the accountant's epsilon against an attacker, empirically.
 
 Many short trials of one scheme run on D and on D' (agent p's data replaced), each with
-fresh noise (a fresh Philox key for random/ghp, fresh Diffie-Hellman secrets for
-local-ghp). An attacker sees exactly what its place in the threat model shows it:
+fresh noise (a fresh Philox key for random/ghp/masked-ghp, fresh Diffie-Hellman secrets
+for the masks). An attacker sees exactly what its place in the threat model shows it:
   links-out  every model on the links out of p (the paper's Definition DP)
-  one-link   the models on one link p -> k only (local-ghp's eavesdropper)
+  one-link   the models on one link p -> k only (the masked schemes' eavesdropper)
   hub        what hub k receives from all its neighbours, which it adds up weighted by
-             its public a_lk (the combination it computes anyway).
+             its public a_lk (the combination it computes anyway)
+  wire       every hub's sum, as the whole wire adds them up (masked-ghp: where its
+             masks cancel).
 It scores every trial with a Laplace log-likelihood ratio between the mean views under D
 and D' (fitted on the first half of the trials), picks the threshold on that half, and on
 the other half counts false positives (D' called D) and false negatives. Any test gives a
@@ -15,8 +17,9 @@ valid lower bound (Jagielski et al. 2020, Nasr et al. 2023):
 with FPR_hi, FNR_hi the upper ends of two-sided 95% Clopper-Pearson intervals, so
 eps_LB <= eps holds with >= 95% confidence if the mechanism is eps-DP (delta = 0).
 
-The claimed epsilon is the accountant's, evaluated on every D/D' pair of trials (which
-share their noise key) and reported as its largest value over the trials.
+The claimed epsilon is the accountant's against that attacker (accountant.Adversary),
+evaluated on every D/D' pair of trials (which share their noise key) and reported as its
+largest value over the trials.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from scipy import stats
 from agent.spec import Scheme, Strategy
 from orchestrator.experiment import seeds
 from orchestrator.experiment.problem import Problem
-from orchestrator.privacy.accountant import INFINITE, releases
+from orchestrator.privacy.accountant import INFINITE, Adversary, Charges, view_weights
 from orchestrator.report import titled_table
 
 CONFIDENCE = 0.95
@@ -42,7 +45,8 @@ Seen = Mapping[tuple[int, int, int, int], np.ndarray]  # (sender, receiver, roun
 
 @dataclass(frozen=True)
 class View:
-    """Who attacks: `links-out` of the changed agent, `one-link` to `hub`, or the `hub`."""
+    """Who attacks: `links-out` of the changed agent, `one-link` to `hub`, the `hub`, or
+    the whole `wire`."""
 
     kind: str
     hub: int | None = None
@@ -50,13 +54,26 @@ class View:
     def __str__(self) -> str:
         return self.kind if self.hub is None else f"{self.kind} (hub {self.hub})"
 
+    def adversary(self, agent: int) -> Adversary:
+        """The accountant's adversary that reads what this view shows."""
+        if self.kind == "links-out":
+            return Adversary("links-out", sender=agent)
+        if self.kind == "one-link":
+            return Adversary("link", sender=agent, receiver=self.hub)
+        if self.kind == "hub":
+            assert self.hub is not None
+            return Adversary("hub", frozenset({self.hub}))
+        return Adversary("wire")
+
 
 def views_for(problem: Problem, scheme: Scheme, strategy: Strategy, agent: int) -> list[View]:
-    """The attackers the issue asks about, per scheme."""
-    if scheme is not Scheme.LOCAL_GHP:
+    """The attackers each scheme claims a finite epsilon against, and local-ghp's hub."""
+    if not scheme.masked:
         return [View("links-out")]
     hub = _largest_hub(problem, strategy, agent)
-    return [View("one-link", hub), View("hub", hub)]
+    if scheme is Scheme.LOCAL_GHP:
+        return [View("one-link", hub), View("hub", hub)]
+    return [View("one-link", hub), View("hub", hub), View("wire")]
 
 
 def _largest_hub(problem: Problem, strategy: Strategy, agent: int) -> int:
@@ -76,10 +93,10 @@ def observe(view: View, seen: Seen, agent: int, problem: Problem, strategy: Stra
         links = sorted((k, i, j) for m, k, i, j in seen if m == agent and k == view.hub)
         return np.concatenate([seen[(agent, k, i, j)] for k, i, j in links])
     matrices = problem.matrices(strategy)
-    sums: dict[tuple[int, int], np.ndarray] = {}
+    sums: dict[tuple[int, int, int], np.ndarray] = {}
     for (m, k, i, j), vector in seen.items():
-        if k == view.hub:
-            sums[(i, j)] = sums.get((i, j), 0.0) + matrices[j][m, k] * vector
+        if view.kind == "wire" or k == view.hub:
+            sums[(k, i, j)] = sums.get((k, i, j), 0.0) + matrices[j][m, k] * vector
     return np.concatenate([sums[key] for key in sorted(sums)])
 
 
@@ -165,15 +182,17 @@ def _best_threshold(s_d: np.ndarray, s_twin: np.ndarray) -> tuple[float, int]:
 
 def run_trials(
     problem: Problem, strategy: Strategy, scheme: Scheme, agent: int, trials: int, seed: int
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
-    """Views on D and on D' of every trial, and the accountant's eps of each D/D' pair."""
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Views on D and on D' of every trial, and per view the accountant's eps of each
+    D/D' pair."""
     from orchestrator.audit import replay
 
     twin = problem.twin(agent)
     views = views_for(problem, scheme, strategy, agent)
     seen: dict[str, dict[str, list[np.ndarray]]] = {"d": {}, "twin": {}}
-    counts = releases(problem, strategy, scheme)
-    claimed = np.zeros(trials)
+    weights = view_weights(problem, strategy, None)
+    claimed = {str(view): np.zeros(trials) for view in views}
+    c = problem.config
     for t in range(trials):
         # Fresh noise per trial (every agent's own keys, as for repeat t + 1), shared by the
         # D/D' pair.
@@ -184,21 +203,11 @@ def run_trials(
             for view in views:
                 obs = observe(view, runs[name].wire.models, agent, which, strategy)
                 seen[name].setdefault(str(view), []).append(obs)
-        claimed[t] = _claimed(runs["d"].clear, runs["twin"].clear, counts, agent, problem)
+        charges = Charges(scheme, c.sigma_g, c.iters, runs["d"], runs["twin"], weights)
+        for view in views:
+            claimed[str(view)][t] = charges.epsilon(view.adversary(agent))[-1]
     stack = {name: {v: np.array(obs) for v, obs in d.items()} for name, d in seen.items()}
     return stack["d"], stack["twin"], claimed
-
-
-def _claimed(clear, twin_clear, counts, agent: int, problem: Problem) -> float:
-    total = 0.0
-    for (m, i, step), y in clear.items():
-        if m != agent:
-            continue
-        distance = float(np.abs(y - twin_clear[(m, i, step)]).sum())
-        if distance > 0:
-            total += counts[(m, step)] * distance
-    sigma_g = problem.config.sigma_g
-    return total * math.sqrt(2.0) / sigma_g if sigma_g > 0 else math.inf
 
 
 def dp_audit(
@@ -209,9 +218,9 @@ def dp_audit(
     records = []
     for view in views_for(problem, scheme, strategy, agent):
         result = attack(on_d[str(view)], on_twin[str(view)], str(view))
-        hub_view = view.kind == "hub"
-        claimed_view = claimed * _share(problem, strategy, agent, view)
-        claim = math.inf if hub_view or scheme is Scheme.NONE else float(claimed_view.max())
+        claims = claimed[str(view)]
+        claim = float(claims.max())
+        finite = bool(np.all(np.isfinite(claims)))
         records.append(
             {
                 "strategy": str(strategy),
@@ -228,21 +237,11 @@ def dp_audit(
                 "epsilon_hat": result.epsilon_hat,
                 "epsilon_lb": result.epsilon_lb,
                 "epsilon_claimed": claim if math.isfinite(claim) else INFINITE,
-                "epsilon_claimed_range": [float(claimed_view.min()), float(claimed_view.max())]
-                if not hub_view and scheme is not Scheme.NONE
-                else None,
+                "epsilon_claimed_range": [float(claims.min()), claim] if finite else None,
                 "consistent": result.epsilon_lb <= claim,
             }
         )
     return records
-
-
-def _share(problem: Problem, strategy: Strategy, agent: int, view: View) -> float:
-    """The part of the links-out epsilon one link carries: a_pk / sum_k a_pk (local-ghp)."""
-    if view.kind != "one-link":
-        return 1.0
-    a = problem.A  # the matrix of the communicating step, for every strategy
-    return float(a[agent, view.hub] / (a[agent].sum() - a[agent, agent]))
 
 
 def audit_table(records: list[dict[str, Any]]) -> Table:

@@ -6,7 +6,11 @@ of the doubles, so y is often a double that x = 0 can never produce: seeing it p
 x != 0, an infinite privacy loss. `impossible_fraction` measures how often that happens
 for x = `shift`, with an exact membership test: a release is monotone in k, so a binary
 search over the 2^52 inputs finds whether some k gives y exactly.
-privnet releases snap(x) + laplace(u) (both on a power-of-two grid), which it checks too.
+privnet's releases are checked too: random and ghp send snap(x) + laplace(u) (both on a
+power-of-two grid); the masked schemes send (on_lattice(a x) + mask) / a for a public
+weight a, one float function of an integer lattice point (agent.rng.masked_release), here
+with a = 1/3, which is no power of two (their masks divided by a, as they were sent before,
+leave the grid and leak).
 """
 
 from __future__ import annotations
@@ -37,7 +41,36 @@ def grid_release(x: float, k: np.ndarray, sigma_g: float) -> np.ndarray:
     return rng.snap(np.asarray(x, dtype=np.float64), sigma_g) + rng.laplace(_uniforms(k), sigma_g)
 
 
-RELEASES: dict[str, Release] = {"float inverse CDF": float_release, "grid": grid_release}
+A_PK = 1 / 3  # a public weight a_pk that is no power of two
+
+
+def lattice_release(x: float, k: np.ndarray, sigma_g: float) -> np.ndarray:
+    """What local-ghp puts on a link to a hub that weighs it by a_pk: one pair's mask (the
+    one drawn from k) on the lattice of a_pk x, divided by a_pk."""
+    mask = rng.laplace(_uniforms(k), sigma_g)
+    return rng.masked_release(np.asarray(x, dtype=np.float64), mask, A_PK, rng.grid(sigma_g))
+
+
+def masked_ghp_release(x: float, k: np.ndarray, sigma_g: float) -> np.ndarray:
+    """masked-ghp: the lattice release of its ghp release snap(x) + g, for one ghp draw g
+    (the test holds for each draw: the image under x = 0 is taken with the same g)."""
+    g = rng.laplace(np.array(0.3), sigma_g)
+    return lattice_release(float(rng.snap(np.asarray(x), sigma_g) + g), k, sigma_g)
+
+
+def float_mask_release(x: float, k: np.ndarray, sigma_g: float) -> np.ndarray:
+    """x + mask / a_pk: how local-ghp released before its masks went on the lattice."""
+    return x + rng.laplace(_uniforms(k), sigma_g) / A_PK
+
+
+RELEASES: dict[str, Release] = {
+    "float inverse CDF": float_release,
+    "grid (random, ghp)": grid_release,
+    "float masks / a_pk = 1/3": float_mask_release,
+    "lattice, a_pk = 1/3 (local-ghp)": lattice_release,
+    "lattice, a_pk = 1/3 (masked-ghp)": masked_ghp_release,
+}
+LEAKY = ("float inverse CDF", "float masks / a_pk = 1/3")  # what privnet does not send
 
 
 def in_image(y: np.ndarray, release: Release, sigma_g: float) -> np.ndarray:

@@ -53,7 +53,7 @@ def run_meta(
 
 def audit_summary(report: dict[str, Any]) -> dict[str, Any]:
     """The audit's verdict per session, as the page shows it: models seen, how many were
-    clear, the largest local-ghp cancellation residual."""
+    clear, the largest cancellation residual of a masked scheme."""
     checked = []
     for s in report.get("sessions", []):
         residual = s.get("max_cancellation_residual")
@@ -88,7 +88,11 @@ def load_run(run_dir: Path) -> ViewState:
                 "of a `privnet run` or `privnet simulate`"
             ) from None
     names = {f.name for f in fields(ExperimentConfig)}
+    from orchestrator.engines import journal
     from orchestrator.experiment import config as configuration
+
+    if settings.get("seed") == journal.SECRETS:  # the run drew it: its owner reads it there
+        settings = {**settings, "seed": json.loads((run_dir / journal.SECRETS).read_text())["seed"]}
 
     config = configuration.with_overrides(
         ExperimentConfig(), {k: v for k, v in settings.items() if k in names}

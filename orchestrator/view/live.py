@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -397,9 +398,14 @@ class LiveView:
 
 
 def account_session(problem: Problem, label: str, neighbour: int) -> Account:
-    """The accountant's twin runs of one session (in the view's worker process)."""
+    """The accountant's twin runs of one session (in the view's worker process), without
+    the replays behind them (`charges`: every frame's values, which the outputs need not
+    and which would cross back from the worker for nothing)."""
     strategy, scheme, repeat = label.split("/")
-    return accountant.account(problem, Strategy(strategy), Scheme(scheme), neighbour, int(repeat))
+    accounted = accountant.account(
+        problem, Strategy(strategy), Scheme(scheme), neighbour, int(repeat)
+    )
+    return dataclasses.replace(accounted, charges=None)
 
 
 def jsonable(value: float) -> float | str:

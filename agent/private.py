@@ -1,0 +1,46 @@
+"""Files only their owner may read: true models, keys, seeds, passwords.
+
+Each is created with its mode by `os.open` (never chmod-ed afterwards, so never readable by
+others even for an instant), written whole under a temporary name and renamed into place,
+so a crash mid-write leaves the previous version; directories that hold them are 0700.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+PRIVATE = 0o600
+PRIVATE_DIR = 0o700
+
+
+@contextlib.contextmanager
+def private_file(path: Path, mode: int = PRIVATE) -> Iterator[BinaryIO]:
+    """A binary file to write `path` through (np.savez, say), created with `mode`."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)  # O_EXCL: an old file would keep its own mode
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_private(path: Path, data: bytes | str, mode: int = PRIVATE) -> Path:
+    """Write `data` (text as UTF-8) to `path`, created with `mode`."""
+    with private_file(path, mode) as fh:
+        fh.write(data.encode() if isinstance(data, str) else data)
+    return path
+
+
+def private_dir(path: Path) -> Path:
+    """`path` and its missing parents, `path` itself 0700 (if it exists already: made so)."""
+    path.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o777 != PRIVATE_DIR:
+        path.chmod(PRIVATE_DIR)
+    return path
