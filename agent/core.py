@@ -21,7 +21,7 @@ import numpy as np
 
 from agent import keys, rng
 from agent.losses import Loss
-from agent.messages import KeyPlan, KeyShare, Message, Model, Rejected, Report
+from agent.messages import KeyPlan, KeyShare, Message, Model, Reason, Rejected, Report
 from agent.spec import STEPS, AgentSpec, Rekey, Scheme, StepPlan
 
 Position = tuple[int, int]  # (round, index of the step in STEPS)
@@ -180,7 +180,7 @@ class AgentCore:
             if relay is not None:
                 return [relay]
         else:
-            raise Rejected("schema", f"agents do not accept {type(msg).__name__} messages")
+            raise Rejected(Reason.SCHEMA, f"agents do not accept {type(msg).__name__} messages")
         if self.started:
             return self._advance()
         out = self._share_keys()
@@ -332,13 +332,14 @@ class AgentCore:
         plan = self._plan_of(msg.step)
         if msg.sender not in plan.receivers(self.me):
             raise Rejected(
-                "not-neighbour", f"agent {msg.sender} is not a hub I send to at step {msg.step}"
+                Reason.NOT_NEIGHBOUR,
+                f"agent {msg.sender} is not a hub I send to at step {msg.step}",
             )
         if (msg.sender, msg.step) in self._seats:
-            raise Rejected("duplicate", f"second key plan from hub {msg.sender}")
+            raise Rejected(Reason.DUPLICATE, f"second key plan from hub {msg.sender}")
         if msg.side not in (1, -1) or not msg.partners or self.me in msg.partners:
             raise Rejected(
-                "schema",
+                Reason.SCHEMA,
                 f"key plan from hub {msg.sender} has side {msg.side} and partners {msg.partners}",
             )
         self._seat(msg.sender, msg.step, Seat(msg.side, tuple(msg.partners)))
@@ -387,24 +388,27 @@ class AgentCore:
         self._check_receiver(msg.receiver)
         epoch_now = self._epoch(self.round)
         if msg.epoch < epoch_now:
-            raise Rejected("stale", f"key share for epoch {msg.epoch}, now at {epoch_now}")
+            raise Rejected(Reason.STALE, f"key share for epoch {msg.epoch}, now at {epoch_now}")
         if msg.epoch > epoch_now + 1:
-            raise Rejected("ahead", f"key share for epoch {msg.epoch}, now at {epoch_now}")
+            raise Rejected(Reason.AHEAD, f"key share for epoch {msg.epoch}, now at {epoch_now}")
         if msg.partner != self.me:
             return self._relay(msg)
         seat = self._seats.get((msg.hub, msg.step))
         if seat is None or msg.owner not in seat.partners:
-            raise Rejected("not-neighbour", f"agent {msg.owner} is not my partner at hub {msg.hub}")
+            raise Rejected(
+                Reason.NOT_NEIGHBOUR, f"agent {msg.owner} is not my partner at hub {msg.hub}"
+            )
         if msg.sender != msg.hub and not (msg.hub == self.me and msg.sender == msg.owner):
             raise Rejected(
-                "spoofed", f"key share of {msg.owner} came from {msg.sender}, not hub {msg.hub}"
+                Reason.SPOOFED,
+                f"key share of {msg.owner} came from {msg.sender}, not hub {msg.hub}",
             )
         slot = (msg.epoch, msg.hub, msg.step, msg.owner)
         if slot in self._partner_keys:
-            raise Rejected("duplicate", f"second key share of {msg.owner} at hub {msg.hub}")
+            raise Rejected(Reason.DUPLICATE, f"second key share of {msg.owner} at hub {msg.hub}")
         owner = self.directory.get(msg.owner)
         if owner is None:
-            raise Rejected("unknown-sender", f"no identity key for agent {msg.owner}")
+            raise Rejected(Reason.UNKNOWN_SENDER, f"no identity key for agent {msg.owner}")
         keys.verify_share(owner, msg, self.spec.session)
         self._partner_keys[slot] = msg.public
         self._keys_held[(msg.epoch, msg.step)] += 1
@@ -414,7 +418,7 @@ class AgentCore:
         """As hub: forward a share to its partner; both must sit at my hub, on opposite sides."""
         if msg.hub != self.me or msg.sender != msg.owner:
             raise Rejected(
-                "not-neighbour",
+                Reason.NOT_NEIGHBOUR,
                 f"key share from {msg.sender} for {msg.partner} "
                 f"names hub {msg.hub}; I relay only my own neighbours' shares",
             )
@@ -422,12 +426,12 @@ class AgentCore:
         seats = split_senders(senders, self.me) if senders else {}
         if msg.owner not in seats or msg.partner not in seats[msg.owner].partners:
             raise Rejected(
-                "not-neighbour",
+                Reason.NOT_NEIGHBOUR,
                 f"agents {msg.owner} and {msg.partner} are not paired at hub {self.me}",
             )
         relayed = (msg.owner, msg.partner, msg.step, msg.epoch)
         if relayed in self._relayed:
-            raise Rejected("duplicate", f"key share of {msg.owner} for {msg.partner} again")
+            raise Rejected(Reason.DUPLICATE, f"key share of {msg.owner} for {msg.partner} again")
         self._relayed.add(relayed)
         self.counters.relayed += 1
         return KeyShare(
@@ -541,11 +545,13 @@ class AgentCore:
 
     def _check_receiver(self, receiver: int) -> None:
         if receiver != self.me:
-            raise Rejected("wrong-receiver", f"message for agent {receiver} delivered to {self.me}")
+            raise Rejected(
+                Reason.WRONG_RECEIVER, f"message for agent {receiver} delivered to {self.me}"
+            )
 
     def _plan_of(self, step: int) -> StepPlan:
         if step not in STEPS:
-            raise Rejected("schema", f"step {step} is not one of {STEPS}")
+            raise Rejected(Reason.SCHEMA, f"step {step} is not one of {STEPS}")
         return self.spec.plan(step)
 
     def _accept_model(self, msg: Model) -> None:
@@ -553,25 +559,29 @@ class AgentCore:
         plan = self._plan_of(msg.step)
         if msg.sender == self.me or msg.sender not in plan.weights_in:  # plan.senders(me)
             raise Rejected(
-                "not-neighbour", f"agent {msg.sender} is not an in-neighbour at step {msg.step}"
+                Reason.NOT_NEIGHBOUR,
+                f"agent {msg.sender} is not an in-neighbour at step {msg.step}",
             )
         at = (msg.round, STEPS.index(msg.step))
         if at < self.position:
             raise Rejected(
-                "stale",
+                Reason.STALE,
                 f"model for round {msg.round} step {msg.step}; I am at round "
                 f"{self.round} step {STEPS[self.stage]}",
             )
         if msg.round > self.round + 1:
-            raise Rejected("ahead", f"model for round {msg.round}, I am at round {self.round}")
+            raise Rejected(Reason.AHEAD, f"model for round {msg.round}, I am at round {self.round}")
         vector = np.asarray(msg.vector, dtype=np.float64)
         if vector.shape != (self.spec.dim,):
-            raise Rejected("shape", f"model of shape {vector.shape}, expected ({self.spec.dim},)")
+            raise Rejected(
+                Reason.SHAPE, f"model of shape {vector.shape}, expected ({self.spec.dim},)"
+            )
         if not np.all(np.isfinite(vector)):
-            raise Rejected("non-finite", f"model from {msg.sender} has NaN or inf")
+            raise Rejected(Reason.NON_FINITE, f"model from {msg.sender} has NaN or inf")
         slot = self._inbox.setdefault(at, {})
         if msg.sender in slot:
             raise Rejected(
-                "duplicate", f"second model from {msg.sender} for round {msg.round} step {msg.step}"
+                Reason.DUPLICATE,
+                f"second model from {msg.sender} for round {msg.round} step {msg.step}",
             )
         slot[msg.sender] = vector

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from agent import wire
-from agent.messages import Model, Rejected
+from agent.messages import Model, Reason, Rejected
 from agent.spec import STEPS
 
 
@@ -87,13 +87,13 @@ class Links:
         wire.check_route(name, head.fields, topic_sender=sender, receiver=self.me, view=self.view)
         if aead is None:
             raise Rejected(
-                "unknown-sender", f"{name} from agent {sender}, with whom there is no link key"
+                Reason.UNKNOWN_SENDER, f"{name} from agent {sender}, with whom there is no link key"
             )
         slot = (sender, head.kind)
         last = self._last.get(slot)
         if last is not None and head.at <= last:
             raise Rejected(
-                "replay", f"{name} from agent {sender} at {head.at}, already past {last} there"
+                Reason.REPLAY, f"{name} from agent {sender} at {head.at}, already past {last} there"
             )
         msg = wire.open_head(head, aead, self.run, self.dim)
         self._last[slot] = head.at  # only an authentic frame moves the link on
@@ -108,5 +108,5 @@ class Links:
         other = head.receiver if head.sender == self.me else head.sender
         aead = self._aead.get(other)
         if aead is None:
-            raise Rejected("unknown-sender", f"no link between agents {self.me} and {other}")
+            raise Rejected(Reason.UNKNOWN_SENDER, f"no link between agents {self.me} and {other}")
         return wire.open_head(head, aead, self.run, self.dim)

@@ -32,8 +32,9 @@ from gmqtt.mqtt.protocol import BaseMQTTProtocol, MQTTProtocol
 
 from agent import keys, topics
 from agent.access import ClientAccess
-from agent.node import PEER_QOS, QOS, AgentNode, Checkpoint, Launch, Output, Phase, Unsubscribe
+from agent.node import AgentNode, Launch, Phase
 from agent.private import private_dir, write_private
+from agent.protocol import PEER_QOS, QOS, Checkpoint, Output, Unsubscribe
 from agent.spec import ConfigError
 
 log = logging.getLogger("privnet.agent")

@@ -23,8 +23,6 @@ round logic does not use.
 
 from __future__ import annotations
 
-import builtins
-import hmac
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,26 +34,31 @@ from agent import control, keys, topics, wire
 from agent.core import AgentCore
 from agent.links import Links
 from agent.losses import make_loss
-from agent.messages import Message, Rejected, Report
+from agent.messages import Message, Reason, Rejected, Report
+from agent.protocol import (
+    BEATS,
+    PEER_QOS,
+    QOS,
+    Checkpoint,
+    Deliveries,
+    Event,
+    Output,
+    Publish,
+    Traffic,
+    Unsubscribe,
+    escrow_context,
+    hello_proof,
+    setup_context,
+    telemetry_context,
+)
 from agent.spec import AgentSpec
 
-QOS = 1  # the control plane (control, telemetry): at-least-once; duplicates are dropped
-# The peer plane (models, key shares) goes at most once: on a live TCP connection the broker
-# loses none, and a lost connection ends the agent anyway (no session resumes), so a PUBACK
-# per frame buys nothing but two packets per edge per round. Agents subscribe to their inbox
-# at QoS 0 too: a broker that delivers at the subscription's QoS (amqtt) then sends no QoS-1
-# copies either. A round whose frames did not all arrive is redone under the next membership
-# view (DESIGN: Membership and faults), never repaired by a resend.
-PEER_QOS = 0
-QOS_OF = {"model": PEER_QOS, "keys": PEER_QOS, "telemetry": QOS, "control": QOS, "audit": QOS}
 HELLO_EVERY = 2.0  # seconds between Hellos until Welcome: the orchestrator may subscribe late
 REGISTER_TIMEOUT = 120.0
 IDLE_TIMEOUT = 600.0  # between sessions: an orchestrator gone this long is not coming back
 TELEMETRY_BATCH = 10  # rounds per sealed telemetry message
-BEATS = 3  # heartbeats (Progress, Beat) per deadline: three missed ones mean gone
 EARLY_COUNT = 4096  # peer frames kept while no session is configured...
 EARLY_BYTES = 16 << 20  # ...and their bytes; beyond either, dropped as "overflow"
-HELLO_TAG = b"privnet/hello/v1\0"
 
 
 class Phase(StrEnum):
@@ -103,123 +106,6 @@ def offered(rounds: list[int]) -> tuple[int, ...]:
     older = rounds[:-half]
     step = (len(older) - 1) / (half - 1)
     return tuple([older[round(n * step)] for n in range(half)] + rounds[-half:])
-
-
-def hello_proof(token: bytes, run: str, agent: int, identity: bytes) -> bytes:
-    """HMAC over the registration, with the launch token as key."""
-    data = HELLO_TAG + f"{run}\0{agent}\0".encode() + identity
-    return hmac.new(token, data, "sha256").digest()
-
-
-def telemetry_context(run: str, agent: int, session: int, view: int, round_: int) -> bytes:
-    """Associated data of a sealed report batch: binds it to run, agent, session, view, round."""
-    return f"privnet/telemetry/{run}/{agent}/{session}/{view}/{round_}".encode()
-
-
-def setup_context(run: str, agent: int, session: int, view: int) -> bytes:
-    """Associated data of a sealed Config."""
-    return f"privnet/setup/{run}/{agent}/{session}/{view}".encode()
-
-
-def escrow_context(run: str, agent: int, session: int, view: int) -> bytes:
-    """Associated data of an agent's escrowed link keys."""
-    return f"privnet/escrow/{run}/{agent}/{session}/{view}".encode()
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """An agent's own models after some rounds of a session: what it restarts from."""
-
-    run: str
-    agent: int
-    session: int
-    models: dict[int, np.ndarray]  # round -> w after it (0: the initial model)
-
-    def to_bytes(self) -> bytes:
-        return wire.encode_checkpoint(self.run, self.agent, self.session, self.models)
-
-    @classmethod
-    def from_bytes(cls, data: bytes, where: str) -> Checkpoint:
-        run, agent, session, models = wire.decode_checkpoint(data, where)
-        return cls(run, agent, session, models)
-
-
-@dataclass(frozen=True, slots=True)
-class Publish:
-    topic: str
-    payload: bytes
-    category: str  # model, keys, telemetry, control or audit (escrow): the byte-accounting bucket
-
-    @property
-    def qos(self) -> int:
-        return QOS_OF.get(self.category, QOS)
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """Something the shell may log or act on; `kind` is one of the names below."""
-
-    kind: str  # registered, configured, keyed, started, finished, failed, closed
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Unsubscribe:
-    """Stop reading `pattern`; `probe` is a topic the party may both write and read under it,
-    with which a shell can tell that everything queued before has been delivered."""
-
-    pattern: str
-    probe: str
-
-
-@dataclass
-class Output:
-    publish: list[Publish] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
-    unsubscribe: list[Unsubscribe] = field(default_factory=list)  # then `unsubscribed`
-    checkpoint: Checkpoint | None = None  # for the shell to save (the latest wins)
-
-    def __iadd__(self, other: Output) -> Output:
-        self.publish += other.publish
-        self.events += other.events
-        self.unsubscribe += other.unsubscribe
-        self.checkpoint = other.checkpoint or self.checkpoint
-        return self
-
-    def __add__(self, other: Output) -> Output:
-        return Output(
-            self.publish + other.publish,
-            self.events + other.events,
-            self.unsubscribe + other.unsubscribe,
-            other.checkpoint or self.checkpoint,
-        )
-
-
-@dataclass
-class Traffic:
-    """MQTT bytes and messages this agent published, by category (PUBLISH packet sizes)."""
-
-    bytes: Counter[str] = field(default_factory=Counter)
-    messages: Counter[str] = field(default_factory=Counter)
-
-    def add(self, category: str, topic: str, payload: builtins.bytes) -> None:  # not the field
-        self.bytes[category] += topics.mqtt_publish_size(
-            topic, len(payload), QOS_OF.get(category, QOS)
-        )
-        self.messages[category] += 1
-
-
-@dataclass
-class Deliveries:
-    """Every delivery is either used or rejected under exactly one reason."""
-
-    received: int = 0
-    used: int = 0
-    rejected: Counter[str] = field(default_factory=Counter)
-
-    @property
-    def uncounted(self) -> int:
-        return self.received - self.used - sum(self.rejected.values())
 
 
 @dataclass
@@ -347,18 +233,18 @@ class AgentNode:
         privnet publishes nothing retained, so a retained frame is someone else's."""
         self.deliveries.received += 1
         if self.done:
-            self._count("closed")
+            self._count(Reason.CLOSED)
             return Output()
         try:
             if retained:
-                raise Rejected("retained", f"a retained frame on {topic!r}")
+                raise Rejected(Reason.RETAINED, f"a retained frame on {topic!r}")
             peer = topics.parse_peer_topic(topic)
             if peer is not None:
                 out = self._on_peer(peer, payload, now)
             elif topic in self.subscriptions[1:]:
                 out = self._on_control(payload, now)
             else:
-                raise Rejected("wrong-topic", f"agent {self.me} does not read {topic!r}")
+                raise Rejected(Reason.WRONG_TOPIC, f"agent {self.me} does not read {topic!r}")
         except Rejected as exc:
             self._count(exc.reason)
             return Output()
@@ -395,10 +281,10 @@ class AgentNode:
     def _on_control(self, payload: bytes, now: float) -> Output:
         frame = wire.decode_signed(payload)
         if frame.run != self.run:
-            raise Rejected("wrong-run", f"frame for run {frame.run!r}, this is {self.run!r}")
+            raise Rejected(Reason.WRONG_RUN, f"frame for run {frame.run!r}, this is {self.run!r}")
         frame.verify(self.launch.orchestrator, "this run's orchestrator")
         if frame.seq <= self._heard:
-            raise Rejected("replay", f"sequence number {frame.seq}, already at {self._heard}")
+            raise Rejected(Reason.REPLAY, f"sequence number {frame.seq}, already at {self._heard}")
         out = self._obey(frame.msg, now)  # raises Rejected("out-of-phase") if it does not fit
         self._heard, self._orchestrator_at = frame.seq, now
         return out
@@ -442,7 +328,7 @@ class AgentNode:
                 self.phase = Phase.CLOSED
                 return Output(events=[Event("closed")])
         raise Rejected(
-            "out-of-phase",
+            Reason.OUT_OF_PHASE,
             f"{type(msg).__name__} does not fit agent {self.me} in phase {self.phase}",
         )
 
@@ -484,12 +370,12 @@ class AgentNode:
                 setup_context(self.run, self.me, setup.session, setup.view),
             )
         except keys.BadKey as exc:
-            raise Rejected("bad-seal", f"Setup: {exc}") from exc
+            raise Rejected(Reason.BAD_SEAL, f"Setup: {exc}") from exc
         config = wire.decode_config(plain)
         spec = config.spec
         if spec.agent != self.me or spec.view != setup.view:
             raise Rejected(
-                "schema",
+                Reason.SCHEMA,
                 f"Config for agent {spec.agent} view {spec.view} sealed to agent {self.me} "
                 f"for view {setup.view}",
             )
@@ -504,7 +390,7 @@ class AgentNode:
                 if m in spec.neighbours  # peer frames travel only between neighbours
             }
         except keys.BadKey as exc:
-            raise Rejected("bad-key", f"Config directory: {exc}") from exc
+            raise Rejected(Reason.BAD_KEY, f"Config directory: {exc}") from exc
         links = Links(self.run, self.me, spec.dim, spec.view, link_keys, sealed=config.seal_links)
         history = self._history_for(setup.session, spec)
         if config.resume not in history:
@@ -642,7 +528,7 @@ class AgentNode:
     def _drop_early(self) -> None:
         """Peer frames still waiting for a view that will not come: counted, unused."""
         self.deliveries.received += len(self._early)
-        self._count_n("no-session", len(self._early))
+        self._count_n(Reason.NO_SESSION, len(self._early))
         self._early, self._early_bytes = [], 0
 
     # ---- data plane -------------------------------------------------------------------
@@ -650,14 +536,14 @@ class AgentNode:
     def _on_peer(self, peer: tuple[str, int, int], payload: bytes, now: float) -> Output:
         run, receiver, sender = peer
         if run != self.run or receiver != self.me:
-            raise Rejected("wrong-topic", f"peer topic for run {run!r}, agent {receiver}")
+            raise Rejected(Reason.WRONG_TOPIC, f"peer topic for run {run!r}, agent {receiver}")
         if self.phase in WAITING:
             self._keep(sender, payload)
             return Output()
         try:
             return self._peer(sender, payload, now)
         except Rejected as exc:
-            if exc.reason != "ahead-view":
+            if exc.reason is not Reason.AHEAD_VIEW:
                 raise
             self._keep(sender, payload)  # a neighbour has its Setup for the next view first
             return Output()
@@ -665,7 +551,7 @@ class AgentNode:
     def _keep(self, sender: int, payload: bytes) -> None:
         """Keep a frame until the next Setup can authenticate it (bounded)."""
         if len(self._early) >= EARLY_COUNT or self._early_bytes + len(payload) > EARLY_BYTES:
-            raise Rejected("overflow", f"more than {EARLY_COUNT} early peer frames")
+            raise Rejected(Reason.OVERFLOW, f"more than {EARLY_COUNT} early peer frames")
         self._early.append((sender, payload))
         self._early_bytes += len(payload)
         self.deliveries.used -= 1  # counted when it is replayed into the session
@@ -679,7 +565,7 @@ class AgentNode:
         try:
             produced = core.receive(msg)
         except keys.BadKey as exc:
-            raise Rejected("bad-key", str(exc)) from exc
+            raise Rejected(Reason.BAD_KEY, str(exc)) from exc
         out = self._emit(produced)  # a fresh Output: add to it in place
         if self.phase is Phase.CONFIGURED:
             out += self._keyed()
@@ -770,13 +656,13 @@ class AgentNode:
         )
         return Output([self._up(topic, finished)], [Event("finished", did)])
 
-    def _count(self, reason: str) -> None:
+    def _count(self, reason: Reason) -> None:
         self._count_n(reason, 1)
 
-    def _count_n(self, reason: str, n: int) -> None:
-        if n:
-            self.deliveries.rejected[reason] += n
-            self._unreported[reason] += n
+    def _count_n(self, reason: Reason, n: int) -> None:
+        if n:  # counted under the plain string: what Finished and Left carry
+            self.deliveries.rejected[reason.value] += n
+            self._unreported[reason.value] += n
 
     # ---- for tests and the audit --------------------------------------------------------
 

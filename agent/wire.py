@@ -62,7 +62,7 @@ from agent.control import (
     Welcome,
 )
 from agent.losses import ClassificationSpec, RegressionSpec
-from agent.messages import KeyPlan, KeyShare, Model, Rejected, Report
+from agent.messages import KeyPlan, KeyShare, Model, Reason, Rejected, Report
 from agent.spec import STEPS, AgentSpec, ConfigError, Rekey, Scheme, StepPlan
 
 VERSION = 2  # 2: a Config carries the agent's own keys, never the run's seed
@@ -120,7 +120,7 @@ def _show(value: object) -> str:
 
 
 def _schema(where: str, expected: str, value: object) -> Rejected:
-    return Rejected("schema", f"{where}: expected {expected}, got {_show(value)}")
+    return Rejected(Reason.SCHEMA, f"{where}: expected {expected}, got {_show(value)}")
 
 
 def _accept(_: object) -> None:
@@ -172,7 +172,7 @@ def _float_decode(value: Any, where: str) -> float:
     if type(value) is not float:
         raise _schema(where, "a float64", value)
     if not math.isfinite(value):
-        raise Rejected("non-finite", f"{where} is {value}; only finite numbers are accepted")
+        raise Rejected(Reason.NON_FINITE, f"{where} is {value}; only finite numbers are accepted")
     return value
 
 
@@ -252,19 +252,21 @@ def _check_vector(raw: _RawVector, dim: int, where: str) -> np.ndarray:
     """The float64 array behind `raw`, if it has dtype <f8, shape [dim] and finite entries."""
     if raw.dtype != DTYPE:
         raise Rejected(
-            "shape", f"{where}: dtype must be {DTYPE!r} (little-endian float64), got {raw.dtype!r}"
+            Reason.SHAPE,
+            f"{where}: dtype must be {DTYPE!r} (little-endian float64), got {raw.dtype!r}",
         )
     if raw.shape != (dim,):
-        raise Rejected("shape", f"{where}: shape must be [{dim}], got {list(raw.shape)}")
+        raise Rejected(Reason.SHAPE, f"{where}: shape must be [{dim}], got {list(raw.shape)}")
     if len(raw.data) != 8 * dim:
         raise Rejected(
-            "shape", f"{where}: {dim} float64 take {8 * dim} bytes, data has {len(raw.data)}"
+            Reason.SHAPE, f"{where}: {dim} float64 take {8 * dim} bytes, data has {len(raw.data)}"
         )
     vector = np.frombuffer(raw.data, dtype=DTYPE).astype(np.float64)
     bad = np.flatnonzero(~np.isfinite(vector))
     if bad.size:
         raise Rejected(
-            "non-finite", f"{where}[{bad[0]}] is {vector[bad[0]]}; only finite numbers are accepted"
+            Reason.NON_FINITE,
+            f"{where}[{bad[0]}] is {vector[bad[0]]}; only finite numbers are accepted",
         )
     return vector
 
@@ -290,7 +292,8 @@ def _fields(value: Any, fields: tuple[_Field, ...], where: str) -> dict[str, Any
             f"unknown field {_SHOW.repr(k)}" for k in extra
         ]
         raise Rejected(
-            "schema", f"{where}: {'; '.join(problems)} (fields are {', '.join(keys) or 'none'})"
+            Reason.SCHEMA,
+            f"{where}: {'; '.join(problems)} (fields are {', '.join(keys) or 'none'})",
         )
     return {f.name: f.kind.decode(value[f.key], f"{where}.{f.key}") for f in fields}
 
@@ -308,7 +311,7 @@ def _record(cls: type, fields: tuple[_Field, ...], check: Callable[[Any], None] 
             obj = cls(**kwargs)
             check(obj)
         except ConfigError as exc:
-            raise Rejected("schema", f"{where}: {exc}") from exc
+            raise Rejected(Reason.SCHEMA, f"{where}: {exc}") from exc
         return obj
 
     return _Kind(lambda obj: _encode_fields(obj, fields), decode)
@@ -718,7 +721,7 @@ def _unpack(data: bytes, max_size: int, limits: _Limits, what: str) -> object:
             max_ext_len=0,
         )
     except Exception as exc:  # msgpack documents that "other exceptions can be raised"
-        raise Rejected("malformed", f"{what} is not valid msgpack: {exc!r}") from exc
+        raise Rejected(Reason.MALFORMED, f"{what} is not valid msgpack: {exc!r}") from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -736,23 +739,24 @@ def _outer(
 ) -> tuple[str, bytes, bytes]:
     """(type, and the frame's two bins) of a frame of the right shape and version."""
     if not isinstance(data, bytes | bytearray | memoryview):
-        raise Rejected("malformed", f"a {what} is bytes, got {type(data).__name__}")
+        raise Rejected(Reason.MALFORMED, f"a {what} is bytes, got {type(data).__name__}")
     if len(data) > max_size:
-        raise Rejected("oversized", f"{what} is {len(data)} bytes, the limit is {max_size}")
+        raise Rejected(Reason.OVERSIZED, f"{what} is {len(data)} bytes, the limit is {max_size}")
     outer = _unpack(data, max_size, limits, what)
     if type(outer) is not list or not outer or type(outer[0]) is not int:
         raise Rejected(
-            "malformed",
+            Reason.MALFORMED,
             f"{what} must be a msgpack array [version, type, {parts}], got {_show(outer)}",
         )
     if outer[0] != VERSION:
         raise Rejected(
-            "version", f"{what} has wire version {outer[0]}; this agent speaks {VERSION}"
+            Reason.VERSION, f"{what} has wire version {outer[0]}; this agent speaks {VERSION}"
         )
     if len(outer) != 4 or [type(x) for x in outer[1:]] != [str, bytes, bytes]:
         bins = ", ".join(f"{part}: bin" for part in parts.split(", "))
         raise Rejected(
-            "malformed", f"{what} must be [version: int, type: str, {bins}], got {_show(outer)}"
+            Reason.MALFORMED,
+            f"{what} must be [version: int, type: str, {bins}], got {_show(outer)}",
         )
     return outer[1], outer[2], outer[3]
 
@@ -761,7 +765,7 @@ def _schema_named(name: str, schemas: Mapping[str, _Schema], what: str) -> _Sche
     schema = schemas.get(name)
     if schema is None:
         raise Rejected(
-            "schema", f"unknown {what} type {name!r}; expected one of {', '.join(schemas)}"
+            Reason.SCHEMA, f"unknown {what} type {name!r}; expected one of {', '.join(schemas)}"
         )
     return schema
 
@@ -787,7 +791,7 @@ def _build(opened: _Opened, kind: type[T], dim: int | None = None) -> T:
     try:
         opened.schema.check(msg)
     except ConfigError as exc:
-        raise Rejected("schema", f"{name}: {exc}") from exc
+        raise Rejected(Reason.SCHEMA, f"{name}: {exc}") from exc
     if not isinstance(msg, kind):
         raise TypeError(f"schema {name} builds {type(msg).__name__}, not {kind.__name__}")
     return msg
@@ -953,11 +957,11 @@ def decode_peer(
     key = link_keys.get(sender)
     if key is None:
         raise Rejected(
-            "unknown-sender", f"{name} from agent {sender}, with whom there is no link key"
+            Reason.UNKNOWN_SENDER, f"{name} from agent {sender}, with whom there is no link key"
         )
     if not hmac.compare_digest(_mac(key, name, opened.body), opened.mac):
         raise Rejected(
-            "bad-mac",
+            Reason.BAD_MAC,
             f"{name} from agent {sender}: MAC check failed (altered, or another link's key)",
         )
     return _build_peer(opened, dim)
@@ -970,17 +974,18 @@ def check_route(
     before any key is used. A frame of another view: `stale-view` for an earlier one,
     `ahead-view` for a later one, which the node keeps until its Setup for that view."""
     if fields["view"] != view:
-        which = "stale-view" if fields["view"] < view else "ahead-view"
+        which = Reason.STALE_VIEW if fields["view"] < view else Reason.AHEAD_VIEW
         raise Rejected(which, f"frame of view {fields['view']}, this agent is at {view}")
     if fields["sender"] != topic_sender:
         raise Rejected(
-            "spoofed",
+            Reason.SPOOFED,
             f"{name} claims sender {fields['sender']} but came on the topic of agent "
             f"{topic_sender}",
         )
     if fields["receiver"] != receiver:
         raise Rejected(
-            "wrong-receiver", f"{name} is for agent {fields['receiver']}, this is agent {receiver}"
+            Reason.WRONG_RECEIVER,
+            f"{name} is for agent {fields['receiver']}, this is agent {receiver}",
         )
 
 
@@ -1001,10 +1006,10 @@ def peek_peer(data: bytes, dim: int, max_size: int = MAX_PEER_BYTES) -> Peer:
     try:
         opened = _open(data, max_size, _PEER_LIMITS, _PEER, "peer message")
     except Rejected as exc:
-        if exc.reason != "schema" or not _is_sealed(data, max_size):
+        if exc.reason is not Reason.SCHEMA or not _is_sealed(data, max_size):
             raise
         raise Rejected(
-            "sealed", "a sealed peer frame: only its two ends (or an escrow) hold the key"
+            Reason.SEALED, "a sealed peer frame: only its two ends (or an escrow) hold the key"
         ) from None
     return _build_peer(opened, dim)
 
@@ -1187,7 +1192,7 @@ def read_head(data: bytes, max_size: int = MAX_PEER_BYTES) -> Head:
     got = _unpack(raw, max_size, _PEER_LIMITS, f"{name} head")
     if type(got) is dict and any(f.key in got for f in secret_fields):
         raise Rejected(
-            "unsealed",
+            Reason.UNSEALED,
             f"{name} with its fields in the clear on a sealed link (the sender runs "
             "--seal-links off, or is not privnet)",
         )
@@ -1202,7 +1207,7 @@ def open_head(head: Head, aead: ChaCha20Poly1305, run: str, dim: int) -> Peer:
         plain = aead.decrypt(head.nonce, head.box, _associated(run, name, head.raw))
     except InvalidTag:
         raise Rejected(
-            "bad-seal",
+            Reason.BAD_SEAL,
             f"{name} from agent {head.sender}: the seal failed (another link's key, or "
             "altered on the way)",
         ) from None
@@ -1236,7 +1241,7 @@ class SignedFrame:
         """Rejected("bad-signature") unless `signer` signed this frame."""
         if not signer.valid(self.signature, self.statement):
             raise Rejected(
-                "bad-signature",
+                Reason.BAD_SIGNATURE,
                 f"{type(self.msg).__name__} is not signed by {who}: forged or altered",
             )
 
@@ -1257,7 +1262,7 @@ def decode_signed(data: bytes, max_size: int = MAX_CONTROL_BYTES) -> SignedFrame
     opened = _open(data, max_size, _CONTROL_LIMITS, _SIGNED, "control message")
     if len(opened.mac) != SIGNATURE_BYTES:
         raise Rejected(
-            "bad-signature",
+            Reason.BAD_SIGNATURE,
             f"{opened.schema.name}: a control frame carries a {SIGNATURE_BYTES}-byte "
             f"signature, this one {len(opened.mac)} bytes",
         )
@@ -1291,7 +1296,7 @@ def decode_report(data: bytes, dim: int, max_size: int = MAX_CONTROL_BYTES) -> R
     """The Report inside an opened Telemetry blob, or Rejected."""
     opened = _open(data, max_size, _CONTROL_LIMITS, {_REPORT.name: _REPORT}, "report")
     if opened.mac:
-        raise Rejected("schema", "report frames carry an empty MAC")
+        raise Rejected(Reason.SCHEMA, "report frames carry an empty MAC")
     return _build(opened, Report, dim)
 
 
@@ -1304,7 +1309,7 @@ def decode_reports(data: bytes, dim: int, max_size: int = MAX_CONTROL_BYTES) -> 
     """The Reports of an opened Telemetry blob, or Rejected."""
     frames = _unpack(data, max_size, _CONTROL_LIMITS, "report batch")
     if not isinstance(frames, list) or not all(isinstance(f, bytes) for f in frames):
-        raise Rejected("schema", "a report batch is a list of report frames")
+        raise Rejected(Reason.SCHEMA, "a report batch is a list of report frames")
     return [decode_report(f, dim, max_size) for f in frames]
 
 
@@ -1344,10 +1349,12 @@ def decode_checkpoint(data: bytes, where: str) -> tuple[str, int, int, dict[int,
     try:
         outer = _unpack(data, MAX_CONTROL_BYTES * 64, _CONTROL_LIMITS, "checkpoint")
         if not isinstance(outer, list) or len(outer) != 6 or outer[0] != VERSION:
-            raise Rejected("malformed", "expected [version, run, agent, session, dim, reports]")
+            raise Rejected(
+                Reason.MALFORMED, "expected [version, run, agent, session, dim, reports]"
+            )
         _, run, agent, session, dim, blob = outer
         if not (isinstance(run, str) and isinstance(blob, bytes)):
-            raise Rejected("malformed", "run must be text and reports bytes")
+            raise Rejected(Reason.MALFORMED, "run must be text and reports bytes")
         agent, session, dim = (_COUNT.decode(v, "checkpoint") for v in (agent, session, dim))
         reports = decode_reports(blob, dim, MAX_CONTROL_BYTES * 64)
     except Rejected as exc:

@@ -38,7 +38,7 @@ from agent.spec import ConfigError, Scheme, Strategy
 from orchestrator.experiment import classification
 from orchestrator.experiment.problem import Problem
 from orchestrator.privacy.accountant import Adversary
-from orchestrator.report import titled_table
+from orchestrator.terminal import titled_table
 
 Seen = Mapping[tuple[int, int, int, int], np.ndarray]  # (sender, receiver, round, step)
 # A trajectory within this relative error counts as recovered: exact up to the lattice the
@@ -123,7 +123,7 @@ def insider_knowledge(
     """The releases an insider knows exactly, by frame (sender, receiver, round, step):
     its members' own into its hubs, and, under a masked scheme, any whose every pair mask
     it holds (the sender's partners at that member hub all members). `released`: every
-    frame's release, from the replay (audit.Replay.released)."""
+    frame's release, from the replay (`replay.Replay.released`)."""
     if not adversary.insider:
         return {}
     matrices = problem.matrices(strategy)

@@ -33,9 +33,9 @@ import shutil
 import subprocess
 import threading
 import time
-from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -50,21 +50,34 @@ from scipy import stats
 
 from agent import control, rng, topics, wire
 from agent.access import ClientAccess
-from agent.core import AgentCore, split_senders
-from agent.losses import Loss
-from agent.messages import ORCHESTRATOR, KeyPlan, KeyShare, Message, Rejected
+from agent.core import split_senders
+from agent.messages import Reason, Rejected
 from agent.mqtt import BrokerAddress
-from agent.node import Publish
 from agent.private import private_file, write_private
-from agent.spec import STRATEGY_STEP, AgentSpec, Scheme, StepPlan, Strategy
+from agent.spec import STRATEGY_STEP, Scheme, Strategy
+from orchestrator.attack import (
+    adversaries,
+    adversary_table,
+    attack_session,
+    attack_table,
+    insider_knowledge,
+)
 from orchestrator.conductor import View
-from orchestrator.engines.memory import Network
 from orchestrator.experiment import config as configuration
 from orchestrator.experiment import topology
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
-from orchestrator.experiment.specs import session_list, session_plans, view_matrix
-from orchestrator.report import table_console
+from orchestrator.experiment.specs import session_list, view_matrix
+from orchestrator.privacy.accountant import account, finite
+from orchestrator.replay import (
+    AuditError,
+    Replay,
+    SessionWire,
+    add_frame,
+    replay,
+    session_views,
+)
+from orchestrator.terminal import table_console
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -81,10 +94,6 @@ Escrowed = dict[tuple[int, int], dict[tuple[int, int], bytes]]
 QUIET = 0.3  # the tap stops after this long without a message...
 DRAIN = 5.0  # ...or after this long at most
 SUBSCRIBE_TIMEOUT = 10.0
-
-
-class AuditError(Exception):
-    """The audit cannot proceed; the message says what is missing and how to get it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +239,8 @@ def load_telemetry(run_dir: Path) -> list[np.ndarray] | None:
 
 def load_membership(run_dir: Path) -> list[View] | None:
     """The run's views (membership.json, written when its membership changed), or None."""
-    from orchestrator.engines.watch import read_membership  # the shell's module: lazily
+    # The shell's module loads the broker launcher and its credentials: not for an audit.
+    from orchestrator.engines.watch import read_membership
 
     path = run_dir / MEMBERSHIP_FILE
     if not path.is_file():
@@ -274,151 +284,7 @@ def read_pcap(path: Path, port: int) -> list[WireRecord]:
     return records
 
 
-# ---- ground truth: replay on the memory engine ------------------------------------------------
-
-
-class _Witness(AgentCore):
-    """An AgentCore that notes the clear value behind every model it is about to send
-    (in `clear` by (sender, round, step), and in `views` by (view, sender, round, step)),
-    and the scheme's release to each target before any mask (in `released` by (view,
-    sender, receiver, round, step));
-    given `losses`, agent p runs losses[p] instead of the one its Config describes; given
-    `cores`, it leaves itself there under (view, agent), so a replay can run it on."""
-
-    def __init__(
-        self,
-        spec: AgentSpec,
-        loss: Loss,
-        *args: Any,
-        clear: dict[tuple[int, int, int], np.ndarray],
-        losses: Sequence[Loss] | None = None,
-        views: dict[tuple[int, int, int, int], np.ndarray] | None = None,
-        released: dict[tuple[int, int, int, int, int], np.ndarray] | None = None,
-        cores: dict[tuple[int, int], _Witness] | None = None,
-    ) -> None:
-        super().__init__(spec, loss if losses is None else losses[spec.agent], *args)
-        self.clear, self.views, self.released = clear, views, released
-        if cores is not None:
-            cores[(spec.view, spec.agent)] = self
-
-    def _send(self, plan: StepPlan) -> list[Message]:
-        value = self.value.copy()
-        self.clear[(self.me, self.round, plan.step)] = value
-        if self.views is not None:
-            self.views[(self.spec.view, self.me, self.round, plan.step)] = value
-        return super()._send(plan)
-
-    def _release(self, plan: StepPlan) -> dict[int, np.ndarray]:
-        out = super()._release(plan)
-        if self.released is not None:
-            for k, vector in out.items():
-                self.released[(self.spec.view, self.me, k, self.round, plan.step)] = vector
-        return out
-
-
-@dataclass
-class Replay:
-    """A memory-engine run: clear values (sender, round, step), the true models and the
-    model messages on its wire, as an eavesdropper decodes them; `views` holds the clear
-    values by (view, sender, round, step), those of rounds a later view redid included
-    (`clear` keeps the ones that stand), and `released` the scheme's release to each target
-    before any mask by (view, sender, receiver, round, step)."""
-
-    clear: dict[tuple[int, int, int], np.ndarray]
-    models: np.ndarray  # (iters, P, M)
-    wire: SessionWire
-    views: dict[tuple[int, int, int, int], np.ndarray] = field(default_factory=dict)
-    released: dict[tuple[int, int, int, int, int], np.ndarray] = field(default_factory=dict)
-
-
-def replay(
-    problem: Problem,
-    strategy: Strategy,
-    scheme: Scheme,
-    repeat: int = 0,
-    *,
-    losses: Sequence[Loss] | None = None,
-    noise_keys: Sequence[tuple[int, int]] | None = None,
-    views: Sequence[View] | None = None,
-    reach: Mapping[int, int] | None = None,
-) -> Replay:
-    """The session on the memory engine (the whole protocol), witnesses for cores;
-    `losses` (one per agent) replace the problem's, e.g. losses written by hand, and
-    `noise_keys` (one per agent) the run's (same data, fresh noise: the dp-audit's trials).
-
-    `views`: the membership views the run played the session under (membership.json),
-    applied at their rounds as the conductor's script. A view that a later one replaced
-    may have run further on the network than the script lets it (the rounds it began
-    before its members stopped, which the next view redid): `reach` (view -> last round
-    of it on the wire) says how far, and its witnesses are run on to there, so every
-    frame of it has its clear value in `Replay.views`."""
-    clear: dict[tuple[int, int, int], np.ndarray] = {}
-    by_view: dict[tuple[int, int, int, int], np.ndarray] = {}
-    released: dict[tuple[int, int, int, int, int], np.ndarray] = {}
-    cores: dict[tuple[int, int], _Witness] = {}
-    (plan,) = session_plans(problem, [(strategy, scheme, repeat)])
-    if noise_keys is not None:
-        plan = replace(plan, specs=[replace(s, noise_key=noise_keys[s.agent]) for s in plan.specs])
-    seen = SessionWire()
-
-    dim = problem.config.dim
-
-    def tap(_publisher: str, frame: Publish) -> None:
-        if topics.parse_peer_topic(frame.topic) is not None:
-            _add(seen, frame.payload, partial(wire.peek_peer, dim=dim))
-
-    witness = partial(
-        _Witness, clear=clear, losses=losses, views=by_view, released=released, cores=cores
-    )
-    script = None if views is None else [replace(v, session=0) for v in views]
-    # The visible wire: its frames carry what sealed ones carry under the seal (the audit
-    # opens the run's own with the escrowed keys), and `wire` is read as a reader would.
-    network = Network.build([plan], core=witness, tap=tap, script=script, seal_links=False)
-    models = network.play()[0].models
-    for view in views or ():
-        members = {m: cores[(view.view, m)] for m in view.members if (view.view, m) in cores}
-        last = (reach or {}).get(view.view, 0)
-        if members and last > min(core.until for core in members.values()):
-            _run_on(members, last)
-    return Replay(clear, models, seen, by_view, released)
-
-
-def _run_on(cores: Mapping[int, _Witness], until: int) -> None:
-    """One view's witnesses, held at the round the next view starts from, run on through
-    `until` among themselves (the view's frames, delivered in order): the rounds the
-    network began under this view. What they send is noted in `views` only."""
-    queue: deque[Message] = deque()
-    for core in cores.values():
-        core.clear = {}  # these rounds do not stand: the next view redid them
-        queue.extend(core.start(until))
-    while queue:
-        msg = queue.popleft()
-        target = cores.get(getattr(msg, "receiver", ORCHESTRATOR))
-        if target is None:  # a Report, or a frame for an agent not in the view
-            continue
-        with contextlib.suppress(Rejected):
-            queue.extend(target.receive(msg))
-
-
 # ---- sessions on the wire ---------------------------------------------------------------------
-
-
-@dataclass
-class SessionWire:
-    """The peer messages of one session, as an eavesdropper decodes them: `models` by
-    (sender, receiver, round, step), the latest view's where a round was redone; `views`
-    every one by (view, sender, receiver, round, step); `setups`: who got a Setup of each
-    view (the members, as the signed control frames say)."""
-
-    models: dict[tuple[int, int, int, int], np.ndarray] = field(default_factory=dict)
-    keys: int = 0
-    undecodable: int = 0
-    sealed: int = 0  # sealed frames no escrowed key opens
-    duplicates: int = 0
-    views: dict[tuple[int, int, int, int, int], np.ndarray] = field(default_factory=dict)
-    view_keys: Counter[int] = field(default_factory=Counter)
-    setups: dict[int, set[int]] = field(default_factory=dict)
-    latest: dict[tuple[int, int, int, int], int] = field(default_factory=dict)  # slot -> view
 
 
 def split_sessions(
@@ -443,7 +309,7 @@ def split_sessions(
         peer = topics.parse_peer_topic(rec.topic)
         if peer is None or peer[0] != run or not sessions:
             continue
-        _add(sessions[-1], rec.payload, partial(opener.read, len(sessions) - 1))
+        add_frame(sessions[-1], rec.payload, partial(opener.read, len(sessions) - 1))
     return sessions
 
 
@@ -461,38 +327,15 @@ class Opener:
         try:
             return wire.peek_peer(payload, self.dim)
         except Rejected as exc:
-            if exc.reason != "sealed":
+            if exc.reason is not Reason.SEALED:
                 raise
         head = wire.read_head(payload)
         link = (min(head.sender, head.receiver), max(head.sender, head.receiver))
         key = self.escrowed.get((session, head.view), {}).get(link)
         if key is None:
-            raise Rejected("sealed", f"no escrowed key for link {link} of view {head.view}")
+            raise Rejected(Reason.SEALED, f"no escrowed key for link {link} of view {head.view}")
         aead = self._aeads.get(key) or self._aeads.setdefault(key, ChaCha20Poly1305(key))
         return wire.open_head(head, aead, self.run, self.dim)
-
-
-def _add(session: SessionWire, payload: bytes, read: Callable[[bytes], wire.Peer]) -> None:
-    try:
-        msg = read(payload)
-    except Rejected as exc:
-        if exc.reason == "sealed":
-            session.sealed += 1
-        else:
-            session.undecodable += 1
-        return
-    if isinstance(msg, KeyPlan | KeyShare):
-        session.keys += 1
-        session.view_keys[msg.view] += 1
-        return
-    slot = (msg.sender, msg.receiver, msg.round, msg.step)
-    if (msg.view, *slot) in session.views:
-        session.duplicates += 1
-    vector = np.asarray(msg.vector)
-    session.views[(msg.view, *slot)] = vector
-    if session.latest.get(slot, msg.view) <= msg.view:
-        session.latest[slot] = msg.view
-        session.models[slot] = vector
 
 
 # ---- the analysis -------------------------------------------------------------------------
@@ -519,29 +362,6 @@ class Part:
     @property
     def last(self) -> int:
         return max(self.end, self.reach)
-
-
-def session_views(
-    membership: Sequence[View] | None, session: int, seen: SessionWire, agents: int
-) -> list[View] | None:
-    """The views `session` ran under: membership.json's, with a first view it lacks read
-    off the signed Setups on the wire (the file is rewritten at each change, so a later
-    session that kept its first view may be missing from it). None when the session ran
-    under one view of every agent, as in every run without membership changes."""
-    known = {v.view: v for v in membership or () if v.session == session}
-    for number, members in sorted(seen.setups.items()):
-        if number in known:
-            continue
-        if number:
-            raise AuditError(
-                f"view {number} of session {session} is on the wire but not in membership.json:"
-                " audit the run's own directory (it holds the membership.json of the run)"
-            )
-        known[0] = View(session, 0, 1, tuple(sorted(members)), "start", dict.fromkeys(members, 0))
-    views = [known[number] for number in sorted(known)]
-    if len(views) == 1 and views[0].members == tuple(range(agents)) and views[0].start == 1:
-        return None
-    return views or None
 
 
 def reach_of(records: Iterable[WireRecord], run: str, dim: int) -> dict[int, dict[int, int]]:
@@ -1019,9 +839,6 @@ def _adversary_rows(
     """One session's rows of the adversary table: what each rebuilds, and its epsilon;
     `seen` is the session's wire opened with the escrowed link keys, `keyless` as anyone
     without a key reads it."""
-    from orchestrator.attack import adversaries, attack_session, insider_knowledge
-    from orchestrator.privacy.accountant import account, finite
-
     strategy, scheme, repeat = session
     accounted = account(
         problem, strategy, scheme, plan.agent, repeat, views=views, reach=reach, ours=truth
@@ -1111,8 +928,6 @@ def audit(
         result, noise = audit_session(problem, strategy, scheme, repeat, seen, truth, told, views)
         sessions.append(result)
         if attack is not None:
-            from orchestrator.attack import attack_session
-
             attempts.append(
                 attack_session(problem, strategy, scheme, repeat, seen.models, truth.clear)
             )
@@ -1291,8 +1106,6 @@ def show_audit(
         return 1
     table_console().print(audit_table(report))
     if attack is not None:
-        from orchestrator.attack import adversary_table, attack_table
-
         table_console().print(attack_table(report["reconstruction"]["sessions"]))
         table_console().print(adversary_table(report["adversaries"]["rows"], attack.agent))
     for s in report["sessions"]:

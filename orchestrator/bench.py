@@ -31,6 +31,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,14 +41,14 @@ from rich.table import Table
 
 from agent import topics
 from agent.mqtt import BrokerAddress, Connection, run
-from agent.node import PEER_QOS
+from agent.protocol import PEER_QOS, Publish
 from agent.spec import ConfigError, Scheme, Strategy
 from broker.credentials import Credentials
 from broker.launcher import has_mosquitto, launch
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 from orchestrator.flags import comma_list, integer
-from orchestrator.report import console, progress_bar, table_console
+from orchestrator.terminal import console, progress_bar, table_console
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -264,7 +265,6 @@ def privnet_run(
 
 def memory_rate(problem: Problem, strategy: Strategy, scheme: Scheme) -> tuple[float, int, int]:
     """(rounds/s, model messages per round, mean model payload bytes) on the memory engine."""
-    from agent.node import Publish
     from orchestrator.engines.memory import Network
     from orchestrator.experiment.specs import session_plans
 
@@ -480,7 +480,13 @@ def figure(rows: list[Row], meta: dict[str, Any]) -> Figure:
     return fig
 
 
-def add_parser(sub: Any, handler: Callable[[argparse.Namespace, None], int]) -> None:
+def add_parser(
+    sub: Any,
+    handler: Callable[[argparse.Namespace, None], int],
+    cli: Callable[[], argparse.ArgumentParser],
+) -> None:
+    """`privnet bench` under `sub`; `cli` builds the whole CLI's parser, which checks the
+    `privnet run` flags of --extra and --against."""
     p = sub.add_parser("bench", help="rounds/s against the transport ceiling, in one sitting")
     p.add_argument("--brokers", type=comma_list(_broker, "a broker"), default="mosquitto,embedded")
     p.add_argument("--schemes", type=comma_list(Scheme, "a scheme"), default="none,local-ghp")
@@ -501,7 +507,7 @@ def add_parser(sub: Any, handler: Callable[[argparse.Namespace, None], int]) -> 
         help="`privnet run` flags to compare with, quoted: each repeat runs without, then with",
     )
     p.add_argument("--out", type=Path, help="output directory (default runs/bench-<time>)")
-    p.set_defaults(func=handler, configure=_check)
+    p.set_defaults(func=handler, configure=partial(_check, cli))
 
 
 def _broker(name: str) -> str:
@@ -510,10 +516,8 @@ def _broker(name: str) -> str:
     return name
 
 
-def _check(args: argparse.Namespace) -> None:
+def _check(cli: Callable[[], argparse.ArgumentParser], args: argparse.Namespace) -> None:
     """--extra and --against hold `privnet run` flags: checked as that command checks them."""
-    from orchestrator.cli import parser
-
-    parser().parse_args(["run", *args.extra.split(), *args.against.split()])
+    cli().parse_args(["run", *args.extra.split(), *args.against.split()])
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out {args.out} is a file: give a directory (made if missing)")

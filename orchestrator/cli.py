@@ -23,7 +23,9 @@ from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 from orchestrator.experiment.topology import RULES, TOPOLOGIES
 from orchestrator.flags import USER_ERROR, Parser, integer, positive, print_error, user_error
-from orchestrator.report import OUTPUTS, Curve, console, finish, progress_bar, table_console
+from orchestrator.report import OUTPUTS, finish
+from orchestrator.results import Curve
+from orchestrator.terminal import console, progress_bar, table_console
 
 RANDOM_SEED = "random"  # --seed random: a fresh secret seed
 
@@ -630,10 +632,10 @@ def _common(parser: argparse.ArgumentParser, default: Any = False) -> None:
 
 def parser() -> argparse.ArgumentParser:
     """The `privnet` command line."""
-    parser = Parser(prog="privnet", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"privnet {_version()}")
-    _common(parser)
-    sub = parser.add_subparsers(dest="command", required=True)
+    cli = Parser(prog="privnet", description=__doc__)
+    cli.add_argument("--version", action="version", version=f"privnet {_version()}")
+    _common(cli)
+    sub = cli.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser(
         "simulate", help="in-process engines (oracle: vectorized; memory: agent cores)"
@@ -863,9 +865,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--image", help="--runtime docker: the agents' image (as for run)")
     p.set_defaults(func=overhead, configure=_overhead_config)
 
-    from orchestrator.bench import add_parser as add_bench
+    from orchestrator.bench import add_parser as add_bench  # gmqtt: not on every start-up
 
-    add_bench(sub, bench)
+    add_bench(sub, bench, parser)
 
     p = sub.add_parser(
         "site", help="one host's part of a run across hosts: its broker, bridged, its agents"
@@ -908,7 +910,7 @@ def parser() -> argparse.ArgumentParser:
 
     for command in sub.choices.values():
         _common(command, argparse.SUPPRESS)
-    return parser
+    return cli
 
 
 def _version() -> str:
@@ -950,7 +952,7 @@ def _main(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     # `docker stop` and friends send SIGTERM: clean up as for Ctrl-C. SIGINT too when the
     # shell started us with it ignored (`privnet run &` in a script). `privnet run` takes
-    # both on its event loop while the run goes on (`orchestrator.engines.net.Stop`).
+    # both on its event loop while the run goes on (`orchestrator.engines.lifetime.Stop`).
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _interrupt)
     # The interpreter's last collections walk every object a command loaded (0.9 s of a

@@ -29,8 +29,8 @@ import numpy as np
 
 from agent import control, keys, topics, wire
 from agent.losses import ProblemSpec
-from agent.messages import Rejected
-from agent.node import (
+from agent.messages import Reason, Rejected
+from agent.protocol import (
     BEATS,
     Deliveries,
     Event,
@@ -151,7 +151,8 @@ class SessionResult:
         `privnet run --resume` went on with, those from where it went on (the counts of the
         rounds before died with the first run's agents)."""
         resumed = self.views and self.views[0].reason == "resumed"
-        return self.models.shape[0] - (self.views[0].start - 1 if resumed else 0)
+        rounds: int = self.models.shape[0]
+        return rounds - (self.views[0].start - 1 if resumed else 0)
 
     @property
     def missed(self) -> dict[int, int]:
@@ -354,10 +355,10 @@ class Conductor:
         self.deliveries.received += 1
         try:
             if retained:
-                raise Rejected("retained", f"a retained frame on {topic!r}")
+                raise Rejected(Reason.RETAINED, f"a retained frame on {topic!r}")
             out = self._receive(topic, payload, now)
         except Rejected as exc:
-            self.deliveries.rejected[exc.reason] += 1
+            self.deliveries.rejected[exc.reason.value] += 1
             return Output()
         self.deliveries.used += 1
         return out
@@ -404,26 +405,26 @@ class Conductor:
     def _receive(self, topic: str, payload: bytes, now: float) -> Output:
         where = topics.parse_up_topic(topic)
         if where is None or where[0] != self.run:
-            raise Rejected("wrong-topic", f"the orchestrator does not read {topic!r}")
+            raise Rejected(Reason.WRONG_TOPIC, f"the orchestrator does not read {topic!r}")
         agent = where[1]
         if agent not in self.tokens:
-            raise Rejected("unknown-sender", f"agent {agent} is not part of this run")
+            raise Rejected(Reason.UNKNOWN_SENDER, f"agent {agent} is not part of this run")
         if self.stage in (Stage.FAILED, Stage.CLOSED):
-            raise Rejected("closed", f"the run is {self.stage}")
+            raise Rejected(Reason.CLOSED, f"the run is {self.stage}")
         frame = wire.decode_signed(payload)
         if frame.run != self.run:
-            raise Rejected("wrong-run", f"frame for run {frame.run!r}, this is {self.run!r}")
+            raise Rejected(Reason.WRONG_RUN, f"frame for run {frame.run!r}, this is {self.run!r}")
         msg = frame.msg
         if getattr(msg, "agent", None) != agent:
-            raise Rejected("spoofed", f"{type(msg).__name__} on the topic of agent {agent}")
+            raise Rejected(Reason.SPOOFED, f"{type(msg).__name__} on the topic of agent {agent}")
         if isinstance(msg, control.Hello):
             return self._hello(frame, msg, now)
         pinned = self.registered.get(agent)
         if pinned is None:
-            raise Rejected("unregistered", f"{type(msg).__name__} from agent {agent}")
+            raise Rejected(Reason.UNREGISTERED, f"{type(msg).__name__} from agent {agent}")
         frame.verify(pinned.identity, f"agent {agent}'s registered identity")
         if frame.seq in pinned.seen:
-            raise Rejected("replay", f"agent {agent} already used sequence number {frame.seq}")
+            raise Rejected(Reason.REPLAY, f"agent {agent} already used sequence number {frame.seq}")
         if not isinstance(msg, control.Failed):  # a valid frame: it is alive (again)
             self.alive.add(agent)
             self._hear(agent, now)
@@ -439,14 +440,14 @@ class Conductor:
         frame.verify(identity, f"the identity in agent {agent}'s Hello")
         expected = hello_proof(self.tokens[agent], self.run, agent, hello.identity)
         if not hmac.compare_digest(expected, hello.proof):
-            raise Rejected("bad-proof", f"Hello of agent {agent} lacks its launch token")
+            raise Rejected(Reason.BAD_PROOF, f"Hello of agent {agent} lacks its launch token")
         pinned = self.registered.get(agent)
         out = Output()
         if pinned is not None:
             if pinned.identity == identity:
-                raise Rejected("duplicate", f"agent {agent} is registered already")
+                raise Rejected(Reason.DUPLICATE, f"agent {agent} is registered already")
             if self.stage not in IN_SESSION:
-                raise Rejected("identity-change", f"agent {agent} registered another identity")
+                raise Rejected(Reason.IDENTITY_CHANGE, f"agent {agent} registered another identity")
             # Its launcher started it again (the token proves it): the old process is gone.
             out += self.lost(agent, "restarted", now)
             out.events.append(Event("restarted", f"agent {agent}"))
@@ -479,7 +480,7 @@ class Conductor:
                 self.resume is not None and self.stage is Stage.REGISTERING
             ):
                 if agent in self._offers:
-                    raise Rejected("duplicate", f"second Rejoin of agent {agent}")
+                    raise Rejected(Reason.DUPLICATE, f"second Rejoin of agent {agent}")
                 self._offers[agent] = msg
                 if len(self._offers) < self.agents or len(self.registered) < self.agents:
                     return Output()
@@ -488,7 +489,7 @@ class Conductor:
                 self._at(Stage.CONFIGURING, n, v) and agent in self.members
             ):
                 if agent in self._ready:
-                    raise Rejected("duplicate", f"second Ready of agent {agent}")
+                    raise Rejected(Reason.DUPLICATE, f"second Ready of agent {agent}")
                 self._ready.add(agent)
                 return self._maybe_go(now)
             case control.Telemetry(session=n) if n == self.session and self.stage in IN_SESSION:
@@ -501,7 +502,7 @@ class Conductor:
                 return Output()
             case control.Left(agent=agent, rejected=rejected) if self.stage is Stage.CLOSING:
                 if agent in self.left:
-                    raise Rejected("duplicate", f"second Left of agent {agent}")
+                    raise Rejected(Reason.DUPLICATE, f"second Left of agent {agent}")
                 self.left[agent] = rejected
                 return self._done() if self.alive <= self.left.keys() else Output()
             case control.Finished(agent=agent, session=n, view=v) if (
@@ -510,13 +511,15 @@ class Conductor:
                 and agent in self.members
             ):
                 if v != self._view_number:
-                    raise Rejected("stale-view", f"Finished of view {v}, now {self._view_number}")
+                    raise Rejected(
+                        Reason.STALE_VIEW, f"Finished of view {v}, now {self._view_number}"
+                    )
                 if agent in self._finished:
-                    raise Rejected("duplicate", f"second Finished of agent {agent}")
+                    raise Rejected(Reason.DUPLICATE, f"second Finished of agent {agent}")
                 self._finished[agent] = msg
                 self._completed[agent] = self.plans[self.session].rounds
                 return self._maybe_done(now)
-        raise Rejected("out-of-phase", f"{type(msg).__name__} in stage {self.stage}")
+        raise Rejected(Reason.OUT_OF_PHASE, f"{type(msg).__name__} in stage {self.stage}")
 
     def _at(self, stage: Stage, session: int, view: int) -> bool:
         return self.stage is stage and session == self.session and view == self._view_number
@@ -560,21 +563,22 @@ class Conductor:
         try:
             blob = keys.open_sealed(self.identity.static, msg.sealed, context)
         except keys.BadKey as exc:
-            raise Rejected("bad-seal", f"telemetry of agent {msg.agent}: {exc}") from exc
+            raise Rejected(Reason.BAD_SEAL, f"telemetry of agent {msg.agent}: {exc}") from exc
         reports = wire.decode_reports(blob, plan.dim)
         end = self._view_end(msg.view)
         for report in reports:
             if report.sender != msg.agent or not 1 <= report.round <= plan.rounds:
                 raise Rejected(
-                    "schema",
+                    Reason.SCHEMA,
                     f"agent {msg.agent} reported agent {report.sender}, round {report.round}",
                 )
             if report.round > end:
                 raise Rejected(
-                    "stale-view", f"round {report.round} of view {msg.view}, which ended at {end}"
+                    Reason.STALE_VIEW,
+                    f"round {report.round} of view {msg.view}, which ended at {end}",
                 )
             if not np.isnan(self.models[report.round - 1, report.sender, 0]):
-                raise Rejected("duplicate", f"round {report.round} of agent {msg.agent} again")
+                raise Rejected(Reason.DUPLICATE, f"round {report.round} of agent {msg.agent} again")
         for report in reports:
             self.models[report.round - 1, report.sender] = report.w
             self.counts[report.sender] += 1
@@ -585,13 +589,14 @@ class Conductor:
         try:
             blob = keys.open_sealed(self.identity.static, msg.sealed, context)
         except keys.BadKey as exc:
-            raise Rejected("bad-seal", f"escrow of agent {msg.agent}: {exc}") from exc
+            raise Rejected(Reason.BAD_SEAL, f"escrow of agent {msg.agent}: {exc}") from exc
         escrowed = self.link_keys.setdefault((self.session, msg.view), {})
         for peer, key in wire.decode_link_keys(blob).items():
             link = (min(msg.agent, peer), max(msg.agent, peer))
             if escrowed.setdefault(link, key) != key:
                 raise Rejected(
-                    "schema", f"agent {msg.agent} escrowed another key for link {link} than {peer}"
+                    Reason.SCHEMA,
+                    f"agent {msg.agent} escrowed another key for link {link} than {peer}",
                 )
 
     def _view_end(self, view: int) -> int:

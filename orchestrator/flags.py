@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from agent.spec import ConfigError
+from orchestrator.terminal import console
 
 USER_ERROR = 2  # the exit code of a command the user must change
 
@@ -92,8 +93,6 @@ def comma_list(parse: Callable[[str], object], what: str) -> Callable[[str], str
 def print_error(message: str) -> None:
     """A user error, on one line of stderr, whatever the terminal's width or --quiet."""
     from rich.text import Text
-
-    from orchestrator.report import console
 
     quiet, console.quiet = console.quiet, False
     try:  # as Text: a message's brackets (privnet[docker]) are not markup

@@ -40,14 +40,14 @@ import numpy as np
 from rich.table import Table
 
 from agent.messages import KeyPlan, KeyShare
-from agent.node import Publish, Traffic
+from agent.protocol import Publish, Traffic
 from agent.spec import STRATEGY_STEP, Rekey, Scheme, Strategy
 from agent.wire import Peer
 from orchestrator.engines.memory import CONDUCTOR, Network
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 from orchestrator.experiment.specs import session_plans
-from orchestrator.report import narrow_table
+from orchestrator.terminal import narrow_table
 
 RUN = "run-00000000"  # as long as the names `privnet run` draws (net.new_run_name)
 TOPOLOGIES = ("ring", "geometric", "complete")

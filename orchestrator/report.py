@@ -1,7 +1,9 @@
-"""Results of a run: steady-state numbers, summary.json, metrics.csv, MSD and topology plots.
+"""A run's results written and shown: summary.json, metrics.csv, MSD and topology plots,
+the results table.
 
-Everything here works on finished curves (linear MSD per repeat and iteration), so the three
-engines report through the same code and their files can be compared line by line.
+Everything here works on finished curves (`orchestrator.results`: linear MSD per repeat and
+iteration), so the engines report through the same code and their files can be compared
+line by line.
 Figures are drawn on bare matplotlib Figures (Agg canvas), never through pyplot's global state.
 """
 
@@ -11,21 +13,32 @@ import csv
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 import numpy as np
-from rich import box
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from agent.spec import Scheme, Strategy
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
+from orchestrator.flags import print_error
+from orchestrator.results import (
+    DPI,
+    METRICS_HEADER,
+    SCHEME_ORDER,
+    SCHEME_STYLE,
+    STRATEGY_ORDER,
+    STRATEGY_TITLE,
+    TEST_ERRORS,
+    Curve,
+    diverged,
+    steady_state,
+    steady_state_db,
+)
+from orchestrator.terminal import console, narrow_table, table_console
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -34,35 +47,9 @@ if TYPE_CHECKING:
 
     from orchestrator.conductor import View
 
-METRICS_HEADER = ("strategy", "scheme", "repeat", "iter", "msd_centroid", "msd_avg")
-DPI = 120
 UNIFORM_Q_RTOL = 1e-9  # q entries closer than this (relative) are drawn as uniform
-DIVERGED_GROWTH = 10.0  # a tail of MSD this many times the window before it: diverging
 
-# The paper's Fig. 3: columns consensus, ATC, CTA; blue / yellow / red curves, plus local-ghp
-# and masked-ghp.
-STRATEGY_ORDER = ("consensus", "atc", "cta")
-STRATEGY_TITLE = {"consensus": "Consensus", "atc": "ATC", "cta": "CTA"}
-SCHEME_ORDER = ("none", "random", "ghp", "local-ghp", "masked-ghp")
-SCHEME_STYLE: dict[str, dict[str, Any]] = {
-    "none": {"label": "no privacy", "color": "tab:blue", "linestyle": "-", "linewidth": 1.6},
-    "random": {"label": "random (Laplace)", "color": "orange", "linestyle": "-", "linewidth": 1.4},
-    "ghp": {"label": "graph-homomorphic", "color": "tab:red", "linestyle": "-", "linewidth": 1.4},
-    "local-ghp": {
-        "label": "local graph-homomorphic",
-        "color": "tab:green",
-        "linestyle": (0, (5, 3)),
-        "linewidth": 1.8,
-    },
-    "masked-ghp": {
-        "label": "masked graph-homomorphic",
-        "color": "tab:purple",
-        "linestyle": (0, (1, 2)),
-        "linewidth": 1.8,
-    },
-}
 ROWS = (("msd_centroid", "centroid MSD"), ("msd_avg", "avg. individual MSD"))
-TEST_ERRORS = {"test_error_centroid": "centroid", "test_error_avg": "average individual"}
 
 
 # Everything a command writes into its --out (`privnet run` and co. set an earlier run's
@@ -74,97 +61,6 @@ OUTPUTS = (
     "audit-pcap.png",
     "dp_audit.json", "view.json", "journal", "logs", "checkpoints", "launch",
 )  # fmt: skip
-PIPED_WIDTH = 160  # columns for tables on a pipe or file, where rich would assume 80
-
-
-console = Console(stderr=True, soft_wrap=True)  # progress, messages (one line each); tables: stdout
-
-
-def table_console() -> Console:
-    """Where tables go: stdout, at the terminal's width or, piped (CI logs, tee), wide
-    enough that rich does not cut the overhead table's 14 columns to ellipses."""
-    console = Console()
-    return console if console.is_terminal else Console(width=PIPED_WIDTH)
-
-
-@dataclass
-class Curve:
-    """One strategy x scheme over repeats: linear MSD per repeat and iteration."""
-
-    strategy: str
-    scheme: str
-    msd_centroid: np.ndarray  # (repeats, iters), ||w_c,i - w^o||^2 with w_c = sum_p q_p w_p
-    msd_avg: np.ndarray  # (repeats, iters), mean_p ||w_p,i - w^o||^2
-    rounds_per_s: float
-    extra: dict[str, Any] = field(default_factory=dict)  # merged into the result record
-    # More per-round columns of metrics.csv, each (repeats, iters): testing errors, the
-    # accountant's Delta and epsilon.
-    series: dict[str, np.ndarray] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.msd_centroid = np.asarray(self.msd_centroid, dtype=np.float64)
-        self.msd_avg = np.asarray(self.msd_avg, dtype=np.float64)
-        for name in ("msd_centroid", "msd_avg"):
-            arr = getattr(self, name)
-            if arr.ndim != 2 or 0 in arr.shape:
-                raise ValueError(
-                    f"{self.strategy}/{self.scheme}: {name} has shape {arr.shape}; "
-                    "it must be a non-empty (repeats, iters) array"
-                )
-        for name, arr in [("msd_avg", self.msd_avg), *self.series.items()]:
-            if np.shape(arr) != self.msd_centroid.shape:
-                raise ValueError(
-                    f"{self.strategy}/{self.scheme}: msd_centroid {self.msd_centroid.shape} and "
-                    f"{name} {np.shape(arr)} must have the same (repeats, iters) shape"
-                )
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.strategy, self.scheme)
-
-
-def steady_state_db(msd: np.ndarray, tail: float = 0.2) -> float:
-    """10 log10 of the mean linear MSD over the last `tail` of iterations and all repeats.
-
-    `msd` is (repeats, iters), or one curve (iters,). Averaging before the log (not
-    averaging dB values) is what the paper's curves show.
-    """
-    arr = np.asarray(msd, dtype=np.float64)
-    if arr.ndim == 1:
-        arr = arr[np.newaxis, :]
-    if arr.ndim != 2 or arr.shape[1] == 0:
-        raise ValueError(f"msd has shape {arr.shape}; pass a non-empty (repeats, iters) array")
-    if not 0 < tail <= 1:
-        raise ValueError(f"tail = {tail} must be a fraction in (0, 1]")
-    count = max(1, round(tail * arr.shape[1]))
-    mean = float(arr[:, -count:].mean())
-    if mean < 0:
-        raise ValueError(f"mean MSD {mean} is negative; MSD values are squared norms")
-    return -math.inf if mean == 0 else 10.0 * math.log10(mean)
-
-
-def diverged(curve: Curve, tail: float = 0.2) -> bool:
-    """Whether the recursion ran away (a step size mu too large): MSD overflowed, or its
-    last `tail` of rounds is above its first round and DIVERGED_GROWTH times the window
-    before: a stable run's noise floor is flat, an unstable one grows geometrically.
-    Rounds nobody reported (NaN: a lost agent, a resumed run) are left out, not counted."""
-    for msd in (curve.msd_centroid, curve.msd_avg):
-        if np.isinf(msd).any():
-            return True
-        reported = msd[:, ~np.isnan(msd).any(axis=0)].mean(axis=0)
-        count = max(1, round(tail * len(reported)))
-        if len(reported) < 2 * count:
-            continue
-        last, before = reported[-count:].mean(), reported[-2 * count : -count].mean()
-        if last > DIVERGED_GROWTH * before and last > reported[0]:
-            return True
-    return False
-
-
-def steady_state(values: np.ndarray, tail: float = 0.2) -> float:
-    """Mean over the last `tail` of iterations and all repeats of a (repeats, iters) series."""
-    count = max(1, round(tail * values.shape[1]))
-    return float(np.asarray(values)[:, -count:].mean())
 
 
 def result_record(curve: Curve, settings: dict[str, Any]) -> dict[str, Any]:
@@ -464,28 +360,6 @@ def _text_color(rgba: np.ndarray) -> str:
     return "black" if 0.2126 * rgba[0] + 0.7152 * rgba[1] + 0.0722 * rgba[2] > 0.5 else "white"
 
 
-def narrow_table(title: str, caption: str | None = None) -> Table:
-    """A table for an 80-column terminal: rules under the header only, no outer padding;
-    cells wrap (`overflow="fold"` on columns), never cut."""
-    return Table(
-        title=title,
-        caption=caption,
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        collapse_padding=True,
-        show_edge=False,
-        caption_justify="left",
-    )
-
-
-def titled_table(title: str, columns: Iterable[str], left: int = 1) -> Table:
-    """A table whose first `left` columns are names (left) and the rest numbers (right)."""
-    table = Table(title=title)
-    for n, name in enumerate(columns):
-        table.add_column(name, justify="left" if n < left else "right")
-    return table
-
-
 PEER_BYTES = (
     "peer B/rd: models and key shares the agents published per round (MQTT PUBLISH bytes), "
     "key set-up spread over the {rounds} rounds: `privnet overhead`'s amortized"
@@ -609,6 +483,8 @@ def finish(
     recorded wire), with `account_of` where given (see `accountant.attach`). The exit code:
     1 when a curve diverged (its numbers mean nothing), else 0."""
     if neighbour is not None:
+        # Not on the CLI's start-up: the accountant loads matplotlib and the memory engine,
+        # session_list the conductor and the agent's wire (cryptography, msgpack).
         from orchestrator.experiment.specs import session_list
         from orchestrator.privacy import accountant
 
@@ -637,8 +513,6 @@ def finish(
     console.print(wrote(out))
     ran_away = [f"{r['strategy']}/{r['scheme']}" for r in summary["results"] if r["diverged"]]
     if ran_away:
-        from orchestrator.flags import print_error
-
         print_error(
             f"{', '.join(ran_away)} diverged (the MSD grew without bound or overflowed): a "
             f"step size mu = {config.mu:g} too large makes the recursion unstable; try a "
@@ -652,14 +526,3 @@ def wrote(out: Path) -> str:
     """'wrote <out>/: <every output there>' (an earlier run's were set apart first)."""
     names = [f"{n}/" if (out / n).is_dir() else n for n in OUTPUTS if (out / n).exists()]
     return f"wrote {out}/: {', '.join(names)}"
-
-
-def progress_bar() -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        console=console,
-    )

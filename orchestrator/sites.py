@@ -52,9 +52,9 @@ from broker.launcher import SYS_COUNTERS, SYS_PREFIX, free_port, has_mosquitto, 
 from broker.relay import Relay
 from broker.tls import make_tls
 from orchestrator.engines.launch import LocalLauncher
-from orchestrator.engines.net import RunSecrets, Stop
+from orchestrator.engines.lifetime import RunSecrets, Stop
 from orchestrator.faults import Fault
-from orchestrator.report import console
+from orchestrator.terminal import console
 
 CORE = "core"  # the core bundle's directory; no host may have this name
 SITE_JSON = "site.json"

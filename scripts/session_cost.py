@@ -33,10 +33,11 @@ if variant:
     import itertools
     import agent.mqtt as mqtt
     import agent.node as node
+    import agent.protocol as protocol
 
     if "qos1" in variant:
         node.PEER_QOS = mqtt.PEER_QOS = 1
-        node.QOS_OF.update(model=1, keys=1)
+        protocol.QOS_OF.update(model=1, keys=1)
     if "persistent" in variant:
         serial = itertools.count()
 

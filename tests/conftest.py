@@ -24,7 +24,7 @@ from agent.mqtt import BrokerAddress, Connection, publish, pump
 from agent.node import AgentNode
 from broker.launcher import Broker, has_mosquitto, launch
 from orchestrator.engines.launch import agent_args
-from orchestrator.engines.net import RunSecrets
+from orchestrator.engines.lifetime import RunSecrets
 
 BROKER_KINDS = ("mosquitto", "embedded")
 

@@ -21,7 +21,8 @@ import numpy as np
 from agent import control, keys, topics, wire
 from agent.core import AgentCore
 from agent.messages import Model, Rejected
-from agent.node import AgentNode, Checkpoint, Output, Publish
+from agent.node import AgentNode
+from agent.protocol import Checkpoint, Output, Publish
 from agent.spec import Scheme, Strategy
 from orchestrator.conductor import Conductor, SessionResult, Stage, View
 from orchestrator.engines.memory import CONDUCTOR, Endpoint, Network
@@ -33,7 +34,10 @@ RUN = "test-run"
 # Seed 34 draws a sparse geometric graph on 10 agents (degrees 1 to 4, two leaves), as in
 # test_memory: local-ghp's pairs and its single-neighbour fallback both occur.
 AGENTS, ROUNDS, SEED = 10, 3, 34
-RTOL = 1e-9  # relative to the largest model entry: local-ghp masks cancel to ~1e-16
+RTOL = 1e-9  # relative to the largest model entry: the same scheme on two engines
+# local-ghp against none: each weighted term is released on the noise grid (2^-20 of b), so
+# the trajectories part by about that per round (8e-8 of the largest entry in 10 rounds)
+LATTICE_RTOL = 1e-6
 FRESH = 10**9  # sequence numbers above anything a run uses
 CONTROL_TYPES = {t.__name__.lower() for t in (*control.Up.__args__, *control.Down.__args__)}
 Session = tuple[Strategy, Scheme]
@@ -384,14 +388,16 @@ def _phase(party: Party) -> object:
     return party.stage if isinstance(party, Conductor) else party.phase
 
 
-def assert_same_models(got: list[SessionResult], want: list[SessionResult]) -> None:
-    """Session by session, every agent's model after every round, to RTOL of the largest."""
+def assert_same_models(
+    got: list[SessionResult], want: list[SessionResult], rtol: float = RTOL
+) -> None:
+    """Session by session, every agent's model after every round, to `rtol` of the largest."""
     assert len(got) == len(want)
     for mine, theirs in zip(got, want, strict=True):
         assert mine.models.shape == theirs.models.shape
         assert not np.isnan(mine.models).any()
         gap = np.max(np.abs(mine.models - theirs.models))
-        assert gap <= RTOL * np.max(np.abs(theirs.models)), (mine.label, gap)
+        assert gap <= rtol * np.max(np.abs(theirs.models)), (mine.label, gap)
 
 
 def assert_whole_rounds(models: np.ndarray, membership: list[View]) -> None:

@@ -22,7 +22,8 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from agent import control, keys, rng, topics, wire
 from agent.losses import RegressionSpec
-from agent.node import Launch, Publish, setup_context
+from agent.node import Launch
+from agent.protocol import Publish, setup_context
 from agent.spec import Scheme, Strategy
 from orchestrator.conductor import View
 from orchestrator.engines.memory import Network

@@ -11,17 +11,17 @@ import numpy as np
 import pytest
 
 from agent import rng
-from agent.node import Publish
+from agent.protocol import Publish
 from agent.spec import Scheme, Strategy
 from orchestrator import audit
 from orchestrator.attack import RECOVERED, attack_session, insider_knowledge, reconstruct
-from orchestrator.audit import replay
 from orchestrator.engines.memory import Network
 from orchestrator.experiment import topology
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 from orchestrator.experiment.specs import session_plans
 from orchestrator.privacy.accountant import Adversary
+from orchestrator.replay import replay
 
 
 def wire_of(problem: Problem, scheme: Scheme):

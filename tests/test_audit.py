@@ -29,17 +29,19 @@ from rich.console import Console
 from agent import keys, rng, topics, wire
 from agent.core import AgentCore, split_senders
 from agent.messages import KeyShare, Model, Rejected
-from agent.node import Phase, Publish
+from agent.node import Phase
+from agent.protocol import Publish
 from agent.spec import STRATEGY_STEP, AgentSpec, Rekey, Scheme, Strategy
 from broker.launcher import launch
-from orchestrator import audit, overhead
+from orchestrator import audit, overhead, replay
 from orchestrator.cli import main
 from orchestrator.engines import memory
-from orchestrator.engines.memory import Network, RunFailed
+from orchestrator.engines.memory import Network
 from orchestrator.experiment import specs
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 from orchestrator.experiment.specs import session_plans
+from orchestrator.results import RunFailed
 
 SEED = 3
 SIGMA_G = 0.1
@@ -258,7 +260,7 @@ def local_run() -> tuple[Problem, Witnessed]:
     """Witness cores (the audit replay's) note the clear values of the very run recorded."""
     problem = Problem.build(config(agents=20, iters=30, schemes=(Scheme.LOCAL_GHP,)))
     clear: dict[tuple[int, int, int], np.ndarray] = {}
-    witness = partial(audit._Witness, clear=clear)
+    witness = partial(replay._Witness, clear=clear)
     records, _, escrowed = recorded(problem, [(Strategy.ATC, Scheme.LOCAL_GHP, 0)], witness)
     (seen,) = audit.split_sessions(records, RUN, problem.config.dim, escrowed)
     sent = {(s, r, i): vector for (s, r, i, _), vector in seen.models.items()}

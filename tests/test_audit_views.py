@@ -20,9 +20,10 @@ import pytest
 from conftest import need_mosquitto
 from runs import Clock, model_place
 
-from agent.node import AgentNode, Publish
+from agent.node import AgentNode
+from agent.protocol import Publish
 from agent.spec import STRATEGY_STEP, Scheme, Strategy
-from orchestrator import audit
+from orchestrator import audit, replay
 from orchestrator.cli import main
 from orchestrator.conductor import Conductor, Stage, View
 from orchestrator.engines.memory import CONDUCTOR, Network
@@ -248,10 +249,10 @@ def test_views_come_from_membership_json_and_the_wire(lost: Faulty) -> None:
     """A first view missing from membership.json is read off the signed Setups; a later
     view on the wire that membership.json lacks stops the audit, saying so."""
     (seen,) = audit.split_sessions(lost.recording.records, RUN, config().dim)
-    assert audit.session_views(lost.views[1:], 0, seen, AGENTS) == lost.views
-    everyone = audit.SessionWire(setups={0: set(range(AGENTS))})
-    assert audit.session_views(None, 0, everyone, AGENTS) is None  # no change: as before
-    with pytest.raises(audit.AuditError, match="view 1 of session 0 is on the wire"):
+    assert replay.session_views(lost.views[1:], 0, seen, AGENTS) == lost.views
+    everyone = replay.SessionWire(setups={0: set(range(AGENTS))})
+    assert replay.session_views(None, 0, everyone, AGENTS) is None  # no change: as before
+    with pytest.raises(replay.AuditError, match="view 1 of session 0 is on the wire"):
         audit.audit(lost.recording, lost.telemetry, "memory")
 
 
@@ -285,7 +286,7 @@ def test_a_redone_round_is_charged_in_epsilon_exactly(scheme: Scheme) -> None:
     c = config(scheme)
     run = play(c, losing_round(STALLED), seen_before_edit=True)
     (seen,) = audit.split_sessions(run.recording.records, RUN, c.dim, run.recording.link_keys)
-    views = audit.session_views(run.views, 0, seen, AGENTS)
+    views = replay.session_views(run.views, 0, seen, AGENTS)
     problem = Problem.build(c)
     charged = account(problem, Strategy.ATC, scheme, 0, views=views, reach=audit._reach(seen))
     script = account(problem, Strategy.ATC, scheme, 0, views=views)  # no round redone

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from agent.__main__ import claim
-from orchestrator.engines.net import RunSecrets, write_launches
+from orchestrator.engines.lifetime import RunSecrets
+from orchestrator.engines.net import write_launches
 
 
 def launches(directory: Path, agents: int = 3, run: str = "run-claims") -> RunSecrets:

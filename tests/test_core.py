@@ -26,7 +26,8 @@ from agent import keys, rng, topics, wire
 from agent.core import AgentCore, Seat, split_senders
 from agent.losses import LeastSquares, make_loss
 from agent.messages import KeyPlan, KeyShare, Message, Model, Rejected, Report
-from agent.node import AgentNode, Publish
+from agent.node import AgentNode
+from agent.protocol import Publish
 from agent.spec import STEPS, STRATEGY_STEP, ConfigError, Rekey, Scheme, StepPlan, Strategy
 from agent.wire import Peer
 from orchestrator.engines.memory import Network

@@ -19,7 +19,8 @@ from runs import RUN, Harness, assert_same_models, clean
 from agent import keys, topics, wire
 from agent.links import Links
 from agent.messages import KeyPlan, KeyShare, Model, Rejected
-from agent.node import Phase, Publish
+from agent.node import Phase
+from agent.protocol import Publish
 from agent.spec import STEPS, Rekey, Scheme, Strategy
 from orchestrator.engines.memory import Network
 from orchestrator.experiment.config import ExperimentConfig

@@ -15,7 +15,7 @@ from orchestrator.engines.oracle import run_oracle
 from orchestrator.experiment import topology
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
-from orchestrator.report import Curve
+from orchestrator.results import Curve
 
 RTOL = 1e-9
 # Seed 34 draws a sparse, irregular geometric graph (degrees 1 to 4): two leaves exercise

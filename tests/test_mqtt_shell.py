@@ -17,7 +17,7 @@ from gmqtt.mqtt.utils import ConnectionState, IdGenerator
 from agent import mqtt
 from agent.access import ClientAccess
 from agent.mqtt import BrokerAddress, Connection, _Protocol, pump
-from agent.node import Output, Publish
+from agent.protocol import Output, Publish
 
 
 def packet(command: int, body: bytes) -> bytes:

@@ -32,7 +32,8 @@ from agent import topics, wire
 from agent.control import Telemetry
 from agent.messages import Model
 from agent.mqtt import checkpoint_path, load_checkpoint
-from agent.node import QOS_OF
+from agent.protocol import QOS_OF
+from agent.spec import Scheme
 from broker.credentials import INSPECTOR
 from orchestrator.cli import main
 from orchestrator.engines.memory import Network, results_curve
@@ -83,7 +84,7 @@ def test_net_run_equals_memory_engine(
     assert main(argv) == 0
     memory = read_metrics(tmp_path / "metrics.csv")
     strategies = 3 if COMBOS[broker_kind][0] == "all" else 1
-    assert len(memory) == strategies * 4
+    assert len(memory) == strategies * len(Scheme)
     assert net.keys() == memory.keys()
     for key, (centroid, average) in memory.items():
         assert centroid.shape == (1, 20)

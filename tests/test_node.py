@@ -25,7 +25,6 @@ from runs import CONTROL_TYPES, ROUNDS, RUN, Harness, assert_same_models, clean
 from agent import control, keys, topics, wire
 from agent.messages import KeyShare
 from agent.node import (
-    BEATS,
     EARLY_BYTES,
     EARLY_COUNT,
     HELLO_EVERY,
@@ -33,15 +32,11 @@ from agent.node import (
     RECENT,
     REGISTER_TIMEOUT,
     AgentNode,
-    Event,
     Launch,
-    Output,
     Phase,
-    Publish,
-    hello_proof,
     offered,
-    setup_context,
 )
+from agent.protocol import BEATS, Event, Output, Publish, hello_proof, setup_context
 from agent.spec import Scheme, Strategy
 from orchestrator.conductor import Stage
 

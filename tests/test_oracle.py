@@ -20,7 +20,7 @@ from orchestrator.engines.oracle import run_oracle, scheme_noise
 from orchestrator.experiment import seeds, topology
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem, msd
-from orchestrator.report import Curve, steady_state_db
+from orchestrator.results import Curve, steady_state_db
 
 REL = 1e-12  # oracle vs reference, relative, per repeat and iteration
 

@@ -19,19 +19,17 @@ from hypothesis.extra.numpy import arrays
 
 from orchestrator.report import (
     NODE_GAP,
-    Curve,
     _spread,
-    diverged,
     load_summary,
     plot_msd,
     plot_topology,
     read_metrics,
     result_record,
     results_table,
-    steady_state_db,
     write_metrics,
     write_outputs,
 )
+from orchestrator.results import Curve, diverged, steady_state_db
 
 STRATEGIES = ("consensus", "atc", "cta")
 SCHEMES = ("none", "random", "ghp", "local-ghp")

@@ -16,7 +16,7 @@ import pytest
 from agent.mqtt import AgentLaunch
 from broker.launcher import Broker, launch
 from orchestrator.engines.launch import LocalLauncher
-from orchestrator.engines.net import RunSecrets
+from orchestrator.engines.lifetime import RunSecrets
 from orchestrator.engines.zygote import Spawn, Zygote
 
 pytestmark = pytest.mark.net

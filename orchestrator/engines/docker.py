@@ -39,8 +39,8 @@ from agent.spec import ConfigError
 from broker.credentials import Credentials
 from broker.launcher import accepts, mosquitto_config, mosquitto_settings
 from orchestrator.engines.launch import agent_args, log_path, log_tail
-from orchestrator.engines.memory import RunFailed
-from orchestrator.report import console
+from orchestrator.results import RunFailed
+from orchestrator.terminal import console
 
 BROKER_IMAGE = "eclipse-mosquitto:2.0"
 MQTT_PORT = 1883

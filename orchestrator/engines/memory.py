@@ -21,20 +21,17 @@ import numpy as np
 
 from agent import keys
 from agent.core import AgentCore
-from agent.node import AgentNode, Event, Launch, Output, Publish
+from agent.node import AgentNode, Launch
+from agent.protocol import Event, Output, Publish
 from agent.spec import Scheme, Strategy
 from orchestrator.conductor import Conductor, SessionPlan, SessionResult, Stage, View, add_counts
 from orchestrator.experiment.problem import Problem, msd
 from orchestrator.experiment.specs import session_list, session_plans
-from orchestrator.report import TEST_ERRORS, Curve
+from orchestrator.results import TEST_ERRORS, Curve, RunFailed
 
 CONDUCTOR = "orchestrator"
 Tap = Callable[[str, Publish], None]  # (publisher, frame)
 Edit = Callable[[str, Publish], Publish | None]  # a frame in flight: replaced, or lost (None)
-
-
-class RunFailed(Exception):
-    """The run cannot complete; the message names the agent and the cause."""
 
 
 class Endpoint(Protocol):

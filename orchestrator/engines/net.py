@@ -13,14 +13,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import secrets
 import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -28,10 +27,8 @@ import aiomqtt
 import numpy as np
 from rich.progress import Progress, TaskID
 
-from agent import keys
 from agent.access import ClientAccess
 from agent.mqtt import (
-    QOS,
     AgentLaunch,
     BrokerAddress,
     Connection,
@@ -42,8 +39,8 @@ from agent.mqtt import (
     publish,
     pump,
 )
-from agent.node import Event, Output
 from agent.private import private_dir, private_file
+from agent.protocol import QOS, Event, Output
 from agent.spec import ConfigError
 from broker.bridge import CoreBroker
 from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, write_private
@@ -60,12 +57,14 @@ from orchestrator.conductor import (
 from orchestrator.engines import journal, memory, swarm
 from orchestrator.engines.docker import ContainerBroker, DockerAgents, DockerBroker, nic_window
 from orchestrator.engines.launch import Launcher, LocalLauncher
-from orchestrator.engines.memory import RunFailed
+from orchestrator.engines.lifetime import RunSecrets, Stop
 from orchestrator.engines.watch import POLL, Watch, write_membership
 from orchestrator.experiment.problem import Problem, msd
 from orchestrator.experiment.specs import session_list, session_plans
 from orchestrator.faults import parse_faults
-from orchestrator.report import Curve, console, finish, load_plotting, progress_bar
+from orchestrator.report import finish, load_plotting
+from orchestrator.results import Curve, RunFailed
+from orchestrator.terminal import console, progress_bar
 
 if TYPE_CHECKING:
     from orchestrator.audit import WireTap
@@ -84,76 +83,6 @@ def default_deadline(agents: int) -> float:
 
 def new_run_name() -> str:
     return f"run-{secrets.token_hex(4)}"
-
-
-@dataclass
-class RunSecrets:
-    """What a run starts with and never sends through the broker: the orchestrator's key,
-    each agent's launch token, everyone's broker credentials.
-
-    `privnet run` makes them itself; for agents someone else starts (compose),
-    `privnet prepare` writes them to files first.
-    """
-
-    run: str
-    orchestrator: keys.Identity
-    tokens: dict[int, bytes]
-    credentials: Credentials
-
-    @classmethod
-    def generate(cls, run: str, agents: int) -> RunSecrets:
-        return cls(
-            run,
-            keys.Identity.generate(),
-            {p: secrets.token_bytes(32) for p in range(agents)},
-            Credentials.generate(run, agents),
-        )
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "run": self.run,
-                "orchestrator": self.orchestrator.private_bytes().hex(),
-                "tokens": {str(p): t.hex() for p, t in self.tokens.items()},
-                "credentials": json.loads(self.credentials.to_json()),
-            }
-        )
-
-    @classmethod
-    def from_json(cls, text: str, where: str) -> RunSecrets:
-        try:
-            data = json.loads(text)
-            return cls(
-                data["run"],
-                keys.Identity.from_private_bytes(bytes.fromhex(data["orchestrator"])),
-                {int(p): bytes.fromhex(t) for p, t in data["tokens"].items()},
-                Credentials.from_json(json.dumps(data["credentials"])),
-            )
-        except (ValueError, KeyError, TypeError, keys.BadKey) as exc:
-            raise ConfigError(
-                f"{where} is not a privnet run file ({exc!r}): write one with `privnet prepare`"
-            ) from None
-
-    def launches(
-        self, broker: str, access: Callable[[str], ClientAccess]
-    ) -> dict[int, AgentLaunch]:
-        """What each agent is started with: never sent through the broker."""
-        public = self.orchestrator.public.to_bytes().hex()
-        out = {}
-        for p, token in self.tokens.items():
-            a = access(str(p))
-            out[p] = AgentLaunch(
-                broker,
-                self.run,
-                p,
-                public,
-                token.hex(),
-                a.username,
-                a.password,
-                a.tls,
-                a.ca_file,
-            )
-        return out
 
 
 def write_launches(directory: Path, launches: dict[int, AgentLaunch]) -> None:
@@ -212,48 +141,6 @@ def prepare(
         for path in [out / "run.json", *theirs]:
             os.chown(path, client_uid, client_uid)
     return run_secrets
-
-
-class Stop:
-    """SIGINT and SIGTERM while a run goes on, taken on its event loop (between callbacks,
-    never raised inside one: a protocol's read callback, say): the first cancels the run's
-    task, whose teardown tells the agents (Abort) and stops what the run started. Once the
-    run is complete (`finishing`) a signal lets its outputs be written first (under compose
-    the first agent to leave stops every container, the orchestrator's included). Also when
-    the shell started us with SIGINT ignored (`privnet run &` in a script)."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self, task: asyncio.Task[Any]) -> None:
-        self.task = task
-        self.signum: int | None = None  # the first signal received
-        self.finishing = False
-        self._previous = {s: signal.getsignal(s) for s in self.SIGNALS}
-        loop = asyncio.get_running_loop()
-        for s in self.SIGNALS:
-            loop.add_signal_handler(s, self._received, s)
-
-    def _received(self, signum: int) -> None:
-        if self.signum is not None:
-            return
-        self.signum = signum
-        name = signal.Signals(signum).name
-        if self.finishing:
-            console.print(f"[yellow]{name}: the run is complete; its outputs go first[/yellow]")
-        else:
-            self.task.cancel(name)
-
-    @property
-    def stopping(self) -> bool:
-        """A signal stops the run (it came before the run was complete)."""
-        return self.signum is not None and not self.finishing
-
-    def close(self) -> None:
-        loop = asyncio.get_running_loop()
-        for s, previous in self._previous.items():
-            loop.remove_signal_handler(s)
-            if previous is not None:  # else not installed from Python: the loop's default
-                signal.signal(s, previous)
 
 
 STOP_GRACE = 0.3  # s for agents told Abort to leave by themselves, after a stop signal
@@ -317,7 +204,7 @@ async def _run_network(problem: Problem, args: argparse.Namespace, out: Path, st
     broker: Broker | ContainerBroker
     pool: Launcher | None
     if getattr(args, "hosts", None) is not None:  # across hosts: the agents run there
-        from orchestrator import sites
+        from orchestrator import sites  # only across hosts: a local run's start-up skips it
 
         sites.check_run_flags(args, faults)
         broker, pool = sites.core_broker(args.hosts, args.prepared, run_secrets), None
@@ -491,8 +378,6 @@ async def _drive(
                 if tap is not None:  # the sealed telemetry validates the audit's truth
                     tap.telemetry += [r.models for r in conductor.results]
                     tap.link_keys = conductor.link_keys  # to open the sealed frames
-            curves = memory.results_curves(problem, conductor.results)
-            save_models(out / "models.npz", conductor.results)
             extra: dict[str, Any] = {
                 "broker": broker.kind,
                 "runtime": _runtime_name(broker),
@@ -519,6 +404,10 @@ async def _drive(
             ours = isinstance(pool, LocalLauncher)  # processes here; containers as before
             if ours:
                 publish(mqtt, conductor.bye())
+            # After the Bye: nothing beats any more, and a session whose membership changed
+            # is replayed here (its MSD per round), which outlasts a short --deadline.
+            curves = await asyncio.to_thread(memory.results_curves, problem, conductor.results)
+            save_models(out / "models.npz", conductor.results)
             # Off the loop, which keeps answering the broker's keepalives meanwhile: the
             # audit replays the whole run for its ground truth.
             accounts = view.account if view is not None else None  # its twin runs, if done
@@ -726,7 +615,7 @@ async def _sys(broker: Broker | ContainerBroker) -> dict[str, Any]:
     orchestrator's own connection is still up, and a second one of its user would displace
     it; the audit's tap, the other inspector, has closed). Across hosts, every broker's."""
     if isinstance(broker, CoreBroker):
-        from orchestrator import sites
+        from orchestrator import sites  # only across hosts
 
         return await sites.counters(broker)
     if broker.kind != "mosquitto":

@@ -41,7 +41,7 @@ from agent.spec import ConfigError, Scheme, Strategy
 from orchestrator.experiment import seeds
 from orchestrator.experiment.config import parse_choices
 from orchestrator.experiment.problem import Problem
-from orchestrator.report import TEST_ERRORS, Curve
+from orchestrator.results import TEST_ERRORS, Curve
 
 CHUNK = 100  # rounds of noise and minibatch indices drawn at once; bounds memory
 

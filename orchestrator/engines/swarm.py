@@ -55,9 +55,9 @@ from orchestrator.engines.docker import (
     remove_all,
 )
 from orchestrator.engines.launch import agent_args, log_path, log_tail
-from orchestrator.engines.memory import RunFailed
 from orchestrator.faults import parse_faults
-from orchestrator.report import console
+from orchestrator.results import RunFailed
+from orchestrator.terminal import console
 
 SCHEDULE_TIMEOUT = 120.0  # s for the broker's task to run (its node may pull the image first)
 REMOVAL_TIMEOUT = 60.0  # s for the run's tasks to go, before its secrets and network can

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from agent.mqtt import AgentLaunch
-from agent.node import Output
+from agent.protocol import Output
 from broker.launcher import Broker
 from orchestrator.conductor import IN_SESSION, Conductor, Stage, View
 from orchestrator.engines import journal
@@ -28,7 +28,8 @@ from orchestrator.engines.docker import ContainerBroker
 from orchestrator.engines.launch import Launcher
 from orchestrator.experiment.problem import Problem, msd
 from orchestrator.faults import Fault
-from orchestrator.report import METRICS_HEADER, console
+from orchestrator.results import METRICS_HEADER
+from orchestrator.terminal import console
 
 POLL = 0.5  # how often child processes are checked
 

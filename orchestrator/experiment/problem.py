@@ -41,7 +41,7 @@ class Problem:
                 config.topology, config.agents, config.seed, radius=config.radius, path=config.edges
             )
             A = topology.combination_matrix(graph, config.rule)
-        ghp = next((s for s in config.schemes if s.homomorphic), Scheme.NONE)
+        ghp = next((s for s in map(Scheme, config.schemes) if s.homomorphic), Scheme.NONE)
         topology.validate(A, graph, scheme=ghp)
         return cls(config, graph, A, topology.perron(A))
 

@@ -31,8 +31,8 @@ from typing import IO, Any
 from agent.spec import ConfigError
 from broker.launcher import has_mosquitto
 from orchestrator.lab.netns import CORE_ADDRESS, Conditions, Lab, Partition, leftovers, missing
-from orchestrator.report import console
 from orchestrator.sites import Hosts, prepare_hosts
+from orchestrator.terminal import console
 
 MQTT_PORT = 1883  # the core broker's, in the core namespace
 PROXY = "127.0.0.1:1884"  # a host's delay proxy, in its namespace

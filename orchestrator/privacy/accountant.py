@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.figure import Figure
 from rich.table import Table
 
 from agent.losses import Loss
@@ -52,10 +51,11 @@ from agent.spec import Scheme, Strategy
 from orchestrator.experiment import topology
 from orchestrator.experiment.problem import Problem
 from orchestrator.experiment.specs import view_matrix
-from orchestrator.report import DPI, SCHEME_ORDER, SCHEME_STYLE, Curve, titled_table
+from orchestrator.replay import Replay, SessionWire, replay, session_views
+from orchestrator.results import DPI, SCHEME_ORDER, SCHEME_STYLE, Curve
+from orchestrator.terminal import titled_table
 
 if TYPE_CHECKING:
-    from orchestrator.audit import Replay
     from orchestrator.conductor import View
 
 INFINITE = "inf"  # how summary.json spells an infinite epsilon (strict JSON has no inf)
@@ -253,12 +253,10 @@ def account(
 
     `losses`: one loss per agent on D and on D' to run instead of the problem's own,
     e.g. losses written by hand. `views`, `reach`: the membership views the session ran
-    under and how far each ran on the wire (audit.replay): both twins replay them, and
+    under and how far each ran on the wire (`replay.replay`): both twins replay them, and
     the frames of every round a later view redid are charged as the releases they are.
     `ours`: the replay on D, when the caller has it (the audit's ground truth).
     """
-    from orchestrator.audit import replay  # the memory engine, noting clear values
-
     c = problem.config
     twin = problem.twin(neighbour)
     ours_losses, twin_losses = losses or (None, None)
@@ -305,8 +303,6 @@ def attach(
     then charged too. `account_of`: where the accounts of a session without membership
     changes come from (default `account`; the live view's, which ran them while the
     network did)."""
-    from orchestrator.audit import SessionWire, session_views
-
     strategy, scheme = Strategy(curve.strategy), Scheme(curve.scheme)
     everyone = SessionWire(setups={0: set(range(problem.config.agents))})
     accounts, redone = [], "no membership change"
@@ -393,6 +389,8 @@ def finite(value: float) -> float | str:
 def plot_epsilon(curves: list[Curve], path: Path, neighbour: int) -> None:
     """eps(i) per scheme: every agent (thin), the neighbour (bold), the whole wire and the
     paper's formula (dashed); `none` is infinite and says so."""
+    from matplotlib.figure import Figure  # as the report's plots: only when drawing
+
     accounted = [c for c in curves if "epsilon_network" in c.series]
     order = sorted(accounted, key=lambda c: (c.strategy, SCHEME_ORDER.index(c.scheme)))
     fig = Figure(figsize=(4.4 * len(order), 4.4), dpi=DPI, layout="constrained")

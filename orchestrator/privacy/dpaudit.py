@@ -37,7 +37,8 @@ from agent.spec import Scheme, Strategy
 from orchestrator.experiment import seeds
 from orchestrator.experiment.problem import Problem
 from orchestrator.privacy.accountant import INFINITE, Adversary, Charges, view_weights
-from orchestrator.report import titled_table
+from orchestrator.replay import replay
+from orchestrator.terminal import titled_table
 
 CONFIDENCE = 0.95
 Seen = Mapping[tuple[int, int, int, int], np.ndarray]  # (sender, receiver, round, step)
@@ -185,8 +186,6 @@ def run_trials(
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Views on D and on D' of every trial, and per view the accountant's eps of each
     D/D' pair."""
-    from orchestrator.audit import replay
-
     twin = problem.twin(agent)
     views = views_for(problem, scheme, strategy, agent)
     seen: dict[str, dict[str, list[np.ndarray]]] = {"d": {}, "twin": {}}

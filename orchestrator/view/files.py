@@ -23,7 +23,7 @@ from orchestrator.conductor import View, describe
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 from orchestrator.experiment.specs import session_list, session_plans
-from orchestrator.report import METRICS_HEADER, TEST_ERRORS
+from orchestrator.results import METRICS_HEADER, TEST_ERRORS
 from orchestrator.view.links import link_bytes
 from orchestrator.view.state import AgentRow, ViewState, db
 

@@ -16,7 +16,7 @@ import numpy as np
 from agent import topics
 from agent.links import Links
 from agent.messages import Model
-from agent.node import PEER_QOS
+from agent.protocol import PEER_QOS
 from agent.spec import AgentSpec
 
 LINK_KEY = bytes(32)  # any key: a seal or a MAC is as long under every key

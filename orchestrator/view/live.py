@@ -36,7 +36,7 @@ import numpy as np
 
 from agent import topics
 from agent.mqtt import Machine
-from agent.node import QOS, Output
+from agent.protocol import QOS, Output
 from agent.spec import Scheme, Strategy
 from orchestrator.conductor import IN_SESSION, Conductor, SessionPlan, Stage, View, describe
 from orchestrator.engines.launch import LocalLauncher

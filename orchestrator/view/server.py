@@ -180,7 +180,7 @@ def agent_log(logs: Path, agent: int) -> Path | None:
 
 async def serve_run(run_dir: Path, host: str, port: int) -> int:
     """`privnet view RUN_DIR`: the run's files through the page, until Ctrl-C."""
-    from orchestrator.report import console
+    from orchestrator.terminal import console
     from orchestrator.view.files import load_run
 
     server = ViewServer(load_run(run_dir), run_dir / "logs")
