@@ -13,6 +13,7 @@ per in-neighbour, then combines: sum_m a_mp * (message from m), its own term inc
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -111,6 +112,10 @@ class AgentCore:
         self._ephemeral: dict[int, keys.Ephemeral] = {}
         self._shared_sent: set[int] = set()
         self._partner_keys: dict[tuple[int, int, int, int], bytes] = {}  # (epoch, hub, step, m)
+        # Counts that tell "keys still to come" in O(1) (every key share asks): partners'
+        # keys held per (epoch, step), and partners over the seats known per step.
+        self._keys_held: Counter[tuple[int, int]] = Counter()
+        self._partners: Counter[int] = Counter()
         self._secrets: dict[tuple[int, int, bytes], bytes] = {}  # (epoch, m, public) -> secret
         self._banks: dict[tuple[int, int], _Masks] = {}  # (epoch, step)
         self._weights_in: dict[int, np.ndarray] = {}  # step -> its a_mp as a column
@@ -176,7 +181,12 @@ class AgentCore:
                 return [relay]
         else:
             raise Rejected(Reason.SCHEMA, f"agents do not accept {type(msg).__name__} messages")
-        return self._advance() if self.started else self._share_keys()
+        if self.started:
+            return self._advance()
+        out = self._share_keys()
+        if self.spec.scheme.masked and self.keyed:
+            self._open_banks()
+        return out
 
     def waiting_for(self) -> list[int]:
         """Who this agent is blocked on (for a clear error when a neighbour goes silent)."""
@@ -303,7 +313,7 @@ class AgentCore:
                 continue
             for m, seat in split_senders(senders, self.me).items():
                 if m == self.me:
-                    self._seats[(self.me, plan.step)] = seat
+                    self._seat(self.me, plan.step, seat)
                 else:
                     out.append(
                         KeyPlan(
@@ -332,7 +342,11 @@ class AgentCore:
                 Reason.SCHEMA,
                 f"key plan from hub {msg.sender} has side {msg.side} and partners {msg.partners}",
             )
-        self._seats[(msg.sender, msg.step)] = Seat(msg.side, tuple(msg.partners))
+        self._seat(msg.sender, msg.step, Seat(msg.side, tuple(msg.partners)))
+
+    def _seat(self, hub: int, step: int, seat: Seat) -> None:
+        self._seats[(hub, step)] = seat
+        self._partners[step] += len(seat.partners)
 
     def _my_seats(self, step: int) -> dict[int, Seat]:
         return {hub: seat for (hub, j), seat in self._seats.items() if j == step}
@@ -397,6 +411,7 @@ class AgentCore:
             raise Rejected(Reason.UNKNOWN_SENDER, f"no identity key for agent {msg.owner}")
         keys.verify_share(owner, msg, self.spec.session)
         self._partner_keys[slot] = msg.public
+        self._keys_held[(msg.epoch, msg.step)] += 1
         return None
 
     def _relay(self, msg: KeyShare) -> KeyShare:
@@ -442,8 +457,11 @@ class AgentCore:
         return missing
 
     def _keys_ready(self, plan: StepPlan) -> bool:
-        if (self._epoch(self.round), plan.step) in self._banks:
+        epoch = self._epoch(self.round)
+        if (epoch, plan.step) in self._banks:
             return True  # built from this epoch's keys, which stay until the epoch ends
+        if self._keys_held[(epoch, plan.step)] < self._partners[plan.step]:
+            return False  # a partner's key is still to come: no need to find whose
         return not self._missing_keys(plan)
 
     def _masks(self, plan: StepPlan) -> tuple[_Masks, np.ndarray]:
@@ -461,6 +479,16 @@ class AgentCore:
             bank = self._banks[(epoch, step)] = self._bank(epoch, plan)
         last = self.round if self.spec.rekey is Rekey.EVERY_ROUND else self.until
         return bank, bank.bank.at(self.round, last)
+
+    def _open_banks(self) -> None:
+        """With every key of the first epoch in: agree on every pair's secret and open its
+        stream now, while keying (Go waits for every agent's Ready), not in round 1, which
+        would otherwise cost a thousand-agent network (about 140 pairs an agent) several
+        rounds' time. The banks are the ones round 1 would build: the same masks."""
+        epoch = self._epoch(self.round)
+        for plan in self.spec.steps:
+            if plan.communicates and (epoch, plan.step) not in self._banks:
+                self._banks[(epoch, plan.step)] = self._bank(epoch, plan)
 
     def _bank(self, epoch: int, plan: StepPlan) -> _Masks:
         """Every target, its public weight, and the bank of its masks for this epoch."""
@@ -507,6 +535,8 @@ class AgentCore:
             return
         self._ephemeral.pop(finished_round, None)
         self._partner_keys = {s: v for s, v in self._partner_keys.items() if s[0] != finished_round}
+        for slot in [s for s in self._keys_held if s[0] == finished_round]:
+            del self._keys_held[slot]
         self._secrets = {s: v for s, v in self._secrets.items() if s[0] != finished_round}
         self._banks = {s: v for s, v in self._banks.items() if s[0] != finished_round}
         self._relayed = {r for r in self._relayed if r[3] > finished_round}

@@ -163,17 +163,21 @@ class _Pump:
 async def _backlog(client: Connection, machine: Machine) -> Output:
     """This process did not run for a while (SIGSTOP, a suspended host): what arrived
     meanwhile is delivered before time is, so a deadline counts the others' silence, not
-    our own absence."""
+    our own absence. Only what had arrived: frames that keep coming meanwhile go through
+    the pump as usual, between its ticks. Draining until nothing is left never ended where
+    frames came as fast as they were read (a thousand agents' telemetry into an orchestrator
+    short of CPU), and a machine that never ticks sends no heartbeat: every agent gave up on
+    an orchestrator "silent for 120 s"."""
     await asyncio.sleep(BACKLOG_READ)  # let the transport read what the socket holds
-    out, delivered = Output(), 0
-    while True:
+    out, waited = Output(), client.queued
+    for _ in range(waited):
         try:
             topic, payload, retained = await client.get(0.0)
-        except TimeoutError:
-            log.info("back from a pause: %d deliveries had waited", delivered)
-            return out
+        except TimeoutError:  # interrupted: the pump goes on
+            break
         out += machine.receive(topic, payload, time.monotonic(), retained)
-        delivered += 1
+    log.info("back from a pause: %d deliveries had waited", waited)
+    return out
 
 
 async def _apply(

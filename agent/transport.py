@@ -381,6 +381,11 @@ class Connection:
         await self._acked(lambda: int(self._client.unsubscribe(topic)), timeout)
 
     @property
+    def queued(self) -> int:
+        """Deliveries waiting for a `get`."""
+        return len(self._queue)
+
+    @property
     def up(self) -> bool:
         """Connected, with every subscription made again: deliveries can flow."""
         return self._up and bool(self._client.is_connected)

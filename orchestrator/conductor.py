@@ -17,6 +17,7 @@ phase. Anything else is dropped and counted under exactly one reason.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import hmac
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -232,6 +233,9 @@ class Conductor:
         self._seq = 0
         self._since = 0.0  # start of the current wait (registration: of the run)
         self._heard: dict[int, float] = {}  # when each agent last sent a valid frame
+        # (time, agent) of every _heard update, a heap: the oldest silence without a walk over
+        # every agent per delivery; an entry a later one superseded is dropped as it surfaces
+        self._hearing: list[tuple[float, int]] = []
         self._ready: set[int] = set()
         self._finished: dict[int, control.Finished] = {}
         self._completed = np.zeros(agents, dtype=np.int64)  # rounds each completed, this view
@@ -262,12 +266,18 @@ class Conductor:
         return self.membership[-1] if self.membership else None
 
     @property
+    def member_ids(self) -> np.ndarray:
+        """The current view's members as indices (in no order), for numpy: made once per view,
+        not per message."""
+        if self._member_ids[0] is not self.members:
+            self._member_ids = (self.members, np.fromiter(self.members, dtype=np.intp))
+        return self._member_ids[1]
+
+    @property
     def rounds_done(self) -> int:
         """Rounds every member has completed in the current session (by its heartbeats,
         or by its telemetry, which comes more often)."""
-        if self._member_ids[0] is not self.members:  # numpy: called per message, P members
-            self._member_ids = (self.members, np.fromiter(self.members, dtype=np.intp))
-        ids = self._member_ids[1]
+        ids = self.member_ids
         return int(np.maximum(self._completed[ids], self.counts[ids]).min()) if ids.size else 0
 
     @property
@@ -331,8 +341,8 @@ class Conductor:
             return self._since + self.register_deadline
         if self.stage is Stage.CLOSING:
             return self._since + self.deadline
-        heard = [self._heard.get(m, 0.0) for m in self._expected()]
-        waits = [min(heard) + self.deadline] if heard else []
+        oldest = self._oldest_heard()
+        waits = [oldest + self.deadline] if oldest is not None else []
         if self._may_stall:  # else a past stall time would be due for ever (a busy loop)
             waits.append(self._moved[1] + self.deadline)
         if self.stage is Stage.HOLDING and self._split_due is not None:
@@ -371,8 +381,8 @@ class Conductor:
     def deaf(self, now: float) -> Output:
         """The orchestrator could not hear until now (its broker connection was down, or
         its process was stopped): every silence and stall deadline starts again now."""
-        for m in self._heard:
-            self._heard[m] = max(self._heard[m], now)
+        for m, when in list(self._heard.items()):
+            self._hear(m, max(when, now))
         self._moved = (self._moved[0], max(self._moved[1], now))
         return Output()
 
@@ -417,7 +427,7 @@ class Conductor:
             raise Rejected(Reason.REPLAY, f"agent {agent} already used sequence number {frame.seq}")
         if not isinstance(msg, control.Failed):  # a valid frame: it is alive (again)
             self.alive.add(agent)
-            self._heard[agent] = now
+            self._hear(agent, now)
         out = self._obey(msg, now)
         pinned.seen.add(frame.seq)
         if isinstance(msg, control.Left):  # sent after its last Finished: tallied here
@@ -443,7 +453,7 @@ class Conductor:
             out.events.append(Event("restarted", f"agent {agent}"))
         self.registered[agent] = _Agent(identity, {frame.seq})
         self.alive.add(agent)
-        self._heard[agent] = now
+        self._hear(agent, now)
         late = self.stage is not Stage.REGISTERING or self.resume is not None
         out.publish.append(self._down(agent, control.Welcome(agent, late)))  # late: Rejoin
         if self.stage is Stage.REGISTERING and len(self.registered) == self.agents:
@@ -601,6 +611,34 @@ class Conductor:
         """Whose silence counts: the members (and those about to be, while holding)."""
         return (self.members - self._lost.keys()) & self.alive
 
+    def _expects(self, agent: int) -> bool:
+        """`agent in self._expected()`, without building the set."""
+        return agent in self.members and agent not in self._lost and agent in self.alive
+
+    def _hear(self, agent: int, when: float) -> None:
+        self._heard[agent] = when
+        heapq.heappush(self._hearing, (when, agent))
+
+    def _oldest_heard(self) -> float | None:
+        """When the expected agent heard longest ago was last heard (None: nobody is
+        expected): `min(self._heard[m] for m in self._expected())` in O(log P) amortized,
+        as `deadline_at` is asked after every delivery. Heard times only grow, so an entry
+        older than its agent's current time is stale for good; an agent not expected now
+        may be again, so its entry is set aside and put back."""
+        heap, aside = self._hearing, []
+        while heap:
+            when, agent = heap[0]
+            if self._heard.get(agent) != when:
+                heapq.heappop(heap)
+            elif self._expects(agent):
+                break
+            else:
+                aside.append(heapq.heappop(heap))
+        oldest = heap[0][0] if heap else None
+        for entry in aside:
+            heapq.heappush(heap, entry)
+        return oldest
+
     @property
     def _may_stall(self) -> bool:
         """Keying or running, not replaying, and rounds left to run."""
@@ -750,7 +788,7 @@ class Conductor:
         self._completed[sorted(members)] = view.start - 1
         self._moved = (view.start - 1, now)
         for m in members:
-            self._heard[m] = max(self._heard.get(m, now), now)  # a fresh deadline to answer
+            self._hear(m, max(self._heard.get(m, now), now))  # a fresh deadline to answer
         identities = {m: a.identity.to_bytes() for m, a in self.registered.items()}
         near = {spec.agent: spec.neighbours for spec in specs}
         out = Output(events=[Event("configuring", plan.label)])

@@ -906,6 +906,7 @@ def test_a_silent_agent_is_excluded_by_the_silence_rule() -> None:
     c = h.conductor
     assert c.stage is Stage.RUNNING and f"agent-{VICTIM}" in h.stopped
     last = h.clock.now  # nothing was ticked yet: its last frame came now
+    assert c.deadline_at == last + 30.0  # its silence is the oldest (`_oldest_heard`)
     h.advance(29.0)
     assert len(c.membership) == 1
     h.advance(1.0)
@@ -928,6 +929,7 @@ def test_a_conductor_that_could_not_hear_gives_the_agents_a_fresh_deadline() -> 
     c = h.conductor
     h.advance(25.0)
     assert c.deaf(h.clock.now) == Output()
+    assert c.deadline_at == h.clock.now + 30.0  # every silence starts again now
     h.advance(29.0)
     assert len(c.membership) == 1
     h.advance(1.0)

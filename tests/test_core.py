@@ -108,6 +108,7 @@ class Notes:
     # (agent, round) -> the scheme's release to each target before any mask
     released: dict[tuple[int, int], dict[int, np.ndarray]] = field(default_factory=dict)
     refused: list[Exception] = field(default_factory=list)  # raised by receive, in order
+    agreed: dict[int, int] = field(default_factory=dict)  # agent -> DH agreements at its start
 
 
 class Observed(AgentCore):
@@ -122,6 +123,10 @@ class Observed(AgentCore):
         out = super()._send(plan)
         self.notes.kept[(self.me, self.round)] = (value, self._inbox[self.position][self.me])
         return out
+
+    def start(self, until: int | None = None) -> list[Message]:
+        self.notes.agreed[self.me] = self.counters.agreements
+        return super().start(until)
 
     def _release(self, plan: StepPlan) -> dict[int, np.ndarray]:
         released = super()._release(plan)
@@ -757,6 +762,20 @@ def test_rekey_counts_agreements_and_keeps_the_trajectory(graph: nx.Graph, rekey
         )
         assert core.counters.relayed == epochs * _relays(problem, Strategy.ATC, core.me)
     assert_same_trajectory(run.models, clean)
+
+
+@pytest.mark.parametrize("scheme", [s for s in Scheme if s.masked])
+def test_masked_schemes_agree_on_every_pair_key_while_keying_not_in_round_one(
+    scheme: Scheme,
+) -> None:
+    """Go waits for every agent's Ready, so the Diffie-Hellman agreements and the pairs'
+    streams are made before it: round 1 then costs what later rounds cost (a thousand-agent
+    network has about 140 pairs an agent, several rounds' time in round 1 before)."""
+    problem = geometric()
+    run = played(problem, Strategy.ATC, scheme)
+    want = {p: len(_distinct_partners(problem, Strategy.ATC, p)) for p in range(10)}
+    assert run.notes.agreed == want and sum(want.values()) > 0
+    assert all(core.counters.agreements == want[core.me] for core in run.cores)  # no more
 
 
 # ---- 7. waiting_for --------------------------------------------------------------------------

@@ -269,3 +269,38 @@ async def test_a_stop_while_the_machine_works_is_a_pause_not_a_silence(
     conn._deliver("in", b"stop", False)
     await asyncio.wait_for(pumping, 5)
     assert [kind for kind, _ in machine.calls] == ["deaf", "tick"]
+
+
+class Flooded(Stopped):
+    """Stopped on b'stop', then flooded: every frame it reads brings another (senders as
+    fast as it reads, as a thousand agents' telemetry into an orchestrator short of CPU)."""
+
+    def __init__(self, clock: list[float], conn: Connection) -> None:
+        super().__init__(clock)
+        self.conn = conn
+
+    def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output:
+        if payload != b"stop":
+            self.conn._deliver("in", b"more", False)
+        return super().receive(topic, payload, now, retained)
+
+
+async def test_a_pause_delivers_what_waited_then_ticks_however_fast_frames_come(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Back from a pause, the pump delivers the frames that had waited, then ticks (a
+    machine's heartbeats are ticks): not every frame until none is left, which never
+    ended under a steady stream."""
+    clock = [1000.0]
+    monkeypatch.setattr(driver, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    conn = connection()
+    machine = Flooded(clock, conn)
+    conn.publish = lambda *_: None  # type: ignore[method-assign]
+    pumping = asyncio.ensure_future(pump(conn, machine, lambda: machine.done))
+    await asyncio.sleep(0)
+    conn._deliver("in", b"stop", False)
+    conn._deliver("in", b"a", False)  # the pump is woken: these wait for it
+    conn._deliver("in", b"b", False)
+    await asyncio.wait_for(pumping, 5)
+    assert [kind for kind, _ in machine.calls] == ["deaf", "tick"]
+    assert machine.got == [b"stop", b"a", b"b"] and conn.queued == 2  # the flood waits

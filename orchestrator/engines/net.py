@@ -510,6 +510,7 @@ class _Show:
         self.setup: dict[str, float] = {}  # seconds of set-up, by line
         self.first = 0  # rounds done when it started them (later than 0, when resumed)
         self.settled = len(watch.conductor.results)  # sessions done before (--resume)
+        self.shown: tuple[int, int, int, float | None] | None = None  # what the line shows
 
     def event(self, event: Event) -> None:
         now = time.perf_counter()
@@ -521,17 +522,23 @@ class _Show:
             self.began, self.t0, self.first = None, now, self.watch.conductor.rounds_done
 
     def update(self) -> None:
+        """Called after every delivery: redraws only when a round, a report or a set-up
+        came in (a 1000-agent run gets hundreds of frames a round; the MSD walks every agent)."""
         self.settle()
         conductor, c = self.watch.conductor, self.problem.config
         plan = conductor.current
         if plan is None:
             return
+        rounds, shown = conductor.rounds_done, self.watch.reported
+        now = (conductor.session, rounds, shown, self.began)
+        if now == self.shown:
+            return
+        self.shown = now
         name, repeat = _progress_line(plan.label)
-        rounds = conductor.rounds_done
         rate = (rounds - self.first) / max(time.perf_counter() - self.t0, 1e-9)
         rate = 0.0 if self.began is not None else rate
         cent = None
-        if shown := self.watch.reported:  # the rows Watch streamed: complete, never redone
+        if shown:  # the rows Watch streamed: complete, never redone
             cent = msd(conductor.models[shown - 1], self.problem.w_opt[repeat], self.problem.q)[0]
         self._show(name, repeat * c.iters + rounds, rate, cent)
 

@@ -209,7 +209,7 @@ def reported(conductor: Conductor, since: int = 0) -> int:
     """Rounds (from the first) whose model every current member has reported, given that
     the first `since` are: rows are looked at from there on, one at a time, so a call on
     every delivery costs the few rows reported since the last."""
-    members = sorted(conductor.members)
+    members = conductor.member_ids
     done, rounds = since, conductor.models.shape[0]
     while done < rounds and not np.isnan(conductor.models[done, members, 0]).any():
         done += 1
