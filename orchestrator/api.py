@@ -1,9 +1,9 @@
 """privnet from Python: an `Experiment`, and `simulate`, `run`, `run_async` giving a `Result`.
 
-`privnet simulate` and `privnet run` (orchestrator.cli) drive the same engines and write the
-same files from their flags. `run` works in a script and inside a running event loop (a
-notebook): there it runs the network on a thread of its own and waits for it; `await
-run_async(...)` runs it on the caller's loop instead.
+`privnet simulate` (orchestrator.cli) is `simulate` on the experiment its flags make;
+`privnet run` drives the same net engine and writes the same files. `run` works in a script
+and inside a running event loop (a notebook): there it runs the network on a thread of its
+own and waits for it; `await run_async(...)` runs it on the caller's loop instead.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from importlib import metadata
 from pathlib import Path
@@ -19,13 +20,15 @@ from typing import Any
 
 from agent.private import private_dir
 from agent.spec import ConfigError
+from orchestrator.conductor import View
+from orchestrator.engines.watch import read_membership
 from orchestrator.experiment import config as configuration
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 from orchestrator.report import finish, result_record, settings
 from orchestrator.result import Result
 from orchestrator.results import Curve, RunFailed
-from orchestrator.terminal import progress_bar
+from orchestrator.terminal import console, progress_bar
 
 
 def _version() -> str:
@@ -121,11 +124,16 @@ class Experiment(ExperimentConfig):
 def simulate(experiment: ExperimentConfig, engine: str | None = None) -> Result:
     """The experiment in this process: on the vectorized oracle, or on the memory engine
     (the agents' own cores, every message through the wire codec). Writes the CLI's files
-    only when the experiment names an `out` directory."""
+    only when the experiment names an `out` directory (`privnet simulate` is this)."""
     exp = _experiment(experiment)
     engine = engine or exp.engine
     if engine not in ENGINES:
         raise ConfigError(f"engine {engine!r}: choose one of {', '.join(ENGINES)}")
+    if engine == "oracle" and exp.membership is not None:
+        raise ConfigError(
+            "membership replays on the memory engine: set engine='memory' (--engine memory)"
+        )
+    views = None if exp.membership is None else _views(Path(exp.membership))
     problem = Problem.build(exp.config)
     models: dict[str, Any] = {}
     c = problem.config
@@ -133,13 +141,17 @@ def simulate(experiment: ExperimentConfig, engine: str | None = None) -> Result:
     start = time.perf_counter()
     with progress_bar() as bar:
         task = bar.add_task(f"{engine} engine", total=units, status="")
-        curves = _engine(exp, engine, problem, models, lambda n: bar.advance(task, n))
+        curves = _engine(engine, problem, views, models, lambda n: bar.advance(task, n))
     wall = time.perf_counter() - start
+    console.print(
+        f"{engine} engine: {len(curves)} curves x {c.repeats} repeats x "
+        f"{c.iters} iterations in {wall:.2f} s"
+    )
     neighbour = exp.neighbour if exp.account else None
     out = None if exp.out is None else Path(exp.out)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        finish(out, c, problem, curves, engine, {"wall_s": wall}, neighbour)
+        finish(out, c, problem, curves, engine, {"wall_s": wall}, neighbour, views)
     elif neighbour is not None:
         from orchestrator.privacy import accountant
 
@@ -149,28 +161,30 @@ def simulate(experiment: ExperimentConfig, engine: str | None = None) -> Result:
     return Result(c, engine, curves, records, problem.graph, problem.q, models, out=out)
 
 
+def _views(path: Path) -> list[View]:
+    """A run's membership.json, to replay."""
+    try:
+        return read_membership(path)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def _engine(
-    exp: Experiment, engine: str, problem: Problem, models: dict[str, Any], progress: Any
+    engine: str,
+    problem: Problem,
+    views: list[View] | None,
+    models: dict[str, Any],
+    progress: Callable[[int], None],
 ) -> list[Curve]:
     if engine == "oracle":
-        if exp.membership is not None:
-            raise ConfigError(
-                "membership replays on the memory engine: set engine='memory' (--engine memory)"
-            )
         from orchestrator.engines.oracle import run_oracle
 
         curves: list[Curve] = run_oracle(problem, progress=progress, models=models)
         return curves
     from orchestrator.engines import memory
 
-    if exp.membership is None:
+    if views is None:
         return memory.run_memory(problem, progress=progress, models=models)
-    from orchestrator.engines.watch import read_membership
-
-    try:
-        views = read_membership(Path(exp.membership))
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
     curves = memory.replay(problem, views, models=models)
     progress(len(curves) * problem.config.repeats)
     return curves

@@ -11,7 +11,6 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,14 +22,13 @@ from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 from orchestrator.experiment.topology import RULES, TOPOLOGIES
 from orchestrator.flags import USER_ERROR, Parser, integer, positive, print_error, user_error
-from orchestrator.report import OUTPUTS, finish
-from orchestrator.results import Curve
+from orchestrator.report import OUTPUTS
 from orchestrator.terminal import console, progress_bar, table_console
 
 RANDOM_SEED = "random"  # --seed random: a fresh secret seed
 
 if TYPE_CHECKING:
-    from orchestrator.conductor import View
+    pass
 
 
 def _experiment_flags(parser: argparse.ArgumentParser) -> None:
@@ -172,26 +170,20 @@ def out_dir(
 
 
 def simulate(args: argparse.Namespace, config: ExperimentConfig) -> int:
-    engine = args.engine
-    problem = Problem.build(config)
-    out = out_dir(args, config, "simulate")
-    runner = _engine(engine) if args.membership is None else _replay(args.membership)
-    units = len(config.strategies) * (
-        config.repeats * len(config.schemes) if engine == "memory" else 1
+    """`privnet.simulate` on the experiment the flags make; exit 1 when a curve diverged."""
+    from orchestrator import api
+
+    settings = {name: getattr(config, name) for name in api.CONFIG_FIELDS}
+    experiment = api.Experiment(
+        **settings,
+        out=out_dir(args, config, "simulate"),
+        engine=args.engine,
+        membership=args.membership,
+        account=args.account,
+        neighbour=args.neighbour,
     )
-    start = time.perf_counter()
-    with progress_bar() as bar:
-        task = bar.add_task(f"{engine} engine", total=units, status="")
-        curves = runner(problem, progress=lambda n: bar.advance(task, n))
-    wall = time.perf_counter() - start
-    console.print(
-        f"{engine} engine: {len(curves)} curves x {config.repeats} repeats x "
-        f"{config.iters} iterations in {wall:.2f} s"
-    )
-    neighbour = args.neighbour if args.account else None
-    membership = args.membership
-    views = _views(membership) if membership is not None and neighbour is not None else None
-    return finish(out, config, problem, curves, engine, {"wall_s": wall}, neighbour, views)
+    result = api.simulate(experiment)
+    return 1 if any(record["diverged"] for record in result.records) else 0
 
 
 def _simulate_config(args: argparse.Namespace) -> ExperimentConfig:
@@ -203,38 +195,6 @@ def _simulate_config(args: argparse.Namespace) -> ExperimentConfig:
 def _reproduce_config(args: argparse.Namespace) -> ExperimentConfig:
     """The paper's preset on the vectorized oracle: 20 repeats, 3 strategies, 5 schemes."""
     return experiment(args, configuration.load("paper-regression"))
-
-
-def _engine(name: str) -> Callable[..., list[Curve]]:
-    if name == "oracle":
-        from orchestrator.engines.oracle import run_oracle
-
-        return run_oracle
-    from orchestrator.engines.memory import run_memory
-
-    return run_memory
-
-
-def _views(path: Path) -> list[View]:
-    from orchestrator.engines.watch import read_membership
-
-    try:
-        return read_membership(path)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def _replay(path: Path) -> Callable[..., list[Curve]]:
-    from orchestrator.engines.memory import replay
-
-    views = _views(path)
-
-    def runner(problem: Problem, progress: Callable[[int], None]) -> list[Curve]:
-        curves = replay(problem, views)
-        progress(len(curves) * problem.config.repeats)
-        return curves
-
-    return runner
 
 
 class Interrupted(KeyboardInterrupt):
