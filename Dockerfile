@@ -10,6 +10,7 @@ COPY pyproject.toml README.md ./
 COPY agent ./agent
 COPY broker ./broker
 COPY orchestrator ./orchestrator
+COPY privnet ./privnet
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 
 FROM python:3.11-slim

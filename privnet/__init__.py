@@ -25,6 +25,7 @@ there does not break privnet (Python keeps one module per name: after `import pr
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import sys
 import warnings
@@ -67,8 +68,8 @@ from agent.losses import LeastSquares, Logistic  # noqa: E402
 from agent.problems import Problem, Risk  # noqa: E402
 from agent.spec import ConfigError  # noqa: E402
 from orchestrator.api import VERSION, Experiment, run, run_async, simulate  # noqa: E402
-from orchestrator.engines.memory import RunFailed  # noqa: E402
 from orchestrator.result import Result  # noqa: E402
+from orchestrator.results import RunFailed  # noqa: E402
 
 __version__ = VERSION
 
