@@ -206,6 +206,7 @@ def test_overhead_gains_a_nic_column(client: Any, tmp_path: Path) -> None:
     assert [(r["scheme"], r["rekey"]) for r in rows] == [
         ("none", "n/a"), ("random", "n/a"), ("ghp", "n/a"),
         ("local-ghp", "once"), ("local-ghp", "every-round"),
+        ("masked-ghp", "once"), ("masked-ghp", "every-round"),
     ]  # fmt: skip
     for r in rows:
         assert r["nic"]["agents_tx_per_round"] >= r["per_round"]["bytes"]["total"] > 0
