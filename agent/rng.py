@@ -98,8 +98,7 @@ def grid(sigma_g: float) -> float:
 def snap(x: np.ndarray, sigma_g: float) -> np.ndarray:
     """x rounded to the noise grid: what a private scheme adds its noise to (exact: the
     grid is a power of two), so a release carries no low-order bits of x."""
-    step = grid(sigma_g)
-    return x if step == 0 else step * np.rint(x / step)
+    return on_lattice(x, 1.0, grid(sigma_g))
 
 
 def on_lattice(v: np.ndarray, a: np.ndarray | float, step: float) -> np.ndarray:

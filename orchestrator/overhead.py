@@ -168,16 +168,17 @@ def row(problem: Problem, strategy: Strategy, scheme: Scheme, measured: Measured
 
 
 def _sealing(
-    config: ExperimentConfig, strategy: Strategy, scheme: Scheme, measured: dict[str, Any]
+    problem: Problem, strategy: Strategy, scheme: Scheme, measured: dict[str, Any]
 ) -> dict[str, float]:
     """Amortized peer bytes per round with every link sealed and with the visible wire: the
-    row's own setting is `measured`, the other one is played too."""
-    other = replace(config, seal_links=not config.seal_links)
-    problem = Problem.build(other)
-    theirs = row(problem, strategy, scheme, measure(problem, strategy, scheme))
+    row's own setting is `measured`, the other one is played too (the same problem: only
+    how the links go differs)."""
+    c = problem.config
+    other = replace(problem, config=replace(c, seal_links=not c.seal_links))
+    theirs = row(other, strategy, scheme, measure(other, strategy, scheme))
     mine = measured["privacy"]["amortized_per_round"]
     ours = theirs["privacy"]["amortized_per_round"]
-    sealed, visible = (mine, ours) if config.seal_links else (ours, mine)
+    sealed, visible = (mine, ours) if c.seal_links else (ours, mine)
     return {"sealed_per_round": sealed, "visible_per_round": visible}
 
 
@@ -217,7 +218,7 @@ def overhead(
             started = time.perf_counter()
             measured = measure(problem, strategy, scheme)
             result = row(problem, strategy, scheme, measured)
-            result["sealing"] = _sealing(config, strategy, scheme, result)
+            result["sealing"] = _sealing(problem, strategy, scheme, result)
             result["wall_s"] = time.perf_counter() - started
             figures = {"amortized": result["privacy"]["amortized_per_round"]}
             real = (wire or {}).get((topology, str(scheme), str(rekey)), {})
