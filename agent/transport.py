@@ -138,13 +138,14 @@ class Connection:
         server that refuses, closes, answers in another protocol or says nothing within
         `connect_timeout` ends it with MqttError saying which (nothing was lost, so nothing
         is made again)."""
-        end, pause = time.monotonic() + self.first_wait, RECONNECT_FIRST
+        end, pauses = time.monotonic() + self.first_wait, _backoff()
         while True:
             try:
                 await self._connect_first()
                 break
-            except CouldNotConnect as exc:
-                if time.monotonic() + pause > end:
+            except MqttError as exc:  # CouldNotConnect: nobody answered; else a refusal
+                pause = next(pauses)
+                if not isinstance(exc, CouldNotConnect) or time.monotonic() + pause > end:
                     await self._close()
                     raise
                 if not self.outages.attempts:
@@ -152,11 +153,7 @@ class Connection:
                 self.outages.attempts += 1
                 with contextlib.suppress(Exception):  # what this attempt left half made
                     await self._client.abort()
-            except MqttError:
-                await self._close()
-                raise
-            await asyncio.sleep(pause * random.uniform(0.5, 1.0))
-            pause = min(2 * pause, RECONNECT_MAX)
+            await asyncio.sleep(pause)
         self._up = True
         self._settled.set()
         return self
@@ -271,10 +268,9 @@ class Connection:
     async def _reconnect(self) -> None:
         """Connect again with backoff, resubscribe, send what waited; or give up."""
         began = time.monotonic()
-        end, pause, attempts, why = began + self.give_up, RECONNECT_FIRST, 0, "none made"
+        end, pauses, attempts, why = began + self.give_up, _backoff(), 0, "none made"
         while (left := end - time.monotonic()) > 0:
-            await asyncio.sleep(min(pause * random.uniform(0.5, 1.0), left))
-            pause = min(2 * pause, RECONNECT_MAX)
+            await asyncio.sleep(min(next(pauses), left))
             attempts += 1
             try:
                 async with asyncio.timeout(min(ATTEMPT_TIMEOUT, max(end - time.monotonic(), 0.5))):
@@ -449,3 +445,12 @@ def client(
     return Connection(
         broker, access, give_up=give_up, first_wait=first_wait, connect_timeout=connect_timeout
     )
+
+
+def _backoff() -> Iterator[float]:
+    """Pauses between connection attempts: RECONNECT_FIRST doubling to RECONNECT_MAX, each
+    jittered, so a restarted broker is not hit by every client at once."""
+    pause = RECONNECT_FIRST
+    while True:
+        yield pause * random.uniform(0.5, 1.0)
+        pause = min(2 * pause, RECONNECT_MAX)
