@@ -98,11 +98,15 @@ class Experiment(ExperimentConfig):
     @classmethod
     def load(cls, source: str | Path, **changes: Any) -> Experiment:
         """A TOML experiment file or shipped preset (`paper-regression`, ...), with changes."""
-        base = configuration.load(source)
         try:
-            return cls(**{name: getattr(base, name) for name in CONFIG_FIELDS}, **changes)
+            return cls.of(configuration.load(source), **changes)
         except TypeError as exc:
             raise ConfigError(f"{exc}; the settings are Experiment's fields") from None
+
+    @classmethod
+    def of(cls, config: ExperimentConfig, **options: Any) -> Experiment:
+        """`config`'s experiment, run with `options` (the fields beyond ExperimentConfig's)."""
+        return cls(**{name: getattr(config, name) for name in CONFIG_FIELDS}, **options)
 
     @property
     def config(self) -> ExperimentConfig:
@@ -257,4 +261,4 @@ def _experiment(experiment: ExperimentConfig) -> Experiment:
             f"expected a privnet.Experiment, got {type(experiment).__name__}: "
             "build one with privnet.Experiment(agents=..., ...) or Experiment.load(toml)"
         )
-    return Experiment(**{name: getattr(experiment, name) for name in CONFIG_FIELDS})
+    return Experiment.of(experiment)

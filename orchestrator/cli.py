@@ -173,9 +173,8 @@ def simulate(args: argparse.Namespace, config: ExperimentConfig) -> int:
     """`privnet.simulate` on the experiment the flags make; exit 1 when a curve diverged."""
     from orchestrator import api
 
-    settings = {name: getattr(config, name) for name in api.CONFIG_FIELDS}
-    experiment = api.Experiment(
-        **settings,
+    experiment = api.Experiment.of(
+        config,
         out=out_dir(args, config, "simulate"),
         engine=args.engine,
         membership=args.membership,
