@@ -271,8 +271,7 @@ def overhead_tables(rows: list[dict[str, Any]]) -> list[Table]:
         table = narrow_table(title, COST_CAPTION.format(rounds=first["rounds"]) if last else None)
         names = ["scheme", "re-key", "models\nB/rd", "keys\nB/rd", "key set-up\nB"]
         names += [f"amortized\nB/rd ({first['rounds']})", "x none"]
-        for n, name in enumerate(names):
-            table.add_column(name, justify="left" if n < 2 else "right", overflow="fold")
+        _columns(table, names, labels=2)
         for r in mine:
             cost = r["privacy"]
             table.add_row(
@@ -299,8 +298,7 @@ def _sealing_table(rows: list[dict[str, Any]]) -> Table:
         "(ChaCha20-Poly1305, the default) and the paper's visible wire (--seal-links off, "
         "an HMAC per frame): both played in full.",
     )
-    for n, name in enumerate(["topology", "scheme", "re-key", "sealed", "visible", "x visible"]):
-        table.add_column(name, justify="left" if n < 3 else "right", overflow="fold")
+    _columns(table, ["topology", "scheme", "re-key", "sealed", "visible", "x visible"], labels=3)
     for r in rows:
         seal = r["sealing"]
         table.add_row(
@@ -317,8 +315,7 @@ def _sealing_table(rows: list[dict[str, Any]]) -> Table:
 def _wire_table(rows: list[dict[str, Any]]) -> Table:
     table = narrow_table("What the wire carried", WIRE_CAPTION.format(rounds=rows[0]["rounds"]))
     names = ["topology", "scheme", "re-key", "NIC B/rd", "NIC x none", "$SYS B/rd", "x none"]
-    for n, name in enumerate(names):
-        table.add_column(name, justify="left" if n < 3 else "right", overflow="fold")
+    _columns(table, names, labels=3)
     for r in rows:
         nic, sys_per = r.get("nic"), r.get("broker_sys_per_round")
         table.add_row(
@@ -341,8 +338,7 @@ def _keys_table(rows: list[dict[str, Any]]) -> Table:
     )
     names = ["topology", "scheme", "re-key", "DH once", "DH/rd", "msgs/agent\nmean (max)"]
     names += ["bound\nmean", "agents\nover it"]
-    for n, name in enumerate(names):
-        table.add_column(name, justify="left" if n < 3 else "right", overflow="fold")
+    _columns(table, names, labels=3)
     for r in rows:
         keys = r.get("key_messages_per_agent")
         if keys is None:
@@ -358,6 +354,13 @@ def _keys_table(rows: list[dict[str, Any]]) -> Table:
             f"{keys['agents_over_bound']} of {r['agents']}",
         )
     return table
+
+
+def _columns(table: Table, names: list[str], labels: int) -> None:
+    """The first `labels` columns name the row (left), the others are figures (right);
+    cells wrap, never cut."""
+    for n, name in enumerate(names):
+        table.add_column(name, justify="left" if n < labels else "right", overflow="fold")
 
 
 def _ratio(value: float | None) -> str:
