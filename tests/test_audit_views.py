@@ -288,7 +288,7 @@ def test_a_redone_round_is_charged_in_epsilon_exactly(scheme: Scheme) -> None:
     (seen,) = audit.split_sessions(run.recording.records, RUN, c.dim, run.recording.link_keys)
     views = replay.session_views(run.views, 0, seen, AGENTS)
     problem = Problem.build(c)
-    charged = account(problem, Strategy.ATC, scheme, 0, views=views, reach=audit._reach(seen))
+    charged = account(problem, Strategy.ATC, scheme, 0, views=views, reach=audit.view_reach(seen))
     script = account(problem, Strategy.ATC, scheme, 0, views=views)  # no round redone
     assert charged.charges is not None
     ours, theirs = charged.charges.ours, charged.charges.theirs
