@@ -27,7 +27,6 @@ from orchestrator.commands.measure import (
     overhead_config,
 )
 from orchestrator.commands.run import run, run_config, view, view_config
-from orchestrator.engines.options import LOCALHOST
 from orchestrator.commands.simulate import (
     dp_audit,
     dp_audit_config,
@@ -35,6 +34,7 @@ from orchestrator.commands.simulate import (
     simulate,
     simulate_config,
 )
+from orchestrator.engines.options import LOCALHOST
 from orchestrator.flags import (
     USER_ERROR,
     Parser,
