@@ -41,7 +41,8 @@ from broker.credentials import Credentials, Users, write_private
 from broker.tls import TLSFiles, make_tls
 
 Kind = Literal["mosquitto", "embedded", "external"]
-KINDS = ("auto", "mosquitto", "embedded")
+LOCAL_KINDS = ("mosquitto", "embedded")  # the brokers a run (or bench) starts here
+KINDS = ("auto", *LOCAL_KINDS)
 BASE_CONFIG = files("broker") / "mosquitto.conf"
 SYS_PREFIX = "$SYS/broker/"
 SYS_COUNTERS = {  # topic under SYS_PREFIX -> key

@@ -8,7 +8,6 @@ own and waits for it; `await run_async(...)` runs it on the caller's loop instea
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import concurrent.futures
 import time
@@ -21,6 +20,7 @@ from typing import Any
 from agent.private import private_dir
 from agent.spec import ConfigError
 from orchestrator.conductor import View
+from orchestrator.engines.options import RunOptions
 from orchestrator.engines.watch import read_membership
 from orchestrator.experiment import config as configuration
 from orchestrator.experiment.config import ExperimentConfig
@@ -43,6 +43,10 @@ ENGINES = ("oracle", "memory")
 RUNTIMES = ("local", "docker")
 RESTARTS = ("never", "on-failure")
 CONFIG_FIELDS = tuple(f.name for f in fields(ExperimentConfig))
+# RunOptions' fields an Experiment has by the same name and meaning (its neighbour counts
+# only with account; secret_seed is the run's own), and those of them that are paths
+RUN_FIELDS = tuple(f.name for f in fields(RunOptions) if f.name not in ("neighbour", "secret_seed"))
+PATHS = ("ca_file", "prepared", "launch_dir", "resume", "hosts")
 STOPPED = 128  # a run's exit code above this: stopped by signal (code - 128)
 
 
@@ -113,16 +117,13 @@ class Experiment(ExperimentConfig):
         """The experiment alone, as summary.json records it (no run options)."""
         return ExperimentConfig(**{name: getattr(self, name) for name in CONFIG_FIELDS})
 
-    def args(self, out: Path) -> argparse.Namespace:
-        """The run options as the net engine reads them."""
-        paths = ("ca_file", "prepared", "launch_dir", "resume", "hosts")
-        options = {
-            f.name: getattr(self, f.name)
-            for f in fields(self)
-            if f.name not in (*CONFIG_FIELDS, "telemetry", "out")
-        }
-        options |= {name: None if options[name] is None else Path(options[name]) for name in paths}
-        return argparse.Namespace(**options, out=out, no_telemetry=not self.telemetry)
+    def run_options(self, secret_seed: bool = False) -> RunOptions:
+        """The run options the net engine reads (`secret_seed`: the seed is the run's
+        secret, kept out of summary.json)."""
+        given = {name: getattr(self, name) for name in RUN_FIELDS}
+        paths = {name: None if given[name] is None else Path(given[name]) for name in PATHS}
+        neighbour = self.neighbour if self.account else None
+        return RunOptions(**(given | paths), neighbour=neighbour, secret_seed=secret_seed)
 
 
 def simulate(experiment: ExperimentConfig, engine: str | None = None) -> Result:
@@ -226,7 +227,7 @@ async def run_async(experiment: ExperimentConfig) -> Result:
     return Result.load(out, problem)
 
 
-def _network(exp: Experiment) -> tuple[Problem, argparse.Namespace, Path]:
+def _network(exp: Experiment) -> tuple[Problem, RunOptions, Path]:
     """What the net engine takes for `exp`: its problem (a resumed run's own, secret seed
     included), its run options, and its output directory (made private: 0700, as the run
     keeps its secrets there)."""
@@ -243,9 +244,7 @@ def _network(exp: Experiment) -> tuple[Problem, argparse.Namespace, Path]:
     else:
         out = private_dir(Path(exp.out or default_out(config, "run")))
         secret = False  # the Experiment's seed is the caller's: summary.json records it
-    options = exp.args(out)
-    options.secret_seed = secret
-    return Problem.build(config), options, out
+    return Problem.build(config), exp.run_options(secret), out
 
 
 def default_out(config: ExperimentConfig, command: str) -> Path:

@@ -19,7 +19,6 @@ Writes bench.json and bench.png to --out and prints the table.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import multiprocessing as mp
@@ -31,7 +30,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,20 +41,18 @@ from agent import topics
 from agent.access import BrokerAddress
 from agent.loop import run_loop
 from agent.protocol import PEER_QOS, Publish
-from agent.spec import ConfigError, Scheme, Strategy
+from agent.spec import Scheme, Strategy
 from agent.transport import Connection
 from broker.credentials import Credentials
-from broker.launcher import has_mosquitto, launch
+from broker.launcher import LOCAL_KINDS, has_mosquitto, launch
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
-from orchestrator.flags import comma_list, integer
 from orchestrator.terminal import console, progress_bar, table_console
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 RUN = "bench"
-BROKERS = ("mosquitto", "embedded")  # what bench can start: brokers run here
 
 
 @dataclass
@@ -288,26 +284,43 @@ def memory_rate(problem: Problem, strategy: Strategy, scheme: Scheme) -> tuple[f
 # ---- the sitting ----------------------------------------------------------------------------
 
 
-def bench(args: argparse.Namespace) -> int:
-    brokers = [b for b in args.brokers.split(",") if b != "mosquitto" or has_mosquitto()]
-    schemes = [str(Scheme(s)) for s in args.schemes.split(",")]
-    counts = [int(n) for n in str(args.agents).split(",")]
-    strategy = Strategy(args.strategy)
-    out = args.out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
+@dataclass(frozen=True)
+class Sitting:
+    """What one `privnet bench` measures (its flags)."""
+
+    brokers: tuple[str, ...] = LOCAL_KINDS  # mosquitto is left out where it is not installed
+    schemes: tuple[Scheme, ...] = (Scheme.NONE, Scheme.LOCAL_GHP)
+    agents: tuple[int, ...] = (30,)  # agent counts, each measured in turn
+    iters: int = 200  # rounds per measurement
+    strategy: Strategy = Strategy.ATC
+    repeats: int = 3  # the median of this many
+    seed: int = 1
+    workers: int = os.cpu_count() or 2  # the ceiling's client processes
+    extra: str = ""  # more `privnet run` flags
+    against: str = ""  # `privnet run` flags every repeat also runs with, right after
+    out: Path | None = None  # default runs/bench-<time>
+
+
+def bench(sitting: Sitting) -> int:
+    """The sitting measured, its rows written (bench.json, bench.png) and shown."""
+    brokers = [b for b in sitting.brokers if b != "mosquitto" or has_mosquitto()]
+    schemes = [str(s) for s in sitting.schemes]
+    out = sitting.out or Path("runs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
-    variants = ["", *([args.against] if args.against else [])]
-    steps = len(counts) * args.repeats * (len(schemes) + len(brokers) * (1 + len(variants)))
+    variants = ["", *([sitting.against] if sitting.against else [])]
+    per_count = len(schemes) + len(brokers) * (1 + len(variants))
+    steps = len(sitting.agents) * sitting.repeats * per_count
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "cpus": os.cpu_count(),
         "load_before": os.getloadavg(),
         "python": sys.version.split()[0],
-        "iters": args.iters,
-        "strategy": str(strategy),
-        "repeats": args.repeats,
-        "extra": args.extra,
-        "against": args.against,
+        "iters": sitting.iters,
+        "strategy": str(sitting.strategy),
+        "repeats": sitting.repeats,
+        "extra": sitting.extra,
+        "against": sitting.against,
     }
     with progress_bar() as bar, tempfile.TemporaryDirectory() as tmp:
         task = bar.add_task("bench", total=steps, status="")
@@ -315,83 +328,9 @@ def bench(args: argparse.Namespace) -> int:
         def step(what: str) -> None:
             bar.update(task, advance=1, status=what)
 
-        for agents in counts:
-            config = ExperimentConfig(
-                agents=agents, iters=args.iters, strategies=(strategy,), seed=args.seed
-            )
-            problem = Problem.build(config)
-            config_args = [
-                "--agents", str(agents), "--iters", str(args.iters), "--strategy", str(strategy),
-                "--repeats", "1", "--seed", str(args.seed),
-            ]  # fmt: skip
-            memory: dict[str, Row] = {}
-            size, per_round = 0, 0
-            for scheme in schemes:
-                rates = []
-                for _ in range(args.repeats):
-                    rate, per_round, size = memory_rate(problem, strategy, Scheme(scheme))
-                    rates.append(rate)
-                    step(f"memory {scheme} {agents}: {rate:.0f} rounds/s")
-                median = statistics.median(rates)
-                memory[scheme] = Row(
-                    "memory", "-", scheme, agents, median, median * per_round, rates
-                )
-            rows += memory.values()
-            edges = _edges(problem, strategy)
-            for broker_kind in brokers:
-                rates, msgs, cpus = [], [], []
-                for _ in range(args.repeats):
-                    r, m, c = ceiling(broker_kind, edges, args.iters, size, args.workers)
-                    rates.append(r)
-                    msgs.append(m)
-                    cpus.append(c)
-                    step(f"ceiling {broker_kind} {agents}: {r:.0f} rounds/s")
-                top = Row(
-                    "ceiling", broker_kind, "-", agents, statistics.median(rates),
-                    statistics.median(msgs), rates, cpu_broker_s=statistics.median(cpus),
-                )  # fmt: skip
-                rows.append(top)
-                runs: dict[tuple[str, str], list[tuple[dict[str, Any], Sample, float]]] = {}
-                for rep in range(args.repeats):
-                    for n, variant in enumerate(variants):  # interleaved: one sitting
-                        where = Path(tmp) / f"{broker_kind}-{agents}-{rep}-{n}"
-                        extra = f"{args.extra} {variant}".split()
-                        results, sample, wall = privnet_run(
-                            broker_kind, config_args, schemes, where, extra
-                        )
-                        for scheme in schemes:
-                            runs.setdefault((variant, scheme), []).append(
-                                (results[scheme], sample, wall)
-                            )
-                        shown = ", ".join(f"{s} {results[s]['rounds_per_s']:.1f}" for s in schemes)
-                        step(f"privnet{variant and ' ' + variant} {broker_kind} {agents}: {shown}")
-                for (variant, scheme), got in runs.items():
-                    rates = [r["rounds_per_s"] for r, _, _ in got]
-                    model = got[0][0]["messages"].get("model", 0) / args.iters
-                    median = statistics.median(rates)
-                    samples = [s for _, s, _ in got]
-                    rows.append(
-                        Row(
-                            "privnet", broker_kind, scheme, agents, median, median * model, rates,
-                            cpu_agents_s=statistics.median(s.cpu.get("agents", 0) for s in samples),
-                            cpu_broker_s=statistics.median(s.cpu.get("broker", 0) for s in samples),
-                            cpu_orchestrator_s=statistics.median(
-                                s.cpu.get("orchestrator", 0) for s in samples
-                            ),
-                            peak_agent_rss_mb=max(s.peak_agent_rss for s in samples) / 1e6,
-                            peak_total_rss_mb=max(s.peak_total_rss for s in samples) / 1e6,
-                            wall_s=statistics.median(w for _, _, w in got),
-                            x_ceiling=median / top.rounds_per_s,
-                            x_memory=median / memory[scheme].rounds_per_s,
-                            variant=variant,
-                            x_baseline=median / statistics.median(
-                                r["rounds_per_s"] for r, _, _ in runs[("", scheme)]
-                            ) if variant else None,
-                        )
-                    )  # fmt: skip
-            for row in rows:
-                if row.kind == "ceiling" and row.agents == agents:
-                    row.x_memory = row.rounds_per_s / max(m.rounds_per_s for m in memory.values())
+        measure = _Measure(sitting, schemes, variants, Path(tmp), step)
+        for agents in sitting.agents:
+            rows += measure.count(agents, brokers)
     meta["load_after"] = os.getloadavg()
     (out / "bench.json").write_text(
         json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2) + "\n"
@@ -400,6 +339,134 @@ def bench(args: argparse.Namespace) -> int:
     table_console().print(table(rows, meta))
     console.print(f"wrote {out}/bench.json and bench.png")
     return 0
+
+
+Runs = dict[tuple[str, str], list[tuple[dict[str, Any], Sample, float]]]  # (variant, scheme)
+
+
+class _Measure:
+    """One sitting's measurements of an agent count, in the module's order; `step` says
+    each one's figure on the progress bar."""
+
+    def __init__(
+        self,
+        sitting: Sitting,
+        schemes: list[str],
+        variants: list[str],
+        tmp: Path,
+        step: Callable[[str], None],
+    ) -> None:
+        self.sitting, self.schemes, self.variants = sitting, schemes, variants
+        self.tmp, self.step = tmp, step
+
+    def count(self, agents: int, brokers: list[str]) -> list[Row]:
+        """The memory engine's rows, then each broker's ceiling and privnet rows."""
+        s = self.sitting
+        config = ExperimentConfig(
+            agents=agents, iters=s.iters, strategies=(s.strategy,), seed=s.seed
+        )
+        problem = Problem.build(config)
+        memory, size = self._memory(problem, agents)
+        rows = list(memory.values())
+        edges = _edges(problem, s.strategy)
+        for broker_kind in brokers:
+            top = self._ceiling(broker_kind, agents, edges, size)
+            rows.append(top)
+            rows += self._privnet(broker_kind, agents, top, memory)
+        for row in rows:
+            if row.kind == "ceiling":
+                row.x_memory = row.rounds_per_s / max(m.rounds_per_s for m in memory.values())
+        return rows
+
+    def _memory(self, problem: Problem, agents: int) -> tuple[dict[str, Row], int]:
+        """The memory engine's row of every scheme, and the model payload's bytes."""
+        memory: dict[str, Row] = {}
+        size, per_round = 0, 0
+        for scheme in self.schemes:
+            rates = []
+            for _ in range(self.sitting.repeats):
+                rate, per_round, size = memory_rate(problem, self.sitting.strategy, Scheme(scheme))
+                rates.append(rate)
+                self.step(f"memory {scheme} {agents}: {rate:.0f} rounds/s")
+            median = statistics.median(rates)
+            memory[scheme] = Row("memory", "-", scheme, agents, median, median * per_round, rates)
+        return memory, size
+
+    def _ceiling(
+        self, broker_kind: str, agents: int, edges: dict[int, list[int]], size: int
+    ) -> Row:
+        s = self.sitting
+        rates, msgs, cpus = [], [], []
+        for _ in range(s.repeats):
+            r, m, c = ceiling(broker_kind, edges, s.iters, size, s.workers)
+            rates.append(r)
+            msgs.append(m)
+            cpus.append(c)
+            self.step(f"ceiling {broker_kind} {agents}: {r:.0f} rounds/s")
+        return Row(
+            "ceiling", broker_kind, "-", agents, statistics.median(rates),
+            statistics.median(msgs), rates, cpu_broker_s=statistics.median(cpus),
+        )  # fmt: skip
+
+    def _privnet(
+        self, broker_kind: str, agents: int, top: Row, memory: dict[str, Row]
+    ) -> list[Row]:
+        """`privnet run` of every scheme, each repeat with every variant in turn (one
+        sitting); a row per variant and scheme."""
+        s = self.sitting
+        config_args = [
+            "--agents", str(agents), "--iters", str(s.iters), "--strategy", str(s.strategy),
+            "--repeats", "1", "--seed", str(s.seed),
+        ]  # fmt: skip
+        runs: Runs = {}
+        for rep in range(s.repeats):
+            for n, variant in enumerate(self.variants):  # interleaved: one sitting
+                where = self.tmp / f"{broker_kind}-{agents}-{rep}-{n}"
+                extra = f"{s.extra} {variant}".split()
+                results, sample, wall = privnet_run(
+                    broker_kind, config_args, self.schemes, where, extra
+                )
+                for scheme in self.schemes:
+                    runs.setdefault((variant, scheme), []).append((results[scheme], sample, wall))
+                shown = ", ".join(f"{x} {results[x]['rounds_per_s']:.1f}" for x in self.schemes)
+                self.step(f"privnet{variant and ' ' + variant} {broker_kind} {agents}: {shown}")
+        return [
+            self._privnet_row(broker_kind, agents, variant, scheme, runs, top, memory)
+            for variant, scheme in runs
+        ]
+
+    def _privnet_row(
+        self,
+        broker_kind: str,
+        agents: int,
+        variant: str,
+        scheme: str,
+        runs: Runs,
+        top: Row,
+        memory: dict[str, Row],
+    ) -> Row:
+        got = runs[(variant, scheme)]
+        rates = [r["rounds_per_s"] for r, _, _ in got]
+        model = got[0][0]["messages"].get("model", 0) / self.sitting.iters
+        median = statistics.median(rates)
+        samples = [s for _, s, _ in got]
+        return Row(
+            "privnet", broker_kind, scheme, agents, median, median * model, rates,
+            cpu_agents_s=statistics.median(s.cpu.get("agents", 0) for s in samples),
+            cpu_broker_s=statistics.median(s.cpu.get("broker", 0) for s in samples),
+            cpu_orchestrator_s=statistics.median(
+                s.cpu.get("orchestrator", 0) for s in samples
+            ),
+            peak_agent_rss_mb=max(s.peak_agent_rss for s in samples) / 1e6,
+            peak_total_rss_mb=max(s.peak_total_rss for s in samples) / 1e6,
+            wall_s=statistics.median(w for _, _, w in got),
+            x_ceiling=median / top.rounds_per_s,
+            x_memory=median / memory[scheme].rounds_per_s,
+            variant=variant,
+            x_baseline=median / statistics.median(
+                r["rounds_per_s"] for r, _, _ in runs[("", scheme)]
+            ) if variant else None,
+        )  # fmt: skip
 
 
 def table(rows: list[Row], meta: dict[str, Any]) -> Table:
@@ -480,46 +547,3 @@ def figure(rows: list[Row], meta: dict[str, Any]) -> Figure:
         fontsize=9,
     )
     return fig
-
-
-def add_parser(
-    sub: Any,
-    handler: Callable[[argparse.Namespace, None], int],
-    cli: Callable[[], argparse.ArgumentParser],
-) -> None:
-    """`privnet bench` under `sub`; `cli` builds the whole CLI's parser, which checks the
-    `privnet run` flags of --extra and --against."""
-    p = sub.add_parser("bench", help="rounds/s against the transport ceiling, in one sitting")
-    p.add_argument("--brokers", type=comma_list(_broker, "a broker"), default="mosquitto,embedded")
-    p.add_argument("--schemes", type=comma_list(Scheme, "a scheme"), default="none,local-ghp")
-    p.add_argument(
-        "--agents", type=comma_list(integer(2), "agents"), default="30", help="a comma list"
-    )
-    p.add_argument("--iters", type=integer(1), default=200, help="rounds per measurement")
-    p.add_argument("--strategy", choices=[str(s) for s in Strategy], default="atc")
-    p.add_argument("--repeats", type=integer(1), default=3, help="median of this many")
-    p.add_argument("--seed", type=integer(0, 2**63 - 1), default=1)
-    p.add_argument(
-        "--workers", type=integer(1), default=os.cpu_count() or 2, help="ceiling processes"
-    )
-    p.add_argument("--extra", default="", help="more `privnet run` flags, quoted")
-    p.add_argument(
-        "--against",
-        default="",
-        help="`privnet run` flags to compare with, quoted: each repeat runs without, then with",
-    )
-    p.add_argument("--out", type=Path, help="output directory (default runs/bench-<time>)")
-    p.set_defaults(func=handler, configure=partial(_check, cli))
-
-
-def _broker(name: str) -> str:
-    if name not in BROKERS:
-        raise ValueError(f"choose from {', '.join(BROKERS)}")
-    return name
-
-
-def _check(cli: Callable[[], argparse.ArgumentParser], args: argparse.Namespace) -> None:
-    """--extra and --against hold `privnet run` flags: checked as that command checks them."""
-    cli().parse_args(["run", *args.extra.split(), *args.against.split()])
-    if args.out is not None and args.out.exists() and not args.out.is_dir():
-        raise ConfigError(f"--out {args.out} is a file: give a directory (made if missing)")

@@ -18,6 +18,7 @@ from agent.spec import ConfigError
 from orchestrator.terminal import console
 
 USER_ERROR = 2  # the exit code of a command the user must change
+RANDOM_SEED = "random"  # --seed random: a fresh secret seed
 
 
 class Parser(argparse.ArgumentParser):
@@ -86,6 +87,67 @@ def comma_list(parse: Callable[[str], object], what: str) -> Callable[[str], str
             except (ValueError, argparse.ArgumentTypeError) as exc:
                 raise argparse.ArgumentTypeError(f"{item!r} in {text!r}: {what} ({exc})") from None
         return ",".join(items)
+
+    return check
+
+
+def on_off(text: str) -> bool:
+    """An argparse type: on or off (yes/no, true/false)."""
+    if text.lower() in ("on", "yes", "true"):
+        return True
+    if text.lower() in ("off", "no", "false"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r}: give on or off")
+
+
+def seed_or_random(text: str) -> int | str:
+    """An argparse type: a seed in [0, 2^63), or RANDOM_SEED (`random`, or empty)."""
+    if text.strip().lower() in ("", RANDOM_SEED):
+        return RANDOM_SEED
+    try:
+        seed = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give an integer, or `random`") from None
+    if not 0 <= seed < 2**63:
+        raise argparse.ArgumentTypeError(f"{seed}: give an integer in [0, 2^63), or `random`")
+    return seed
+
+
+def yes_no(text: str) -> bool:
+    """An argparse type: yes or no (true/false, 1/0), as docker-compose's env gives it."""
+    answers = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}
+    try:
+        return answers[text.strip().lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"{text!r}: say yes or no") from None
+
+
+def port(text: str) -> int:
+    """An argparse type: a TCP port (0: any free one)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a TCP port, 0-65535") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port}: give a TCP port, 0-65535 (0: any free one)")
+    return port
+
+
+def agent_ids(text: str) -> tuple[int, ...]:
+    """An argparse type: agent ids, a comma list."""
+    try:
+        return tuple(int(m) for m in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give agent ids, e.g. 3,7") from None
+
+
+def one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
+    """A `comma_list` item: one of `choices`."""
+
+    def check(name: str) -> str:
+        if name not in choices:
+            raise ValueError(f"choose from {', '.join(choices)}")
+        return name
 
     return check
 

@@ -28,7 +28,6 @@ users, waits for every agent to register and runs. Its summary.json adds each br
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import re
@@ -54,6 +53,7 @@ from broker.relay import Relay
 from broker.tls import make_tls
 from orchestrator.engines.launch import LocalLauncher
 from orchestrator.engines.lifetime import RunSecrets, Stop
+from orchestrator.engines.options import RunOptions
 from orchestrator.faults import Fault
 from orchestrator.terminal import console
 
@@ -253,18 +253,26 @@ class SiteBundle:
 # ---- privnet site BUNDLE: the host's broker, bridged, and its agents ----------------------
 
 
-def site(args: argparse.Namespace) -> int:
-    """Run one host's part: its broker bridged to the core, its agents, until they leave;
-    the exit code (1: an agent failed; 128 + the signal when SIGINT or SIGTERM stopped it)."""
-    bundle = SiteBundle.load(args.bundle)
+def site(
+    bundle_dir: Path,
+    via_given: str | None = None,
+    port: int | None = None,
+    out: Path | None = None,
+    per_process: int = 1,
+) -> int:
+    """Run one host's part (`privnet site BUNDLE`): its broker bridged to the core (through
+    `via_given`, HOST:PORT, where given), its agents (`per_process` to a process, logs in
+    `out`), until they leave; the exit code (1: an agent failed; 128 + the signal when
+    SIGINT or SIGTERM stopped it)."""
+    bundle = SiteBundle.load(bundle_dir)
     if not has_mosquitto():
         raise ConfigError("a site needs mosquitto (apt-get install mosquitto): it bridges")
-    via = _address(args.via, "--via") if args.via else bundle.core
+    via = _address(via_given, "--via") if via_given else bundle.core
     host = bundle.bridge.host
-    out = args.out or Path("runs") / f"site-{host}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = out or Path("runs") / f"site-{host}-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
-    pool = LocalLauncher(out / "logs", per_process=args.agents_per_process)
-    ended = asyncio.run(_site(bundle, via, args.port, pool))
+    pool = LocalLauncher(out / "logs", per_process=per_process)
+    ended = asyncio.run(_site(bundle, via, port, pool))
     if isinstance(ended, int):
         console.print(
             f"[yellow]site {host}: interrupted; its broker and agents were stopped[/yellow]"
@@ -404,18 +412,18 @@ def core_broker(hosts_file: Path, prepared: Path | None, run_secrets: RunSecrets
     )
 
 
-def check_run_flags(args: argparse.Namespace, faults: list[Fault]) -> None:
+def check_run_flags(options: RunOptions, faults: list[Fault]) -> None:
     """What `privnet run --hosts` cannot do, said before anything starts."""
     given = {
-        "--broker": args.broker != "auto",
-        f"--runtime {args.runtime}": args.runtime != "local",
-        "--external-agents": args.external_agents,
-        "--tls": args.tls,
-        "--ca-file": args.ca_file is not None,
-        "--agents-per-process": args.agents_per_process != 1,
-        "--restart on-failure": args.restart != "never",
-        "--audit": bool(args.audit),
-        "--resume": args.resume is not None,
+        "--broker": options.broker != "auto",
+        f"--runtime {options.runtime}": options.runtime != "local",
+        "--external-agents": options.external_agents,
+        "--tls": options.tls,
+        "--ca-file": options.ca_file is not None,
+        "--agents-per-process": options.agents_per_process != 1,
+        "--restart on-failure": options.restart != "never",
+        "--audit": options.audit,
+        "--resume": options.resume is not None,
     }
     if any(given.values()):
         flags = ", ".join(flag for flag, on in given.items() if on)

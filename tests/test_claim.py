@@ -11,7 +11,7 @@ from pathlib import Path
 
 from agent.__main__ import claim
 from orchestrator.engines.lifetime import RunSecrets
-from orchestrator.engines.net import write_launches
+from orchestrator.engines.prepare import write_launches
 
 
 def launches(directory: Path, agents: int = 3, run: str = "run-claims") -> RunSecrets:
