@@ -424,7 +424,7 @@ def link_key(
 ) -> bytes:
     """The 32-byte key of the link a <-> b; both ends derive the same one.
 
-    With `view`, the key that seals the link's frames (ChaCha20-Poly1305, `wire.PeerCodec`):
+    With `view`, the key that seals the link's frames (ChaCha20-Poly1305, `links.Links`):
     its own tag and the view in the HKDF info, so no seal key is a MAC key, and none
     outlives a membership change even where the session id would not change. Without, the
     MAC key of the visible wire (`--seal-links off`). Both come from the two ends' static
