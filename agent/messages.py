@@ -1,6 +1,7 @@
 """What agents say to each other and to the orchestrator: plain dataclasses, no I/O.
 
-The core consumes and emits these; `wire.py` turns them into bytes and back.
+The core consumes and emits these; `agent.wire` turns them into bytes and back, from the
+field types declared here (ranges and sizes from `agent.spec`).
 `ORCHESTRATOR` is the receiver id of everything meant for the orchestrator.
 """
 

@@ -51,10 +51,22 @@ class Size:
 
     size: int
 
+    @property
+    def says(self) -> str:
+        return f"{self.size} bytes"
+
+    def admits(self, value: bytes) -> bool:
+        return len(value) == self.size
+
 
 @dataclass(frozen=True, slots=True)
 class Distinct:
     """A tuple whose entries differ (a set, sent in order)."""
+
+    says = "distinct entries"
+
+    def admits(self, value: tuple[object, ...]) -> bool:
+        return len(set(value)) == len(value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ already hashed, is kept and copied per frame (RFC 2104's pads are hashed once pe
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 
 MAC_BYTES = 16
@@ -16,7 +17,7 @@ def mac(link_key: bytes, name: str, body: bytes) -> bytes:
     """HMAC-SHA256(link_key, name + body), truncated to MAC_BYTES."""
     keyed = _keyed.get(link_key)
     if keyed is None:
-        keyed = hmac.new(link_key, digestmod="sha256")
+        keyed = hmac.new(link_key, digestmod=hashlib.sha256)
         if len(_keyed) >= _CACHE_SIZE:  # bounded: old sessions' keys go
             _keyed.clear()
         _keyed[bytes(link_key)] = keyed

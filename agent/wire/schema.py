@@ -68,12 +68,10 @@ def _int(rule: Bound | Choice) -> Kind:
     return Kind(int, decode)
 
 
-def _bytes(size: int | None = None) -> Kind:
-    expected = "bytes" if size is None else f"{size} bytes"
-
+def _bytes(rule: Size | None = None) -> Kind:
     def decode(value: Any, where: str) -> bytes:
-        if type(value) is not bytes or (size is not None and len(value) != size):
-            raise schema_error(where, expected, value)
+        if type(value) is not bytes or (rule is not None and not rule.admits(value)):
+            raise schema_error(where, "bytes" if rule is None else rule.says, value)
         return value
 
     return Kind(bytes, decode)
@@ -116,7 +114,7 @@ def _optional(kind: Kind) -> Kind:
     return Kind(encode, decode)
 
 
-def _tuple(item: Kind, length: int | None = None, *, distinct: bool = False) -> Kind:
+def _tuple(item: Kind, length: int | None = None, rule: Distinct | None = None) -> Kind:
     expected = "a list" if length is None else f"a list of {length}"
 
     def encode(value: Any) -> list[Any]:
@@ -126,8 +124,8 @@ def _tuple(item: Kind, length: int | None = None, *, distinct: bool = False) -> 
         if type(value) is not list or (length is not None and len(value) != length):
             raise schema_error(where, expected, value)
         out = tuple(item.decode(v, f"{where}[{n}]") for n, v in enumerate(value))
-        if distinct and len(set(out)) != len(out):
-            raise schema_error(where, "distinct entries", value)
+        if rule is not None and not rule.admits(out):
+            raise schema_error(where, rule.says, value)
         return out
 
     return Kind(encode, decode)
@@ -313,12 +311,12 @@ def _annotated(base: Any, rules: tuple[Any, ...]) -> Kind:
     if isinstance(rule, Bound | Choice) and base is int:
         return _int(rule)
     if isinstance(rule, Size) and base is bytes:
-        return _bytes(rule.size)
+        return _bytes(rule)
     if isinstance(rule, Nested):
         return _params(rule.depth)
     if isinstance(rule, Distinct) and typing.get_origin(base) is tuple:
         (item, _) = typing.get_args(base)
-        return _tuple(kind_of(item), distinct=True)
+        return _tuple(kind_of(item), rule=rule)
     raise TypeError(f"no wire form for {base} with {rule}")
 
 
