@@ -16,9 +16,13 @@ the receiving agent's key, and true models (`Telemetry`) sealed to the orchestra
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 from agent.problems import Share
-from agent.spec import AgentSpec
+from agent.spec import COUNT_LIMIT, AgentId, AgentSpec, Bound, ConfigError, Count, Size
+
+Session = Count  # a run's session number
+IdentityBytes = Annotated[bytes, Size(64)]  # keys.PublicIdentity.to_bytes()
 
 # ---- upward: agent -> orchestrator, signed with the agent's identity key ---------------------
 
@@ -31,18 +35,18 @@ class Hello:
     band at launch, so broker credentials alone cannot register a sybil identity.
     """
 
-    agent: int
-    identity: bytes  # keys.PublicIdentity.to_bytes()
-    proof: bytes
+    agent: AgentId
+    identity: IdentityBytes
+    proof: Annotated[bytes, Size(32)]
 
 
 @dataclass(frozen=True, slots=True)
 class Ready:
     """Configured and keyed for `session`'s `view`: waiting for Go."""
 
-    agent: int
-    session: int
-    view: int
+    agent: AgentId
+    session: Session
+    view: Count
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,12 +54,12 @@ class Progress:
     """Heartbeat: rounds completed in `view`; `held` once the agent has stopped for a view
     change (or at Go's `until`), so `round` is final for the view; whom it waits for."""
 
-    agent: int
-    session: int
-    view: int
-    round: int
+    agent: AgentId
+    session: Session
+    view: Count
+    round: Count
     held: bool
-    waiting: tuple[int, ...]
+    waiting: tuple[AgentId, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,19 +67,19 @@ class Rejoin:
     """An agent left out of the current view (or restarted) asks to come back; `rounds` are
     those of `session` whose model it still holds (in memory or in a checkpoint)."""
 
-    agent: int
-    session: int  # -1: no model of any session
-    rounds: tuple[int, ...]
+    agent: AgentId
+    session: Annotated[int, Bound(-1, COUNT_LIMIT, "a session or -1")]  # -1: no model
+    rounds: tuple[Count, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class Telemetry:
     """A batch of Reports ending at `round`, sealed to the orchestrator's key."""
 
-    agent: int
-    session: int
-    view: int
-    round: int
+    agent: AgentId
+    session: Session
+    view: Count
+    round: Count
     sealed: bytes
 
 
@@ -84,9 +88,9 @@ class Escrow:
     """Under `--audit` only: the agent's link keys of `view`, sealed to the orchestrator's
     key, so `privnet inspect` can open the sealed frames it recorded (and no one else can)."""
 
-    agent: int
-    session: int
-    view: int
+    agent: AgentId
+    session: Session
+    view: Count
     sealed: bytes
 
 
@@ -94,12 +98,12 @@ class Escrow:
 class Finished:
     """Done with `session`: what it dropped (by reason), what it sent (by category)."""
 
-    agent: int
-    session: int
-    view: int
-    rejected: dict[str, int]
-    bytes: dict[str, int]
-    messages: dict[str, int]
+    agent: AgentId
+    session: Session
+    view: Count
+    rejected: dict[str, Count]
+    bytes: dict[str, Count]
+    messages: dict[str, Count]
     wall: float
 
 
@@ -108,15 +112,15 @@ class Left:
     """Answer to Close: the agent reads its inbox no more; what it dropped since its last
     Finished (so every delivery it ever got is in the run's report)."""
 
-    agent: int
-    rejected: dict[str, int]
+    agent: AgentId
+    rejected: dict[str, Count]
 
 
 @dataclass(frozen=True, slots=True)
 class Failed:
     """The agent cannot go on, and why."""
 
-    agent: int
+    agent: AgentId
     reason: str
 
 
@@ -128,7 +132,7 @@ class Welcome:
     """Registration accepted: stop sending Hello. `rejoin`: the run is under way (this agent
     was started again), so it answers with Rejoin, saying which models it holds."""
 
-    agent: int
+    agent: AgentId
     rejoin: bool = False
 
 
@@ -136,9 +140,9 @@ class Welcome:
 class Setup:
     """The agent's `Config` for `session`'s `view`, sealed to its identity's X25519 key."""
 
-    agent: int
-    session: int
-    view: int
+    agent: AgentId
+    session: Session
+    view: Count
     sealed: bytes
 
 
@@ -146,26 +150,26 @@ class Setup:
 class Go:
     """Run `view` from its start round through round `until`, then hold."""
 
-    session: int
-    view: int
-    until: int
+    session: Session
+    view: Count
+    until: Count
 
 
 @dataclass(frozen=True, slots=True)
 class Hold:
     """Stop at the current round boundary: view `view` is being prepared."""
 
-    session: int
-    view: int
+    session: Session
+    view: Count
 
 
 @dataclass(frozen=True, slots=True)
 class Excluded:
     """`agent` is not a member of `view` (missed its deadline): it may Rejoin."""
 
-    agent: int
-    session: int
-    view: int
+    agent: AgentId
+    session: Session
+    view: Count
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,13 +203,20 @@ class Config:
 
     spec: AgentSpec
     problem: Share  # the problem and data by name, and this agent's own keys and rows
-    directory: dict[int, bytes]  # agent id -> PublicIdentity.to_bytes()
+    directory: dict[AgentId, IdentityBytes]  # agent id -> PublicIdentity.to_bytes()
     deadline: float
     telemetry: bool
-    resume: int = 0  # start from the agent's own model after this round (0: spec.w0)
-    checkpoint_every: int = 0  # rounds between checkpoints (0: none)
+    resume: Count = 0  # start from the agent's own model after this round (0: spec.w0)
+    checkpoint_every: Count = 0  # rounds between checkpoints (0: none)
     seal_links: bool = True  # peer frames sealed (False: the paper's visible wire, MACed)
     escrow: bool = False  # send the view's link keys to the orchestrator (`--audit`)
+
+    def check(self) -> None:
+        """ConfigError unless the parts fit each other (each checks itself when built)."""
+        if self.problem.dim != self.spec.dim:
+            raise ConfigError(
+                f"problem.dim {self.problem.dim} differs from spec.dim {self.spec.dim}"
+            )
 
 
 Up = Hello | Ready | Progress | Rejoin | Telemetry | Escrow | Finished | Left | Failed

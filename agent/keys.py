@@ -10,7 +10,6 @@ Pure functions, no I/O.
 
 from __future__ import annotations
 
-import hmac
 import math
 import os
 import struct
@@ -84,17 +83,8 @@ def _exchange(private: X25519PrivateKey, peer_public: bytes, what: str) -> bytes
 
 
 def _hkdf(secret: bytes, salt: bytes | None, info: bytes) -> bytes:
+    """HKDF-SHA256 (RFC 5869) to one 32-byte key: the one derivation of every key here."""
     return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=salt, info=info).derive(secret)
-
-
-def _hkdf_fast(secret: bytes, salt: bytes, info: bytes) -> bytes:
-    """The very bytes `_hkdf` derives (RFC 5869 extract, then one SHA-256 block of expand),
-    from the standard library's one-shot HMAC: the masks derive a key per pair stream (one
-    per pair and round with every-round re-keying), and cryptography's HKDF object costs
-    more than the two HMACs it computes. It caches nothing: the core keeps an epoch's
-    streams beside its secrets and forgets both together (every-round re-keying)."""
-    prk = hmac.digest(salt, secret, "sha256")
-    return hmac.digest(prk, info + b"\x01", "sha256")
 
 
 def _pack(fields: struct.Struct, names: str, *values: int) -> bytes:
@@ -305,7 +295,7 @@ class PairStream:
             raise ValueError(f"dim must be >= 1, got {dim}")
         names = "hub, min(pair), max(pair), step, epoch, dim"
         fields = _pack(_MASK_FIELDS, names, hub, first, second, step, epoch, dim)
-        self._key = _hkdf_fast(secret, session, MASK_TAG + fields)
+        self._key = _hkdf(secret, session, MASK_TAG + fields)
         self._width = 8 * dim
         self._encryptor: CipherContext | None = None
         self._at = -1  # byte offset the open encryptor reads next
@@ -434,7 +424,7 @@ def link_key(
 ) -> bytes:
     """The 32-byte key of the link a <-> b; both ends derive the same one.
 
-    With `view`, the key that seals the link's frames (ChaCha20-Poly1305, `wire.PeerCodec`):
+    With `view`, the key that seals the link's frames (ChaCha20-Poly1305, `links.Links`):
     its own tag and the view in the HKDF info, so no seal key is a MAC key, and none
     outlives a membership change even where the session id would not change. Without, the
     MAC key of the visible wire (`--seal-links off`). Both come from the two ends' static

@@ -1,6 +1,7 @@
 """What agents say to each other and to the orchestrator: plain dataclasses, no I/O.
 
-The core consumes and emits these; `wire.py` turns them into bytes and back.
+The core consumes and emits these; `agent.wire` turns them into bytes and back, from the
+field types declared here (ranges and sizes from `agent.spec`).
 `ORCHESTRATOR` is the receiver id of everything meant for the orchestrator.
 """
 
@@ -8,8 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Annotated
 
 import numpy as np
+
+from agent.spec import AgentId, Count, Distinct, Side, Size, Step
 
 ORCHESTRATOR = -1
 
@@ -18,24 +22,24 @@ ORCHESTRATOR = -1
 class Model:
     """A (possibly masked) model for one combine step: sender -> receiver."""
 
-    sender: int
-    receiver: int
-    round: int
-    step: int  # the paper's j: 1 pre-combine, 0 adapt-combine, 2 post-combine
+    sender: AgentId
+    receiver: AgentId
+    round: Count
+    step: Step  # the paper's j: 1 pre-combine, 0 adapt-combine, 2 post-combine
     vector: np.ndarray
-    view: int = 0  # the membership view it belongs to: another view's frames are not used
+    view: Count = 0  # the membership view it belongs to: another view's frames are not used
 
 
 @dataclass(frozen=True, slots=True)
 class KeyPlan:
     """Masked schemes: hub `sender` tells `receiver` its side at this hub and its partners."""
 
-    sender: int  # the hub
-    receiver: int
-    step: int
-    side: int  # +1 (N+) or -1 (N-)
-    partners: tuple[int, ...]
-    view: int = 0
+    sender: AgentId  # the hub
+    receiver: AgentId
+    step: Step
+    side: Side  # +1 (N+) or -1 (N-)
+    partners: Annotated[tuple[AgentId, ...], Distinct()]
+    view: Count = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,24 +50,24 @@ class KeyShare:
     The signature covers everything but sender/receiver, so the hub cannot swap the key.
     """
 
-    sender: int
-    receiver: int
-    owner: int
-    hub: int
-    partner: int
-    step: int
-    epoch: int  # 0 with re-key `once`, the round with `every-round`
-    public: bytes
-    signature: bytes
-    view: int = 0
+    sender: AgentId
+    receiver: AgentId
+    owner: AgentId
+    hub: AgentId
+    partner: AgentId
+    step: Step
+    epoch: Count  # 0 with re-key `once`, the round with `every-round`
+    public: Annotated[bytes, Size(32)]
+    signature: Annotated[bytes, Size(64)]
+    view: Count = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Report:
     """Per-round telemetry for the orchestrator; carries the true model (sealed on the wire)."""
 
-    sender: int
-    round: int
+    sender: AgentId
+    round: Count
     w: np.ndarray
 
 

@@ -10,9 +10,79 @@ import functools
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Annotated
 
 STEPS = (1, 0, 2)  # the paper's combine steps in the order a round runs them
 WEIGHT_TOL = 1e-9
+ID_LIMIT = 2**32  # agent ids are packed as uint32 in key derivations
+COUNT_LIMIT = 2**64  # rounds and epochs are packed as uint64
+PARAM_DEPTH = 4  # how deep a problem parameter's lists may nest
+
+
+# ---- the ranges of the fields that travel: declared on the types, applied by the wire ----
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """An integer field's range [lo, hi); `says` names it in a refusal."""
+
+    lo: int
+    hi: int
+    says: str
+
+    def admits(self, value: int) -> bool:
+        return self.lo <= value < self.hi
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """An integer field that takes one of `options`."""
+
+    options: tuple[int, ...]
+    says: str
+
+    def admits(self, value: int) -> bool:
+        return value in self.options
+
+
+@dataclass(frozen=True, slots=True)
+class Size:
+    """A bytes field of exactly `size` bytes (a key, a signature, a proof)."""
+
+    size: int
+
+    @property
+    def says(self) -> str:
+        return f"{self.size} bytes"
+
+    def admits(self, value: bytes) -> bool:
+        return len(value) == self.size
+
+
+@dataclass(frozen=True, slots=True)
+class Distinct:
+    """A tuple whose entries differ (a set, sent in order)."""
+
+    says = "distinct entries"
+
+    def admits(self, value: tuple[object, ...]) -> bool:
+        return len(set(value)) == len(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Nested:
+    """Problem parameters: names to numbers, strings, booleans or lists of them, `depth`
+    deep (a Setup carries values, never code)."""
+
+    depth: int
+
+
+AgentId = Annotated[int, Bound(0, ID_LIMIT, "an agent id in [0, 2**32)")]
+Count = Annotated[int, Bound(0, COUNT_LIMIT, "an integer in [0, 2**64)")]
+Positive = Annotated[int, Bound(1, ID_LIMIT, "an integer in [1, 2**32)")]
+Step = Annotated[int, Choice(STEPS, f"a combine step in {STEPS}")]
+Side = Annotated[int, Choice((1, -1), "a side, +1 or -1")]
+RngKey = tuple[Count, Count]  # a 128-bit Philox key (agent.rng), as two 64-bit words
 
 
 class ConfigError(ValueError):
@@ -61,9 +131,9 @@ class StepPlan:
     that the masked schemes need to put masks on the lattice and ghp for the self-term (a_pp).
     """
 
-    step: int
-    weights_in: dict[int, float]
-    weights_out: dict[int, float]
+    step: Step
+    weights_in: dict[AgentId, float]
+    weights_out: dict[AgentId, float]
 
     @property
     def communicates(self) -> bool:
@@ -80,20 +150,20 @@ class StepPlan:
 class AgentSpec:
     """Everything agent `agent` needs to run its rounds (the loss comes separately)."""
 
-    agent: int
-    agents: int  # P: the noise row holds one draw per agent id
-    dim: int  # M
+    agent: AgentId
+    agents: Positive  # P: the noise row holds one draw per agent id
+    dim: Positive  # M
     steps: tuple[StepPlan, StepPlan, StepPlan]  # in STEPS order
     scheme: Scheme
     sigma_g: float
     mu: float
-    rounds: int
-    noise_key: tuple[int, int]  # this agent's own random/ghp stream (seeds.Purpose.NOISE)
+    rounds: Count
+    noise_key: RngKey  # this agent's own random/ghp stream (seeds.Purpose.NOISE)
     session: bytes  # random per run; bound into every signature, MAC and mask
     rekey: Rekey = Rekey.ONCE
     w0: tuple[float, ...] = field(default=())  # initial model; zeros when empty
-    view: int = 0  # the membership view these weights are for (DESIGN: Membership and faults)
-    start: int = 1  # the first round this spec runs: a later view redoes from here
+    view: Count = 0  # the membership view these weights are for (DESIGN: Membership and faults)
+    start: Positive = 1  # the first round this spec runs: a later view redoes from here
 
     def __post_init__(self) -> None:
         # The core compares with `is`: a plain "local-ghp" string would silently run ghp.

@@ -7,7 +7,6 @@ import dataclasses
 import hashlib
 import hmac
 import math
-import os
 import struct
 
 import numpy as np
@@ -548,10 +547,3 @@ def test_wrong_context_wrong_key_and_short_blob_are_rejected():
 def test_seal_rejects_a_bad_recipient_key(bad):
     with pytest.raises(BadKey, match="recipient's static key"):
         seal(bad, b"x", b"ctx")
-
-
-def test_fast_hkdf_derives_the_bytes_of_cryptographys_hkdf() -> None:
-    """The masks' key derivation (stdlib HMAC) is RFC 5869 HKDF-SHA256, byte for byte."""
-    for n in (0, 1, 31, 32, 33, 200):
-        secret, salt, info = os.urandom(32), os.urandom(16), os.urandom(n)
-        assert keys._hkdf_fast(secret, salt, info) == keys._hkdf(secret, salt, info)

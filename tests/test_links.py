@@ -1,4 +1,4 @@
-"""Sealed links (agent/links.py, the sealed frames of agent/wire.py): what the wire shows,
+"""Sealed links (agent/links.py, the sealed frames of agent/wire/sealed.py): what the wire shows,
 one crafted frame per rejection reason, nonces that never repeat, and a flood of hostile
 frames of every kind during a run that changes nothing."""
 
@@ -22,6 +22,8 @@ from agent.messages import KeyPlan, KeyShare, Model, Rejected
 from agent.node import Phase
 from agent.protocol import Publish
 from agent.spec import STEPS, Rekey, Scheme, Strategy
+from agent.wire import catalog, frames, schema
+from agent.wire import sealed as sealing
 from orchestrator.engines.memory import Network
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
@@ -76,7 +78,7 @@ def test_a_sealed_frame_shows_who_when_and_no_value(msg: wire.Peer) -> None:
     frame = pair()[0].encode(msg)
     _, name, raw, _ = msgpack.unpackb(frame)
     head = msgpack.unpackb(raw)
-    assert name == wire._schema_of(msg, wire._PEER, "").name
+    assert name == frames.schema_of(msg, catalog.PEER, "").name
     expected = {"s", "r", "i", "j", "v"} if isinstance(msg, Model) else {"s", "r", "v", "n"}
     assert set(head) == expected
     secrets = [msg.vector.tobytes()] if isinstance(msg, Model) else []
@@ -110,14 +112,14 @@ def test_the_fast_model_path_builds_the_generic_paths_bytes(
     msg = Model(sender, receiver, round_, step, np.array(vector), view)
     aead = ChaCha20Poly1305(KEY)
     fast = wire.seal_peer(msg, aead, RUN)
-    schema = wire._PEER["model"]
-    head_fields, secret_fields = wire._SEALED["model"]
-    fields = wire._encode_fields(msg, schema.fields)
-    raw = wire._pack({f.key: fields[f.key] for f in head_fields})
-    head = wire.Head(schema, {f.name: fields[f.key] for f in head_fields}, raw, b"")
-    plain = wire._pack({f.key: fields[f.key] for f in secret_fields})
-    box = aead.encrypt(head.nonce, plain, wire._associated(RUN, "model", raw))
-    assert fast == wire._pack([wire.VERSION, "model", raw, box])
+    kind = catalog.PEER["model"]
+    head_fields, secret_fields = sealing.SEALED["model"]
+    fields = schema.encode_fields(msg, kind.fields)
+    raw = frames.pack({f.key: fields[f.key] for f in head_fields})
+    head = wire.Head(kind, {f.name: fields[f.key] for f in head_fields}, raw, b"")
+    plain = frames.pack({f.key: fields[f.key] for f in secret_fields})
+    box = aead.encrypt(head.nonce, plain, sealing.associated(RUN, "model", raw))
+    assert fast == frames.pack([wire.VERSION, "model", raw, box])
     opened = wire.open_head(wire.read_head(fast, 1 << 20), aead, RUN, len(vector))
     assert isinstance(opened, Model) and opened.round == round_
     np.testing.assert_array_equal(opened.vector, msg.vector)

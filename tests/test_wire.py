@@ -38,6 +38,8 @@ from agent.control import (
 from agent.messages import KeyPlan, KeyShare, Model, Rejected, Report
 from agent.problems import Linear, Share
 from agent.spec import AgentSpec, Rekey, Scheme, StepPlan
+from agent.wire import catalog, frames, mac
+from agent.wire import model as fastpath
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
@@ -1049,7 +1051,7 @@ def test_fuzz_deep_nesting_and_huge_declared_lengths() -> None:
 
 
 def generic_frame(msg: Model, key: bytes = KEY) -> bytes:
-    return wire._frame(wire._PEER["model"], msg, key)
+    return frames.frame(catalog.PEER["model"], msg, key)
 
 
 def both_paths(data: bytes, **overrides: Any) -> tuple[Any, Any]:
@@ -1064,14 +1066,14 @@ def both_paths(data: bytes, **overrides: Any) -> tuple[Any, Any]:
         "max_size": wire.MAX_PEER_BYTES,
     }
     args |= overrides
-    fast = wire._decode_model(data, **args)
+    got = fastpath.decode_model(data, **args)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(wire, "_decode_model", lambda *_: None)  # only the generic path
+        patch.setattr(fastpath, "decode_model", lambda *_: None)  # only the generic path
         try:
             generic: Any = wire.decode_peer(data, **args)
         except Rejected as exc:
             generic = exc
-    return fast, generic
+    return got, generic
 
 
 def agree(data: bytes, **overrides: Any) -> Any:
@@ -1095,7 +1097,7 @@ def test_fast_model_frames_are_the_generic_frames(
 ) -> None:
     msg = Model(sender, receiver, round_, step, vector, view)
     data = wire.encode_peer(msg, KEY)
-    assert wire._encode_model(msg, KEY) == data == generic_frame(msg)
+    assert fastpath.encode_model(msg, KEY) == data == generic_frame(msg)
     args = {
         "receiver": receiver,
         "topic_sender": sender,
@@ -1128,7 +1130,7 @@ def test_unusual_models_encode_as_the_generic_path_does(vector: Any) -> None:
 
 def test_unusual_field_types_take_the_generic_path() -> None:
     for msg in (model(round=np.int64(7)), model(step=True), model(view=np.uint8(0))):
-        assert wire._encode_model(msg, KEY) is None
+        assert fastpath.encode_model(msg, KEY) is None
         assert wire.encode_peer(msg, KEY) == generic_frame(msg)
 
 
@@ -1187,19 +1189,19 @@ def vector_map(values: list[float]) -> dict[str, Any]:
 @pytest.mark.parametrize("size", [0, 1, 255, 256, 65_535, 65_536, 70_000])
 def test_bin_head_is_msgpacks(size: int) -> None:
     blob = bytes(size)
-    assert wire._bin_head(size) + blob == msgpack.packb(blob, use_bin_type=True)
+    assert fastpath.bin_head(size) + blob == msgpack.packb(blob, use_bin_type=True)
 
 
 @FUZZ
 @given(st.binary(max_size=130), st.binary(max_size=300), st.sampled_from(NAMES))
 def test_mac_is_hmac_sha256(key: bytes, body: bytes, name: str) -> None:
     expected = hmac.digest(key, name.encode() + body, "sha256")[: wire.MAC_BYTES]
-    assert wire._mac(key, name, body) == expected
-    assert wire._mac(key, name, body) == expected  # and again, from the cached key pads
+    assert mac.mac(key, name, body) == expected
+    assert mac.mac(key, name, body) == expected  # and again, from the cached keyed HMAC
 
 
 @pytest.mark.parametrize("kind", [[1], {"a": 1}, b"q", 3])
 def test_a_tagged_record_with_a_kind_that_is_no_name_is_a_schema_error(kind: object) -> None:
     """The fuzz found it: an unhashable kind raised TypeError instead of Rejected."""
     with pytest.raises(Rejected, match="schema"):
-        wire._DATA.decode([kind, {}], "config.problem.data")
+        catalog.DATA.decode([kind, {}], "config.problem.data")
