@@ -1,8 +1,9 @@
 """The orchestrator's side of a run's life cycle, as a sans-IO state machine (`Conductor`),
 in parts: `registry` (registration and pinned identities, who is alive), `membership`
 (views, stalls, splits, resume points), `collection` (telemetry, escrow, what is sent and
-counted), `setups` (each member's sealed Setup), composed by `machine`; `records` holds
-the plain data they share with the engines and the views."""
+counted), `setups` (each member's sealed Setup). `state` composes them and reads them out,
+`sessions` moves a session through its views, `machine` reads deliveries and time;
+`records` holds the plain data they share with the engines and the views."""
 
 from orchestrator.conductor.machine import Conductor
 from orchestrator.conductor.records import (
