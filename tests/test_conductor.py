@@ -1,4 +1,4 @@
-"""The conductor (orchestrator/conductor.py), driven directly and with 10 nodes in memory.
+"""The conductor (orchestrator/conductor/), driven directly and with 10 nodes in memory.
 
 Whole runs through the in-memory router must equal the oracle (the paper's recursion in
 numpy) for every strategy x scheme, with every delivery counted. Every bad upward frame
