@@ -25,18 +25,15 @@ from runs import CONTROL_TYPES, ROUNDS, RUN, Harness, assert_same_models, clean
 from agent import control, keys, topics, wire
 from agent.messages import KeyShare
 from agent.node import (
-    EARLY_BYTES,
-    EARLY_COUNT,
     HELLO_EVERY,
     IDLE_TIMEOUT,
-    RECENT,
     REGISTER_TIMEOUT,
     AgentNode,
     Launch,
     Phase,
-    offered,
 )
 from agent.protocol import BEATS, Event, Output, Publish, hello_proof, setup_context
+from agent.session import EARLY_BYTES, EARLY_COUNT, RECENT, offered
 from agent.spec import Scheme, Strategy
 from orchestrator.conductor import Stage
 
