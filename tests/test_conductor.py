@@ -20,7 +20,7 @@ import pytest
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from probes import matches, uncounted
+from probes import inject, matches, uncounted
 from runs import (
     AGENTS,
     CONTROL_TYPES,
@@ -1115,11 +1115,11 @@ def test_a_finished_a_later_view_voids_gives_its_rejections_back() -> None:
     lose_models_to(h, 8, ROUNDS)
     junk = topics.peer_topic(RUN, 1, 7)
 
-    def inject() -> None:
+    def send_junk() -> None:
         for _ in range(2):
             inject(h.net.router, junk, b"\xc1")
 
-    h.when(lambda: h.nodes[1].phase is Phase.RUNNING, inject)
+    h.when(lambda: h.nodes[1].phase is Phase.RUNNING, send_junk)
     h.start()
     first = [m for _, m in h.decoded if isinstance(m, control.Finished) and m.agent == 1]
     assert [f.rejected for f in first] == [{"malformed": 2}]
