@@ -1,14 +1,11 @@
 """`python -m agent [--launch FILE]`: one privnet agent process.
 
-What the agent needs to join a run (broker, run name, its id, the orchestrator's public
-key, its launch token, broker credentials) comes out of band: the JSON launch that
-`privnet run` writes, in $PRIVNET_LAUNCH or a file (`--launch`). $PRIVNET_LAUNCHES (a JSON
-list, `privnet run --agents-per-process K`) runs several agents in this one process, each
-with its own MQTT client, credentials, identity and node. `--claim DIR` takes the
-first unclaimed launch file in DIR (docker-compose replicas, which share one volume), and
-`--remember FILE` keeps that claim for the container's next start; `--launch FILE --slot N`
-takes the N-th of a list of launches (docker-stack.yml replicas, which share one Docker
-secret).
+What an agent needs to join a run (broker, run, id, the orchestrator's key, its launch
+token, broker credentials) comes out of band, never from the broker: the JSON launch that
+`privnet run` writes, in $PRIVNET_LAUNCH or a file (`--launch`); $PRIVNET_LAUNCHES runs
+several agents in one process (`--agents-per-process`). `--claim DIR` (docker-compose
+replicas sharing a volume, `--remember FILE` keeping the claim) and `--slot N` (swarm
+replicas sharing one secret) pick one launch of many.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ class ClientAccess:
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `aiomqtt.Client` (besides hostname and port). No client
         identifier: a broker with the run's users makes it the username, others pick a random
-        one (see `Broker.connect_options`)."""
+        one."""
         import aiomqtt
 
         kwargs: dict[str, Any] = {"username": self.username, "password": self.password}

@@ -1,16 +1,11 @@
 """What the orchestrator and an agent say to each other: plain dataclasses, no I/O.
 
-A run goes Hello -> Welcome, then per session Setup -> Ready -> Go -> Telemetry... ->
-Finished, then Close -> Left, and finally Bye; Abort stops it early, Failed says an agent
-cannot go on. Agents send Progress as a heartbeat. When membership changes (an agent lost,
-back, or the network stalled), the orchestrator sends Hold, every member answers with a
-held Progress, and a new view follows: Setup -> Ready -> Go again, from a round boundary
-(DESIGN: Membership and faults). An agent left out is told (Excluded) and may ask to come
-back (Rejoin).
-Every one of these travels signed (`wire.encode_signed`): downward frames by the run's
-orchestrator key, upward frames by the agent's identity key, each naming the run and
-carrying a sequence number. Whatever determines a model (`Config`) travels sealed to
-the receiving agent's key, and true models (`Telemetry`) sealed to the orchestrator's.
+Hello -> Welcome, then per session Setup -> Ready -> Go -> Telemetry... -> Finished, then
+Close -> Left -> Bye; Progress is the agents' heartbeat, Abort and Failed end early, and a
+membership change is Hold, then a new view's Setup (Excluded and Rejoin for an agent left
+out; DESIGN: Membership and faults). Every frame travels signed and numbered, naming the
+run (`wire.encode_signed`); what determines a model (`Config`) is sealed to its agent, true
+models (`Telemetry`) to the orchestrator.
 """
 
 from __future__ import annotations

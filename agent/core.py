@@ -1,14 +1,11 @@
 """The agent's protocol as a pure state machine (sans-IO, like h11).
 
-Feed it received messages with `receive`; it returns the messages to send. It never
-touches sockets, clocks or event loops, so every engine (in-memory, networked) runs the
-very same code and the protocol is tested without a broker.
-
-A round runs the paper's three combine steps in order j = 1, 0, 2 (eqs. privPreComb,
-privUpdate, privPostComb). A step whose matrix is the identity needs no messages. For a
-communicating step the agent sends one message per out-neighbour, waits for one message
-per in-neighbour, then combines: sum_m a_mp * (message from m), its own term included
-(masked schemes: each term rounded to the noise grid, where their masks cancel exactly).
+`receive` a message, get the messages to send: no sockets, clocks or event loops, so every
+engine runs the very same code and the protocol is tested without a broker. A round runs
+the paper's three combine steps in order j = 1, 0, 2 (eqs. privPreComb, privUpdate,
+privPostComb); a communicating step sends one message per out-neighbour, waits for one per
+in-neighbour and combines sum_m a_mp * (message from m), its own term included (the masked
+schemes take each term on the noise grid, where their masks cancel exactly).
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Labelled datasets every agent loads on its own machine (nothing is downloaded at run time).
 
 Agents load the same arrays as the orchestrator and take their own rows, so raw data never
-crosses the wire. A dataset is a plug-in (`agent.plugins`): privnet's own `adult` (UCI Adult,
-shipped in agent/data), scikit-learn's bundled `digits`, `breast-cancer` and `wine` (the
-`sklearn` extra; they ship inside scikit-learn, so they work offline), an entry point in
-the group `privnet.datasets`, or `module:function`. Each is a function with no arguments
-that returns a `Dataset`.
-
-The conventions every problem relies on: features standardized with the training split's
-mean and std and a constant 1 last (the bias, which feature noise leaves alone), labels the
-class indices 0 .. classes-1.
+crosses the wire. A dataset is a plug-in (`agent.plugins`) returning a `Dataset`: `adult`
+(shipped in agent/data), scikit-learn's bundled `digits`, `breast-cancer` and `wine`, an
+entry point in `privnet.datasets`, or `module:function`. Every problem relies on features
+standardized with the training split's mean and std plus a constant 1 last (the bias,
+which feature noise leaves alone), and labels 0 .. classes-1.
 """
 
 from __future__ import annotations

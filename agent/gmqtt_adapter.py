@@ -1,19 +1,12 @@
 """The gmqtt adapter: the one file of privnet that imports gmqtt, and the only one that
-touches its internals (each pinned to the gmqtt in use by tests/test_edges.py).
+touches its internals, each pinned to the gmqtt in use by tests/test_edges.py.
 
-gmqtt is the agents' and the orchestrator's MQTT client (`agent.transport.Connection` drives
-it). What is changed, and the private members of gmqtt that takes:
-- `DirectProtocol` parses where the bytes arrive, with no read task: it calls
-  `BaseMQTTProtocol.connection_made` past `MQTTProtocol`'s, replaces `_read_packet`,
-  writes to and closes `_transport` itself, stamps the connection's `_last_data_in` (the
-  keepalive's clock), and hands QoS-0 PUBLISHes of the current connection
-  (`_connection._handler.current_connection`) straight to `deliver`;
-- `GmqttClient` makes its connections on `DirectProtocol` (its `_create_connection` is
-  gmqtt's, which takes no protocol class: `_exit_reconnecting_state`, `_package_handler`,
-  `_connack_received`, `_connection_lost`, `_connection_state`, `_logger`), never reconnects
-  by itself, and `abort`s a failed attempt (`_disconnect`);
-- `Inflight` remembers what each unacknowledged QoS-1 PUBLISH carried (gmqtt's storage API);
-- `refused_for_good` reads the CONNACK code of a refusal (`MQTTConnectError._code`).
+gmqtt is every party's MQTT client (`agent.transport.Connection` drives it). `DirectProtocol`
+parses where the bytes arrive, with no read task, and hands QoS-0 PUBLISHes straight on;
+`GmqttClient` makes its connections on it, never reconnects by itself (the Connection
+decides) and aborts a failed attempt; `Inflight` remembers what each unacknowledged QoS-1
+PUBLISH carried; `refused_for_good` reads a refusal's CONNACK code. tests/test_edges.py
+lists every private member of gmqtt taken here.
 """
 
 from __future__ import annotations
@@ -59,16 +52,12 @@ def refused_for_good(exc: BaseException) -> bool:
 class DirectProtocol(MQTTProtocol):  # type: ignore[misc,unused-ignore]
     """gmqtt's MQTT protocol, reading where the bytes arrive and writing in batches.
 
-    gmqtt feeds what the socket gives to a StreamReader, and a read task of its own wakes to
-    parse it: one more event-loop turn per read, and amqtt sends every message alone. Here
-    `data_received` parses at once. A QoS-0 PUBLISH (every peer frame: MQTT 3.1.1, no
-    properties) goes straight to `deliver`; gmqtt's handler would unpack it twice, parse
-    properties and ask `inspect` whether our callback is a coroutine, per message. Every
-    other packet takes gmqtt's own path, in order. A QoS-0 PUBLISH is also built here
-    (`publish_qos0`): gmqtt's Message and packet builder cost as much as the rest of a send.
-
-    Within `corked()` the packets written are joined into one transport write when it ends:
-    a step's publishes leave in one syscall, and the broker reads them in one."""
+    gmqtt feeds the socket to a StreamReader that a read task of its own parses, one more loop
+    turn per read, and unpacks each PUBLISH twice. Here `data_received` parses at once, hands a
+    QoS-0 PUBLISH (every peer frame) straight to `deliver`, and sends every other packet
+    gmqtt's own way, in order; `publish_qos0` builds one without gmqtt's Message. Within
+    `corked()` the packets written leave in one transport write: a step's publishes in one
+    syscall, which the broker reads in one."""
 
     def __init__(self, *args: Any, deliver: Deliver, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

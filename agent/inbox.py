@@ -1,14 +1,10 @@
 """Reading an aiomqtt client's messages with a timeout, without losing any.
 
-aiomqtt's `client.messages` iterator loses a message when a wait on it is cancelled in the
-same loop turn that the message arrives (its internal queue-get task has completed, and
-cancelling the outer wait discards the result). Any `wait_for(anext(messages), t)` loop hits
-this under load. So one task drains the iterator for the life of the connection, and
-readers wait on a plain asyncio.Queue, whose `get` is cancellation-safe.
-
-The timeout is `asyncio.timeout`, not `asyncio.wait_for`: in Python 3.11, wait_for returns
-the inner result when a cancellation lands in the turn the result does, swallowing the
-cancel, and Ctrl-C (one cancel of the main task) was lost under a stream of telemetry.
+aiomqtt's `client.messages` loses a message when a wait on it is cancelled in the loop turn
+it arrives, which any `wait_for(anext(messages), t)` loop hits under load; so one task
+drains the iterator for the connection's life and readers wait on a plain asyncio.Queue,
+whose `get` is cancellation-safe. The timeout is `asyncio.timeout`: Python 3.11's
+`wait_for` can swallow a cancellation that lands with the result, and lost Ctrl-C so.
 """
 
 from __future__ import annotations

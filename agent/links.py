@@ -1,18 +1,12 @@
 """One agent's links to its neighbours for one membership view: frames sealed, opened, and
 kept in order. Pure: no I/O; the node holds one per view.
 
-Sealed (the default): every peer frame is ChaCha20-Poly1305 under its link's seal key
-(`keys.link_key` with the view), which only the link's two ends hold; the wire shows who
-talks to whom, in which view and round, and nothing of a model or a key. Masks hide a model
-from one link; they cancel at a hub, so whoever reads every frame into a hub (the broker, by
-construction) would add them up and get the hub's combination: sealing is what leaves such
-an eavesdropper nothing to add. The nonce is the frame's place in its link's order (a
-model's round and step; a key frame's count), which both ends know, so a frame carries no
-nonce and none repeats under one key. A frame whose place is not past the last one taken
-from that sender is a `replay`: frames on one link only move forward (MQTT keeps a
-publisher's order per topic).
-
-Visible (`--seal-links off`): the paper's wire, frames MACed and read by anyone (`wire`).
+Sealed (the default), every peer frame is ChaCha20-Poly1305 under a key only the link's two
+ends hold: masks cancel at a hub, so whoever reads every frame into it (the broker) would
+add them up, and sealing leaves such an eavesdropper nothing to add. The nonce is the
+frame's place on its link (a model's round and step, a key frame's count), known to both
+ends, so none is sent and none repeats; a frame not past the last one from its sender is a
+`replay`. Visible (`--seal-links off`): the paper's wire, frames MACed, read by anyone.
 """
 
 from __future__ import annotations

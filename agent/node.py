@@ -1,31 +1,19 @@
 """An agent's whole life cycle as one sans-IO state machine (h11-style).
 
-Feed it what arrived with `receive(topic, payload, now)` and the passing of time with
-`tick(now)`; both return an `Output`: the frames to publish and what happened. It never
-touches sockets, clocks or event loops, so the MQTT shell, the in-memory transport and
-the tests drive the very same rules.
-
-Phases: REGISTERING (Hello until Welcome) -> REGISTERED -> [Setup] CONFIGURED -> (keys
-agreed) KEYED -> [Go] RUNNING -> FINISHED -> [Setup] CONFIGURED ... -> [Close] LEAVING
-(the shell unsubscribes from the inbox, then calls `unsubscribed`) -> LEFT -> [Bye] CLOSED,
-and FAILED from anywhere. Membership changes (DESIGN: Membership and faults): [Hold] or
-Go's `until` -> HELD, then [Setup of a later view] CONFIGURED again, from the model the
-Setup names (rolled back to the view's start); [Excluded] -> EXCLUDED (Rejoin sent), then
-[Setup] back in. A running agent never gives up on a silent neighbour: the orchestrator
-decides who is in (Progress is the heartbeat it decides on); it stops only when the
-orchestrator is silent past the deadline.
-
-A control frame is obeyed only if it is signed by the run's orchestrator key, names this
-run, carries a sequence number above every one seen, and fits the phase; anything else is
-dropped and counted under exactly one reason (`rejected`), and so is every peer message the
-round logic does not use.
+Fed deliveries (`receive`) and time (`tick`), it returns an `Output` and never touches
+sockets, clocks or event loops: the MQTT shell, the in-memory transport and the tests drive
+the very same rules. A control frame is obeyed only if it is signed by the run's
+orchestrator, names this run, carries a sequence number above every one seen and fits the
+phase; anything else, and every peer message the round logic does not use, is dropped and
+counted under exactly one reason (`rejected`). The orchestrator decides who is in: an agent
+never gives up on a silent neighbour, only on a silent orchestrator.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 import numpy as np
@@ -46,32 +34,32 @@ from agent.protocol import (
     Publish,
     Traffic,
     Unsubscribe,
-    escrow_context,
     hello_proof,
-    setup_context,
-    telemetry_context,
 )
-from agent.spec import AgentSpec, ConfigError
+from agent.session import Early, Sealing, Session, history_for, offered, open_setup
+from agent.spec import ConfigError
 
 HELLO_EVERY = 2.0  # seconds between Hellos until Welcome: the orchestrator may subscribe late
 REGISTER_TIMEOUT = 120.0
 IDLE_TIMEOUT = 600.0  # between sessions: an orchestrator gone this long is not coming back
 TELEMETRY_BATCH = 10  # rounds per sealed telemetry message
-EARLY_COUNT = 4096  # peer frames kept while no session is configured...
-EARLY_BYTES = 16 << 20  # ...and their bytes; beyond either, dropped as "overflow"
 
 
 class Phase(StrEnum):
-    REGISTERING = "registering"
-    REGISTERED = "registered"
-    CONFIGURED = "configured"
-    KEYED = "keyed"
-    RUNNING = "running"
-    HELD = "held"
-    EXCLUDED = "excluded"
-    FINISHED = "finished"
-    LEAVING = "leaving"
-    LEFT = "left"
+    """Where an agent is; [Frame] is the control frame that moves it on (DESIGN: Membership
+    and faults). Besides: [Hold] moves a configured, keyed or running agent to HELD,
+    [Excluded] one in a session to EXCLUDED, and FAILED can follow any phase."""
+
+    REGISTERING = "registering"  # Hellos until [Welcome]
+    REGISTERED = "registered"  # [Setup] -> CONFIGURED; [Close] -> LEAVING
+    CONFIGURED = "configured"  # keys agreed with the neighbours -> KEYED
+    KEYED = "keyed"  # [Go] -> RUNNING
+    RUNNING = "running"  # the last round -> FINISHED; Go's `until` -> HELD
+    HELD = "held"  # [Setup] of a later view, from the model it names -> CONFIGURED
+    EXCLUDED = "excluded"  # Rejoin sent; [Setup] -> CONFIGURED; [Close] -> LEAVING
+    FINISHED = "finished"  # [Setup] -> CONFIGURED; [Close] -> LEAVING
+    LEAVING = "leaving"  # the shell unsubscribes the inbox, then `unsubscribed` -> LEFT
+    LEFT = "left"  # [Bye] -> CLOSED
     FAILED = "failed"
     CLOSED = "closed"
 
@@ -82,7 +70,6 @@ PAUSED = (Phase.HELD, Phase.EXCLUDED, Phase.FINISHED)  # in a session, waiting f
 WAITING = (Phase.REGISTERING, Phase.REGISTERED, *PAUSED)
 BEATING = (*ACTIVE, Phase.HELD, Phase.FINISHED)  # members: Progress is their heartbeat
 IDLE = (Phase.REGISTERED, Phase.LEAVING, Phase.LEFT)  # no session: the orchestrator's turn
-RECENT = 64  # rounds a Rejoin offers (`offered`)
 
 
 @dataclass(frozen=True)
@@ -94,32 +81,6 @@ class Launch:
     orchestrator: keys.PublicIdentity  # verifies control frames; telemetry is sealed to it
     token: bytes  # proves this process is the one launched as `agent` (see control.Hello)
     rejoin: bool = False  # started again mid-run: the shell loads its checkpoint
-
-
-def offered(rounds: list[int]) -> tuple[int, ...]:
-    """What a Rejoin offers of the (sorted) rounds held: at most RECENT, the latest half
-    and the older ones evenly spread. A run resumed after its orchestrator died goes back to
-    the last round that orchestrator recorded, which may lie far behind the latest held."""
-    if len(rounds) <= RECENT:
-        return tuple(rounds)
-    half = RECENT // 2
-    older = rounds[:-half]
-    step = (len(older) - 1) / (half - 1)
-    return tuple([older[round(n * step)] for n in range(half)] + rounds[-half:])
-
-
-@dataclass
-class _Session:
-    number: int
-    view: int
-    config: control.Config
-    core: AgentCore
-    links: Links
-    history: dict[int, np.ndarray]  # round -> own model after it, on this view's branch
-    started: float = 0.0
-    reports: list[Report] = field(default_factory=list)  # telemetry not yet sealed
-    traffic: Traffic = field(default_factory=Traffic)
-    finished: Counter[str] = field(default_factory=Counter)  # rejections in a voided Finished
 
 
 class AgentNode:
@@ -145,13 +106,13 @@ class AgentNode:
         self.checkpoint = checkpoint  # what a restarted agent comes back with
         self.phase = Phase.REGISTERING
         self.deliveries = Deliveries()
-        self.session: _Session | None = None
+        self.session: Session | None = None
+        self._sealing = Sealing(launch.run, launch.agent, launch.orchestrator)
         self._registration = Traffic()  # Hellos: charged to the first session
         self._unreported: Counter[str] = Counter()  # rejections since the last Finished
         self._seq = 0  # of our own upward frames
         self._heard = -1  # highest orchestrator sequence number obeyed or seen signed
-        self._early: list[tuple[int, bytes]] = []  # (sender, payload) awaiting a view
-        self._early_bytes = 0
+        self._early = Early()  # peer frames awaiting a view
         self._since = 0.0  # when the current wait began (deadlines)
         self._orchestrator_at = 0.0  # when the orchestrator last said something valid
         self._next_hello = 0.0
@@ -363,36 +324,9 @@ class AgentNode:
         )
 
     def _configure(self, setup: control.Setup, now: float) -> Output:
-        try:
-            plain = keys.open_sealed(
-                self.identity.static,
-                setup.sealed,
-                setup_context(self.run, self.me, setup.session, setup.view),
-            )
-        except keys.BadKey as exc:
-            raise Rejected(Reason.BAD_SEAL, f"Setup: {exc}") from exc
-        config = wire.decode_config(plain)
-        spec = config.spec
-        if spec.agent != self.me or spec.view != setup.view:
-            raise Rejected(
-                Reason.SCHEMA,
-                f"Config for agent {spec.agent} view {spec.view} sealed to agent {self.me} "
-                f"for view {setup.view}",
-            )
-        try:
-            directory = {m: keys.PublicIdentity.from_bytes(b) for m, b in config.directory.items()}
-            if missing := sorted(spec.neighbours - directory.keys()):
-                raise keys.BadKey(f"no identity key for neighbours {missing}")
-            view = spec.view if config.seal_links else None
-            link_keys = {
-                m: keys.link_key(self.identity, pub, spec.session, self.me, m, view=view)
-                for m, pub in directory.items()
-                if m in spec.neighbours  # peer frames travel only between neighbours
-            }
-        except keys.BadKey as exc:
-            raise Rejected(Reason.BAD_KEY, f"Config directory: {exc}") from exc
-        links = Links(self.run, self.me, spec.dim, spec.view, link_keys, sealed=config.seal_links)
-        history = self._history_for(setup.session, spec)
+        opened = open_setup(setup, self.identity, self.run)
+        config = opened.config
+        history = history_for(self.session, self.checkpoint, setup.session, config.spec)
         if config.resume not in history:
             return self._fail(
                 f"agent {self.me}: view {setup.view} resumes from my model after round "
@@ -403,34 +337,25 @@ class AgentNode:
             loss = make_loss(config.problem)
         except ConfigError as exc:  # a problem or dataset this agent cannot build
             return self._fail(f"agent {self.me}: {exc}")
-        core = self._core_type(spec, loss, self.identity, directory)
+        core = self._core_type(config.spec, loss, self.identity, opened.directory)
         core.resume_from(history[config.resume])
-        self.session = self._next_session(setup, config, core, links, history)
+        self.session = self._next_session(setup, config, core, opened.links, history)
         self.phase = Phase.CONFIGURED
         self._next_progress = now + config.deadline / BEATS
         out = Output(events=[Event("configured", f"session {setup.session} view {setup.view}")])
         if config.escrow:
-            out.publish.append(self._escrow(self.session))
+            escrow = self.session.escrow(self._sealing)
+            out.publish.append(self._up(topics.telemetry(self.run, self.me), escrow, "audit"))
         out += self._emit(core.prepare())
-        early, self._early, self._early_bytes = self._early, [], 0
-        for sender, payload in early:  # now they can be authenticated, or counted
+        for early in self._early.take():  # now they can be authenticated, or counted
             self.deliveries.received += 1
             try:
-                out += self._peer(sender, payload, now)
+                out += self._peer(early.sender, early.payload, now)
             except Rejected as exc:
                 self._count(exc.reason)
             else:
                 self.deliveries.used += 1
         return out + self._keyed()
-
-    def _history_for(self, number: int, spec: AgentSpec) -> dict[int, np.ndarray]:
-        """The models this agent may resume from in session `number`."""
-        if self.session is not None and self.session.number == number:
-            return self.session.history
-        if self.checkpoint is not None and self.checkpoint.session == number:
-            return dict(self.checkpoint.models)
-        w0 = np.array(spec.w0, dtype=np.float64) if spec.w0 else np.zeros(spec.dim)
-        return {0: w0}
 
     def _next_session(
         self,
@@ -439,27 +364,16 @@ class AgentNode:
         core: AgentCore,
         links: Links,
         history: dict[int, np.ndarray],
-    ) -> _Session:
-        """A new session, or the next view of this one: traffic, started time and the
-        unsent telemetry of rounds that stand (up to the one resumed from) carry over; a
-        Finished the new view voids gives its rejections back, for the next one."""
+    ) -> Session:
+        """A new session, or the next view of this one (`Session.next_view`); a Finished
+        the new view voids gives its rejections back, for the next one."""
         old = self.session
         if old is None or old.number != setup.session:
             first, self._registration = self._registration, Traffic()
-            return _Session(setup.session, setup.view, config, core, links, history, traffic=first)
+            return Session(setup.session, setup.view, config, core, links, history, traffic=first)
         if self.phase is Phase.FINISHED:
             self._unreported += old.finished
-        return _Session(
-            old.number,
-            setup.view,
-            config,
-            core,
-            links,
-            history,
-            old.started,
-            [r for r in old.reports if r.round <= config.resume],  # what stands
-            old.traffic,
-        )
+        return old.next_view(setup.view, config, core, links, history)
 
     def _keyed(self) -> Output:
         assert self.session is not None
@@ -513,8 +427,8 @@ class AgentNode:
             number, rounds = self.checkpoint.session, sorted(self.checkpoint.models)
         else:
             number, rounds = -1, []
-        offer = offered(rounds)
-        return self._up(topics.ctl_up(self.run, self.me), control.Rejoin(self.me, number, offer))
+        rejoin = control.Rejoin(self.me, number, offered(rounds))
+        return self._up(topics.ctl_up(self.run, self.me), rejoin)
 
     def _fail(self, reason: str, *, tell: bool = True) -> Output:
         if self.done:
@@ -530,9 +444,9 @@ class AgentNode:
 
     def _drop_early(self) -> None:
         """Peer frames still waiting for a view that will not come: counted, unused."""
-        self.deliveries.received += len(self._early)
-        self._count_n(Reason.NO_SESSION, len(self._early))
-        self._early, self._early_bytes = [], 0
+        dropped = len(self._early.take())
+        self.deliveries.received += dropped
+        self._count_n(Reason.NO_SESSION, dropped)
 
     # ---- data plane -------------------------------------------------------------------
 
@@ -553,10 +467,7 @@ class AgentNode:
 
     def _keep(self, sender: int, payload: bytes) -> None:
         """Keep a frame until the next Setup can authenticate it (bounded)."""
-        if len(self._early) >= EARLY_COUNT or self._early_bytes + len(payload) > EARLY_BYTES:
-            raise Rejected(Reason.OVERFLOW, f"more than {EARLY_COUNT} early peer frames")
-        self._early.append((sender, payload))
-        self._early_bytes += len(payload)
+        self._early.keep(sender, payload)
         self.deliveries.used -= 1  # counted when it is replayed into the session
         self.deliveries.received -= 1
 
@@ -588,7 +499,7 @@ class AgentNode:
                 if session.config.telemetry:
                     session.reports.append(msg)
                 if every and msg.round % every == 0:
-                    out.checkpoint = self._checkpoint(session, every)
+                    out.checkpoint = session.checkpoint(self._sealing, every)
                 continue
             topic = topics.peer_topic(self.run, msg.receiver, self.me)
             payload = session.links.encode(msg)
@@ -599,31 +510,9 @@ class AgentNode:
             out.publish.append(self._telemetry(session))
         return out
 
-    def _checkpoint(self, session: _Session, every: int) -> Checkpoint:
-        kept = {r: w for r, w in session.history.items() if r % every == 0}
-        return Checkpoint(self.run, self.me, session.number, kept)
-
-    def _telemetry(self, session: _Session) -> Publish:
-        """Seal a batch of true models to the orchestrator: no plaintext model on the wire."""
-        reports, session.reports = session.reports, []
-        last = reports[-1].round
-        sealed = keys.seal(
-            self.launch.orchestrator.static,
-            wire.encode_reports(reports),
-            telemetry_context(self.run, self.me, session.number, session.view, last),
-        )
-        msg = control.Telemetry(self.me, session.number, session.view, last, sealed)
-        return self._up(topics.telemetry(self.run, self.me), msg, "telemetry")
-
-    def _escrow(self, session: _Session) -> Publish:
-        """The view's link keys, sealed to the orchestrator: the audit opens the frames."""
-        sealed = keys.seal(
-            self.launch.orchestrator.static,
-            wire.encode_link_keys(session.links.keys),
-            escrow_context(self.run, self.me, session.number, session.view),
-        )
-        msg = control.Escrow(self.me, session.number, session.view, sealed)
-        return self._up(topics.telemetry(self.run, self.me), msg, "audit")
+    def _telemetry(self, session: Session) -> Publish:
+        telemetry = session.telemetry(self._sealing)
+        return self._up(topics.telemetry(self.run, self.me), telemetry, "telemetry")
 
     def _maybe_finish(self, now: float) -> Output:
         session = self.session

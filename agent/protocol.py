@@ -143,7 +143,3 @@ class Deliveries:
     received: int = 0
     used: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
-
-    @property
-    def uncounted(self) -> int:
-        return self.received - self.used - sum(self.rejected.values())

@@ -98,17 +98,6 @@ def parse_up_topic(topic: str) -> tuple[str, int] | None:
     return match.group(1), int(match.group(3))
 
 
-def matches(pattern: str, topic: str) -> bool:
-    """MQTT topic-filter matching: `+` is one level, a final `#` any number of levels."""
-    want, have = pattern.split("/"), topic.split("/")
-    for n, level in enumerate(want):
-        if level == "#":
-            return True
-        if n >= len(have) or (level != "+" and level != have[n]):
-            return False
-    return len(want) == len(have)
-
-
 def _varint_len(value: int) -> int:
     """Bytes of MQTT's remaining-length encoding (7 bits per byte)."""
     return 1 if value < 128 else 2 if value < 16_384 else 3 if value < 2_097_152 else 4

@@ -1,19 +1,12 @@
 """The PyTorch adapter (the `torch` extra): an nn.Module and a loss become a Problem.
 
-privnet's models are flat float64 vectors, and so are the adapter's: the module's
-parameters flattened in `parameters()` order go in, the gradient of the loss on the agent's
-minibatch comes out in the same order. Masks, sealing, accounting and the audit see only
-those vectors, so they work unchanged. The module runs in float64 (the vectors' precision;
-an agent's gradient is the same in every engine). The initial model is the module's own
-initialization under `torch.manual_seed(seed)`: `seed` is a public parameter, so every
-agent and engine starts from the same weights.
-
-A subclass defines `module(features, classes)` (and `loss`, cross-entropy on class indices
-unless overridden) and registers like any problem (an entry point in `privnet.problems`, or
-`module:Class`); `MLP` (`problem = "mlp"`) is one. Its gradients and scores run torch on one
-thread, the caller's setting restored after: a small model gains nothing from more, and on
-a busy machine torch's thread pool made a gradient 40 times slower (6 ms -> 280 ms, digits'
-MLP, 2 cores at load 30).
+privnet's models are flat float64 vectors, and so are the adapter's (the module's
+parameters in `parameters()` order, the module run in float64), so masks, sealing,
+accounting and the audit work unchanged. The initial model is the module's own
+initialization under `torch.manual_seed(seed)`, a public parameter, so every agent and
+engine starts from the same weights. A subclass defines `module(features, classes)` (and
+`loss`) and registers like any problem; `MLP` (`problem = "mlp"`) is one. torch runs on one
+thread: a small model gains nothing from more, and a busy machine makes its pool far slower.
 """
 
 from __future__ import annotations

@@ -58,32 +58,14 @@ class Connection:
     """One MQTT 3.1.1 client on gmqtt: subscribe, publish, and `get` what arrives, across
     broker restarts.
 
-    gmqtt speaks MQTT straight from an asyncio protocol, where aiomqtt drives paho's
-    blocking-socket loop from the event loop: on the bench's raw load (30 clients, two
-    processes, mosquitto, QoS 0) it moves 5 to 8 times the messages per CPU second.
-    Deliveries go to a plain queue (cancellation-safe, like `agent.inbox.Inbox`), or while
-    a `get` waits within `taking`, straight to a taker (`pump`'s fast path).
-
-    A lost connection is made again: after RECONNECT_FIRST s, doubling to RECONNECT_MAX
-    (with jitter, so a restarted broker is not hit by every client at once), for `give_up`
-    seconds; then `get`, `publish` and `(un)subscribe` raise MqttError. A refusal of our
-    credentials ends it at once. Sessions are clean. The client identifier sent is random
-    (gmqtt draws a uuid4); a broker with the run's users makes it the username (mosquitto's
-    `use_username_as_clientid`, and the embedded broker likewise), so only another connection
-    of the same user can displace this one. The broker forgets our subscriptions with the
-    connection, so after each reconnect every subscription held is made again at its QoS
-    before anything else is sent. While disconnected:
-    - QoS-0 publishes (the peer plane) are dropped and counted (`outages.dropped`): the
-      broker would not have kept them for an absent subscriber either, and the state machines
-      tolerate a lost frame (a stalled round is the conductor's to repeat);
-    - QoS-1 publishes (control, telemetry) are kept, up to OUTAGE_BUFFER, and sent after the
-      reconnect, as are those the broker had not acknowledged when the connection dropped
-      (gmqtt would drop them: the new session is clean). The receivers drop duplicates.
-    What the broker itself held when it died (frames queued for a subscriber) is gone, and a
-    frame sent after our reconnect to a subscriber that has not reconnected yet finds no
-    subscription: only a resend by the state machines recovers those.
-    `get` just waits through an outage, so a machine's ticks go on; `outages` counts it all.
-    """
+    gmqtt speaks MQTT straight from an asyncio protocol (aiomqtt drives paho's blocking loop,
+    at several times the CPU a message). A lost connection is made again, backing off with
+    jitter for `give_up` seconds (then MqttError), each held subscription renewed first; a
+    refusal of our credentials ends it at once. While disconnected, QoS-0 publishes (the peer
+    plane) are dropped and counted, as the broker would have for an absent subscriber, and the
+    state machines redo a stalled round; QoS-1 ones (control, telemetry) wait, up to
+    OUTAGE_BUFFER, and go after the reconnect with those left unacknowledged. `get` waits
+    through an outage, so a machine's ticks go on; `outages` counts it all."""
 
     def __init__(
         self,

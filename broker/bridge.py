@@ -1,26 +1,12 @@
 """A run across hosts: one mosquitto per host (a *site*), bridged to the run's *core* broker.
 
-Agents talk to their own host's broker; what crosses hosts goes over that broker's bridge
-(mosquitto.conf(5), "Configuring bridges"), one TCP connection per host. A site's bridge
-carries exactly what must leave or reach its host, per agent id:
-
-| topic (under `privnet/<run>/`) | direction | QoS |
-|---|---|---|
-| `to/<k>/from/+`, k elsewhere | out | 0 (the peer plane's) |
-| `to/<k>/from/+`, k here | in | 0 |
-| `ctl/up/+`, `telemetry/+` | out | 1 |
-| `ctl/down/<k>`, k here, and `ctl/down/all` | in | 1 |
-| `sys/<host>/#`: the site broker's `$SYS` byte and message counters, the bridge's own | out | 0 |
-
-so a frame between two agents of one host never leaves it, and none comes back to the host
-it came from. The bridge logs in to the core as its own user, `site-<host>` (its client id,
-where the core binds client ids to users), whose ACL is the union of its agents' rules: it
-may write only `from/m` for an agent m of its host, read only what is addressed to them.
-On the site, each agent has its own user and the usual rules; so "agent m writes only as
-m" holds on every broker a message crosses. Both ends keep the bridge's session
-(`cleansession false`, QoS-0 messages queued for it too): what is published while the
-bridge is down is delivered when it is back. TLS to the core, where the run has it, is
-verified against the run's CA (`bridge_cafile`), hostname included.
+Agents talk to their own host's broker; a site's bridge (one TCP connection) carries exactly
+what must leave or reach its host, per agent id (`bridge_section`; the table is in the
+README's "Across machines"), so a frame between two agents of one host never leaves it.
+The bridge logs in as its own user, `site-<host>`, whose ACL is the union of its agents'
+rules, so "agent m writes only as m" holds on every broker a message crosses. Both ends keep
+the bridge's session: what is published while it is down arrives when it is back. TLS to
+the core is verified against the run's CA, hostname included.
 """
 
 from __future__ import annotations

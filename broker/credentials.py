@@ -1,15 +1,12 @@
 """Per-run broker users, their passwords, and the ACL that confines each of them.
 
-Every run gets fresh users from OS entropy: one per agent (username = the agent id as
-decimal text), `orchestrator` (reads and writes the whole run, reads $SYS) and `inspector`
-(reads the whole run and $SYS, writes nothing: `privnet inspect`). Anonymous clients have no
-user, so both brokers refuse them. One table of rules (`acl_rules`) is rendered into each
-broker's native ACL format, and the passwords into each broker's native password file, so
-mosquitto and the embedded amqtt broker enforce exactly the same thing.
-
-Passwords are 256 random bits, so the password files hash them cheaply (mosquitto's default
-101 PBKDF2 rounds, a small Argon2id): key stretching only helps guessable passwords, and a
-costly hash would make 30 agents connecting at once queue on the broker.
+Every run gets fresh users from OS entropy: one per agent (its id as username),
+`orchestrator` (the whole run, and $SYS) and `inspector` (reads the whole run and $SYS,
+writes nothing); anonymous clients have none, so both brokers refuse them. One table of
+rules (`acl_rules`) is rendered into each broker's own formats, so mosquitto and the
+embedded broker enforce exactly the same thing. Passwords are 256 random bits, so their
+files hash them cheaply: stretching only helps guessable passwords, and a costly hash
+would queue 30 agents connecting at once.
 """
 
 from __future__ import annotations

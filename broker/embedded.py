@@ -1,25 +1,13 @@
 """An amqtt broker in its own process, for machines without mosquitto.
 
-`python -m broker.embedded --port N` serves MQTT on 127.0.0.1:N until SIGTERM or SIGINT,
-then shuts down cleanly and exits 0. With `--password-file` and `--acl-file` it refuses
-anonymous clients and confines each user to its topics, through amqtt's own FileAuthPlugin
-and TopicAccessControlListPlugin; with `--certfile/--keyfile` it speaks TLS only. It has no
-$SYS tree. It runs in its own process so a busy broker never competes with the orchestrator.
-
-amqtt 0.12 has no packet size limit: it reads any remaining length up to MQTT's 256 MiB and
-then the whole payload into memory (one 64 MB publish grew it by 450 MB). `GuardedBroker`
-reads each connection a whole packet at a time and hangs up as soon as a fixed header
-announces a packet longer than `--max-packet-size`, before the body is read.
-
-amqtt 0.12 also drops the session of a CONNECT's client id before it checks the password, and
-hands a connected client id to whoever connects with it. With a password file, `GuardedBroker`
-checks every CONNECT's user first and gives the client its username as client id (mosquitto's
-`use_username_as_clientid`): a refused client touches nothing, and an accepted one can only
-displace a connection of its own user.
-
-This is the one file that imports amqtt. Every private member of amqtt it touches is pinned
-to the amqtt it was written against by tests/test_edges.py: an upgrade fails that test,
-naming what to read again.
+`python -m broker.embedded --port N` serves MQTT on 127.0.0.1:N until SIGTERM or SIGINT; its
+own process, so a busy broker never competes with the orchestrator. With `--password-file`
+and `--acl-file` it refuses anonymous clients and confines each user to its topics (amqtt's
+own plugins); with `--certfile/--keyfile` it speaks TLS only. It has no $SYS tree.
+`GuardedBroker` closes what amqtt 0.12 leaves open: no packet size limit (it reads any body
+up to MQTT's 256 MiB into memory), and a CONNECT that drops a session before its password
+is checked. This is the one file that imports amqtt; every private member of amqtt it
+touches is pinned by tests/test_edges.py, so an upgrade fails there, naming what to read.
 """
 
 import argparse
@@ -131,37 +119,17 @@ def _plain(topic: str | None) -> bool:
 
 
 class GuardedBroker(Broker):
-    """amqtt's Broker with every TCP/TLS connection read through a `PacketReader`, client ids
-    bound to users, the ACL's verdicts memoized, and QoS-0 copies written straight to the
-    subscribers.
+    """amqtt's Broker, made safe and fast enough for privnet's load.
 
-    With a password file (`amqtt_config`'s users) every CONNECT is authenticated before amqtt
-    sees it (`_admit`): a refused one is answered "not authorized" and closed, and no session
-    is touched; an accepted one reaches amqtt with the username as its client id. So a client
-    can only ever take the session of its own user, as on mosquitto with
-    `use_username_as_clientid`. As there, the connection a client id had is closed when a new
-    one takes it (`_hold`; amqtt left it open, receiving nothing), and the session monitor
-    never removes a session that was connected again since it looked.
-
-    amqtt asks its topic plugins about every PUBLISH it receives and again about every copy
-    it delivers (`Action.RECEIVE`), each time through a new task per plugin: with the ACL on,
-    that was a quarter of its CPU on privnet's load. The ACL (`TopicAccessControlListPlugin`
-    with the run's static tables) decides on the user, the topic and the action alone, so
-    the broker keeps its verdict per (user, topic, action) and asks the plugins only once.
-
-    amqtt then queues every publish for a broadcast task that matches the topic against
-    every subscription filter and starts one task per copy, which encodes the packet again
-    and awaits the socket: over half its CPU on privnet's load. Where every subscription
-    matching a topic is QoS 0 (privnet's whole peer plane), the copies are the same bytes,
-    nothing is kept for offline sessions and nothing awaits an acknowledgement: they are
-    encoded once and written to each subscriber's socket in the order they were published,
-    one write per subscriber per loop turn, with the same ACL verdict per receiver. The
-    subscribers of a topic are remembered until a subscription changes: a route, a list made
-    at once, which amqtt's own broadcast walks too (`_run_broadcast`). Anything else (QoS 1
-    or 2 on either side, retained or internal messages) takes amqtt's own path.
-    A subscriber more than `backlog` bytes behind loses QoS-0 copies instead of growing the
-    broker without bound (MQTT allows dropping QoS 0; `dropped` counts them).
-    """
+    Safe: each connection is read a whole packet at a time (`PacketReader`, the size limit);
+    with a password file every CONNECT is authenticated before amqtt sees it (`_admit`) and
+    gets its username as client id, so a client can only take its own user's session, as on
+    mosquitto with `use_username_as_clientid`. Fast: amqtt asks its ACL plugins about every
+    publish and every copy, one task each, and spends a task per copy; the ACL decides on
+    (user, topic, action) alone, so its verdicts are kept, and where every subscription of a
+    topic is QoS 0 (the whole peer plane) the copies are encoded once and written straight to
+    the subscribers, one write each per loop turn. Anything else takes amqtt's own path. A
+    subscriber more than `backlog` bytes behind loses QoS-0 copies (`dropped`), not memory."""
 
     def __init__(
         self, config: dict[str, Any], max_packet_size: int, backlog: int = BACKLOG

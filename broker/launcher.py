@@ -2,13 +2,10 @@
 
 `launch("auto")` picks mosquitto when it is on PATH, else an embedded amqtt broker in its own
 process; `launch("HOST:PORT")` uses a broker someone else runs. Local brokers listen on
-127.0.0.1 and a free port, run in their own process group, and are stopped with SIGTERM, then
-SIGKILL. An atexit hook stops any broker a careless caller left running.
-
-Given a run's `Credentials`, a local broker refuses anonymous clients and enforces the run's
-ACL; with `tls=True` it speaks only TLS with a certificate from a per-run CA. Every client,
-agent or orchestrator, connects with `broker.connect_options(user)` (or, in another process,
-with the `ClientAccess` that `broker.access(user).to_env()` hands it).
+127.0.0.1 and a free port in their own process group, and stop by SIGTERM, then SIGKILL
+(an atexit hook stops any left running). Given a run's `Credentials` they refuse anonymous
+clients and enforce its ACL, with `tls=True` over TLS only (a per-run CA). Every client
+connects with the `ClientAccess` of `broker.access(user)`.
 """
 
 import asyncio
@@ -29,7 +26,7 @@ from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Literal, Self
 
 import aiomqtt
 
@@ -149,19 +146,6 @@ class Broker:
                 "credentials=Credentials.generate(run, agents)"
             )
         return self.credentials.access(user, tls=self.tls, ca_file=ca)
-
-    def connect_options(self, user: str | None = None) -> dict[str, Any]:
-        """`aiomqtt.Client(**broker.connect_options("orchestrator"), ...)`: host, port, user,
-        password and TLS verification against the run's CA.
-
-        Sets no client `identifier`: where the broker has the run's users, a client's id is
-        its username whatever it sends (both brokers), so a user has one connection at a time
-        and its next one displaces it; elsewhere the broker assigns a random one."""
-        return {
-            "hostname": self.address.host,
-            "port": self.address.port,
-            **self.access(user).client_kwargs(),
-        }
 
     def start(self) -> None:
         """Start the broker (or check an external one answers) and wait until it accepts."""

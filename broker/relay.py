@@ -1,20 +1,13 @@
-"""A TCP relay: every connection to `listen` is joined to a new one to `target`, each
-direction's bytes forwarded in order, counted, and held `delay` seconds where asked
-(`python -m broker.relay`).
+"""A TCP relay (`python -m broker.relay`): every connection to `listen` is joined to a new one
+to `target`, each direction's bytes forwarded in order, counted, and held `delay` seconds
+where asked.
 
 A site's bridge reaches the core through one (`privnet site`): mosquitto 2.0 sets no
-TCP_NODELAY on a bridge's own connection, so Nagle's algorithm holds each small write until
-the previous one is acknowledged, and a receiver delaying its acknowledgements (40 ms on
-Linux) stalls the bridge: a 6-agent run across two sites on one machine made 87 rounds/s
-instead of 176 with immediate acknowledgements. The relay acknowledges what it reads at once
-(TCP_QUICKACK, re-armed after every read: the kernel clears it), and its own connections
-have TCP_NODELAY, as asyncio's do. It also counts what crossed: the bridge's bytes.
-
-With a `delay` it is the network lab's delay where the kernel has no netem: each chunk is
-written `delay` seconds after it was read, a bounded queue per direction pushing back on a
-sender the far side does not keep up with. It delays bytes, not packets: TCP's own
-acknowledgements behind it are not delayed, so a segment lost there is resent after the
-link's short round trip rather than the delayed one (netem delays packets, acks included).
+TCP_NODELAY on a bridge's connection, so Nagle's algorithm and a receiver's delayed
+acknowledgements stall it. The relay acknowledges what it reads at once (TCP_QUICKACK,
+re-armed after every read) and writes with TCP_NODELAY. With a `delay` it is the network
+lab's delay where the kernel has no netem; it delays bytes, not packets, so TCP's own
+acknowledgements behind it are not delayed (netem's are).
 """
 
 from __future__ import annotations

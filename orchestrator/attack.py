@@ -1,27 +1,14 @@
 """The reconstruction attack, adversary by adversary: what each rebuilds from what it reads.
 
-An adversary (privacy.accountant.Adversary) reads some of a run's model frames: an outsider
-(on one link, or the broker and anyone on every link) reads them only where the links are
-not sealed; an insider (a hub, a coalition) reads the frames addressed to it with its own
-link keys, knows its own values and holds its own pair masks. Everyone knows the public
-combination matrix, the strategy, the scheme and mu. Per round and combine step the attack
-solves for the values the senders released (the clear value under none and local-ghp; y
-plus its noise under random, ghp and masked-ghp, whose noise is what protects y) by least
-squares:
-  - every frame m -> k read observes that release (none: exactly; random: plus its own
-    noise; ghp: plus the sender's one draw; the masked schemes: plus pair masks of scale
-    b / a_mk, so the frame is weighted by a_mk);
-  - masked schemes: the frames into a hub, each taken on the lattice and added up, are the
-    sum of the releases exactly (the masks cancel there). That is an exact constraint
-    wherever the adversary reads every frame into a hub: the whole wire at every hub with
-    two or more other neighbours, an insider at its own hubs (its members' terms known).
-    Mrini, Cyffers and Bellet (ICML 2024) reconstruct data from gossip averages this way;
-  - an insider that holds every pair mask of a frame (its sender's partners at that hub
-    are all members; a hub with one other neighbour pairs with it) reads its release.
-With the trajectory it estimates each agent's local minimizer (ATC) where it reads every
-frame into that agent: the update psi_p = phi_p - mu grad J_p(phi_p) gives grad J_p at
-phi_p = sum_m a_mp (what p received), and an affine fit grad ~ H w - r over the rounds has
-its root at H^-1 r. An agent it reads nothing of is estimated as 0 (relative error 1).
+An adversary (privacy.accountant.Adversary) reads some model frames: an outsider only where
+links are not sealed, an insider (a hub, a coalition) those addressed to it, knowing its own
+values and pair masks; everyone knows the combination matrix, strategy, scheme and mu. Per
+round and step the attack solves for the senders' releases by least squares: each frame
+read observes one (plus its noise, or masks weighted by a_mk); under the masked schemes the
+frames into a hub it reads whole sum to the releases exactly (Mrini, Cyffers and Bellet,
+ICML 2024); an insider holding every mask of a frame reads it. From the trajectory it
+estimates each fully read agent's local minimizer (ATC: an affine fit of its gradients);
+an agent it reads nothing of is estimated as 0.
 """
 
 from __future__ import annotations

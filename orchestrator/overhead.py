@@ -1,29 +1,12 @@
 """What privacy costs on the wire: bytes and messages per round, per scheme and re-key policy.
 
-The whole protocol runs on the memory engine (the very code the agents run, control plane
-included), and every frame an agent publishes is tapped and sized as the MQTT 3.1.1 PUBLISH
-the agents count, each at its category's QoS (models and key shares 0, control and
-telemetry 1: agent.topics.mqtt_publish_size). Nothing is estimated from formulas, so the
-numbers match a `privnet run` of the same config (tests check this).
-
-What privacy costs is a peer-plane figure, as `privnet run`'s table names it too:
-- models B/rd: the model frames of a round, on average over the run;
-- keys B/rd: the key shares of a round (re-key `every-round` only);
-- key set-up B: what keying costs once (the masked schemes' key plans, local-ghp's and
-  masked-ghp's, and their shares with `once`);
-- amortized B/rd: models + keys per round + key set-up / T, over the T rounds asked for
-  (`--iters`), which is what a run of T rounds publishes per round (`peer B/rd`).
-Control frames (Hello, Ready, Finished: the same for every scheme) and telemetry (sealed
-true models for the MSD, not part of learning) are counted apart. The meter plays all T
-rounds: a frame's clear head carries its round (and a key frame its count on the link),
-whose encoding grows past 127, so a round late in a run can cost a byte more per frame than
-an early one.
-
-The paper (Sec. IV-C) bounds the extra communication of agent p under local-ghp by
-|N_p| + sum_{k in N_p} |N_k| / 2 (neighbourhoods without the agent itself): one split
-announcement per neighbour, one key share per partner at every neighbouring hub. We count
-both what p originates (plans + shares) and what it forwards as a hub (relays), which the
-bound leaves out and which grows like |N_p|^2 / 2.
+The whole protocol runs on the memory engine (the agents' own code, control plane included)
+and every frame an agent publishes is tapped and sized as the PUBLISH the agents count, at
+its category's QoS: nothing is estimated from formulas, so the figures match a `privnet
+run` of the same config (tests check this). The cost is the peer plane's (models, key
+shares, key set-up, amortized over the rounds asked for); control and telemetry are counted
+apart. Beside the paper's bound on local-ghp's extra messages (Sec. IV-C:
+|N_p| + sum_{k in N_p} |N_k| / 2, what p originates) it counts what p forwards as a hub.
 """
 
 from __future__ import annotations

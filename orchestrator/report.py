@@ -129,53 +129,6 @@ def write_metrics(path: Path, curves: list[Curve]) -> None:
                     writer.writerow((c.strategy, c.scheme, r, i + 1, *cells))
 
 
-def read_metrics(path: Path) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
-    """Parse metrics.csv back: (strategy, scheme) -> (msd_centroid (R, T), msd_avg (R, T))."""
-    rows: dict[tuple[str, str], dict[tuple[int, int], tuple[float, float]]] = {}
-    with Path(path).open(newline="") as fh:
-        reader = csv.reader(fh)
-        header = tuple(next(reader, ()))
-        if header[: len(METRICS_HEADER)] != METRICS_HEADER:
-            raise ValueError(f"{path}: header is {header}, expected {METRICS_HEADER} first")
-        for line, row in enumerate(reader, start=2):
-            if len(row) != len(header):
-                raise ValueError(f"{path}:{line}: {len(row)} fields, expected {len(header)}")
-            strategy, scheme, rep, it, cen, avg = row[: len(METRICS_HEADER)]
-            try:
-                cell, values = (int(rep), int(it) - 1), (float(cen), float(avg))
-            except ValueError as err:
-                raise ValueError(f"{path}:{line}: {err}; repeat/iter must be integers") from err
-            points = rows.setdefault((strategy, scheme), {})
-            if cell in points or cell[0] < 0 or cell[1] < 0:
-                raise ValueError(f"{path}:{line}: repeat {rep}, iter {it} is repeated or negative")
-            points[cell] = values
-    return {key: _to_arrays(path, key, points) for key, points in rows.items()}
-
-
-def _to_arrays(
-    path: Path, key: tuple[str, str], points: dict[tuple[int, int], tuple[float, float]]
-) -> tuple[np.ndarray, np.ndarray]:
-    repeats = 1 + max(r for r, _ in points)
-    iters = 1 + max(i for _, i in points)
-    if len(points) != repeats * iters:
-        raise ValueError(
-            f"{path}: {key[0]}/{key[1]} has {len(points)} rows, expected "
-            f"{repeats} repeats x {iters} iterations; the file is truncated or edited"
-        )
-    both = np.empty((2, repeats, iters))
-    for (r, i), (cen, avg) in points.items():
-        both[0, r, i], both[1, r, i] = cen, avg
-    return both[0], both[1]
-
-
-def load_summary(path: Path) -> dict[str, Any]:
-    """Read summary.json written by write_outputs, checking it has config and results."""
-    summary = json.loads(Path(path).read_text())
-    if not isinstance(summary, dict) or not {"config", "results"} <= summary.keys():
-        raise ValueError(f"{path} is not a privnet summary: it needs 'config' and 'results' keys")
-    return summary
-
-
 def load_plotting() -> None:
     """Import matplotlib's figures (a third of the CLI's start-up when done on import): the
     plots import it when they draw; a run calls this while its broker starts, time it would

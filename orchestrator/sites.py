@@ -1,29 +1,13 @@
 """A run across machines: agents on several hosts, each host's own mosquitto (a *site*)
 bridged to the run's core broker, where the orchestrator runs (`broker.bridge`).
 
-    privnet prepare --hosts hosts.toml --out bundles --run-name NAME [--tls]   # on the core
-    privnet site bundles/<host>                                              # on each host
-    privnet run --hosts hosts.toml --prepared bundles/core/run.json [flags]  # on the core
-
-hosts.toml names the core broker's address as the hosts reach it, and each host's agents,
-as ids or as a count (the next free ids, in file order):
-
-    core = "203.0.113.10:8883"   # HOST:PORT; the core broker listens on PORT
-    listen = "0.0.0.0"           # optional: the address it binds (default: every address)
-    [hosts.alpha]
-    agents = 10
-    [hosts.beta]
-    agents = [10, 11, 12]
-
-Secrets travel per host: `bundles/<host>/` holds that host's agents' launches (launch token
-and site-broker password of each), its bridge's credential and the run's CA (TLS), nothing of
-any other host's agents; `bundles/core/` holds the orchestrator's (run.json, as `privnet
-prepare` writes it, and sites.json, the bridges' credentials and the host map). `privnet
-site` starts the host's mosquitto bridged to the core (through a relay of its own,
-`broker.relay`, which also counts the bridge's bytes) and the host's agents;
-`privnet run --hosts` starts the core broker with the bridges'
-users, waits for every agent to register and runs. Its summary.json adds each broker's
-`$SYS` counters (`hosts`), their sum (`broker_sys`) and what crossed each bridge (`bridges`).
+`privnet prepare --hosts hosts.toml` (the core's address and each host's agents; README:
+"Across machines") writes one bundle per host, so secrets travel per host: a host's bundle
+holds its agents' launches, its bridge's credential and the run's CA, nothing of any other
+host's agents. `privnet site bundles/<host>` starts the host's mosquitto, bridged to the
+core through a relay that also counts the bridge's bytes, and its agents; `privnet run
+--hosts` starts the core broker with the bridges' users, waits for every agent and runs,
+adding each broker's `$SYS` counters and what crossed each bridge to summary.json.
 """
 
 from __future__ import annotations

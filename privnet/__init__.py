@@ -1,26 +1,12 @@
 """privnet from Python: decentralized learning over a real network, privately.
 
-    import privnet
-
     exp = privnet.Experiment(agents=10, iters=200, strategies="atc", schemes="none,local-ghp")
-    result = privnet.simulate(exp)              # oracle engine; engine="memory": the agents' cores
-    result = privnet.run(exp)                   # a broker and 10 agent processes
-    result = await privnet.run_async(exp)       # the same, on a running event loop
-    result.frame()                              # per round, as a pandas DataFrame
-    result.plot()                               # the CLI's figures
+    result = privnet.simulate(exp)   # or privnet.run(exp), await privnet.run_async(exp)
 
-The public names are `__all__`: `Experiment` (an experiment and how to run it),
-`simulate`, `run`, `run_async`, `Result`; the plug-in protocols `Problem` and `Risk` with
-two implementations, `LeastSquares` and `Logistic` (more problems register by the entry
-point group `privnet.problems` or as `module:Class`); `Dataset` and `standardized` for
-datasets (group `privnet.datasets`, or `module:function`); partitions are functions
-(group `privnet.partitions`); `privnet.torch` adapts a PyTorch module (the `torch` extra).
-`ConfigError` is what a bad setting raises, `RunFailed` what a run that cannot complete.
-
-privnet's own top-level packages (`agent`, `broker`, `orchestrator`) are imported from
-beside this one, never from the working directory, so a module of yours named `agent.py`
-there does not break privnet (Python keeps one module per name: after `import privnet`,
-`import agent` in the same process gives privnet's; yours works under any other name).
+The public names are `__all__` (README: "Use it from Python"). privnet's own top-level
+packages (`agent`, `broker`, `orchestrator`) are imported from beside this one, never from
+the working directory, so a module of yours named `agent.py` there does not break privnet
+(after `import privnet`, `import agent` gives privnet's; yours works under any other name).
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import aiomqtt
 import pytest
 from amqtt.adapters import BufferReader
 from amqtt.mqtt.connect import ConnectPacket
+from probes import connect_options
 
 from agent import keys
 from agent.access import BrokerAddress
@@ -143,7 +144,7 @@ class Prepared:
 
     def client(self, user: str) -> aiomqtt.Client:
         """A client logged in as `user` (an agent id, orchestrator or inspector)."""
-        return aiomqtt.Client(**self.broker.connect_options(user))
+        return aiomqtt.Client(**connect_options(self.broker, user))
 
 
 @contextlib.asynccontextmanager

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
+from probes import inject, uncounted
 
 from agent import control, keys, topics, wire
 from agent.core import AgentCore
@@ -248,7 +249,7 @@ class Harness:
         self.hold = None
         held, self.held = self.held, []
         for publisher, frame in held:
-            self.net.router.inject(frame.topic, frame.payload, publisher)
+            inject(self.net.router, frame.topic, frame.payload, publisher)
         self.net.router.drain()
 
     def _hooks(self) -> None:
@@ -367,7 +368,7 @@ class Harness:
 
     def assert_all_counted(self) -> None:
         for party in self.parties():
-            assert party.deliveries.uncounted == 0, (party, party.deliveries)
+            assert uncounted(party.deliveries) == 0, (party, party.deliveries)
 
 
 @dataclass

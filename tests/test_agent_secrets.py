@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from probes import matches
 
 from agent import control, keys, rng, topics, wire
 from agent.node import Launch
@@ -112,7 +113,7 @@ def held_by(agent: int, seed: int, script: list[View]) -> Insider:
     net = Network.build(plans, tap=lambda _who, frame: frames.append(frame), script=script)
     node = net.nodes[agent]
     net.play()
-    mine = [f for f in frames if any(topics.matches(p, f.topic) for p in node.subscriptions)]
+    mine = [f for f in frames if any(matches(p, f.topic) for p in node.subscriptions)]
     control_topics = (topics.ctl_down(node.run, agent), topics.ctl_down(node.run, "all"))
     messages = [wire.decode_signed(f.payload).msg for f in mine if f.topic in control_topics]
     configs = []

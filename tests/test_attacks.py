@@ -28,15 +28,15 @@ import numpy as np
 import pytest
 from conftest import insider_run, need_mosquitto, prepared, relay
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from probes import load_summary, read_metrics
 
 from agent import control, keys, topics, wire
 from agent.messages import Model, Rejected
 from broker.credentials import INSPECTOR
 from orchestrator import audit
 from orchestrator.cli import main
-from orchestrator.engines.memory import run_once
+from orchestrator.engines.memory import run_session
 from orchestrator.experiment.problem import Problem
-from orchestrator.report import load_summary, read_metrics
 
 pytestmark = pytest.mark.net
 
@@ -304,5 +304,5 @@ def test_passive_recording_rebuilds_no_model(tmp_path: Path) -> None:
     scale = float(np.max(np.abs(truth)))
     for guess in [1, *range(2, 12)]:  # the old default seed, and a few more
         problem = Problem.build(dataclasses.replace(public, seed=guess))
-        models = run_once(problem, public.strategies[0], public.schemes[0], 0)
+        models = run_session(problem, public.strategies[0], public.schemes[0], 0).models
         assert np.max(np.abs(models - truth)) > 0.05 * scale, f"seed {guess} rebuilds the run"

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import assert_private_run, capture_tools, tcpdump
+from probes import uncounted
 from rich.console import Console
 
 from agent import keys, rng, topics, wire
@@ -343,7 +344,7 @@ def test_hub_that_swaps_relayed_keys_is_caught() -> None:
     assert [dict(n.deliveries.rejected) for n in network.nodes] == [
         {"bad-key": len(seats[p].partners)} if p in senders else {} for p in range(10)
     ]
-    assert all(n.deliveries.uncounted == 0 for n in network.nodes)
+    assert all(uncounted(n.deliveries) == 0 for n in network.nodes)
     assert all(network.nodes[m].phase is Phase.CONFIGURED for m in senders)
     assert not [f for f in recorded_frames if f.category == "model"]
 

@@ -25,6 +25,7 @@ import aiomqtt
 import psutil
 import pytest
 from conftest import need_mosquitto, relay
+from probes import connect_options
 from pwdlib import PasswordHash
 from pwdlib.hashers.argon2 import Argon2Hasher
 
@@ -61,7 +62,7 @@ def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
 
 
 def client(broker: Broker, user: str | None, **kwargs: object) -> aiomqtt.Client:
-    return aiomqtt.Client(**broker.connect_options(user), **kwargs)  # type: ignore[arg-type]
+    return aiomqtt.Client(**connect_options(broker, user), **kwargs)  # type: ignore[arg-type]
 
 
 async def collect(sub: aiomqtt.Client, last_topic: str, n: int = 1) -> list[tuple[str, bytes]]:
@@ -467,7 +468,7 @@ def test_launch_rejects_contradictions(tmp_path: Path) -> None:
 def test_an_external_broker_gets_the_credentials_passed_through(tmp_path: Path) -> None:
     ca = make_tls(tmp_path).ca_cert
     external = launch("mqtt.example:8883", credentials=CREDS, ca_file=ca)
-    options = external.connect_options("3")
+    options = connect_options(external, "3")
     assert (options["hostname"], options["port"]) == ("mqtt.example", 8883)
     assert (options["username"], options["password"]) == ("3", CREDS.passwords["3"])
     assert options["tls_params"].ca_certs == str(ca)

@@ -20,6 +20,7 @@ import pytest
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from probes import inject, matches, uncounted
 from runs import (
     AGENTS,
     CONTROL_TYPES,
@@ -540,7 +541,7 @@ def test_the_registration_deadline_holds_whatever_junk_arrives() -> None:
         }
     )
     assert c.receive(*junk[0], 161.0) == Output() and c.deliveries.rejected["closed"] == 1
-    assert c.deliveries.uncounted == 0 and c.next_tick() is None and c.tick(1e9) == Output()
+    assert uncounted(c.deliveries) == 0 and c.next_tick() is None and c.tick(1e9) == Output()
 
 
 def test_registration_has_a_default_deadline() -> None:
@@ -623,7 +624,7 @@ def test_keying_that_stalls_once_completes_under_the_next_view() -> None:
     view 1 (fresh keys), and the run equals a clean run."""
     h = Harness.build(deadline=30.0)
     inbox = topics.inbox_filter(RUN, TARGET)
-    h.lose = lambda _, f: f.category == "keys" and topics.matches(inbox, f.topic)
+    h.lose = lambda _, f: f.category == "keys" and matches(inbox, f.topic)
     h.start()
     assert h.conductor.stage is Stage.CONFIGURING and h.lost
     h.lose = None
@@ -724,7 +725,7 @@ def test_after_bye_everything_is_counted_as_closed() -> None:
     for node in h.nodes:
         assert c.receive(*h.up(control.Failed(node.me, "late"), node.me), 0.0) == Output()
     assert c.deliveries.rejected == Counter({"closed": AGENTS})
-    assert c.deliveries.uncounted == 0 and c.abort("late") == Output()
+    assert uncounted(c.deliveries) == 0 and c.abort("late") == Output()
 
 
 def test_bye_only_when_every_session_is_done() -> None:
@@ -1055,7 +1056,7 @@ def lose_models_to(h: Harness, agent: int, round_: int, view: int = 0) -> None:
     inbox = topics.inbox_filter(RUN, agent)
 
     def selected(_: str, frame: Publish) -> bool:
-        if not topics.matches(inbox, frame.topic):
+        if not matches(inbox, frame.topic):
             return False
         return model_place(frame) == (view, round_)
 
@@ -1114,11 +1115,11 @@ def test_a_finished_a_later_view_voids_gives_its_rejections_back() -> None:
     lose_models_to(h, 8, ROUNDS)
     junk = topics.peer_topic(RUN, 1, 7)
 
-    def inject() -> None:
+    def send_junk() -> None:
         for _ in range(2):
-            h.net.router.inject(junk, b"\xc1")
+            inject(h.net.router, junk, b"\xc1")
 
-    h.when(lambda: h.nodes[1].phase is Phase.RUNNING, inject)
+    h.when(lambda: h.nodes[1].phase is Phase.RUNNING, send_junk)
     h.start()
     first = [m for _, m in h.decoded if isinstance(m, control.Finished) and m.agent == 1]
     assert [f.rejected for f in first] == [{"malformed": 2}]

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from probes import inject, uncounted
 
 from agent import keys, rng, topics, wire
 from agent.core import AgentCore, Seat, split_senders
@@ -199,7 +200,7 @@ class Session:
     def rejected(self) -> list[dict[str, int]]:
         """Per node, the deliveries it refused, by reason; every delivery is counted."""
         parties = [*self.nodes, self.network.conductor]
-        assert [p.deliveries.uncounted for p in parties] == [0] * len(parties)
+        assert [uncounted(p.deliveries) for p in parties] == [0] * len(parties)
         return [dict(node.deliveries.rejected) for node in self.nodes]
 
     def frame(self, receiver: int, msg: Message) -> bytes:
@@ -235,7 +236,7 @@ class Session:
             if hit or msg is None or not when(msg, core := self.core(msg.receiver)):
                 return frame
             hit.append(msg.receiver)
-            self.router.inject(frame.topic, frame.payload, publisher)
+            inject(self.router, frame.topic, frame.payload, publisher)
             bad = make(msg, core)
             topic = topics.peer_topic(self.nodes[msg.receiver].run, msg.receiver, bad.sender)
             return Publish(topic, self.frame(msg.receiver, bad), "injected")
@@ -606,7 +607,7 @@ class KeySwap:
                 evil,
             )
         self.swapped.append(msg)
-        self.run.router.inject(frame.topic, frame.payload)
+        inject(self.run.router, frame.topic, frame.payload)
         forged = dataclasses.replace(msg, public=evil.public, signature=signature)
         return dataclasses.replace(frame, payload=self.run.frame(msg.partner, forged))
 

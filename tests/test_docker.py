@@ -28,6 +28,7 @@ import networkx as nx
 import numpy as np
 import pytest
 from conftest import capture_tools, need_docker, tcpdump
+from probes import read_metrics
 
 from agent.spec import Scheme, Strategy
 from orchestrator.cli import main
@@ -36,7 +37,6 @@ from orchestrator.engines.watch import read_membership
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 from orchestrator.experiment.specs import session_list, session_plans
-from orchestrator.report import read_metrics
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(2400)]
 

@@ -23,12 +23,12 @@ import aiomqtt
 import numpy as np
 import pytest
 from conftest import assert_private_run, need_docker
+from probes import read_metrics
 
 from agent.access import ClientAccess
 from broker.credentials import ORCHESTRATOR, Credentials
 from orchestrator.cli import main
 from orchestrator.engines.docker import DockerBroker, NicBytes, nic_of, nic_window
-from orchestrator.report import read_metrics
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
 

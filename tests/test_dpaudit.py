@@ -14,7 +14,7 @@ import pytest
 from agent.spec import Scheme, Strategy
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
-from orchestrator.privacy.dpaudit import attack, clopper_pearson, dp_audit, epsilon_lower_bound
+from orchestrator.privacy.dpaudit import attack, clopper_pearson, dp_audit, epsilon_bound
 
 TRIALS = {Scheme.NONE: 160, Scheme.RANDOM: 100, Scheme.GHP: 100}
 
@@ -23,8 +23,10 @@ def test_clopper_pearson_edges_and_a_known_value() -> None:
     assert clopper_pearson(0, 100) == (0.0, pytest.approx(1 - 0.025 ** (1 / 100)))
     lo, hi = clopper_pearson(50, 100)
     assert lo == pytest.approx(0.3983, abs=1e-4) and hi == pytest.approx(0.6017, abs=1e-4)
-    assert epsilon_lower_bound(0.5, 0.5) == 0.0
-    assert epsilon_lower_bound(0.01, 0.5) == pytest.approx(math.log(50))
+    assert [epsilon_bound(0.5, 0.5, way) for way in (0, 1)] == [0.0, 0.0]
+    assert epsilon_bound(0.01, 0.5, 0) == pytest.approx(math.log(50))  # TPR / FPR
+    assert epsilon_bound(0.5, 0.01, 1) == pytest.approx(math.log(50))  # TNR / FNR
+    assert epsilon_bound(0.6, 0.5, 1) == 0.0  # TNR < FNR: uninformative, not negative
 
 
 def test_attack_on_a_known_laplace_mechanism_stays_under_epsilon() -> None:

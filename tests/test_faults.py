@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 from conftest import assert_private_run
+from probes import read_metrics
 from runs import assert_whole_rounds
 
 from orchestrator.conductor import View
@@ -21,7 +22,6 @@ from orchestrator.engines.watch import read_membership
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem, msd
 from orchestrator.experiment.specs import session_list, session_plans
-from orchestrator.report import read_metrics
 
 AGENTS, SEED = 10, 34
 

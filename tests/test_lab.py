@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import skip_unless_required
+from probes import load_summary, read_metrics
 
 from broker.launcher import has_mosquitto
 from orchestrator.cli import main
 from orchestrator.engines.watch import read_membership
 from orchestrator.lab import netns
-from orchestrator.report import load_summary, read_metrics
 
 pytestmark = pytest.mark.net
 

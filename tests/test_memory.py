@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from probes import matches
 
 from agent.spec import Scheme, Strategy
 from orchestrator.engines.memory import run_memory
@@ -108,7 +109,6 @@ def test_router_filters_match_like_mqtt() -> None:
     subscription order, once per subscriber, and forgets an unsubscribed filter."""
     import itertools
 
-    from agent import topics
     from orchestrator.engines.memory import _Filters
 
     levels = ["a", "b", "+", "#"]
@@ -123,10 +123,10 @@ def test_router_filters_match_like_mqtt() -> None:
             topic = "/".join(t)
             want: dict[str, str] = {}
             for p in patterns:
-                if topics.matches(p, topic):
+                if matches(p, topic):
                     want.setdefault(names[p], names[p])
             assert [name for name, _ in index.match(topic)] == list(want), topic
     assert index.remove("a/#", names["a/#"]) == names["a/#"]
     assert names["a/#"] not in dict(index.match("a/b/c")) or any(
-        topics.matches(p, "a/b/c") and names[p] == names["a/#"] for p in patterns if p != "a/#"
+        matches(p, "a/b/c") and names[p] == names["a/#"] for p in patterns if p != "a/#"
     )

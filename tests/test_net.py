@@ -27,6 +27,7 @@ import psutil
 import pytest
 from conftest import assert_private_run, insider_run, prepared
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from probes import load_summary, read_metrics
 
 from agent import topics, wire
 from agent.control import Telemetry
@@ -41,7 +42,6 @@ from orchestrator.engines.watch import read_membership
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 from orchestrator.experiment.specs import session_list, session_plans
-from orchestrator.report import load_summary, read_metrics
 
 pytestmark = pytest.mark.net
 

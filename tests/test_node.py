@@ -20,23 +20,21 @@ import pytest
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from probes import inject, matches, uncounted
 from runs import CONTROL_TYPES, ROUNDS, RUN, Harness, assert_same_models, clean
 
 from agent import control, keys, topics, wire
 from agent.messages import KeyShare
 from agent.node import (
-    EARLY_BYTES,
-    EARLY_COUNT,
     HELLO_EVERY,
     IDLE_TIMEOUT,
-    RECENT,
     REGISTER_TIMEOUT,
     AgentNode,
     Launch,
     Phase,
-    offered,
 )
 from agent.protocol import BEATS, Event, Output, Publish, hello_proof, setup_context
+from agent.session import EARLY_BYTES, EARLY_COUNT, RECENT, offered
 from agent.spec import Scheme, Strategy
 from orchestrator.conductor import Stage
 
@@ -345,8 +343,8 @@ def test_a_flood_of_every_attack_through_the_router_changes_nothing() -> None:
         for attack in ATTACKS * 10:
             if attack.phase is node.phase and not attack.timely:
                 topic, payload = attack.frame(h)
-                h.net.router.inject(topic, payload)
-                routed += any(topics.matches(s, topic) for s in node.subscriptions)
+                inject(h.net.router, topic, payload)
+                routed += any(matches(s, topic) for s in node.subscriptions)
         if node.phase is not Phase.LEFT:
             h.when(lambda: node.phase is not phases[-1], inject_all)
 
@@ -409,7 +407,7 @@ def test_registration_times_out_without_telling_anybody() -> None:
     assert node.phase is Phase.FAILED and node.done and node.next_tick() is None
     assert node.tick(1e9) == Output() and node.fail("again") == Output()
     assert node.receive(topics.ctl_down(RUN, "all"), b"", 1e9) == Output()
-    assert node.rejected == Counter({"closed": 1}) and node.deliveries.uncounted == 0
+    assert node.rejected == Counter({"closed": 1}) and uncounted(node.deliveries) == 0
 
 
 @pytest.mark.parametrize("phase", [Phase.REGISTERED, Phase.LEFT])
@@ -460,7 +458,7 @@ def is_setup(frame: Publish, to: int | str = TARGET) -> bool:
 
 def hold_peer_frames_to(agent: int, categories: tuple[str, ...]) -> Callable[[str, Publish], bool]:
     inbox = topics.inbox_filter(RUN, agent)
-    return lambda _, f: f.category in categories and topics.matches(inbox, f.topic)
+    return lambda _, f: f.category in categories and matches(inbox, f.topic)
 
 
 @pytest.mark.parametrize(
@@ -563,10 +561,10 @@ def test_the_early_buffer_is_bounded_in_count() -> None:
     for payload in peer_junk(EARLY_COUNT + 100, 8):
         assert node.receive(topic, payload, 1.0) == Output()
     assert node.rejected == Counter({"overflow": 100})
-    assert node.deliveries.uncounted == 0
+    assert uncounted(node.deliveries) == 0
     node.fail("test over")  # the buffered frames will never be used: counted as such
     assert node.rejected == Counter({"overflow": 100, "no-session": EARLY_COUNT})
-    assert node.deliveries.received == EARLY_COUNT + 100 and node.deliveries.uncounted == 0
+    assert node.deliveries.received == EARLY_COUNT + 100 and uncounted(node.deliveries) == 0
 
 
 def test_the_early_buffer_is_bounded_in_bytes_and_memory_stays_bounded() -> None:
@@ -585,7 +583,7 @@ def test_the_early_buffer_is_bounded_in_bytes_and_memory_stays_bounded() -> None
     kept = EARLY_BYTES // mib
     assert node.rejected == Counter({"overflow": flood - kept})
     assert grown <= EARLY_BYTES + mib  # what the buffer may hold, and no more
-    assert node.deliveries.uncounted == 0
+    assert uncounted(node.deliveries) == 0
 
 
 def test_early_frames_are_replayed_into_the_session_and_each_counted() -> None:
@@ -608,7 +606,7 @@ def test_early_frames_are_replayed_into_the_session_and_each_counted() -> None:
     }
     for payload in junk:
         assert h.deliver(node, inbox, payload) == Output()
-    assert node.rejected == Counter() and node.deliveries.uncounted == 0
+    assert node.rejected == Counter() and uncounted(node.deliveries) == 0
     results = h.finish()
     assert node.rejected == Counter(junk.values())
     h.assert_all_counted()
@@ -619,7 +617,7 @@ def shares_to(h: Harness, hub: int) -> list[Publish]:
     """Genuine key shares an owner sent to `hub` for a partner of its."""
     found = []
     for frame in h.peer_frames():
-        if frame.category == "keys" and topics.matches(topics.inbox_filter(RUN, hub), frame.topic):
+        if frame.category == "keys" and matches(topics.inbox_filter(RUN, hub), frame.topic):
             msg = h.read(frame)
             if isinstance(msg, KeyShare) and msg.sender == msg.owner and msg.partner != hub:
                 found.append(frame)
@@ -636,7 +634,7 @@ def test_a_hub_relays_each_key_share_once() -> None:
     def replay_shares() -> None:
         for share in shares_to(h, TARGET):
             for _ in range(replays):
-                h.net.router.inject(share.topic, share.payload)
+                inject(h.net.router, share.topic, share.payload)
 
     h.when(lambda: hub.phase is Phase.RUNNING, replay_shares)
     results = h.play()
@@ -740,7 +738,7 @@ def test_control_junk_never_raises_and_never_moves_the_node() -> None:
     forged = wire.encode_signed(control.Welcome(TARGET), RUN, 1, STRANGER)
     assert node.receive(topics.ctl_down(RUN, TARGET), forged, 1.0) == Output()
     assert node.rejected == Counter({"malformed": len(junk), "bad-signature": 1})
-    assert node.phase is Phase.REGISTERING and node.deliveries.uncounted == 0
+    assert node.phase is Phase.REGISTERING and uncounted(node.deliveries) == 0
     genuine = wire.encode_signed(control.Welcome(TARGET), RUN, 1, orchestrator)
     assert node.receive(topics.ctl_down(RUN, TARGET), genuine, 1.0).events == [Event("registered")]
 
@@ -760,7 +758,7 @@ def test_any_delivery_is_used_or_counted_and_never_raises(deliveries: list[Frame
     node.start(0.0)
     for topic, payload in deliveries:
         assert node.receive(topic, payload, 1.0).publish == []
-    assert node.deliveries.uncounted == 0 and node.phase is Phase.REGISTERING
+    assert uncounted(node.deliveries) == 0 and node.phase is Phase.REGISTERING
     node.fail("test over")
     assert node.deliveries.received == len(deliveries) == node.rejected.total()
 
@@ -773,7 +771,7 @@ def test_a_retained_frame_is_counted_never_used() -> None:
     welcome = h.down(control.Welcome(TARGET), TARGET)
     assert node.receive(*welcome, 0.0, retained=True) == Output()
     assert node.phase is Phase.REGISTERING
-    assert node.rejected == Counter({"retained": 1}) and node.deliveries.uncounted == 0
+    assert node.rejected == Counter({"retained": 1}) and uncounted(node.deliveries) == 0
 
 
 def test_a_node_that_could_not_hear_gives_the_orchestrator_a_fresh_deadline() -> None:

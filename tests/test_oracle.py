@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from agent import rng
 from agent.losses import make_loss
 from agent.spec import ConfigError, Scheme, Strategy
-from orchestrator.engines.oracle import run_oracle, scheme_noise
+from orchestrator.engines.oracle import run_oracle
 from orchestrator.experiment import seeds, topology
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem, msd
@@ -83,6 +83,17 @@ def reference_combine(
                 term = grid * np.rint(term / grid)
             out[p] += term
     return out
+
+
+def scheme_noise(a: np.ndarray, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What each receiver p adds to sum_m a_mp x_m under random and under ghp, from noise
+    G (..., P, P, M) with G[m, p] drawn by sender m: (random, ghp), each (..., P, M)."""
+    edges = np.where(np.eye(len(a), dtype=bool), 0.0, a)  # random: every m -> p, m != p
+    random = np.einsum("mp,...mpk->...pk", edges, table)
+    spread = a.copy()  # ghp: g_m = G[m, m] to every neighbour, -(1 - a_pp) g_p on p's own
+    np.fill_diagonal(spread, -(1.0 - np.diag(a)))
+    ghp = np.einsum("mp,...km->...pk", spread, np.diagonal(table, axis1=-3, axis2=-2))
+    return random, ghp
 
 
 def reference_run(

@@ -18,6 +18,7 @@ from pathlib import Path
 import aiomqtt
 import pytest
 from conftest import need_mosquitto, prepared, relay
+from probes import connect_options
 
 from agent.gmqtt_adapter import Inflight
 from agent.transport import Connection, MqttError
@@ -159,7 +160,7 @@ async def test_agent_registers_across_a_broker_restart(kind: str, tmp_path: Path
                     )
                 )
         try:
-            async with aiomqtt.Client(**broker.connect_options(INSPECTOR)) as inspector:
+            async with aiomqtt.Client(**connect_options(broker, INSPECTOR)) as inspector:
                 await inspector.subscribe(f"privnet/{run}/ctl/up/+")
                 helloed: set[str] = set()
                 async with asyncio.timeout(15):

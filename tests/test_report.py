@@ -16,14 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
+from probes import load_summary, read_metrics
 
 from orchestrator.report import (
     NODE_GAP,
     _spread,
-    load_summary,
     plot_msd,
     plot_topology,
-    read_metrics,
     result_record,
     results_table,
     write_metrics,

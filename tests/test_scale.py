@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from probes import read_metrics
 
 from broker.launcher import has_mosquitto
 from orchestrator.cli import main
-from orchestrator.report import read_metrics
 
 pytestmark = pytest.mark.net
 

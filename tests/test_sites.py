@@ -21,6 +21,7 @@ import aiomqtt
 import numpy as np
 import pytest
 from conftest import need_mosquitto
+from probes import connect_options, load_summary, read_metrics
 
 from agent import topics
 from agent.access import BrokerAddress, ClientAccess
@@ -31,7 +32,6 @@ from broker.credentials import ORCHESTRATOR, Credentials
 from broker.launcher import accepts, free_port, launch
 from broker.relay import Relay
 from orchestrator.cli import main
-from orchestrator.report import load_summary, read_metrics
 from orchestrator.sites import Hosts, SiteBundle, prepare_hosts
 
 PRIVNET = [sys.executable, "-m", "orchestrator.cli"]
@@ -184,7 +184,7 @@ async def bridged(run: str) -> AsyncIterator[Bridged]:
     )
     passwords = {**credentials.passwords, **{b.user: b.password for b in bridges}}
     try:
-        async with core, aiomqtt.Client(**core.connect_options(ORCHESTRATOR)) as watcher:
+        async with core, aiomqtt.Client(**connect_options(core, ORCHESTRATOR)) as watcher:
             await watcher.subscribe(sys_prefix(run, "a") + "connected")
             async with site:
                 async with asyncio.timeout(10):  # the bridge is up: its notification

@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import docker_unreachable, skip_unless_required
+from probes import read_metrics
 
 from agent.__main__ import slot
 from orchestrator.cli import main
-from orchestrator.report import read_metrics
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
 

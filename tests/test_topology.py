@@ -10,13 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.spec import ConfigError, Strategy
+from agent.spec import ConfigError, Scheme, Strategy
 from orchestrator.experiment.topology import (
     RULES,
     TOPOLOGIES,
     combination_matrix,
     default_radius,
-    ghp_residual,
     graph_of,
     load_matrix,
     make_graph,
@@ -44,6 +43,23 @@ def support(graph: nx.Graph) -> np.ndarray:
 def star(leaves: int) -> nx.Graph:
     """Hub 0 with `leaves` leaves: the most non-regular connected graph."""
     return nx.star_graph(leaves)
+
+
+def ghp_residual(a: np.ndarray, q: np.ndarray | None = None) -> float:
+    """max_m |sum_p q_p a_mp c_mp|: how far ghp's noise is from cancelling in the centroid.
+
+    Sender m sends w_m + g_m to every neighbour (c_mp = 1) and adds -(1-a_mm)/a_mm g_m to
+    its own term (c_mm), so the sum is (A q)_m - q_m = 0 for any primitive left-stochastic
+    A with a_mm > 0.
+    """
+    a = np.asarray(a, dtype=float)
+    validate(a, scheme=Scheme.GHP)
+    if q is None:
+        q = perron(a)
+    factor = np.ones_like(a)
+    diag = np.diag(a)
+    np.fill_diagonal(factor, -(1.0 - diag) / diag)
+    return float(np.max(np.abs((a * factor) @ np.asarray(q, dtype=float))))
 
 
 def paper_ghp_residual(a: np.ndarray, q: np.ndarray) -> float:

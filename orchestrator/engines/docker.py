@@ -1,19 +1,13 @@
 """`privnet run --runtime docker`: the broker and every agent in a container of their own.
 
-The Docker SDK (the `privnet[docker]` extra) makes, per run, a user-defined bridge network,
-an `eclipse-mosquitto:2.0` broker on it with the run's credentials and ACL (anonymous clients
-refused, as on every path), and one container per agent from the project's image, started
-with its `AgentLaunch` in the environment; everything carries the label `privnet.run=<run>`.
+Per run, the Docker SDK (the `privnet[docker]` extra) makes a bridge network, an
+`eclipse-mosquitto:2.0` broker with the run's credentials and ACL, and one container per
+agent from the project's image, its `AgentLaunch` in the environment; everything is
+labelled `privnet.run=<run>`, and `DockerBroker.stop` removes all of it whatever happens.
 The orchestrator stays on the host and reaches the broker through a port published on
-127.0.0.1 (so the engine must run on this machine, as a local or rootless dockerd does).
-
-`DockerBroker` plays the broker's part for the net engine (start, stop, address, access,
-kind) and owns the network; `DockerAgents` is its `Launcher`. Its base, `ContainerBroker`,
-is what it shares with `--runtime swarm` (`orchestrator.engines.swarm`). Whatever happens (success,
-failure, Ctrl-C, exit), `DockerBroker.stop` removes every container labelled with the run
-and the network. `DockerBroker.nic` reads each container's interface counters (Docker stats
-API); `nic_window` turns two readings into the NIC bytes summary.json reports next to the
-agents' MQTT counts and the broker's $SYS counters.
+127.0.0.1, so the engine must be on this machine. `DockerAgents` is the `Launcher`;
+`ContainerBroker` is what `--runtime swarm` shares; `nic_window` turns two readings of the
+containers' interface counters into the NIC bytes summary.json reports.
 """
 
 from __future__ import annotations

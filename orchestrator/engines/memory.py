@@ -5,7 +5,7 @@ in-process transport that routes published frames to subscribers by MQTT topic f
 first in, first out. The bytes are the bytes the MQTT shells publish (signed, sealed,
 MACed), so the memory engine checks the networked run's life cycle as well as its math,
 and the audit's replay, the overhead measurement and the tests all plug in here: a `tap`
-sees every publish, `inject` delivers anything an attacker might send.
+sees every publish, and anything `send` queues is delivered, an attacker's frames too.
 """
 
 from __future__ import annotations
@@ -123,10 +123,6 @@ class Router:
         if out.events:
             self.events += [(publisher, event) for event in out.events]
 
-    def inject(self, topic: str, payload: bytes, publisher: str = "outsider") -> None:
-        """A frame from outside the run (an attacker, a replay)."""
-        self._queue.append((publisher, Publish(topic, payload, "injected")))
-
     def drain(self) -> None:
         """Deliver until nothing is left to deliver."""
         while self._queue:
@@ -230,11 +226,6 @@ def run_session(problem: Problem, strategy: Strategy, scheme: Scheme, repeat: in
     """One session through conductor and nodes: its models, bytes, messages, views."""
     plans = session_plans(problem, [(strategy, scheme, repeat)])
     return Network.build(plans, seal_links=problem.config.seal_links).play()[0]
-
-
-def run_once(problem: Problem, strategy: Strategy, scheme: Scheme, repeat: int) -> np.ndarray:
-    """The models of every agent after every round, shape (iters, P, M)."""
-    return run_session(problem, strategy, scheme, repeat).models
 
 
 def run_memory(

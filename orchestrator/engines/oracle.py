@@ -1,30 +1,12 @@
 """The oracle engine: the paper's matrix recursion (eq. extRec) on whole-network arrays.
 
 It shares no code with the agent state machine, only the public inputs every engine uses
-(the Problem and its plug-in's risks, which are the gradients every agent computes, the
-counter-based streams of agent.rng, the per-agent keys of orchestrator.experiment.seeds
-and the data), so when the net and memory engines agree with it, the agent core computes
-the paper's algorithm.
-
-Per round i = 1..T, from w_0 (zero, or the plug-in's initial model; eqs. preComb, update,
-postComb):
-    phi = C1(w);  psi = C0(phi) - mu grad(phi);  w = C2(psi),
-where C_j is the privatized combine with A_j (an identity step adds no noise). With the
-noise table G of step j and round i (row m: what sender m draws from its own key, laid
-out (P, M) per row):
-    none:      C(x)_p = sum_m a_mp x_m
-    random:    C(x)_p = sum_m a_mp x_m + sum_{m != p} a_mp G[m, p]
-    ghp:       C(x)_p = sum_m a_mp x_m + sum_{m != p} a_mp g_m - (1 - a_pp) g_p,  g_m = G[m, m]
-               (random and ghp: x rounded to the noise grid first, agent.rng.snap)
-    local-ghp: C(x)_p = sum_m [a_mp x_m],  [y] = y rounded to the noise grid (the lattice)
-    masked-ghp: C(x)_p = sum_{m != p} [a_mp (x_m + g_m)] + [a_pp x_p - (1 - a_pp) g_p]
-               (x rounded to the grid first): the pairwise masks of both cancel exactly on
-               the lattice, at every hub, so they are not drawn here.
-Repeats and schemes run side by side in one state array of shape (P, R, S, M), so each
-combine of a round is one (P, P) x (P, R*S*M) matmul for all of them (the lattice lanes one
-sum over the edges); `random`, `ghp` and `masked-ghp` read the same table (off-diagonal
-and diagonal), drawn once per repeat in chunks of rounds, each sender's rows from its own
-key.
+(the Problem's risks, agent.rng's streams, the per-agent keys of experiment.seeds, the
+data), so when the net and memory engines agree with it, the agent core computes the
+paper's algorithm. Per round, phi = C1(w); psi = C0(phi) - mu grad(phi); w = C2(psi), with
+C_j the privatized combine of A_j (see `_Combine`). Repeats and schemes run side by side in
+one (P, R, S, M) array, so a combine is one matmul for all of them, and the noise tables are
+drawn once per repeat, in chunks of rounds, each sender's rows from its own key.
 """
 
 from __future__ import annotations
@@ -87,22 +69,16 @@ def run_oracle(
     return curves
 
 
-def scheme_noise(a: np.ndarray, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """What each receiver p adds to sum_m a_mp x_m under random and under ghp.
-
-    `table` holds noise G of shape (..., P, P, M), G[m, p] drawn by sender m; returns
-    (random, ghp), each (..., P, M), so that C_scheme(x) = A^T x + this.
-    """
-    combine = _Combine.of(np.asarray(a, dtype=float))
-    by_receiver = (combine.noise(lane, table, _same) for lane in (Scheme.RANDOM, Scheme.GHP))
-    random, ghp = (np.moveaxis(x, 0, -2) for x in by_receiver)
-    return random, ghp
-
-
-def _same(x: np.ndarray) -> np.ndarray:
-    return x
-
-
+# The privatized combine C(x)_p per scheme, with G the noise table of the step and round
+# (row m: what sender m draws from its own key, (P, M) per row) and g_m = G[m, m]:
+#   none:       sum_m a_mp x_m
+#   random:     sum_m a_mp x_m + sum_{m != p} a_mp G[m, p]
+#   ghp:        sum_m a_mp x_m + sum_{m != p} a_mp g_m - (1 - a_pp) g_p
+#               (random and ghp: x rounded to the noise grid first, agent.rng.snap)
+#   local-ghp:  sum_m [a_mp x_m], [y] being y rounded to the noise grid (the lattice)
+#   masked-ghp: sum_{m != p} [a_mp (x_m + g_m)] + [a_pp x_p - (1 - a_pp) g_p] (x on the grid
+#               first): the pair masks of both cancel exactly on the lattice, so none is drawn.
+# An identity step adds no noise.
 @dataclass(frozen=True)
 class _Combine:
     """A combine step whose matrix is not I, with the maps from a noise table to the noise

@@ -1,25 +1,13 @@
 """`privnet run --runtime swarm`: the broker and every agent as services of a Docker Swarm.
 
-On an existing swarm, through the Docker SDK talking to one of its managers (DOCKER_HOST as
-for the docker CLI), per run: an overlay network, the broker as a service pinned to that
-manager, and one service per agent from the project's image, which the swarm's scheduler
-spreads over the nodes. Secrets are Docker secrets, never environment variables: the
-broker's password file and ACL, and each agent's launch (its id, token and password, the
-orchestrator's key), one secret per agent mounted only into that agent's service; the
-broker's mosquitto.conf is a Docker config. Everything carries the label
-`privnet.run=<run>`.
-
-The swarm is taken as it is: no VIP load balancing (services use `endpoint_mode: dnsrr`,
-so kernels without IP_VS work), no ingress routing mesh (the broker publishes its port in
-host mode on its manager), no bind mounts. The orchestrator stays where privnet runs and
-reaches the broker at the manager's swarm address (`docker info`: NodeAddr); the agents
-reach it by its service name on the overlay network, across nodes as VXLAN.
-
-Every node must hold the agents' image (or pull it from a registry): without `--image`,
-privnet builds it on the manager, which is enough for a one-node swarm; a task rejected for
-want of it fails the run with the fix. Logs of every service stream into the run's
-directory. `SwarmBroker.stop` (on success, failure, Ctrl-C, SIGTERM and at exit) removes
-every service, secret, config and network labelled with the run.
+Per run, on an existing swarm (the Docker SDK talking to a manager, DOCKER_HOST as for the
+CLI): an overlay network, the broker pinned to that manager, one service per agent spread
+by the scheduler, everything labelled `privnet.run=<run>` and removed by `SwarmBroker.stop`.
+Secrets are Docker secrets, never environment: each agent's launch is mounted only into its
+own service. The swarm is taken as it is: `endpoint_mode: dnsrr` (no IP_VS), the broker's
+port published in host mode, no bind mounts. Every node needs the agents' image: without
+`--image` it is built on the manager, enough for one node; a task rejected for want of it
+fails the run with the fix.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
-"""A zygote for local agent processes: one process imports the agent's modules once, then
-forks one child per agent process (`python -m orchestrator.engines.zygote`).
+"""A zygote for local agent processes (`python -m orchestrator.engines.zygote`): one process
+imports the agent's modules once, then forks a child per agent process, so a run pays those
+imports once instead of once per agent.
 
-Every agent still is its own OS process with its own PID, session and process group, log
-file, MQTT client, credentials, identity and node; only the ~0.3 s of CPU that importing
-numpy, cryptography and gmqtt costs each `python -m agent` is paid once instead of 30 times.
-A child runs `agent.__main__.main` as `python -m agent` would, and shows that command line
-to ps (`python -m agent --id N`). The zygote forks from a clean state: no event loop, no
-threads (it refuses to serve otherwise; numpy's BLAS is held to one thread for that).
-
-The launcher (`Zygote`) talks to it over its stdin and stdout, one JSON line each way:
-the zygote says when it has imported the agent's modules (`ready`), a spawn request (argv,
-environment, log file) is answered with the child's pid; the zygote reaps its children and
-reports each exit code as `Popen.returncode` would (negative: the signal that killed it).
-Launch secrets travel in the request's environment, through the pipe, never on a command
-line. When the launcher goes (EOF), the zygote leaves: running
-agents are left to end by themselves, as the agents of a dead orchestrator do.
+Every child is still its own process (PID, session and process group, log, MQTT client,
+identity, node) and shows in ps as `python -m agent --id N`. The zygote forks from a clean
+state: no event loop, no threads. The launcher (`Zygote`) speaks to it in JSON lines over
+stdin and stdout: `ready` once imported, a spawn request (argv, environment, log) answered
+with the child's pid, each exit code as `Popen.returncode` gives it. Launch secrets travel
+through the pipe, never on a command line. At EOF the zygote leaves; running agents end by
+themselves, as a dead orchestrator's do.
 """
 
 from __future__ import annotations

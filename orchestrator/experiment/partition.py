@@ -1,18 +1,12 @@
 """How a dataset's training rows are dealt out to the agents: partitions as plug-ins.
 
-A partition is written `name` or `name:value` (`iid`, `label-skew:2`, `dirichlet:0.5`,
-`quantity-skew:1`), and is a function
-
-    partition(labels, agents, samples, gen, value) -> one array of row indices per agent
-
-over the training split's class labels, for `agents` agents holding `samples` rows each on
-average, drawing only from `gen` (seeded from the run's seed: the same rows in every engine)
-and `value` (None when not given). privnet's own are below; others are an entry point in
-the group `privnet.partitions`, or `module:function` (`module:function:value`). Only the
-orchestrator partitions: each agent's Setup carries its own rows.
-
-Feature noise per agent (the paper's section V-B) is not a partition but the experiment's
-`feature_noise`, on top of any of them.
+A partition, written `name` or `name:value` (`iid`, `label-skew:2`, `dirichlet:0.5`,
+`quantity-skew:1`), is a function `partition(labels, agents, samples, gen, value)` returning
+one array of row indices per agent, drawing only from `gen` (seeded from the run's seed:
+the same rows in every engine). privnet's own are below; others are an entry point in
+`privnet.partitions`, or `module:function[:value]`. Only the orchestrator partitions: each
+agent's Setup carries its own rows. Feature noise (section V-B) is `feature_noise`, not a
+partition.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """Each agent's own keys, derived one way from the run's master seed, which stays here.
 
-An agent is sent only the keys of its own streams (its data, its minibatches, its noise)
-and its own training rows, never the seed. Every key is HKDF-SHA256 (RFC 5869) of the
-seed, with the purpose, the repeat and the agent id in its info: holding one agent's keys
-tells nothing about another's, nor about the seed, short of guessing the seed itself (a
-drawn one has 63 bits; one the operator picks, such as 1, is guessable). Every engine
-derives through here, so a run stays reproducible from the master seed alone.
-
-A key is the first 16 bytes of HKDF-SHA256 with the seed's decimal digits as input key
-material, SALT as salt and info = purpose, NUL, repeat (8 bytes), agent (4 bytes; none for
-a network-wide key), read as two big-endian 64-bit words. Not numpy's SeedSequence: its
-hash is invertible, so a Philox key spawned from it gives back the entropy, the master
-seed, it was spawned from.
+An agent is sent only the keys of its own streams (data, minibatches, noise) and its own
+rows, never the seed: each key is HKDF-SHA256 of the seed with purpose, repeat and agent in
+its info (16 bytes, read as two big-endian 64-bit words), so one agent's keys tell nothing
+of another's or of the seed, short of guessing the seed (a drawn one has 63 bits). Every
+engine derives through here, so a run is reproducible from the seed alone. Not numpy's
+SeedSequence: its hash is invertible, so a key spawned from it gives the seed back.
 """
 
 from __future__ import annotations

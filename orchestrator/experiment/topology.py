@@ -407,20 +407,3 @@ def strategy_matrices(
     eye = np.eye(a.shape[0])
     a0, a1, a2 = (a.copy() if j == step else eye.copy() for j in range(3))
     return a0, a1, a2
-
-
-def ghp_residual(a: np.ndarray, q: np.ndarray | None = None) -> float:
-    """max_m |sum_p q_p a_mp c_mp|: how far ghp's noise is from cancelling in the centroid.
-
-    Sender m sends w_m + g_m to every neighbour (c_mp = 1) and adds -(1-a_mm)/a_mm g_m to
-    its own term (c_mm), so the sum is (A q)_m - q_m = 0 for any primitive left-stochastic
-    A with a_mm > 0.
-    """
-    a = np.asarray(a, dtype=float)
-    validate(a, scheme=Scheme.GHP)
-    if q is None:
-        q = perron(a)
-    factor = np.ones_like(a)
-    diag = np.diag(a)
-    np.fill_diagonal(factor, -(1.0 - diag) / diag)
-    return float(np.max(np.abs((a * factor) @ np.asarray(q, dtype=float))))

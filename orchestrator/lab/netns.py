@@ -1,20 +1,12 @@
 """Hosts as Linux network namespaces: a core namespace joined to each host's by a veth link,
 with a WAN's conditions on every link, and partitions (`privnet lab`).
 
-Addresses: the core answers on 10.77.0.1 (on its loopback, so every host reaches the same
-address); link i is 10.77.i.0/24, the core's end `h<i>` at .1, the host's end `core` at .2
-with the default route through it. Conditions, per direction of every link (root only):
-
-| condition | with netem (where the kernel has it) | without |
-|---|---|---|
-| delay | netem delay on both ends | a TCP proxy in each host (`proxy`): the bridge's bytes |
-| loss | netem loss on both ends | iptables `-m statistic --mode random` DROP in each host |
-| rate | netem rate on both ends | tc tbf on both ends |
-
-A partition is iptables DROP of everything on a host's link, removed after its time: TCP
-connections over it stall, and carry on when it heals (if they outlast it). Everything a lab
-makes lives in its namespaces (links, qdiscs, iptables rules, processes started in them);
-`close` ends every process in them and removes them, which removes the rest.
+The core answers on 10.77.0.1 (its loopback: the same address from every host); link i is
+10.77.i.0/24, the core's end at .1, the host's at .2. Delay, loss and rate apply to both
+directions of a link with netem where the kernel has it, else by a TCP proxy in each host
+(delay), iptables' random DROP (loss) and tc tbf (rate); a partition is an iptables DROP of
+a host's link for its time. Everything a lab makes lives in its namespaces, so `close`
+ending their processes and removing them removes the rest.
 """
 
 from __future__ import annotations

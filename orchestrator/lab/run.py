@@ -1,17 +1,12 @@
 """`privnet lab`: a run across hosts on this machine, the hosts being network namespaces
 joined to a core namespace by links with a WAN's conditions (`orchestrator.lab.netns`).
 
-The lab writes a host map (`lab/hosts.toml`: the agents split evenly over the hosts, the
-core at 10.77.0.1:1883) and the bundles (`privnet prepare --hosts`), then starts, each in its
-namespace, exactly what real hosts run: `privnet run --hosts` in the core namespace (the
-core broker and the orchestrator), `privnet site` in each host's (its broker, bridged, and
-its agents), and, where the delay is a proxy's, the proxy the bridge goes through. Once the
-run has completed a partition's round, that host's link is cut for its seconds. The run's
-own outputs land in --out as usual; the lab adds `lab.json` (conditions and how they were
-made, every veth end's counters, the packets the loss rules dropped, the partitions as they
-happened, each namespace's processes) and a `lab` entry in summary.json. Whatever happens
-(success, a failure, Ctrl-C, SIGTERM), every namespace, link, rule and process it made is
-removed.
+It writes a host map and the bundles (`privnet prepare --hosts`), then starts in each
+namespace exactly what real hosts run (`privnet run --hosts` in the core's, `privnet site`
+in each host's, and the bridge's proxy where the delay is one), and cuts a host's link for
+its seconds once the run completes a partition's round. It adds `lab.json` (conditions,
+counters, drops, partitions, processes) and a `lab` entry in summary.json. Whatever
+happens, every namespace, link, rule and process it made is removed.
 """
 
 from __future__ import annotations

@@ -1,37 +1,13 @@
 """The accountant: epsilon(i) per agent, per adversary and for the network, from twin runs.
 
-The paper's Definition DP compares what an observer sees when one agent's data is
-replaced (D -> D'). The accountant runs the experiment on D and on D' through the memory
-engine's agent cores with the same seed, so `random`, `ghp` and `masked-ghp` draw the very
-same noise and every difference between the two runs is the change of data. It records
-the clear value y behind every model frame, and, with b = sigma_g / sqrt(2) the Laplace
-scale, charges each release what it can leak (paper's proof of eq. (eps), corrected):
-
-    L = || y - y' ||_1 / b    (the paper writes the L2 norm, which undercounts by sqrt(M))
-
-What a frame of sender m to hub k costs depends on the scheme and on who reads it
-(`Adversary`): an outsider on some links, an insider (a hub, a coalition: it reads the
-frames addressed to it, knows its own values and the masks it shares, and adds up what
-reaches it, which cancels the masks), or the whole wire (which adds up every hub's
-frames). With sealed links an outsider reads nothing: epsilon 0. Per sender, round and
-step, over the frames the adversary reads:
-  none        the clear value: infinite.
-  random      L per link (fresh noise per link).
-  ghp         L once: one draw g_m on all links.
-  local-ghp   a_mk L per frame (its masks are Laplace(b) / a_mk) for an outsider; infinite
-              for anyone who can add up a hub's frames (the hub sums are exact).
-  masked-ghp  L once, as ghp, for anyone: under the masks is ghp's release y + g_m, and
-              nothing more; for an outsider also at most local-ghp's sum of a_mk L.
-A round a later membership view redid re-sends its value: under fresh masks (a view's
-masks are its own), so the masks' charge counts every view's frame again; random and ghp
-noise is drawn per round, not per view, so the same value re-sent is the same frame (no
-charge), and another value under the same noise gives their difference away (infinite).
-This is epsilon for this neighbouring pair, this noise level and this realisation; the
-paper's network form sqrt(2) P / sigma_g * sum_{j<i} Delta(j) and its high-probability
-linear bound (B, B' the largest distances of either trajectory to w^o, measured here) are
-reported beside it. The masked schemes release each term on the noise grid (the lattice,
-agent.rng.on_lattice), which the clear values here leave out: at most one grid step,
-2^-20 b, per coordinate and release.
+Definition DP compares what an observer sees when one agent's data is replaced (D -> D').
+The accountant runs the experiment on D and on D' through the agent cores with the same
+seed, so every scheme draws the very same noise and every difference is the change of data;
+it records the clear value y behind every model frame and charges each release what it can
+leak to the adversary reading it (`Adversary`), L = ||y - y'||_1 / b per Laplace(b) release
+(the paper's L2 norm undercounts by sqrt(M)). The charges per scheme and adversary, and how
+redone rounds count, are in the README's "How private was it?". This is epsilon for this
+pair, noise level and realisation; the paper's network bounds are reported beside it.
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """`privnet dp-audit`: check the accountant's epsilon against an attacker, empirically.
 
 Many short trials of one scheme run on D and on D' (agent p's data replaced), each with
-fresh noise (a fresh Philox key for random/ghp/masked-ghp, fresh Diffie-Hellman secrets
-for the masks). An attacker sees exactly what its place in the threat model shows it:
-  links-out  every model on the links out of p (the paper's Definition DP)
-  one-link   the models on one link p -> k only (the masked schemes' eavesdropper)
-  hub        what hub k receives from all its neighbours, which it adds up weighted by
-             its public a_lk (the combination it computes anyway)
-  wire       every hub's sum, as the whole wire adds them up (masked-ghp: where its
-             masks cancel).
-It scores every trial with a Laplace log-likelihood ratio between the mean views under D
-and D' (fitted on the first half of the trials), picks the threshold on that half, and on
-the other half counts false positives (D' called D) and false negatives. Any test gives a
-valid lower bound (Jagielski et al. 2020, Nasr et al. 2023):
-    eps_LB = max( ln((1 - FNR_hi) / FPR_hi), ln((1 - FPR_hi) / FNR_hi) )
-with FPR_hi, FNR_hi the upper ends of two-sided 95% Clopper-Pearson intervals, so
-eps_LB <= eps holds with >= 95% confidence if the mechanism is eps-DP (delta = 0).
-
-The claimed epsilon is the accountant's against that attacker (accountant.Adversary),
-evaluated on every D/D' pair of trials (which share their noise key) and reported as its
-largest value over the trials.
+fresh noise, and an attacker sees what its place shows it (`views_for`: the links out of p,
+one link, a hub's weighted sum, or the whole wire's). It scores each trial by a Laplace
+log-likelihood ratio fitted on half the trials and counts false positives and negatives on
+the other half; any test gives a valid lower bound (Jagielski et al. 2020, Nasr et al.
+2023), eps_LB = the larger `epsilon_bound` at the upper ends of 95% Clopper-Pearson
+intervals, so eps_LB <= eps with >= 95% confidence if the mechanism is eps-DP. The claim it
+is checked against is the accountant's epsilon for that attacker, its largest over trials.
 """
 
 from __future__ import annotations
@@ -111,12 +99,7 @@ def clopper_pearson(
     return lo, hi
 
 
-def epsilon_lower_bound(fpr_hi: float, fnr_hi: float) -> float:
-    """eps_LB from upper bounds on the two error rates (delta = 0); 0 when uninformative."""
-    return max(_bound(fpr_hi, fnr_hi, way) for way in (0, 1))
-
-
-def _bound(fpr_hi: float, fnr_hi: float, way: int) -> float:
+def epsilon_bound(fpr_hi: float, fnr_hi: float, way: int) -> float:
     """One of the two ratios DP bounds: TPR / FPR (way 0) or TNR / FNR (way 1)."""
     a, b = (fnr_hi, fpr_hi) if way == 0 else (fpr_hi, fnr_hi)
     return max(0.0, math.log((1 - a) / b)) if b > 0 and a < 1 else 0.0
@@ -158,12 +141,12 @@ def attack(on_d: np.ndarray, on_twin: np.ndarray, view: str) -> AttackResult:
     fp, fn = int(np.sum(s_twin > threshold)), int(np.sum(s_d <= threshold))
     fpr, fnr = clopper_pearson(fp, n), clopper_pearson(fn, n)
     floor = 1 / n
-    hat = _bound(max(fp / n, floor), max(fn / n, floor), way)
-    return AttackResult(view, n, fp, fn, fpr, fnr, hat, _bound(fpr[1], fnr[1], way))
+    hat = epsilon_bound(max(fp / n, floor), max(fn / n, floor), way)
+    return AttackResult(view, n, fp, fn, fpr, fnr, hat, epsilon_bound(fpr[1], fnr[1], way))
 
 
 def _best_threshold(s_d: np.ndarray, s_twin: np.ndarray) -> tuple[float, int]:
-    """The threshold (call D when score > it) and the ratio (`_bound`'s way) whose
+    """The threshold (call D when score > it) and the ratio (`epsilon_bound`'s way) whose
     Clopper-Pearson eps_LB on the fitted half is largest: a point estimate would favour
     far tails, where a few counts decide. Both are fixed before the held-out half is seen."""
     n = len(s_d)
@@ -176,7 +159,7 @@ def _best_threshold(s_d: np.ndarray, s_twin: np.ndarray) -> tuple[float, int]:
     fpr_hi = np.where(fp == n, 1.0, stats.beta.ppf(1 - tail, fp + 1, np.maximum(n - fp, 1)))
     fnr_hi = np.where(fn == n, 1.0, stats.beta.ppf(1 - tail, fn + 1, np.maximum(n - fn, 1)))
     pairs = zip(fpr_hi, fnr_hi, strict=True)
-    bounds = np.array([[_bound(a, b, way) for way in (0, 1)] for a, b in pairs])
+    bounds = np.array([[epsilon_bound(a, b, way) for way in (0, 1)] for a, b in pairs])
     best, way = np.unravel_index(int(np.argmax(bounds)), bounds.shape)
     return float(candidates[best]), int(way)
 

@@ -1,16 +1,12 @@
 """Does the Laplace sampler leak through its floating-point outputs? (Mironov, CCS 2012)
 
-A release is y = x + noise, the noise drawn from u = (k + 1/2) 2^-52 (agent.rng.uniforms).
-With the plain inverse CDF (agent.rng.float_laplace) the outputs are a sparse, uneven subset
-of the doubles, so y is often a double that x = 0 can never produce: seeing it proves
-x != 0, an infinite privacy loss. `impossible_fraction` measures how often that happens
-for x = `shift`, with an exact membership test: a release is monotone in k, so a binary
-search over the 2^52 inputs finds whether some k gives y exactly.
-privnet's releases are checked too: random and ghp send snap(x) + laplace(u) (both on a
-power-of-two grid); the masked schemes send (on_lattice(a x) + mask) / a for a public
-weight a, one float function of an integer lattice point (agent.rng.masked_release), here
-with a = 1/3, which is no power of two (their masks divided by a, as they were sent before,
-leave the grid and leak).
+With the plain inverse CDF (agent.rng.float_laplace) a release y = x + noise is a sparse,
+uneven subset of the doubles, so a y that x = 0 can never produce proves x != 0: an infinite
+privacy loss. `impossible_fraction` measures how often that happens, exactly (a release is
+monotone in the sampler's input, so a binary search over its 2^52 values decides). privnet's
+own releases are checked too: random and ghp send snap(x) + laplace(u), both on a
+power-of-two grid; the masked schemes one float function of a lattice point
+(agent.rng.masked_release), here with a weight of 1/3, no power of two.
 """
 
 from __future__ import annotations

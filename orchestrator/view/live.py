@@ -1,20 +1,12 @@
 """The run's side of the live view (`privnet run --view`): what the orchestrator already
 knows, pushed into a `ViewState` that the server streams to the page.
 
-Nothing here adds a byte to the broker or the agents' wire. Two sources:
-- `Lookout`, which the net engine pumps in place of its `Watch`: it passes every delivery,
-  tick and output through unchanged, counting what the orchestrator receives by category
-  (telemetry, control) and noting the conductor's events (views, losses, restarts) on the
-  timeline as they happen;
-- a sampler, twice a second on the same event loop: the conductor's stage, rounds and
-  views, the rows of true models every member has reported (MSD, or testing error, per
-  round: the scalars, never the models), the agents' processes (RSS, CPU), the
-  sessions' Finished frames (rejections by reason, bytes by category), and with
-  `--account` the accountant's twin runs, started at once in a worker process of low
-  priority, read at the network's current round.
-Model bytes per round on each link are the sizes of the frames the view's members send
-(the wire format's own encoder, `wire.encode_peer`); the agents' exact counts arrive with
-each session's Finished.
+Nothing here adds a byte to the broker or the agents' wire. `Lookout`, pumped by the net
+engine in place of its `Watch`, passes everything through, counting what the orchestrator
+receives and noting the conductor's events on the timeline; a sampler, twice a second on
+the same loop, reads the conductor's stage and views, the reported models' scalars (never
+the models), the agents' processes, the sessions' Finished frames and, with `--account`,
+the accountant's twin runs in a low-priority worker process.
 """
 
 from __future__ import annotations
@@ -438,9 +430,8 @@ def phase(conductor: Conductor, agent: int, rounds: np.ndarray) -> str:
 
 
 class Processes:
-    """RSS and CPU of the agents' processes, from /proc/<pid>/stat: one read per process
-    (psutil's two cost about 0.7 ms a process on a busy machine, which 30 agents twice a
-    second would make the view's largest cost)."""
+    """RSS and CPU of the agents' processes, one /proc/<pid>/stat read each: psutil's two
+    reads a process, twice a second for every agent, would be the view's largest cost."""
 
     TICK = os.sysconf("SC_CLK_TCK")
     PAGE = os.sysconf("SC_PAGE_SIZE")
