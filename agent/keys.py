@@ -401,24 +401,6 @@ class MaskBank:
         return combined
 
 
-def pair_noise(
-    secret: bytes,
-    session: bytes,
-    hub: int,
-    pair: tuple[int, int],
-    round_: int,
-    step: int,
-    dim: int,
-    sigma_g: float,
-    *,
-    epoch: int,
-) -> np.ndarray:
-    """The Laplace mask g_{lm,k,i} that both partners of `pair` derive alike at hub `hub`
-    in round `round_`: one read of the pair's `PairStream` (see there for why it is safe)."""
-    stream = PairStream(secret, session, hub, pair, step, epoch, dim).read(round_)
-    return stream_laplace(stream, dim, sigma_g).reshape(dim)  # its one row
-
-
 def link_key(
     me: Identity, peer: PublicIdentity, session: bytes, a: int, b: int, *, view: int | None = None
 ) -> bytes:

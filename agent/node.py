@@ -230,7 +230,8 @@ class AgentNode:
         return Output()
 
     def fail(self, reason: str) -> Output:
-        """The shell gives up (lost broker, signal): tell the orchestrator why, if we can."""
+        """Give up from outside the protocol (a harness ending a node): tell the orchestrator
+        why, if we can. The process shell has no such case: it stops on Bye or a lost broker."""
         return self._fail(reason)
 
     @property

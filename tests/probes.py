@@ -1,6 +1,7 @@
 """What the tests use to look into a run or poke at one, and the sources never need.
 
-Reading a run's outputs back (`read_metrics`, `load_summary`), matching a topic filter
+One pair's Laplace mask on its own (`pair_noise`, what a hub's `MaskBank` sums),
+reading a run's outputs back (`read_metrics`, `load_summary`), matching a topic filter
 (`matches`, the MQTT rule), the count of deliveries neither used nor rejected (`uncounted`,
 which must stay 0), a frame from outside the run (`inject`), and the options an aiomqtt
 client needs to reach a run's broker (`connect_options`).
@@ -15,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.keys import PairStream, stream_laplace
 from agent.protocol import Deliveries, Output, Publish
 from broker.launcher import Broker
 from orchestrator.engines.memory import Router
@@ -100,3 +102,21 @@ def _to_arrays(
     for (r, i), (cen, avg) in points.items():
         both[0, r, i], both[1, r, i] = cen, avg
     return both[0], both[1]
+
+
+def pair_noise(
+    secret: bytes,
+    session: bytes,
+    hub: int,
+    pair: tuple[int, int],
+    round_: int,
+    step: int,
+    dim: int,
+    sigma_g: float,
+    *,
+    epoch: int,
+) -> np.ndarray:
+    """The Laplace mask g_{lm,k,i} that both partners of `pair` derive alike at hub `hub`
+    in round `round_`: one read of the pair's `PairStream` (see there for why it is safe)."""
+    stream = PairStream(secret, session, hub, pair, step, epoch, dim).read(round_)
+    return stream_laplace(stream, dim, sigma_g).reshape(dim)  # its one row

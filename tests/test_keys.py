@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from probes import pair_noise
 from scipy import stats
 
 from agent import keys, rng
@@ -26,7 +27,6 @@ from agent.keys import (
     PublicIdentity,
     link_key,
     open_sealed,
-    pair_noise,
     public_bytes,
     seal,
     share_statement,
