@@ -20,7 +20,7 @@ from typing import Any
 from agent.private import private_dir
 from agent.spec import ConfigError
 from orchestrator.conductor import View
-from orchestrator.engines.options import RunOptions
+from orchestrator.engines.options import LOCALHOST, RunOptions
 from orchestrator.engines.watch import read_membership
 from orchestrator.experiment import config as configuration
 from orchestrator.experiment.config import ExperimentConfig
@@ -85,7 +85,7 @@ class Experiment(ExperimentConfig):
     telemetry: bool = True  # agents report their models (MSD); False: bytes only
     view: bool = False  # serve the live view's page
     view_port: int = 0
-    view_host: str = "127.0.0.1"
+    view_host: str = LOCALHOST
 
     def __post_init__(self) -> None:
         super().__post_init__()

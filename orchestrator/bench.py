@@ -44,7 +44,7 @@ from agent.protocol import PEER_QOS, Publish
 from agent.spec import Scheme, Strategy
 from agent.transport import Connection
 from broker.credentials import Credentials
-from broker.launcher import LOCAL_KINDS, has_mosquitto, launch
+from broker.launcher import has_mosquitto, launch
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.problem import Problem
 from orchestrator.terminal import console, progress_bar, table_console
@@ -286,19 +286,19 @@ def memory_rate(problem: Problem, strategy: Strategy, scheme: Scheme) -> tuple[f
 
 @dataclass(frozen=True)
 class Sitting:
-    """What one `privnet bench` measures (its flags)."""
+    """What one `privnet bench` measures: its flags (defaults are the CLI's)."""
 
-    brokers: tuple[str, ...] = LOCAL_KINDS  # mosquitto is left out where it is not installed
-    schemes: tuple[Scheme, ...] = (Scheme.NONE, Scheme.LOCAL_GHP)
-    agents: tuple[int, ...] = (30,)  # agent counts, each measured in turn
-    iters: int = 200  # rounds per measurement
-    strategy: Strategy = Strategy.ATC
-    repeats: int = 3  # the median of this many
-    seed: int = 1
-    workers: int = os.cpu_count() or 2  # the ceiling's client processes
-    extra: str = ""  # more `privnet run` flags
-    against: str = ""  # `privnet run` flags every repeat also runs with, right after
-    out: Path | None = None  # default runs/bench-<time>
+    brokers: tuple[str, ...]  # mosquitto is left out where it is not installed
+    schemes: tuple[Scheme, ...]
+    agents: tuple[int, ...]  # agent counts, each measured in turn
+    iters: int  # rounds per measurement
+    strategy: Strategy
+    repeats: int  # the median of this many
+    seed: int
+    workers: int  # the ceiling's client processes
+    extra: str  # more `privnet run` flags
+    against: str  # `privnet run` flags every repeat also runs with, right after
+    out: Path | None  # default runs/bench-<time>
 
 
 def bench(sitting: Sitting) -> int:
