@@ -37,7 +37,7 @@ def bin_head(size: int) -> bytes:
     return b"\xc6" + size.to_bytes(4, "big")
 
 
-def finite(vector: np.ndarray) -> bool:
+def all_finite(vector: np.ndarray) -> bool:
     """Whether every entry is finite: in Python for short vectors, where numpy's call
     overhead dominates, with numpy for long ones."""
     if len(vector) <= _SHORT:
@@ -147,6 +147,6 @@ def decode_model(
     if key is None or not hmac.compare_digest(mac(key, "model", body), tag):
         return None
     vector = np.frombuffer(raw, dtype=F8).astype(np.float64)
-    if not finite(vector):
+    if not all_finite(vector):
         return None
     return Model(s, r, i, j, vector, v)

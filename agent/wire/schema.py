@@ -23,7 +23,7 @@ import numpy as np
 
 from agent.messages import Reason, Rejected
 from agent.problems import Param, Params
-from agent.spec import Bound, Choice, ConfigError, Distinct, Nested, Size
+from agent.spec import COUNT_LIMIT, Bound, Choice, ConfigError, Distinct, Nested, Size
 
 DTYPE = "<f8"
 
@@ -88,7 +88,7 @@ def _exact(cls: type, expected: str) -> Kind:
     return Kind(cls, decode)
 
 
-def finite(value: Any, where: str) -> float:
+def finite_float(value: Any, where: str) -> float:
     if type(value) is not float:
         raise schema_error(where, "a float64", value)
     if not math.isfinite(value):
@@ -98,7 +98,7 @@ def finite(value: Any, where: str) -> float:
 
 TEXT = _exact(str, "a string")
 BOOL = _exact(bool, "true or false")
-FLOAT = Kind(float, finite)
+FLOAT = Kind(float, finite_float)
 
 
 # ---- containers ----
@@ -165,7 +165,7 @@ def _params(depth: int) -> Kind:
 
     def one(value: Any, where: str, level: int) -> Param:
         if type(value) is float:
-            return finite(value, where)
+            return finite_float(value, where)
         if type(value) in (bool, int, str):
             return typing.cast(Param, value)
         if type(value) is list and level < depth:
@@ -260,7 +260,7 @@ def encode_fields(obj: Any, fields: tuple[Field, ...]) -> dict[str, Any]:
 
 _VECTOR_FIELDS = (
     Field("dtype", "dtype", TEXT),
-    Field("shape", "shape", _tuple(_int(Bound(0, 2**64, "a dimension")))),
+    Field("shape", "shape", _tuple(_int(Bound(0, COUNT_LIMIT, "a dimension")))),
     Field("data", "data", _bytes()),
 )
 

@@ -33,7 +33,7 @@ from agent.wire.frames import (
     schema_of,
     unpack,
 )
-from agent.wire.model import F8, MODEL_HEAD, MODEL_NAME, bin_head, finite, routed, usual
+from agent.wire.model import F8, MODEL_HEAD, MODEL_NAME, all_finite, bin_head, routed, usual
 from agent.wire.schema import DTYPE, Field, decode_fields, encode_fields, kind_of
 
 SEAL_AD_TAG = b"privnet/link-frame/v1\0"
@@ -41,6 +41,12 @@ _NONCE = struct.Struct(">BBQ2x")  # kind << 1 | direction, step, round (model) o
 MODEL_KIND, KEY_KIND = 1, 2
 _SEQ = Field("seq", "n", kind_of(Count))  # key frames: the sender's count on the link
 _MODEL_AD = MODEL_NAME + b"\0"
+
+
+def link_nonce(kind: int, sender: int, receiver: int, step: int, count: int) -> bytes:
+    """A frame's nonce: unique per link key, since each (kind, direction, step, count)
+    is sent once on a link (models counted by round, key frames by the sender's seq)."""
+    return _NONCE.pack(kind << 1 | (sender > receiver), step, count)
 
 
 def _split(schema: Schema, clear: tuple[str, ...]) -> tuple[tuple[Field, ...], ...]:
@@ -88,9 +94,9 @@ class Head:
 
     @property
     def nonce(self) -> bytes:
-        f, direction = self.fields, int(self.sender > self.receiver)
+        f = self.fields
         step, count = (f["step"], f["round"]) if "round" in f else (0, f["seq"])
-        return _NONCE.pack(self.kind << 1 | direction, step, count)
+        return link_nonce(self.kind, self.sender, self.receiver, step, count)
 
 
 def seal_peer(msg: Peer, aead: ChaCha20Poly1305, run: str, seq: int = 0) -> bytes:
@@ -123,8 +129,7 @@ def _seal_model(msg: Model, aead: ChaCha20Poly1305, run_ad: bytes) -> bytes:
     s, r, i, j, v, vector = msg.sender, msg.receiver, msg.round, msg.step, msg.view, msg.vector
     raw = pack({"s": s, "r": r, "i": i, "j": j, "v": v})
     plain = _box_prefix(len(vector)) + vector.tobytes()
-    nonce = _NONCE.pack(MODEL_KIND << 1 | (s > r), j, i)
-    box = aead.encrypt(nonce, plain, run_ad + _MODEL_AD + raw)
+    box = aead.encrypt(link_nonce(MODEL_KIND, s, r, j, i), plain, run_ad + _MODEL_AD + raw)
     return b"".join((MODEL_HEAD, bin_head(len(raw)), raw, bin_head(len(box)), box))
 
 
@@ -167,15 +172,14 @@ def open_model(
     ):
         return None
     try:
-        nonce = _NONCE.pack(MODEL_KIND << 1 | (s > r), j, i)
-        plain = aead.decrypt(nonce, box, run_ad(run) + _MODEL_AD + raw)
+        plain = aead.decrypt(link_nonce(MODEL_KIND, s, r, j, i), box, run_ad(run) + _MODEL_AD + raw)
     except (InvalidTag, ValueError):
         return None
     prefix = _box_prefix(dim)
     if len(plain) != len(prefix) + 8 * dim or not plain.startswith(prefix):
         return None
     vector = np.frombuffer(plain, dtype=F8, offset=len(prefix)).astype(np.float64)
-    if not finite(vector):
+    if not all_finite(vector):
         return None
     return Model(s, r, i, j, vector, v)
 
