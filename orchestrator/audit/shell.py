@@ -34,7 +34,7 @@ def inspect(
         recording.records = read_pcap(pcap, port)
         source = f"pcap {pcap.name}, port {port}"
     result = audit(recording, load_telemetry(run_dir), source, attack, load_membership(run_dir))
-    stem = "audit" if pcap is None else "audit-pcap"
+    stem = _stem(pcap)
     (run_dir / f"{stem}.json").write_text(json.dumps(result.report, indent=2) + "\n")
     plot_noise(result.noise, run_dir / f"{stem}.png")
     return result.report
@@ -60,9 +60,14 @@ def show_audit(
         table_console().print(adversary_table(report["adversaries"]["rows"], attack.agent))
     _print_notes(err, report["sessions"])
     leaks = [s for s in report["sessions"] if s["scheme"] != "none" and s["plaintext_messages"]]
-    stem = "audit" if pcap is None else "audit-pcap"
+    stem = _stem(pcap)
     err.print(f"wrote {run_dir}/{stem}.json and {stem}.png")
     return 1 if leaks else 0
+
+
+def _stem(pcap: Path | None) -> str:
+    """The name of the audit's files: a pcap's audit beside the live tap's, not over it."""
+    return "audit" if pcap is None else "audit-pcap"
 
 
 def _print_notes(err: Console, sessions: list[dict[str, Any]]) -> None:
