@@ -7,9 +7,6 @@
 FROM python:3.11-slim AS wheel
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY agent ./agent
-COPY broker ./broker
-COPY orchestrator ./orchestrator
 COPY privnet ./privnet
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 
@@ -46,4 +43,4 @@ RUN pip install --no-deps /tmp/dist/privnet-*.whl \
 COPY docker-entrypoint.sh /usr/local/bin/privnet-entrypoint
 USER privnet
 ENTRYPOINT ["privnet-entrypoint"]
-CMD ["python", "-m", "agent"]
+CMD ["python", "-m", "privnet.agent"]

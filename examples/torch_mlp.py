@@ -1,7 +1,7 @@
 """The PyTorch adapter: an MLP on scikit-learn's digits over the real network.
 
 10 agents hold Dirichlet(0.5) shares of the digits' training rows (few classes each), train
-the built-in `mlp` problem (agent.torchnet.MLP: 64 pixels + bias -> 32 ReLU -> 10 classes)
+the built-in `mlp` problem (privnet.agent.torchnet.MLP: 64 pixels + bias -> 32 ReLU -> 10 classes)
 with ATC, once in the clear (`none`) and once with local graph-homomorphic masks
 (`local-ghp`), whose masks cancel in every combination: the two runs' models agree up to
 the noise grid every weighted term of a local-ghp combination is rounded to (2^-24 with

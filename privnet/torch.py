@@ -3,6 +3,6 @@ and a loss (flattened parameters in, flattened gradient out), `MLP` is one (`mlp
 
 from __future__ import annotations
 
-from agent.torchnet import MLP, TorchProblem, TorchRisk
+from privnet.agent.torchnet import MLP, TorchProblem, TorchRisk
 
 __all__ = ["MLP", "TorchProblem", "TorchRisk"]

@@ -26,11 +26,11 @@ import networkx as nx
 import numpy as np
 import psutil
 
-from orchestrator.engines.memory import Network
-from orchestrator.engines.watch import read_membership
-from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.problem import Problem
-from orchestrator.experiment.specs import session_list, session_plans
+from privnet.orchestrator.engines.memory import Network
+from privnet.orchestrator.engines.watch import read_membership
+from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.specs import session_list, session_plans
 
 
 def rounds_done(metrics: Path) -> int:
@@ -83,7 +83,14 @@ def main() -> int:
     )
     doomed = victims(config, args.kill)
     at = [int(args.iters * (k + 1) / (args.kill + 2)) for k in range(len(doomed))]
-    command = [sys.executable, "-m", "orchestrator.cli", "run", "--agents", str(args.agents)]
+    command = [
+        sys.executable,
+        "-m",
+        "privnet.orchestrator.cli",
+        "run",
+        "--agents",
+        str(args.agents),
+    ]
     command += ["--iters", str(args.iters), "--strategy", "atc", "--scheme", "local-ghp"]
     command += ["--seed", str(args.seed), "--out", str(args.out), *args.rest]
     started = time.monotonic()

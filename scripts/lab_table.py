@@ -18,7 +18,7 @@ from pathlib import Path
 
 def lab(out: Path, hosts: int, delay: str, loss: str, flags: list[str]) -> dict[str, float]:
     """One `privnet lab` run: its rounds/s and bytes per round."""
-    argv = [sys.executable, "-m", "orchestrator.cli", "lab", "--hosts", str(hosts)]
+    argv = [sys.executable, "-m", "privnet.orchestrator.cli", "lab", "--hosts", str(hosts)]
     argv += ["--delay", delay, "--loss", loss, *flags, "--out", str(out)]
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
     summary = json.loads((out / "summary.json").read_text())

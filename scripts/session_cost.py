@@ -24,17 +24,17 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from orchestrator.bench import privnet_run
+from privnet.orchestrator.bench import privnet_run
 
 SITE = """
 import os
 variant = os.environ.get("PRIVNET_SESSION_VARIANT", "")
 if variant:
     import itertools
-    import agent.driver as driver
-    import agent.node as node
-    import agent.protocol as protocol
-    import agent.transport as transport
+    import privnet.agent.driver as driver
+    import privnet.agent.node as node
+    import privnet.agent.protocol as protocol
+    import privnet.agent.transport as transport
 
     if "qos1" in variant:
         node.PEER_QOS = driver.PEER_QOS = 1

@@ -52,7 +52,16 @@ class Stopped:
 
 def stop_once(n: int, out: Path, signum: int, after: float, flags: list[str]) -> Stopped:
     out.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "orchestrator.cli", "run", *RUN, "--out", str(out), *flags]
+    command = [
+        sys.executable,
+        "-m",
+        "privnet.orchestrator.cli",
+        "run",
+        *RUN,
+        "--out",
+        str(out),
+        *flags,
+    ]
     with (out / "privnet.err").open("w") as err:
         privnet = subprocess.Popen(
             command,

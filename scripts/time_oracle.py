@@ -12,9 +12,9 @@ import argparse
 import statistics
 from time import perf_counter, process_time
 
-from orchestrator.engines.oracle import run_oracle
-from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.problem import Problem
+from privnet.orchestrator.engines.oracle import run_oracle
+from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.problem import Problem
 
 
 def main() -> None:

@@ -20,14 +20,14 @@ from amqtt.adapters import BufferReader
 from amqtt.mqtt.connect import ConnectPacket
 from probes import connect_options
 
-from agent import keys
-from agent.access import BrokerAddress
-from agent.driver import publish, pump
-from agent.node import AgentNode
-from agent.transport import Connection
-from broker.launcher import Broker, has_mosquitto, launch
-from orchestrator.engines.launch import agent_args
-from orchestrator.engines.lifetime import RunSecrets
+from privnet.agent import keys
+from privnet.agent.access import BrokerAddress
+from privnet.agent.driver import publish, pump
+from privnet.agent.node import AgentNode
+from privnet.agent.transport import Connection
+from privnet.broker.launcher import Broker, has_mosquitto, launch
+from privnet.orchestrator.engines.launch import agent_args
+from privnet.orchestrator.engines.lifetime import RunSecrets
 
 BROKER_KINDS = ("mosquitto", "embedded")
 
@@ -177,7 +177,7 @@ async def insider_run(
     launches = setup.secrets.launches(str(setup.broker.address), setup.broker.access)
     (out / "logs").mkdir(exist_ok=True)
     with (out / "privnet.err").open("w") as err:
-        argv = [sys.executable, "-m", "orchestrator.cli", "run", *flags, *setup.flags()]
+        argv = [sys.executable, "-m", "privnet.orchestrator.cli", "run", *flags, *setup.flags()]
         privnet = subprocess.Popen(
             [*argv, "--external-agents", "--out", str(out)], stdout=subprocess.DEVNULL, stderr=err
         )
@@ -298,7 +298,7 @@ def assert_private_run(out: Path, *others: str) -> None:
     key, a seed or a password is 0600 (or stricter); no file others could read (were the
     directory opened) holds the run's secret seed; and nothing there is unknown (but the
     test's own `others`)."""
-    from orchestrator.report import OUTPUTS
+    from privnet.orchestrator.report import OUTPUTS
 
     assert out.stat().st_mode & 0o077 == 0, f"{out} is {oct(out.stat().st_mode & 0o777)}"
     secrets_json = out / "secrets.json"

@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from agent.keys import PairStream, stream_laplace
-from agent.protocol import Deliveries, Output, Publish
-from broker.launcher import Broker
-from orchestrator.engines.memory import Router
-from orchestrator.results import METRICS_HEADER
+from privnet.agent.keys import PairStream, stream_laplace
+from privnet.agent.protocol import Deliveries, Output, Publish
+from privnet.broker.launcher import Broker
+from privnet.orchestrator.engines.memory import Router
+from privnet.orchestrator.results import METRICS_HEADER
 
 Metrics = dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]
 

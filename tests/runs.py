@@ -1,6 +1,6 @@
 """A memory-engine run under a test's control, shared by test_node and test_conductor.
 
-`Harness` wraps `orchestrator.engines.memory.Network` (conductor + nodes on one `Router`)
+`Harness` wraps `privnet.orchestrator.engines.memory.Network` (conductor + nodes on one `Router`)
 with a fake clock, a record of every frame delivered, one-shot hooks that fire when the
 run reaches a state (so a frame can be delivered in an exact phase), frames held back and
 released later, and builders for control frames signed by anyone, for any run.
@@ -19,17 +19,17 @@ from typing import Literal
 import numpy as np
 from probes import inject, uncounted
 
-from agent import control, keys, topics, wire
-from agent.core import AgentCore
-from agent.messages import Model, Rejected
-from agent.node import AgentNode
-from agent.protocol import Checkpoint, Output, Publish
-from agent.spec import Scheme, Strategy
-from orchestrator.conductor import Conductor, SessionResult, Stage, View
-from orchestrator.engines.memory import CONDUCTOR, Endpoint, Network
-from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.problem import Problem
-from orchestrator.experiment.specs import session_plans
+from privnet.agent import control, keys, topics, wire
+from privnet.agent.core import AgentCore
+from privnet.agent.messages import Model, Rejected
+from privnet.agent.node import AgentNode
+from privnet.agent.protocol import Checkpoint, Output, Publish
+from privnet.agent.spec import Scheme, Strategy
+from privnet.orchestrator.conductor import Conductor, SessionResult, Stage, View
+from privnet.orchestrator.engines.memory import CONDUCTOR, Endpoint, Network
+from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.specs import session_plans
 
 RUN = "test-run"
 # Seed 34 draws a sparse geometric graph on 10 agents (degrees 1 to 4, two leaves), as in

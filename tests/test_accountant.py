@@ -8,7 +8,7 @@ in the differences, and with kappa = 1 - mu H, dc = c_0 - c_0':
     psi_0,i - psi'_0,i = kappa s_(i-1) + 2 mu dc,    psi_1,i - psi'_1,i = kappa s_(i-1)
     Delta(i) = sqrt(2) |s_i|;  eps_p(i) = sqrt(2) / sigma_g * sum_(j<=i) |psi_p,j - psi'_p,j|
 (random: one receiver per agent, so one release of psi_p per round). The schemes release
-values rounded to the noise grid (agent.rng.snap), which the closed form ignores: each
+values rounded to the noise grid (privnet.agent.rng.snap), which the closed form ignores: each
 round moves the differences by at most a grid step, and the contraction kappa keeps the
 sum of those moves under GRID_SLACK grid steps.
 """
@@ -21,13 +21,13 @@ import math
 import numpy as np
 import pytest
 
-from agent import rng
-from agent.losses import LeastSquares, Local
-from agent.spec import Scheme, Strategy
-from orchestrator.cli import main
-from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.problem import Problem
-from orchestrator.privacy.accountant import Adversary, account
+from privnet.agent import rng
+from privnet.agent.losses import LeastSquares, Local
+from privnet.agent.spec import Scheme, Strategy
+from privnet.orchestrator.cli import main
+from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.privacy.accountant import Adversary, account
 
 MU, RHO, SIGMA_G2, ITERS = 0.1, 0.01, 0.25, 40
 C, C_TWIN = (1.5, -0.5), 0.25

@@ -1,7 +1,7 @@
 """Each agent holds its own secrets only (issue 24, item 2; issue 18, item 4).
 
 The orchestrator derives every agent's data, minibatch and noise keys one way from the
-run's master seed (orchestrator/experiment/seeds.py) and seals to each agent only its own.
+run's master seed (privnet/orchestrator/experiment/seeds.py) and seals to each agent only its own.
 An insider holding one agent's launch and everything that agent received, its opened
 Setups included, learns no value that regenerates another agent's data or noise: fed any
 number it holds as the seed, with the public defaults, the memory engine rebuilds no other
@@ -21,17 +21,17 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from probes import matches
 
-from agent import control, keys, rng, topics, wire
-from agent.node import Launch
-from agent.problems import Linear
-from agent.protocol import Publish, setup_context
-from agent.spec import Scheme, Strategy
-from orchestrator.conductor import View
-from orchestrator.engines.memory import Network
-from orchestrator.experiment import seeds
-from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.problem import Problem
-from orchestrator.experiment.specs import agent_specs, session_list, session_plans
+from privnet.agent import control, keys, rng, topics, wire
+from privnet.agent.node import Launch
+from privnet.agent.problems import Linear
+from privnet.agent.protocol import Publish, setup_context
+from privnet.agent.spec import Scheme, Strategy
+from privnet.orchestrator.conductor import View
+from privnet.orchestrator.engines.memory import Network
+from privnet.orchestrator.experiment import seeds
+from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.specs import agent_specs, session_list, session_plans
 
 INSIDER = 3
 AGENTS, ITERS = 4, 5

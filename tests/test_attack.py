@@ -12,18 +12,18 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from agent import rng
-from agent.protocol import Publish
-from agent.spec import Scheme, Strategy
-from orchestrator import audit
-from orchestrator.attack import RECOVERED, attack_session, insider_knowledge, reconstruct
-from orchestrator.engines.memory import Network
-from orchestrator.experiment import topology
-from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.problem import Problem
-from orchestrator.experiment.specs import session_plans
-from orchestrator.privacy.accountant import Adversary
-from orchestrator.replay import replay
+from privnet.agent import rng
+from privnet.agent.protocol import Publish
+from privnet.agent.spec import Scheme, Strategy
+from privnet.orchestrator import audit
+from privnet.orchestrator.attack import RECOVERED, attack_session, insider_knowledge, reconstruct
+from privnet.orchestrator.engines.memory import Network
+from privnet.orchestrator.experiment import topology
+from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.specs import session_plans
+from privnet.orchestrator.privacy.accountant import Adversary
+from privnet.orchestrator.replay import replay
 
 
 def wire_of(problem: Problem, scheme: Scheme):

@@ -30,17 +30,17 @@ from conftest import insider_run, need_mosquitto, prepared, relay
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from probes import load_summary, read_metrics
 
-from agent import control, keys, topics, wire
-from agent.messages import Model, Rejected
-from broker.credentials import INSPECTOR
-from orchestrator import audit
-from orchestrator.cli import main
-from orchestrator.engines.memory import run_session
-from orchestrator.experiment.problem import Problem
+from privnet.agent import control, keys, topics, wire
+from privnet.agent.messages import Model, Rejected
+from privnet.broker.credentials import INSPECTOR
+from privnet.orchestrator import audit
+from privnet.orchestrator.cli import main
+from privnet.orchestrator.engines.memory import run_session
+from privnet.orchestrator.experiment.problem import Problem
 
 pytestmark = pytest.mark.net
 
-PRIVNET = [sys.executable, "-m", "orchestrator.cli", "run"]
+PRIVNET = [sys.executable, "-m", "privnet.orchestrator.cli", "run"]
 ATTACKER = 3
 REL = 1e-9
 

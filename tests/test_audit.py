@@ -27,22 +27,22 @@ from conftest import assert_private_run, capture_tools, tcpdump
 from probes import uncounted
 from rich.console import Console
 
-from agent import keys, rng, topics, wire
-from agent.core import AgentCore, split_senders
-from agent.messages import KeyShare, Model, Rejected
-from agent.node import Phase
-from agent.protocol import Publish
-from agent.spec import STRATEGY_STEP, AgentSpec, Rekey, Scheme, Strategy
-from broker.launcher import launch
-from orchestrator import audit, overhead, replay
-from orchestrator.cli import main
-from orchestrator.engines import memory
-from orchestrator.engines.memory import Network
-from orchestrator.experiment import specs
-from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.problem import Problem
-from orchestrator.experiment.specs import session_plans
-from orchestrator.results import RunFailed
+from privnet.agent import keys, rng, topics, wire
+from privnet.agent.core import AgentCore, split_senders
+from privnet.agent.messages import KeyShare, Model, Rejected
+from privnet.agent.node import Phase
+from privnet.agent.protocol import Publish
+from privnet.agent.spec import STRATEGY_STEP, AgentSpec, Rekey, Scheme, Strategy
+from privnet.broker.launcher import launch
+from privnet.orchestrator import audit, overhead, replay
+from privnet.orchestrator.cli import main
+from privnet.orchestrator.engines import memory
+from privnet.orchestrator.engines.memory import Network
+from privnet.orchestrator.experiment import specs
+from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.specs import session_plans
+from privnet.orchestrator.results import RunFailed
 
 SEED = 3
 SIGMA_G = 0.1
@@ -438,7 +438,7 @@ def test_overhead_tables_fit_80_columns(tmp_path: Path) -> None:
     assert "QoS 1" not in text and "key shares go at QoS 0" in text
     assert "agents" in text and "over it" in text  # key messages against the paper's bound
     piped = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "overhead", "--agents", "6", "--iters",
+        [sys.executable, "-m", "privnet.orchestrator.cli", "overhead", "--agents", "6", "--iters",
          "20", "--topologies", "ring,complete", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "80"},
     )  # fmt: skip

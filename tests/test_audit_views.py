@@ -20,18 +20,18 @@ import pytest
 from conftest import need_mosquitto
 from runs import Clock, model_place
 
-from agent.node import AgentNode
-from agent.protocol import Publish
-from agent.spec import STRATEGY_STEP, Scheme, Strategy
-from orchestrator import audit, replay
-from orchestrator.cli import main
-from orchestrator.conductor import Conductor, Stage, View
-from orchestrator.engines.memory import CONDUCTOR, Network
-from orchestrator.experiment import topology
-from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.problem import Problem
-from orchestrator.experiment.specs import session_list, session_plans, view_matrix
-from orchestrator.privacy.accountant import Adversary, account
+from privnet.agent.node import AgentNode
+from privnet.agent.protocol import Publish
+from privnet.agent.spec import STRATEGY_STEP, Scheme, Strategy
+from privnet.orchestrator import audit, replay
+from privnet.orchestrator.cli import main
+from privnet.orchestrator.conductor import Conductor, Stage, View
+from privnet.orchestrator.engines.memory import CONDUCTOR, Network
+from privnet.orchestrator.experiment import topology
+from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.specs import session_list, session_plans, view_matrix
+from privnet.orchestrator.privacy.accountant import Adversary, account
 
 RUN = "run-views"
 AGENTS, ITERS, SEED = 10, 40, 34  # a sparse graph: local-ghp pairs and fallback hubs

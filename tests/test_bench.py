@@ -4,7 +4,7 @@ benchmark, run by hand: its numbers are in the README)."""
 import subprocess
 import sys
 
-from orchestrator.bench import watch
+from privnet.orchestrator.bench import watch
 
 BURN = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass"
 
@@ -18,7 +18,7 @@ def test_watch_charges_each_process_to_its_role() -> None:
         "time.sleep(0.3)\n"
         f"procs = [subprocess.Popen([sys.executable, '-c', {BURN!r}, *role], "
         "preexec_fn=lambda: time.sleep(0.5)) for role in "
-        "(['-m', 'broker' + '.embedded'], ['-m', 'a' + 'gent'])]\n"  # not in our own cmdline
+        "(['-m', 'privnet.broker' + '.embedded'], ['-m', 'privnet.' + 'agent'])]\n"  # not ours
         f"{BURN}\n"
         "for p in procs: p.wait()\n"
     )

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from paho.mqtt.client import topic_matches_sub
 from probes import matches
 
-from agent import topics as T
-from broker.launcher import (
+from privnet.agent import topics as T
+from privnet.broker.launcher import (
     BASE_CONFIG,
     Broker,
     BrokerAddress,
@@ -150,7 +150,8 @@ def test_failed_start_names_the_cause_and_leaves_nothing(kind: str, private_tmp:
 
 def test_atexit_stops_a_broker_left_running(tmp_path: Path) -> None:
     script = (
-        "from broker.launcher import launch; b = launch('auto'); b.start(); print(b.pid, b._tmp)"
+        "from privnet.broker.launcher import launch; b = launch('auto'); b.start(); "
+        "print(b.pid, b._tmp)"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=True
@@ -413,7 +414,9 @@ async def test_publish_size_matches_what_paho_sends() -> None:
 
 def test_cli_prints_the_address_and_stops_on_sigterm() -> None:
     cli = subprocess.Popen(
-        [sys.executable, "-m", "broker", "--kind", "auto"], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", "privnet.broker", "--kind", "auto"],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         line = cli.stdout.readline() if cli.stdout else ""

@@ -29,11 +29,11 @@ from probes import connect_options
 from pwdlib import PasswordHash
 from pwdlib.hashers.argon2 import Argon2Hasher
 
-from agent import topics as T
-from agent.access import ClientAccess
-from agent.transport import Connection
-from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, acl_rules
-from broker.launcher import (
+from privnet.agent import topics as T
+from privnet.agent.access import ClientAccess
+from privnet.agent.transport import Connection
+from privnet.broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials, acl_rules
+from privnet.broker.launcher import (
     Broker,
     BrokerAddress,
     accepts,
@@ -42,7 +42,7 @@ from broker.launcher import (
     read_sys_bytes,
     write_compose_files,
 )
-from broker.tls import make_tls
+from privnet.broker.tls import make_tls
 
 RUN = "auth-1"
 AGENTS = 5
@@ -102,8 +102,8 @@ async def test_only_the_runs_users_connect(
 # --- client ids: bound to users --------------------------------------------------------------
 # Client ids travel in the clear in CONNECT. Both brokers make a client's id its username, so
 # whatever id an impostor names it can displace no other user's connection, and a refused
-# one displaces nothing. The parties connect as privnet's do (`agent.transport.Connection`, which
-# sends a random id) through a relay that reads their CONNECTs off the wire.
+# one displaces nothing. The parties connect as privnet's do (`privnet.agent.transport.Connection`,
+# which sends a random id) through a relay that reads their CONNECTs off the wire.
 
 INBOX = {"4": T.inbox_filter(RUN, 4), ORCHESTRATOR: T.ctl_up(RUN, 1)}  # what each victim reads
 SENT_BY_1 = {"4": T.peer_topic(RUN, 4, 1), ORCHESTRATOR: T.ctl_up(RUN, 1)}  # agent 1 writes it
@@ -479,11 +479,11 @@ def env_file(path: Path) -> dict[str, str]:
 
 
 async def test_the_compose_config_runs_on_mosquitto() -> None:
-    """The generated broker/ directory, as mosquitto in a container would read it (here the
+    """The generated privnet/broker/ directory, as mosquitto in a container would read it (here the
     mount point is the directory itself, and the listener a free local port)."""
     need_mosquitto()
     base = Path(tempfile.mkdtemp(prefix="privnet-compose-test-"))
-    base.chmod(0o755)  # mosquitto started as root reads broker/ as user "mosquitto"
+    base.chmod(0o755)  # mosquitto started as root reads privnet/broker/ as user "mosquitto"
     root = os.geteuid() == 0
     uid = pwd.getpwnam("mosquitto").pw_uid if root else None
     out = write_compose_files(
@@ -536,11 +536,11 @@ async def test_prepare_serves_mosquitto_at_its_broker_port_as_it_starts() -> Non
     """`privnet prepare --broker H:P`: the broker's config listens on P, and a mosquitto
     started on it as is (as root too, without --broker-uid) reads its password file: an
     agent logs in with its launch file."""
-    from orchestrator.cli import main
+    from privnet.orchestrator.cli import main
 
     need_mosquitto()
     base = Path(tempfile.mkdtemp(prefix="privnet-prepare-test-"))
-    base.chmod(0o755)  # as root mosquitto reads broker/ as user "mosquitto"
+    base.chmod(0o755)  # as root mosquitto reads privnet/broker/ as user "mosquitto"
     port = free_port()
     flags = ["--out", str(base), "--agents", "2", "--run-name", RUN]
     assert main(["prepare", *flags, "--broker", f"127.0.0.1:{port}", "--mount", str(base)]) == 0
@@ -557,7 +557,7 @@ async def test_prepare_serves_mosquitto_at_its_broker_port_as_it_starts() -> Non
 
 
 def test_cli_writes_credentials_and_serves_them(tmp_path: Path) -> None:
-    broker_cli = [sys.executable, "-m", "broker"]
+    broker_cli = [sys.executable, "-m", "privnet.broker"]
 
     def credentials(out: str, agents: str) -> subprocess.CompletedProcess[str]:
         args = ["credentials", "--out", str(tmp_path / out), "--agents", agents, "--run", RUN]

@@ -1,4 +1,4 @@
-"""`python -m agent --claim DIR`: each process claims its own launch; a claim is remembered
+"""`python -m privnet.agent --claim DIR`: each process claims its own launch; a claim is remembered
 only where asked (`--remember FILE`, a container's own filesystem), and never outlives the
 launches it was made from."""
 
@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agent.__main__ import claim
-from orchestrator.engines.lifetime import RunSecrets
-from orchestrator.engines.prepare import write_launches
+from privnet.agent.__main__ import claim
+from privnet.orchestrator.engines.lifetime import RunSecrets
+from privnet.orchestrator.engines.prepare import write_launches
 
 
 def launches(directory: Path, agents: int = 3, run: str = "run-claims") -> RunSecrets:
@@ -28,7 +28,9 @@ def test_processes_on_one_host_claim_different_agents(tmp_path: Path) -> None:
     assert claimed == [0, 1, 2]
     assert not list(tmp_path.glob("agent-*.json"))  # read, then removed
     done = subprocess.run(
-        [sys.executable, "-m", "agent", "--claim", str(tmp_path)], capture_output=True, text=True
+        [sys.executable, "-m", "privnet.agent", "--claim", str(tmp_path)],
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 2 and "no unclaimed agent-<id>.json" in done.stderr
 

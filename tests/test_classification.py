@@ -10,18 +10,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agent import datasets, wire
-from agent.control import Config
-from agent.losses import Local, make_loss
-from agent.messages import Rejected
-from agent.problems import Rows, samples
-from agent.spec import ConfigError
-from orchestrator.engines.memory import run_memory
-from orchestrator.engines.oracle import run_oracle
-from orchestrator.experiment import config as configuration
-from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.problem import Problem
-from orchestrator.experiment.specs import agent_specs
+from privnet.agent import datasets, wire
+from privnet.agent.control import Config
+from privnet.agent.losses import Local, make_loss
+from privnet.agent.messages import Rejected
+from privnet.agent.problems import Rows, samples
+from privnet.agent.spec import ConfigError
+from privnet.orchestrator.engines.memory import run_memory
+from privnet.orchestrator.engines.oracle import run_oracle
+from privnet.orchestrator.experiment import config as configuration
+from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.specs import agent_specs
 
 SMALL = ExperimentConfig(
     problem="classification",

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.access import BrokerAddress, ClientAccess
-from agent.spec import ConfigError
-from agent.transport import Connection, CouldNotConnect
-from broker.launcher import free_port
-from orchestrator.cli import main
+from privnet.agent.access import BrokerAddress, ClientAccess
+from privnet.agent.spec import ConfigError
+from privnet.agent.transport import Connection, CouldNotConnect
+from privnet.broker.launcher import free_port
+from privnet.orchestrator.cli import main
 
-PRIVNET = [sys.executable, "-m", "orchestrator.cli"]
+PRIVNET = [sys.executable, "-m", "privnet.orchestrator.cli"]
 SMALL = ["--agents", "5", "--iters", "5"]
 
 
@@ -228,7 +228,7 @@ def test_wrote_lists_every_file_written(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_config_errors_name_the_setting() -> None:
-    from orchestrator.experiment.config import ExperimentConfig, with_overrides
+    from privnet.orchestrator.experiment.config import ExperimentConfig, with_overrides
 
     for key, value, says in [
         ("agents", "twelve", "give an integer"),

@@ -30,10 +30,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import cli
-from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.problem import Problem
-from orchestrator.flags import user_error
+from privnet.orchestrator import cli
+from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.flags import user_error
 
 SUITE_EXAMPLES = 60
 BUILD_LIMIT = 50 * 2**20  # bytes: configs above this are checked, not built (time)

@@ -1,4 +1,4 @@
-"""The conductor (orchestrator/conductor/), driven directly and with 10 nodes in memory.
+"""The conductor (privnet/orchestrator/conductor/), driven directly and with 10 nodes in memory.
 
 Whole runs through the in-memory router must equal the oracle (the paper's recursion in
 numpy) for every strategy x scheme, with every delivery counted. Every bad upward frame
@@ -36,10 +36,10 @@ from runs import (
     problem,
 )
 
-from agent import control, keys, topics, wire
-from agent.messages import Report
-from agent.node import TELEMETRY_BATCH, Phase
-from agent.protocol import (
+from privnet.agent import control, keys, topics, wire
+from privnet.agent.messages import Report
+from privnet.agent.node import TELEMETRY_BATCH, Phase
+from privnet.agent.protocol import (
     Checkpoint,
     Event,
     Output,
@@ -48,8 +48,8 @@ from agent.protocol import (
     hello_proof,
     telemetry_context,
 )
-from agent.spec import Scheme, Strategy
-from orchestrator.conductor import (
+from privnet.agent.spec import Scheme, Strategy
+from privnet.orchestrator.conductor import (
     REGISTER_DEADLINE,
     STALLS,
     Conductor,
@@ -58,12 +58,12 @@ from orchestrator.conductor import (
     View,
     describe,
 )
-from orchestrator.engines import journal
-from orchestrator.engines.memory import CONDUCTOR, Network, results_curve
-from orchestrator.engines.oracle import run_oracle
-from orchestrator.experiment.problem import msd
-from orchestrator.experiment.specs import session_plans
-from orchestrator.results import RunFailed
+from privnet.orchestrator.engines import journal
+from privnet.orchestrator.engines.memory import CONDUCTOR, Network, results_curve
+from privnet.orchestrator.engines.oracle import run_oracle
+from privnet.orchestrator.experiment.problem import msd
+from privnet.orchestrator.experiment.specs import session_plans
+from privnet.orchestrator.results import RunFailed
 
 TARGET = 1  # the agent whose frames are forged: a leaf, neither first nor last to report
 OTHER = 2  # the agent a spoofed frame names

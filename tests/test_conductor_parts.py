@@ -1,4 +1,4 @@
-"""The conductor's parts (orchestrator/conductor/), driven directly: pure, no broker and no
+"""The conductor's parts (privnet/orchestrator/conductor/), driven directly: pure, no broker and no
 nodes. The registry's checks and silences, membership's resume points, collection's gaps,
 the outbox's counts, and a resumed run's first view, which whole runs reach only through
 `privnet run --resume`."""
@@ -14,15 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from runs import AGENTS, RUN, problem
 
-from agent import control, keys, topics, wire
-from agent.messages import Reason, Rejected
-from agent.protocol import Event, Output, hello_proof
-from agent.spec import Scheme, Strategy
-from orchestrator.conductor import Conductor, Resume, Stage, View
-from orchestrator.conductor.collection import Collection, Outbox
-from orchestrator.conductor.membership import Membership
-from orchestrator.conductor.registry import Registry
-from orchestrator.experiment.specs import session_plans
+from privnet.agent import control, keys, topics, wire
+from privnet.agent.messages import Reason, Rejected
+from privnet.agent.protocol import Event, Output, hello_proof
+from privnet.agent.spec import Scheme, Strategy
+from privnet.orchestrator.conductor import Conductor, Resume, Stage, View
+from privnet.orchestrator.conductor.collection import Collection, Outbox
+from privnet.orchestrator.conductor.membership import Membership
+from privnet.orchestrator.conductor.registry import Registry
+from privnet.orchestrator.experiment.specs import session_plans
 
 ROUNDS = 3
 ME = keys.Identity.generate()

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.spec import ConfigError
-from orchestrator.experiment import config
+from privnet.agent.spec import ConfigError
+from privnet.orchestrator.experiment import config
 
 
 def test_preset_by_name_and_file_by_path(tmp_path: Path) -> None:
@@ -47,7 +47,7 @@ def test_seal_links_is_on_unless_turned_off(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("flag", "sealed"), [("on", True), ("off", False), ("OFF", False)])
 def test_the_seal_links_flag(flag: str, sealed: bool, tmp_path: Path) -> None:
-    from orchestrator.cli import main
+    from privnet.orchestrator.cli import main
 
     flags = ["--agents", "3", "--iters", "2", "--scheme", "none", "--strategy", "atc"]
     assert (
@@ -60,7 +60,7 @@ def test_the_seal_links_flag(flag: str, sealed: bool, tmp_path: Path) -> None:
 
 
 def test_a_bad_seal_links_flag_says_what_it_takes(capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator.cli import main
+    from privnet.orchestrator.cli import main
 
     with pytest.raises(SystemExit):
         main(["simulate", "--seal-links", "maybe"])

@@ -1,4 +1,4 @@
-"""The sans-IO agent core (agent/core.py): whole sessions and single cores.
+"""The sans-IO agent core (privnet/agent/core.py): whole sessions and single cores.
 
 Whole sessions run on the memory engine (conductor and agent nodes on its one Router, the
 frames the MQTT shells would publish), with observed cores; attacks tamper with, drop or
@@ -23,19 +23,19 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from probes import inject, uncounted
 
-from agent import keys, rng, topics, wire
-from agent.core import AgentCore, Seat, split_senders
-from agent.losses import LeastSquares, Local, make_loss
-from agent.messages import KeyPlan, KeyShare, Message, Model, Rejected, Report
-from agent.node import AgentNode
-from agent.protocol import Publish
-from agent.spec import STEPS, STRATEGY_STEP, ConfigError, Rekey, Scheme, StepPlan, Strategy
-from agent.wire import Peer
-from orchestrator.engines.memory import Network
-from orchestrator.experiment import topology
-from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.problem import Problem
-from orchestrator.experiment.specs import agent_specs, session_plans
+from privnet.agent import keys, rng, topics, wire
+from privnet.agent.core import AgentCore, Seat, split_senders
+from privnet.agent.losses import LeastSquares, Local, make_loss
+from privnet.agent.messages import KeyPlan, KeyShare, Message, Model, Rejected, Report
+from privnet.agent.node import AgentNode
+from privnet.agent.protocol import Publish
+from privnet.agent.spec import STEPS, STRATEGY_STEP, ConfigError, Rekey, Scheme, StepPlan, Strategy
+from privnet.agent.wire import Peer
+from privnet.orchestrator.engines.memory import Network
+from privnet.orchestrator.experiment import topology
+from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.specs import agent_specs, session_plans
 
 SEED = 7
 ROUNDS = 5

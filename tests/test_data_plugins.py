@@ -8,9 +8,9 @@ import pytest
 from conftest import need_torch
 
 import privnet
-from agent import datasets
-from agent.spec import ConfigError
-from orchestrator.experiment import partition
+from privnet.agent import datasets
+from privnet.agent.spec import ConfigError
+from privnet.orchestrator.experiment import partition
 
 pytest.importorskip("sklearn")
 AGENTS, SAMPLES = 10, 60

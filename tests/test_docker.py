@@ -30,13 +30,13 @@ import pytest
 from conftest import capture_tools, need_docker, tcpdump
 from probes import read_metrics
 
-from agent.spec import Scheme, Strategy
-from orchestrator.cli import main
-from orchestrator.engines.memory import Network
-from orchestrator.engines.watch import read_membership
-from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.problem import Problem
-from orchestrator.experiment.specs import session_list, session_plans
+from privnet.agent.spec import Scheme, Strategy
+from privnet.orchestrator.cli import main
+from privnet.orchestrator.engines.memory import Network
+from privnet.orchestrator.engines.watch import read_membership
+from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.specs import session_list, session_plans
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(2400)]
 

@@ -25,10 +25,10 @@ import pytest
 from conftest import assert_private_run, need_docker
 from probes import read_metrics
 
-from agent.access import ClientAccess
-from broker.credentials import ORCHESTRATOR, Credentials
-from orchestrator.cli import main
-from orchestrator.engines.docker import DockerBroker, NicBytes, nic_of, nic_window
+from privnet.agent.access import ClientAccess
+from privnet.broker.credentials import ORCHESTRATOR, Credentials
+from privnet.orchestrator.cli import main
+from privnet.orchestrator.engines.docker import DockerBroker, NicBytes, nic_of, nic_window
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
 
@@ -106,8 +106,8 @@ def test_exit_without_stop_leaves_nothing(client: Any, tmp_path: Path) -> None:
     once the interpreter exits)."""
     run = f"test-exit-{secrets.token_hex(3)}"
     start = (
-        "from pathlib import Path; from broker.credentials import Credentials; "
-        "from orchestrator.engines.docker import BROKER_IMAGE, DockerBroker; "
+        "from pathlib import Path; from privnet.broker.credentials import Credentials; "
+        "from privnet.orchestrator.engines.docker import BROKER_IMAGE, DockerBroker; "
         f"DockerBroker(Credentials.generate({run!r}, 2), Path({str(tmp_path)!r}), "
         "image=BROKER_IMAGE).start()"
     )
@@ -152,7 +152,7 @@ def _start(run: str, out: Path) -> subprocess.Popen[bytes]:
     """A long docker run in a child process (so it can be interrupted)."""
     flags = ["--runtime", "docker", "--run-name", run, "--agents", "4", "--iters", "100000"]
     return subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "run", *flags, "--out", str(out)],
+        [sys.executable, "-m", "privnet.orchestrator.cli", "run", *flags, "--out", str(out)],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.PIPE,

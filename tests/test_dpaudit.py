@@ -11,10 +11,10 @@ import math
 import numpy as np
 import pytest
 
-from agent.spec import Scheme, Strategy
-from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.problem import Problem
-from orchestrator.privacy.dpaudit import attack, clopper_pearson, dp_audit, epsilon_bound
+from privnet.agent.spec import Scheme, Strategy
+from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.privacy.dpaudit import attack, clopper_pearson, dp_audit, epsilon_bound
 
 TRIALS = {Scheme.NONE: 160, Scheme.RANDOM: 100, Scheme.GHP: 100}
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ("agent", "broker", "orchestrator")
+SOURCES = ("privnet",)
 ADAPTERS = {  # library -> the one file that may import it and touch its internals
-    "gmqtt": "agent/gmqtt_adapter.py",
-    "amqtt": "broker/embedded.py",
-    "docker": "orchestrator/engines/docker_sdk.py",  # imported where used (optional)
+    "gmqtt": "privnet/agent/gmqtt_adapter.py",
+    "amqtt": "privnet/broker/embedded.py",
+    "docker": "privnet/orchestrator/engines/docker_sdk.py",  # imported where used (optional)
 }
 DOCUMENTED = {"os._exit"}  # an underscore, but the library's public API
 HANDLER = "amqtt.mqtt.protocol.broker_handler:BrokerProtocolHandler"
@@ -228,8 +228,9 @@ def test_the_broker_loads_none_of_the_agents_runtime() -> None:
     """The broker's processes import what they need (addresses, topics), not gmqtt, numpy
     or the agent's state machine."""
     code = (
-        "import sys, broker.__main__, broker.embedded, broker.bridge, broker.relay; "
-        "print(sorted(m for m in ('gmqtt', 'numpy', 'agent.node', 'agent.transport') "
+        "import sys, privnet.broker.__main__, privnet.broker.embedded, privnet.broker.bridge, "
+        "privnet.broker.relay; print(sorted(m for m in "
+        "('gmqtt', 'numpy', 'privnet.agent.node', 'privnet.agent.transport') "
         "if m in sys.modules))"
     )
     out = subprocess.run(

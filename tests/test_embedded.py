@@ -22,11 +22,11 @@ from amqtt.mqtt.publish import PublishPacket
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent import topics as T
-from agent.topics import MAX_PACKET_SIZE, publish_packet
-from broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials
-from broker.embedded import GuardedBroker, PacketReader, amqtt_config
-from broker.launcher import free_port
+from privnet.agent import topics as T
+from privnet.agent.topics import MAX_PACKET_SIZE, publish_packet
+from privnet.broker.credentials import INSPECTOR, ORCHESTRATOR, Credentials
+from privnet.broker.embedded import GuardedBroker, PacketReader, amqtt_config
+from privnet.broker.launcher import free_port
 
 WAIT = 10.0
 

@@ -16,19 +16,19 @@ from conftest import assert_private_run
 from probes import read_metrics
 from runs import assert_whole_rounds
 
-from orchestrator.conductor import View
-from orchestrator.engines.memory import Network
-from orchestrator.engines.watch import read_membership
-from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.problem import Problem, msd
-from orchestrator.experiment.specs import session_list, session_plans
+from privnet.orchestrator.conductor import View
+from privnet.orchestrator.engines.memory import Network
+from privnet.orchestrator.engines.watch import read_membership
+from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.problem import Problem, msd
+from privnet.orchestrator.experiment.specs import session_list, session_plans
 
 AGENTS, SEED = 10, 34
 
 
 def run(out: Path, iters: int, *flags: str) -> tuple[list[View], dict]:
     """`privnet run` on mosquitto, ATC local-ghp, deadline 3 s; its views and membership."""
-    command = [sys.executable, "-m", "orchestrator.cli", "run", "--broker", "mosquitto"]
+    command = [sys.executable, "-m", "privnet.orchestrator.cli", "run", "--broker", "mosquitto"]
     command += ["--agents", str(AGENTS), "--iters", str(iters), "--seed", str(SEED)]
     command += ["--deadline", "3", "--out", str(out), *flags]
     done = subprocess.run(

@@ -1,7 +1,7 @@
 """The import graph of the sources: no module reaches itself through imports, counting the
 imports made inside functions and under TYPE_CHECKING (a circle held together by a
 function-local import is still a circle), and the orchestrator's conductor takes the
-protocol's vocabulary from `agent.protocol`, not from the agent's state machine."""
+protocol's vocabulary from `privnet.agent.protocol`, not from the agent's state machine."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("agent", "broker", "orchestrator")
+PACKAGES = ("privnet",)
 
 
 def module_name(path: Path) -> str:
@@ -80,11 +80,11 @@ def test_the_finder_finds_a_circle_and_only_it() -> None:
 
 
 def test_the_conductor_does_not_import_the_agents_state_machine() -> None:
-    reached, todo = set(), ["orchestrator.conductor"]
+    reached, todo = set(), ["privnet.orchestrator.conductor"]
     edges = graph()
     while todo:
         for w in edges[todo.pop()] - reached:
             reached.add(w)
             todo.append(w)
-    assert "agent.protocol" in reached
-    assert not {"agent.node", "agent.core"} & reached
+    assert "privnet.agent.protocol" in reached
+    assert not {"privnet.agent.node", "privnet.agent.core"} & reached

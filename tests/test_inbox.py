@@ -1,4 +1,4 @@
-"""agent.inbox: reading with timeouts loses no message and never swallows a cancellation.
+"""privnet.agent.inbox: reading with timeouts loses no message and never swallows a cancellation.
 
 The client here is a stand-in for aiomqtt's: an async iterator over a queue, so the loop
 turns can be stepped exactly. The real broker path is covered by test_net and test_broker.
@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import aiomqtt
 import pytest
 
-from agent.inbox import Inbox
+from privnet.agent.inbox import Inbox
 
 
 class FeedClient:

@@ -1,5 +1,5 @@
-"""Keys, signed shares, pair masks, link keys and sealing (agent/keys.py), and the Laplace
-sampler they share with the public noise streams (agent/rng.py)."""
+"""Keys, signed shares, pair masks, link keys and sealing (privnet/agent/keys.py), and the Laplace
+sampler they share with the public noise streams (privnet/agent/rng.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from probes import pair_noise
 from scipy import stats
 
-from agent import keys, rng
-from agent.keys import (
+from privnet.agent import keys, rng
+from privnet.agent.keys import (
     SEAL_OVERHEAD,
     BadKey,
     Ephemeral,
@@ -34,7 +34,7 @@ from agent.keys import (
     stream_laplace,
     verify_share,
 )
-from agent.messages import KeyShare
+from privnet.agent.messages import KeyShare
 
 SESSION = b"session-0123456789abcdef"
 SIGMA_G = 0.1

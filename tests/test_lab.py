@@ -18,10 +18,10 @@ import pytest
 from conftest import skip_unless_required
 from probes import load_summary, read_metrics
 
-from broker.launcher import has_mosquitto
-from orchestrator.cli import main
-from orchestrator.engines.watch import read_membership
-from orchestrator.lab import netns
+from privnet.broker.launcher import has_mosquitto
+from privnet.orchestrator.cli import main
+from privnet.orchestrator.engines.watch import read_membership
+from privnet.orchestrator.lab import netns
 
 pytestmark = pytest.mark.net
 
@@ -112,7 +112,16 @@ def _netns_of(pid: int) -> int | None:
 def test_ctrl_c_and_a_failed_run_leave_nothing(tmp_path: Path) -> None:
     """Interrupted mid-run, and a run that fails at once (a flag `run --hosts` refuses):
     every namespace, and every process in them, is gone."""
-    command = [sys.executable, "-m", "orchestrator.cli", "lab", "--hosts", "2", "--agents", "4"]
+    command = [
+        sys.executable,
+        "-m",
+        "privnet.orchestrator.cli",
+        "lab",
+        "--hosts",
+        "2",
+        "--agents",
+        "4",
+    ]
     lab = subprocess.Popen([*command, "--iters", "100000", "--out", str(tmp_path / "c")])
     inodes: dict[str, int] = {}
     deadline = time.monotonic() + 60

@@ -1,6 +1,6 @@
-"""Sealed links (agent/links.py, the sealed frames of agent/wire/sealed.py): what the wire shows,
-one crafted frame per rejection reason, nonces that never repeat, and a flood of hostile
-frames of every kind during a run that changes nothing."""
+"""Sealed links (privnet/agent/links.py, the sealed frames of privnet/agent/wire/sealed.py): what
+the wire shows, one crafted frame per rejection reason, nonces that never repeat, and a flood of
+hostile frames of every kind during a run that changes nothing."""
 
 from __future__ import annotations
 
@@ -16,18 +16,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from runs import RUN, Harness, assert_same_models, clean
 
-from agent import keys, topics, wire
-from agent.links import Links
-from agent.messages import KeyPlan, KeyShare, Model, Rejected
-from agent.node import Phase
-from agent.protocol import Publish
-from agent.spec import STEPS, Rekey, Scheme, Strategy
-from agent.wire import catalog, frames, schema
-from agent.wire import sealed as sealing
-from orchestrator.engines.memory import Network
-from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.problem import Problem
-from orchestrator.experiment.specs import session_plans
+from privnet.agent import keys, topics, wire
+from privnet.agent.links import Links
+from privnet.agent.messages import KeyPlan, KeyShare, Model, Rejected
+from privnet.agent.node import Phase
+from privnet.agent.protocol import Publish
+from privnet.agent.spec import STEPS, Rekey, Scheme, Strategy
+from privnet.agent.wire import catalog, frames, schema
+from privnet.agent.wire import sealed as sealing
+from privnet.orchestrator.engines.memory import Network
+from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.specs import session_plans
 
 KEY, OTHER_KEY = bytes(range(32)), bytes(range(1, 33))
 ME, PEER, DIM, VIEW = 5, 3, 2, 4

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from probes import matches
 
-from agent.spec import Scheme, Strategy
-from orchestrator.engines.memory import run_memory
-from orchestrator.engines.oracle import run_oracle
-from orchestrator.experiment import topology
-from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.problem import Problem
-from orchestrator.results import Curve
+from privnet.agent.spec import Scheme, Strategy
+from privnet.orchestrator.engines.memory import run_memory
+from privnet.orchestrator.engines.oracle import run_oracle
+from privnet.orchestrator.experiment import topology
+from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.results import Curve
 
 RTOL = 1e-9
 # Seed 34 draws a sparse, irregular geometric graph (degrees 1 to 4): two leaves exercise
@@ -109,7 +109,7 @@ def test_router_filters_match_like_mqtt() -> None:
     subscription order, once per subscriber, and forgets an unsubscribed filter."""
     import itertools
 
-    from orchestrator.engines.memory import _Filters
+    from privnet.orchestrator.engines.memory import _Filters
 
     levels = ["a", "b", "+", "#"]
     patterns = ["/".join(p) for n in (1, 2, 3) for p in itertools.product(levels, repeat=n)]

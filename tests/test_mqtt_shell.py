@@ -14,12 +14,12 @@ from gmqtt.mqtt.constants import MQTTv311
 from gmqtt.mqtt.package import PublishPacket
 from gmqtt.mqtt.utils import ConnectionState, IdGenerator
 
-from agent import driver
-from agent.access import BrokerAddress, ClientAccess
-from agent.driver import pump
-from agent.gmqtt_adapter import DirectProtocol
-from agent.protocol import Output, Publish
-from agent.transport import Connection
+from privnet.agent import driver
+from privnet.agent.access import BrokerAddress, ClientAccess
+from privnet.agent.driver import pump
+from privnet.agent.gmqtt_adapter import DirectProtocol
+from privnet.agent.protocol import Output, Publish
+from privnet.agent.transport import Connection
 
 
 def packet(command: int, body: bytes) -> bytes:

@@ -29,23 +29,23 @@ from conftest import assert_private_run, insider_run, prepared
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from probes import load_summary, read_metrics
 
-from agent import topics, wire
-from agent.control import Telemetry
-from agent.messages import Model
-from agent.process import checkpoint_path, load_checkpoint
-from agent.protocol import QOS_OF
-from agent.spec import Scheme
-from broker.credentials import INSPECTOR
-from orchestrator.cli import main
-from orchestrator.engines.memory import Network, results_curve
-from orchestrator.engines.watch import read_membership
-from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.problem import Problem
-from orchestrator.experiment.specs import session_list, session_plans
+from privnet.agent import topics, wire
+from privnet.agent.control import Telemetry
+from privnet.agent.messages import Model
+from privnet.agent.process import checkpoint_path, load_checkpoint
+from privnet.agent.protocol import QOS_OF
+from privnet.agent.spec import Scheme
+from privnet.broker.credentials import INSPECTOR
+from privnet.orchestrator.cli import main
+from privnet.orchestrator.engines.memory import Network, results_curve
+from privnet.orchestrator.engines.watch import read_membership
+from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.specs import session_list, session_plans
 
 pytestmark = pytest.mark.net
 
-PRIVNET = [sys.executable, "-m", "orchestrator.cli", "run"]  # `privnet run` as a subprocess
+PRIVNET = [sys.executable, "-m", "privnet.orchestrator.cli", "run"]  # `privnet run` as a subprocess
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 EQUIVALENCE = ["--agents", "10", "--iters", "20", "--seed", "11"]
@@ -299,7 +299,7 @@ def stopped(privnet: subprocess.Popen[bytes]) -> Iterator[None]:
 
 def agent_process(procs: list[psutil.Process], agent: int) -> psutil.Process:
     def is_agent(cmd: list[str]) -> bool:
-        return "-m" in cmd and cmd[cmd.index("-m") + 1] == "agent"
+        return "-m" in cmd and cmd[cmd.index("-m") + 1] == "privnet.agent"
 
     (proc,) = [
         p

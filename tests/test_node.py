@@ -1,4 +1,4 @@
-"""The agent node (agent/node.py), driven directly and through the in-memory router.
+"""The agent node (privnet/agent/node.py), driven directly and through the in-memory router.
 
 No broker, no processes, no asyncio: a fake clock moves time, `runs.Harness` delivers
 attack frames in the exact phase they target. Every bad control frame must be dropped,
@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 from probes import inject, matches, uncounted
 from runs import CONTROL_TYPES, ROUNDS, RUN, Harness, assert_same_models, clean
 
-from agent import control, keys, topics, wire
-from agent.messages import KeyShare
-from agent.node import (
+from privnet.agent import control, keys, topics, wire
+from privnet.agent.messages import KeyShare
+from privnet.agent.node import (
     HELLO_EVERY,
     IDLE_TIMEOUT,
     REGISTER_TIMEOUT,
@@ -33,10 +33,10 @@ from agent.node import (
     Launch,
     Phase,
 )
-from agent.protocol import BEATS, Event, Output, Publish, hello_proof, setup_context
-from agent.session import EARLY_BYTES, EARLY_COUNT, RECENT, offered
-from agent.spec import Scheme, Strategy
-from orchestrator.conductor import Stage
+from privnet.agent.protocol import BEATS, Event, Output, Publish, hello_proof, setup_context
+from privnet.agent.session import EARLY_BYTES, EARLY_COUNT, RECENT, offered
+from privnet.agent.spec import Scheme, Strategy
+from privnet.orchestrator.conductor import Stage
 
 TARGET = 0  # the node under attack: a hub with four neighbours (seed 34's graph)
 STRANGER = keys.Identity.generate()  # signs forgeries

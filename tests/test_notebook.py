@@ -2,7 +2,7 @@
 an Experiment simulated on the memory engine and run over mosquitto, both with `run` (the
 kernel's event loop is running: the network runs on a thread of its own) and `await
 run_async` (on the kernel's loop), the Results as data frames and figures; beside the
-notebook a module of the user's named agent.py, which must not shadow privnet's."""
+notebook a module of the user's named agent.py, which stays the user's and is never privnet's."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ CELLS = {
 frame = memory.frame()
 print(json.dumps({
     "mine": mine.__file__,
-    "privnet_agent": __import__("agent").__file__,
+    "privnet_agent": privnet.Experiment.__module__ and __import__("privnet.agent").agent.__file__,
     "engines": [memory.engine, net.engine, again.engine],
     "columns": list(frame.columns),
     "rows": len(frame),
@@ -126,7 +126,7 @@ def test_an_experiment_from_a_notebook(kernel: Kernel) -> None:
         kernel.execute(CELLS[name])
     seen = json.loads(_stdout(kernel.execute(CELLS["check"])).strip().splitlines()[-1])
     assert Path(seen["mine"]).parent.name.startswith("notebook")  # the user's agent.py ...
-    assert Path(seen["privnet_agent"]) == ROOT / "agent" / "__init__.py"  # ... and privnet's
+    assert Path(seen["privnet_agent"]) == ROOT / "privnet" / "agent" / "__init__.py"  # privnet's
     assert seen["engines"] == ["memory", "net", "net"]
     assert seen["columns"][:6] == [
         "strategy",

@@ -13,14 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent import rng
-from agent.losses import make_loss
-from agent.spec import ConfigError, Scheme, Strategy
-from orchestrator.engines.oracle import run_oracle
-from orchestrator.experiment import seeds, topology
-from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.problem import Problem, msd
-from orchestrator.results import Curve, steady_state_db
+from privnet.agent import rng
+from privnet.agent.losses import make_loss
+from privnet.agent.spec import ConfigError, Scheme, Strategy
+from privnet.orchestrator.engines.oracle import run_oracle
+from privnet.orchestrator.experiment import seeds, topology
+from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.problem import Problem, msd
+from privnet.orchestrator.results import Curve, steady_state_db
 
 REL = 1e-12  # oracle vs reference, relative, per repeat and iteration
 

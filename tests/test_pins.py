@@ -10,9 +10,9 @@ import numpy as np
 import test_wire
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
-from agent import keys, wire
-from agent.control import Finished, Progress
-from agent.messages import KeyPlan, Model, Report
+from privnet.agent import keys, wire
+from privnet.agent.control import Finished, Progress
+from privnet.agent.messages import KeyPlan, Model, Report
 
 A = keys.Identity.from_private_bytes(bytes(range(64)))
 B = keys.Identity.from_private_bytes(bytes(range(64, 128)))

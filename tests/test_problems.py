@@ -14,13 +14,13 @@ import pytest
 from conftest import need_mosquitto
 
 import privnet
-from agent import plugins, wire
-from agent.control import Config
-from agent.losses import make_loss
-from agent.problems import make
-from agent.spec import ConfigError, Scheme, Strategy
-from orchestrator.experiment.problem import Problem
-from orchestrator.experiment.specs import agent_specs
+from privnet.agent import plugins, wire
+from privnet.agent.control import Config
+from privnet.agent.losses import make_loss
+from privnet.agent.problems import make
+from privnet.agent.spec import ConfigError, Scheme, Strategy
+from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.specs import agent_specs
 
 # A least-squares problem written from the formula, not from privnet's: per-agent loops in
 # the oracle (it does not declare `stacks`), its own gradient and closed-form optimum.
@@ -161,8 +161,8 @@ def test_an_agent_that_cannot_build_its_problem_fails_saying_why() -> None:
     """The orchestrator could build it, this agent cannot (not installed here): the node
     fails with the reason, and the conductor hears it and leaves the agent out of the view
     with that reason (no silent stall); the others finish the session."""
-    from orchestrator.engines.memory import Network
-    from orchestrator.experiment.specs import session_list, session_plans
+    from privnet.orchestrator.engines.memory import Network
+    from privnet.orchestrator.experiment.specs import session_list, session_plans
 
     problem = Problem.build(
         privnet.Experiment(**{**SMALL, "strategies": "atc"}, schemes="none").config
@@ -186,6 +186,6 @@ def test_a_model_too_big_for_one_peer_frame_is_refused_naming_the_limit() -> Non
     Problem.build(privnet.Experiment(agents=3, iters=2, dim=limit, seed=1))
     with pytest.raises(ConfigError, match=f"at most {wire.MAX_PEER_BYTES:,} bytes") as caught:
         Problem.build(privnet.Experiment(agents=3, iters=2, dim=limit + 1, seed=1))
-    assert "agent.wire.MAX_PEER_BYTES" in str(caught.value) and f"{limit:,} float64" in str(
+    assert "privnet.agent.wire.MAX_PEER_BYTES" in str(caught.value) and f"{limit:,} float64" in str(
         caught.value
     )

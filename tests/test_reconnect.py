@@ -1,4 +1,4 @@
-"""Broker restarts (issue 10, item 4): `agent.transport.Connection` reconnects with backoff,
+"""Broker restarts (issue 10, item 4): `privnet.agent.transport.Connection` reconnects with backoff,
 subscribes again and keeps `get`/`publish` working; an agent rides out a restart.
 
 The broker is SIGKILLed (it persists nothing: every session, subscription and queued message
@@ -20,11 +20,11 @@ import pytest
 from conftest import need_mosquitto, prepared, relay
 from probes import connect_options
 
-from agent.gmqtt_adapter import Inflight
-from agent.transport import Connection, MqttError
-from broker.credentials import INSPECTOR
-from broker.launcher import Broker, launch
-from orchestrator.engines.launch import agent_args
+from privnet.agent.gmqtt_adapter import Inflight
+from privnet.agent.transport import Connection, MqttError
+from privnet.broker.credentials import INSPECTOR
+from privnet.broker.launcher import Broker, launch
+from privnet.orchestrator.engines.launch import agent_args
 
 pytestmark = pytest.mark.net
 WAIT = 5.0
@@ -173,7 +173,7 @@ async def test_agent_registers_across_a_broker_restart(kind: str, tmp_path: Path
             await asyncio.to_thread(broker.restart)
             out = tmp_path / "out"
             argv = [
-                *(sys.executable, "-m", "orchestrator.cli"),
+                *(sys.executable, "-m", "privnet.orchestrator.cli"),
                 *("run", "--agents", str(agents), "--iters", "20", "--topology", "complete"),
                 *("--strategy", "atc", "--scheme", "local-ghp", "--seed", "3"),
                 *("--external-agents", "--deadline", "10", "--out", str(out), *setup.flags()),

@@ -1,4 +1,5 @@
-"""orchestrator.report: steady-state dB, summary.json, metrics.csv round trip, plots, table."""
+"""privnet.orchestrator.report: steady-state dB, summary.json, metrics.csv round trip, plots,
+table."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from probes import load_summary, read_metrics
 
-from orchestrator.report import (
+from privnet.orchestrator.report import (
     NODE_GAP,
     _spread,
     plot_msd,
@@ -28,7 +29,7 @@ from orchestrator.report import (
     write_metrics,
     write_outputs,
 )
-from orchestrator.results import Curve, diverged, steady_state_db
+from privnet.orchestrator.results import Curve, diverged, steady_state_db
 
 STRATEGIES = ("consensus", "atc", "cta")
 SCHEMES = ("none", "random", "ghp", "local-ghp")

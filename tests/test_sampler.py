@@ -1,4 +1,5 @@
-"""Mironov's floating-point attack on the Laplace samplers (orchestrator/privacy/sampler.py).
+"""Mironov's floating-point attack on the Laplace samplers
+(privnet/orchestrator/privacy/sampler.py).
 
 The textbook inverse CDF leaks: most releases for x != 0 are doubles that x = 0 cannot
 produce, and so do masks divided by a public weight a_pk = 1/3. What privnet releases has
@@ -11,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent import rng
-from orchestrator.privacy.sampler import (
+from privnet.agent import rng
+from privnet.orchestrator.privacy.sampler import (
     LEAKY,
     RELEASES,
     SHIFTS,

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from probes import read_metrics
 
-from broker.launcher import has_mosquitto
-from orchestrator.cli import main
+from privnet.broker.launcher import has_mosquitto
+from privnet.orchestrator.cli import main
 
 pytestmark = pytest.mark.net
 

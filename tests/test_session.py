@@ -1,5 +1,5 @@
-"""What an agent holds of a session (agent/session.py), unit by unit: the early-frame buffer's
-bounds, which models a Setup may resume from, what a next view carries over, and the frames
+"""What an agent holds of a session (privnet/agent/session.py), unit by unit: the early-frame
+buffer's bounds, which models a Setup may resume from, what a next view carries over, and the frames
 sealed to the orchestrator, opened the way the conductor opens them."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent import keys, wire
-from agent.messages import Reason, Rejected, Report
-from agent.protocol import Checkpoint, Traffic, escrow_context, telemetry_context
-from agent.session import (
+from privnet.agent import keys, wire
+from privnet.agent.messages import Reason, Rejected, Report
+from privnet.agent.protocol import Checkpoint, Traffic, escrow_context, telemetry_context
+from privnet.agent.session import (
     EARLY_BYTES,
     EARLY_COUNT,
     Early,

@@ -1,7 +1,7 @@
 """A module of the user's named agent.py (or broker.py, orchestrator.py) in the working
-directory, where Python looks first, must not take the place of privnet's own packages:
-not for `import privnet` in a script, nor for `python -m privnet run` and its agent
-processes (the `privnet` console script enters through privnet too)."""
+directory, where Python looks first, is simply the user's: privnet installs one import name
+(`privnet`) and its parts live under it, so neither `import privnet` in a script nor
+`python -m privnet run` and its agent processes meet the user's modules."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import need_mosquitto
 
-from orchestrator.cli import main
+from privnet.orchestrator.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 # A user's module that would break privnet if privnet ever ran it in place of its own.
@@ -34,9 +34,11 @@ def beside(tmp_path: Path) -> dict[str, str]:
 def test_import_privnet_beside_a_users_agent_py(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = (
-        "import privnet, agent, broker, orchestrator\n"
-        "print(privnet.__version__, agent.__file__, broker.__file__, orchestrator.__file__)"
+    code = (  # privnet imports none of them; `import agent` would find the user's
+        "import importlib.util, sys, privnet\n"
+        "assert not {'agent', 'broker', 'orchestrator'} & set(sys.modules)\n"
+        "names = ('agent', 'broker', 'orchestrator')\n"
+        "print(privnet.__version__, *(importlib.util.find_spec(n).origin for n in names))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code],
@@ -52,7 +54,7 @@ def test_import_privnet_beside_a_users_agent_py(
         main(["--version"])
     assert done_cli.value.code == 0 and capsys.readouterr().out == f"privnet {version}\n"
     assert [Path(f) for f in files] == [
-        ROOT / name / "__init__.py" for name in ("agent", "broker", "orchestrator")
+        tmp_path / f"{name}.py" for name in ("agent", "broker", "orchestrator")
     ]
 
 
@@ -87,6 +89,6 @@ def test_privnet_run_beside_a_users_agent_py(tmp_path: Path) -> None:
 
 
 def test_the_console_script_enters_through_privnet() -> None:
-    """`privnet` imports privnet first, which puts privnet's packages in place."""
+    """`privnet` enters through the one package, like `python -m privnet`."""
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts == {"privnet": "privnet.__main__:main"}

@@ -23,18 +23,25 @@ import pytest
 from conftest import need_mosquitto
 from probes import connect_options, load_summary, read_metrics
 
-from agent import topics
-from agent.access import BrokerAddress, ClientAccess
-from agent.spec import ConfigError
-from agent.transport import Connection, MqttError
-from broker.bridge import Bridge, CoreBroker, SiteBroker, bridge_rules, bridge_section, sys_prefix
-from broker.credentials import ORCHESTRATOR, Credentials
-from broker.launcher import accepts, free_port, launch
-from broker.relay import Relay
-from orchestrator.cli import main
-from orchestrator.sites import Hosts, SiteBundle, prepare_hosts
+from privnet.agent import topics
+from privnet.agent.access import BrokerAddress, ClientAccess
+from privnet.agent.spec import ConfigError
+from privnet.agent.transport import Connection, MqttError
+from privnet.broker.bridge import (
+    Bridge,
+    CoreBroker,
+    SiteBroker,
+    bridge_rules,
+    bridge_section,
+    sys_prefix,
+)
+from privnet.broker.credentials import ORCHESTRATOR, Credentials
+from privnet.broker.launcher import accepts, free_port, launch
+from privnet.broker.relay import Relay
+from privnet.orchestrator.cli import main
+from privnet.orchestrator.sites import Hosts, SiteBundle, prepare_hosts
 
-PRIVNET = [sys.executable, "-m", "orchestrator.cli"]
+PRIVNET = [sys.executable, "-m", "privnet.orchestrator.cli"]
 RUN = "sitetest"
 
 

@@ -30,8 +30,8 @@ import pytest
 from conftest import docker_unreachable, skip_unless_required
 from probes import read_metrics
 
-from agent.__main__ import slot
-from orchestrator.cli import main
+from privnet.agent.__main__ import slot
+from privnet.orchestrator.cli import main
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
 
@@ -76,7 +76,7 @@ def manager() -> Iterator[str]:
     """The swarm manager's DOCKER_HOST; the pair, with this tree's image on both nodes."""
     need_swarm_pair()
     docker = pytest.importorskip("docker", reason="pip install 'privnet[docker]'")
-    from orchestrator.engines.docker import build_image
+    from privnet.orchestrator.engines.docker import build_image
 
     build_image(docker.from_env(), ROOT, IMAGE)
     try:
@@ -190,7 +190,7 @@ def test_sigterm_leaves_nothing(client: Any, manager: str, tmp_path: Path) -> No
     run = f"test-term-{secrets.token_hex(3)}"
     flags = ["--run-name", run, "--agents", "3", "--iters", "100000", "--out", str(tmp_path)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", *SWARM_RUN, *flags],
+        [sys.executable, "-m", "privnet.orchestrator.cli", *SWARM_RUN, *flags],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT), "DOCKER_HOST": manager},
         stdout=subprocess.PIPE,

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.spec import ConfigError, Scheme, Strategy
-from orchestrator.experiment.topology import (
+from privnet.agent.spec import ConfigError, Scheme, Strategy
+from privnet.orchestrator.experiment.topology import (
     RULES,
     TOPOLOGIES,
     combination_matrix,

@@ -26,16 +26,16 @@ import pytest
 from conftest import skip_unless_required
 from test_net import agent_process, stopped
 
-from agent.spec import Scheme, Strategy
-from orchestrator import overhead
-from orchestrator.cli import main
-from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.problem import Problem
-from orchestrator.experiment.specs import session_list, session_plans
-from orchestrator.view.files import load_run
-from orchestrator.view.links import link_bytes
-from orchestrator.view.server import ViewServer
-from orchestrator.view.state import Cursor, Series, ViewState
+from privnet.agent.spec import Scheme, Strategy
+from privnet.orchestrator import overhead
+from privnet.orchestrator.cli import main
+from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.specs import session_list, session_plans
+from privnet.orchestrator.view.files import load_run
+from privnet.orchestrator.view.links import link_bytes
+from privnet.orchestrator.view.server import ViewServer
+from privnet.orchestrator.view.state import Cursor, Series, ViewState
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -48,7 +48,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-PRIVNET = [sys.executable, "-m", "orchestrator.cli"]
+PRIVNET = [sys.executable, "-m", "privnet.orchestrator.cli"]
 
 # ---- the state: bounded, and what a page lacks -------------------------------------------
 

@@ -22,7 +22,7 @@ import pytest
 pytestmark = [pytest.mark.wheel, pytest.mark.timeout(120)]
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "README.md", "agent", "broker", "orchestrator")
+SOURCES = ("pyproject.toml", "README.md", "privnet")
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -57,8 +57,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 def test_wheel_ships_package_data(installed: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
     bin_dir, env = installed
     probe = (
-        "import broker.launcher as b, orchestrator.experiment.config as c;"
-        "import orchestrator.view.server as v;"
+        "import privnet.broker.launcher as b, privnet.orchestrator.experiment.config as c;"
+        "import privnet.orchestrator.view.server as v;"
         "print(c.__file__); print(c.presets()); print(len(b.BASE_CONFIG.read_text()));"
         "print(sorted(f.name for f in v.STATIC.iterdir()))"
     )

@@ -16,8 +16,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from agent import keys, wire
-from agent.control import (
+from privnet.agent import keys, wire
+from privnet.agent.control import (
     Abort,
     Bye,
     Config,
@@ -35,11 +35,11 @@ from agent.control import (
     Telemetry,
     Welcome,
 )
-from agent.messages import KeyPlan, KeyShare, Model, Rejected, Report
-from agent.problems import Linear, Share
-from agent.spec import AgentSpec, Rekey, Scheme, StepPlan
-from agent.wire import catalog, frames, mac
-from agent.wire import model as fastpath
+from privnet.agent.messages import KeyPlan, KeyShare, Model, Rejected, Report
+from privnet.agent.problems import Linear, Share
+from privnet.agent.spec import AgentSpec, Rekey, Scheme, StepPlan
+from privnet.agent.wire import catalog, frames, mac
+from privnet.agent.wire import model as fastpath
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))

@@ -13,11 +13,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.launch import AgentLaunch
-from broker.launcher import Broker, launch
-from orchestrator.engines.launch import LocalLauncher
-from orchestrator.engines.lifetime import RunSecrets
-from orchestrator.engines.zygote import Spawn, Zygote
+from privnet.agent.launch import AgentLaunch
+from privnet.broker.launcher import Broker, launch
+from privnet.orchestrator.engines.launch import LocalLauncher
+from privnet.orchestrator.engines.lifetime import RunSecrets
+from privnet.orchestrator.engines.zygote import Spawn, Zygote
 
 pytestmark = pytest.mark.net
 
@@ -54,7 +54,7 @@ def command(pid: int) -> list[str]:
 def test_each_agent_is_its_own_process(
     run_secrets: RunSecrets, broker: Broker, tmp_path: Path
 ) -> None:
-    """Own pid, session and process group, `python -m agent --id N` in ps, no secret on its
+    """Own pid, session and process group, `python -m privnet.agent --id N` in ps, no secret on its
     command line; the zygote that forked it has no threads and is not the orchestrator."""
     launcher = LocalLauncher(tmp_path)
     try:
@@ -68,7 +68,7 @@ def test_each_agent_is_its_own_process(
             assert proc.ppid() == zygote.pid != os.getpid()
             assert os.getsid(pid) == os.getpgid(pid) == pid
             cmd = command(pid)
-            assert cmd == ["-m", "agent", "--id", str(agent)]
+            assert cmd == ["-m", "privnet.agent", "--id", str(agent)]
             secret = run_secrets.tokens[agent].hex()
             assert secret not in " ".join(cmd) and secret not in str(proc.environ())
             assert (tmp_path / f"agent-{agent}.log").exists()
@@ -110,7 +110,7 @@ def test_signals_exits_and_restarts(
     try:
         group.start({p: given[p] for p in (2, 3)})
         (pid,) = group.procs.values()
-        assert command(pid) == ["-m", "agent"]
+        assert command(pid) == ["-m", "privnet.agent"]
         assert (tmp_path / "agents-2-3.log").exists()
         group.signal(3, signal.SIGTERM)
         assert ended(group, 2) == dict.fromkeys(
@@ -123,9 +123,9 @@ def test_signals_exits_and_restarts(
 def test_the_zygote_runs_agents_only(tmp_path: Path) -> None:
     zygote = Zygote()
     try:
-        with pytest.raises(ValueError, match="python -m agent"):
+        with pytest.raises(ValueError, match=r"python -m privnet\.agent"):
             zygote.spawn(Spawn(["-c", "pass"], {}, str(tmp_path / "x.log")))
-        pid = zygote.spawn(Spawn(["-m", "agent"], {}, str(tmp_path / "none.log")))
+        pid = zygote.spawn(Spawn(["-m", "privnet.agent"], {}, str(tmp_path / "none.log")))
         assert zygote.wait(pid, 10.0) == 2  # no launch given: argparse's usage error
         assert "no launch" in (tmp_path / "none.log").read_text()
     finally:

@@ -1,0 +1,584 @@
+"""The agent's protocol as a pure state machine (sans-IO, like h11).
+
+`receive` a message, get the messages to send: no sockets, clocks or event loops, so every
+engine runs the very same code and the protocol is tested without a broker. A round runs
+the paper's three combine steps in order j = 1, 0, 2 (eqs. privPreComb, privUpdate,
+privPostComb); a communicating step sends one message per out-neighbour, waits for one per
+in-neighbour and combines sum_m a_mp * (message from m), its own term included (the masked
+schemes take each term on the noise grid, where their masks cancel exactly).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from privnet.agent import keys, rng
+from privnet.agent.losses import Loss
+from privnet.agent.messages import KeyPlan, KeyShare, Message, Model, Reason, Rejected, Report
+from privnet.agent.spec import STEPS, AgentSpec, Rekey, Scheme, StepPlan
+
+Position = tuple[int, int]  # (round, index of the step in STEPS)
+
+
+@dataclass(frozen=True, slots=True)
+class Seat:
+    """Masked schemes: where this agent sits at one hub for one step."""
+
+    side: int  # +1 for N+, -1 for N-
+    partners: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Masks:
+    """A masked scheme's masks at one step for one epoch: every target (the self-term
+    included), its public weight a_pk as a column, and the bank whose rows of a round are
+    each target's sum of side * g_pair (on the grid)."""
+
+    targets: list[int]
+    weights: np.ndarray  # (targets, 1)
+    bank: keys.MaskBank
+
+
+@dataclass
+class Counters:
+    """What the core did, for metrics and the overhead report."""
+
+    agreements: int = 0  # Diffie-Hellman agreements computed
+    relayed: int = 0  # key shares forwarded as a hub
+
+
+def split_senders(senders: list[int], hub: int) -> dict[int, Seat]:
+    """The hub's N+/N- split of its other neighbours, and each one's partners.
+
+    Alternating over sorted ids, as in the paper's example. A hub with a single other
+    neighbour l cannot hide l behind a partner, so it joins the pair itself (seat N-):
+    the wire still carries no model in the clear, and the hub learns only w_l, which
+    its own combination a_hh w_h + a_lh w_l reveals to it anyway.
+    """
+    if len(senders) == 1:
+        (sole,) = senders
+        return {sole: Seat(+1, (hub,)), hub: Seat(-1, (sole,))}
+    plus, minus = tuple(senders[0::2]), tuple(senders[1::2])
+    seats = {m: Seat(+1, minus) for m in plus}
+    seats.update({m: Seat(-1, plus) for m in minus})
+    return seats
+
+
+def _weighted_sum(weights: Mapping[int, float], vectors: Mapping[int, np.ndarray]) -> np.ndarray:
+    """sum_m a_m v_m in the weights' order, as `sum` would add them (without its int 0
+    start, so the result is always an array); `weights` is never empty (p is in N_p)."""
+    (first, a), *rest = weights.items()
+    total = a * vectors[first]
+    for m, b in rest:
+        total = total + b * vectors[m]
+    return total
+
+
+class AgentCore:
+    """One node of the graph. See the module docstring for the round structure."""
+
+    def __init__(
+        self,
+        spec: AgentSpec,
+        loss: Loss,
+        identity: keys.Identity | None = None,
+        directory: Mapping[int, keys.PublicIdentity] | None = None,
+    ) -> None:
+        if loss.dim != spec.dim:
+            raise ValueError(f"loss has dim {loss.dim}, the spec says {spec.dim}")
+        if spec.scheme.masked and (identity is None or directory is None):
+            raise ValueError(f"{spec.scheme} needs the agent's identity and its neighbours' keys")
+        self.spec, self.loss = spec, loss
+        self.me = spec.agent
+        self.identity = identity
+        self.directory = dict(directory or {})
+        self.w = np.array(spec.w0, dtype=np.float64) if spec.w0 else np.zeros(spec.dim)
+        self.round, self.stage = spec.start, 0
+        self.until = spec.rounds  # the last round to run before holding (Go's `until`)
+        self.value = self.w.copy()  # what the current step combines (w, phi or psi)
+        self.counters = Counters()
+        self.started, self._prepared = False, False
+        self._sent = False
+        self._inbox: dict[Position, dict[int, np.ndarray]] = {}
+        # masked schemes' state: seats[(hub, step)], ephemeral keys, partners' keys per epoch
+        self._seats: dict[tuple[int, int], Seat] = {}
+        self._ephemeral: dict[int, keys.Ephemeral] = {}
+        self._shared_sent: set[int] = set()
+        self._partner_keys: dict[tuple[int, int, int, int], bytes] = {}  # (epoch, hub, step, m)
+        # Counts that tell "keys still to come" in O(1) (every key share asks): partners'
+        # keys held per (epoch, step), and partners over the seats known per step.
+        self._keys_held: Counter[tuple[int, int]] = Counter()
+        self._partners: Counter[int] = Counter()
+        self._secrets: dict[tuple[int, int, bytes], bytes] = {}  # (epoch, m, public) -> secret
+        self._banks: dict[tuple[int, int], _Masks] = {}  # (epoch, step)
+        self._weights_in: dict[int, np.ndarray] = {}  # step -> its a_mp as a column
+        self._grid = rng.grid(spec.sigma_g)  # the lattice masked releases sit on
+        self._relayed: set[tuple[int, int, int, int]] = set()  # (owner, partner, step, epoch)
+
+    # ---- public API -------------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        return self.round > self.spec.rounds
+
+    @property
+    def held(self) -> bool:
+        """Rounds through `until` are done: wait for the next view (or the end)."""
+        return self.round > self.until
+
+    @property
+    def position(self) -> Position:
+        return (self.round, self.stage)
+
+    @property
+    def keyed(self) -> bool:
+        """Whether round 1 can run without waiting for any key (always, but when masked)."""
+        return not self.spec.scheme.masked or all(
+            self._keys_ready(plan) for plan in self.spec.steps if plan.communicates
+        )
+
+    def prepare(self) -> list[Message]:
+        """Before the rounds: masked schemes' hubs announce their splits, agents share keys."""
+        if not self.spec.scheme.masked or self._prepared:
+            return []
+        self._prepared = True
+        return self._announce_seats() + self._share_keys()
+
+    def resume_from(self, w: np.ndarray) -> None:
+        """Start from `w` (the agent's model after round start - 1) instead of spec.w0."""
+        if w.shape != (self.spec.dim,):
+            raise ValueError(f"model of shape {w.shape}, expected ({self.spec.dim},)")
+        self.w, self.value = w.copy(), w.copy()
+
+    def start(self, until: int | None = None) -> list[Message]:
+        """Run from the start round through `until` (preparing first if nobody did)."""
+        out = self.prepare()
+        self.started = True
+        self.until = self.spec.rounds if until is None else min(until, self.spec.rounds)
+        return out + self._advance()
+
+    def receive(self, msg: Message) -> list[Message]:
+        """Consume one message; raises Rejected for anything out of protocol (the node counts).
+
+        keys.BadKey (a key share whose signature fails) is raised as is; the caller counts
+        it. Nothing was stored, so the genuine share still completes the pair.
+        Before `start`, models are kept for round 1 and key shares answered, nothing more.
+        """
+        if isinstance(msg, Model):
+            self._accept_model(msg)
+        elif isinstance(msg, KeyPlan):
+            self._accept_plan(msg)
+        elif isinstance(msg, KeyShare):
+            relay = self._accept_share(msg)
+            if relay is not None:
+                return [relay]
+        else:
+            raise Rejected(Reason.SCHEMA, f"agents do not accept {type(msg).__name__} messages")
+        if self.started:
+            return self._advance()
+        out = self._share_keys()
+        if self.spec.scheme.masked and self.keyed:
+            self._open_banks()
+        return out
+
+    def waiting_for(self) -> list[int]:
+        """Who this agent is blocked on (for a clear error when a neighbour goes silent)."""
+        if self.done or self.held:
+            return []
+        if not self.started:  # before round 1, only key shares can be missing (masked)
+            plans = [p for p in self.spec.steps if p.communicates]
+            if not self.spec.scheme.masked or not plans:
+                return []
+            return sorted(set().union(*(self._missing_keys(p) for p in plans)))
+        plan = self.spec.steps[self.stage]
+        if self.spec.scheme.masked and not self._keys_ready(plan):
+            return sorted(self._missing_keys(plan))
+        have = self._inbox.get(self.position, {})
+        return [m for m in plan.senders(self.me) if m not in have]
+
+    # ---- the round -------------------------------------------------------------------
+
+    def _advance(self) -> list[Message]:
+        out: list[Message] = []
+        while not self.held:
+            plan = self.spec.steps[self.stage]
+            if plan.communicates:
+                if not self._sent:
+                    if self.spec.scheme.masked:
+                        out += self._share_keys()
+                        if not self._keys_ready(plan):
+                            break
+                    out += self._send(plan)
+                    self._sent = True
+                inbox = self._inbox.get(self.position, {})
+                if len(inbox) < len(plan.weights_in):
+                    break
+                combined = self._combine(plan, inbox)
+                del self._inbox[self.position]
+            else:
+                combined = self.value
+            out += self._finish_step(plan, combined)
+        return out
+
+    def _finish_step(self, plan: StepPlan, combined: np.ndarray) -> list[Message]:
+        if plan.step == 0:
+            combined = combined - self.spec.mu * self.loss.grad(self.value, self.round)
+        self.value = combined
+        self._sent = False
+        if self.stage < len(STEPS) - 1:
+            self.stage += 1
+            return []
+        self.w = self.value.copy()
+        report = Report(sender=self.me, round=self.round, w=self.w.copy())
+        self.round, self.stage = self.round + 1, 0
+        self._forget_epoch(self.round - 1)
+        return [report]
+
+    def _send(self, plan: StepPlan) -> list[Message]:
+        """Privatize the current value for every out-neighbour; keep the self-term."""
+        vectors = self._privatize(plan)
+        self._inbox.setdefault(self.position, {})[self.me] = vectors[self.me]
+        return [
+            Model(self.me, k, self.round, plan.step, v, self.spec.view)
+            for k, v in vectors.items()
+            if k != self.me
+        ]
+
+    def _privatize(self, plan: StepPlan) -> dict[int, np.ndarray]:
+        """What goes to every out-neighbour (and the self-term): the scheme's release, then,
+        for a masked scheme, the pair masks on the lattice (rng.masked_release)."""
+        released = self._release(plan)
+        if not self.spec.scheme.masked:
+            return released
+        masks, rows = self._masks(plan)
+        if self.spec.scheme is Scheme.LOCAL_GHP:  # one release for every target: broadcast
+            vectors = self.value
+        else:  # np.array: np.stack costs several times more at this size
+            vectors = np.array([released[k] for k in masks.targets])
+        sent = rng.masked_release(vectors, rows, masks.weights, self._grid)
+        return dict(zip(masks.targets, sent, strict=True))
+
+    def _release(self, plan: StepPlan) -> dict[int, np.ndarray]:
+        """The scheme's release of the current value to every target, before any mask:
+        none and local-ghp the value itself; random, ghp and masked-ghp the value rounded
+        to the noise grid plus Laplace noise (random: a draw per link; ghp and masked-ghp:
+        one draw g per sender, -(1 - a_pp)/a_pp g on the self-term)."""
+        x, me, spec = self.value, self.me, self.spec
+        targets = list(plan.weights_out)
+        if spec.scheme is Scheme.NONE:
+            return {k: x.copy() for k in targets}
+        if spec.scheme is Scheme.LOCAL_GHP:  # masked before it is sent: no copies
+            return dict.fromkeys(targets, x)
+        x = rng.snap(x, spec.sigma_g)  # released on the noise grid, own term included
+        # The agent's own stream: one draw per agent id (row k: what receiver k gets).
+        raw = rng.raw_row(
+            spec.noise_key, rng.Domain.NOISE, plan.step, self.round, spec.agents * spec.dim
+        )
+        table = rng.laplace(rng.uniforms(raw), spec.sigma_g).reshape(spec.agents, spec.dim)
+        if spec.scheme is Scheme.RANDOM:
+            return {k: x.copy() if k == me else x + table[k] for k in targets}
+        g = table[me]  # one draw per sender, cancelled in the q-weighted network sum
+        a_mm = plan.weights_out[me]
+        return {k: x - (1 - a_mm) / a_mm * g if k == me else x + g for k in targets}
+
+    def _combine(self, plan: StepPlan, inbox: Mapping[int, np.ndarray]) -> np.ndarray:
+        """sum_m a_mp (what m sent); masked schemes take each term on the lattice, where
+        the pair masks cancel exactly (rng.on_lattice)."""
+        if not self.spec.scheme.masked:
+            return _weighted_sum(plan.weights_in, inbox)
+        a = self._weights_in.get(plan.step)
+        if a is None:
+            a = self._weights_in[plan.step] = np.array([*plan.weights_in.values()])[:, None]
+        stacked = np.array([inbox[m] for m in plan.weights_in])
+        total: np.ndarray = rng.on_lattice(stacked, a, self._grid).sum(axis=0)
+        return total
+
+    # ---- masked schemes: seats, key shares, masks -----------------------------------------
+
+    def _epoch(self, round_: int) -> int:
+        return round_ if self.spec.rekey is Rekey.EVERY_ROUND else 0
+
+    def _announce_seats(self) -> list[Message]:
+        out: list[Message] = []
+        for plan in self.spec.steps:
+            senders = plan.senders(self.me)
+            if not senders:
+                continue
+            for m, seat in split_senders(senders, self.me).items():
+                if m == self.me:
+                    self._seat(self.me, plan.step, seat)
+                else:
+                    out.append(
+                        KeyPlan(
+                            sender=self.me,
+                            receiver=m,
+                            step=plan.step,
+                            side=seat.side,
+                            partners=seat.partners,
+                            view=self.spec.view,
+                        )
+                    )
+        return out
+
+    def _accept_plan(self, msg: KeyPlan) -> None:
+        self._check_receiver(msg.receiver)
+        plan = self._plan_of(msg.step)
+        if msg.sender not in plan.receivers(self.me):
+            raise Rejected(
+                Reason.NOT_NEIGHBOUR,
+                f"agent {msg.sender} is not a hub I send to at step {msg.step}",
+            )
+        if (msg.sender, msg.step) in self._seats:
+            raise Rejected(Reason.DUPLICATE, f"second key plan from hub {msg.sender}")
+        if msg.side not in (1, -1) or not msg.partners or self.me in msg.partners:
+            raise Rejected(
+                Reason.SCHEMA,
+                f"key plan from hub {msg.sender} has side {msg.side} and partners {msg.partners}",
+            )
+        self._seat(msg.sender, msg.step, Seat(msg.side, tuple(msg.partners)))
+
+    def _seat(self, hub: int, step: int, seat: Seat) -> None:
+        self._seats[(hub, step)] = seat
+        self._partners[step] += len(seat.partners)
+
+    def _my_seats(self, step: int) -> dict[int, Seat]:
+        return {hub: seat for (hub, j), seat in self._seats.items() if j == step}
+
+    def _share_keys(self) -> list[Message]:
+        """Send this epoch's signed ephemeral key to every partner, via the hub."""
+        epoch = self._epoch(self.round)
+        if not self.spec.scheme.masked or epoch in self._shared_sent:
+            return []
+        needed = {(k, p.step) for p in self.spec.steps for k in p.receivers(self.me)}
+        if not needed <= self._seats.keys():
+            return []  # already sent, or still waiting for a hub's plan
+        assert self.identity is not None
+        eph = self._ephemeral.setdefault(epoch, keys.Ephemeral.generate())
+        out: list[Message] = []
+        for (hub, step), seat in sorted(self._seats.items()):
+            for m in seat.partners:
+                sig = keys.sign_share(
+                    self.identity, self.spec.session, self.me, hub, m, step, epoch, eph
+                )
+                out.append(
+                    KeyShare(
+                        sender=self.me,
+                        receiver=hub if hub != self.me else m,
+                        owner=self.me,
+                        hub=hub,
+                        partner=m,
+                        step=step,
+                        epoch=epoch,
+                        public=eph.public,
+                        signature=sig,
+                        view=self.spec.view,
+                    )
+                )
+        self._shared_sent.add(epoch)
+        return out
+
+    def _accept_share(self, msg: KeyShare) -> KeyShare | None:
+        self._check_receiver(msg.receiver)
+        epoch_now = self._epoch(self.round)
+        if msg.epoch < epoch_now:
+            raise Rejected(Reason.STALE, f"key share for epoch {msg.epoch}, now at {epoch_now}")
+        if msg.epoch > epoch_now + 1:
+            raise Rejected(Reason.AHEAD, f"key share for epoch {msg.epoch}, now at {epoch_now}")
+        if msg.partner != self.me:
+            return self._relay(msg)
+        seat = self._seats.get((msg.hub, msg.step))
+        if seat is None or msg.owner not in seat.partners:
+            raise Rejected(
+                Reason.NOT_NEIGHBOUR, f"agent {msg.owner} is not my partner at hub {msg.hub}"
+            )
+        if msg.sender != msg.hub and not (msg.hub == self.me and msg.sender == msg.owner):
+            raise Rejected(
+                Reason.SPOOFED,
+                f"key share of {msg.owner} came from {msg.sender}, not hub {msg.hub}",
+            )
+        slot = (msg.epoch, msg.hub, msg.step, msg.owner)
+        if slot in self._partner_keys:
+            raise Rejected(Reason.DUPLICATE, f"second key share of {msg.owner} at hub {msg.hub}")
+        owner = self.directory.get(msg.owner)
+        if owner is None:
+            raise Rejected(Reason.UNKNOWN_SENDER, f"no identity key for agent {msg.owner}")
+        keys.verify_share(owner, msg, self.spec.session)
+        self._partner_keys[slot] = msg.public
+        self._keys_held[(msg.epoch, msg.step)] += 1
+        return None
+
+    def _relay(self, msg: KeyShare) -> KeyShare:
+        """As hub: forward a share to its partner; both must sit at my hub, on opposite sides."""
+        if msg.hub != self.me or msg.sender != msg.owner:
+            raise Rejected(
+                Reason.NOT_NEIGHBOUR,
+                f"key share from {msg.sender} for {msg.partner} "
+                f"names hub {msg.hub}; I relay only my own neighbours' shares",
+            )
+        senders = self._plan_of(msg.step).senders(self.me)
+        seats = split_senders(senders, self.me) if senders else {}
+        if msg.owner not in seats or msg.partner not in seats[msg.owner].partners:
+            raise Rejected(
+                Reason.NOT_NEIGHBOUR,
+                f"agents {msg.owner} and {msg.partner} are not paired at hub {self.me}",
+            )
+        relayed = (msg.owner, msg.partner, msg.step, msg.epoch)
+        if relayed in self._relayed:
+            raise Rejected(Reason.DUPLICATE, f"key share of {msg.owner} for {msg.partner} again")
+        self._relayed.add(relayed)
+        self.counters.relayed += 1
+        return KeyShare(
+            sender=self.me,
+            receiver=msg.partner,
+            owner=msg.owner,
+            hub=msg.hub,
+            partner=msg.partner,
+            step=msg.step,
+            epoch=msg.epoch,
+            public=msg.public,
+            signature=msg.signature,
+            view=msg.view,
+        )
+
+    def _missing_keys(self, plan: StepPlan) -> set[int]:
+        epoch = self._epoch(self.round)
+        missing = {k for k in plan.receivers(self.me) if (k, plan.step) not in self._seats}
+        for hub, seat in self._my_seats(plan.step).items():
+            missing |= {
+                m for m in seat.partners if (epoch, hub, plan.step, m) not in self._partner_keys
+            }
+        return missing
+
+    def _keys_ready(self, plan: StepPlan) -> bool:
+        epoch = self._epoch(self.round)
+        if (epoch, plan.step) in self._banks:
+            return True  # built from this epoch's keys, which stay until the epoch ends
+        if self._keys_held[(epoch, plan.step)] < self._partners[plan.step]:
+            return False  # a partner's key is still to come: no need to find whose
+        return not self._missing_keys(plan)
+
+    def _masks(self, plan: StepPlan) -> tuple[_Masks, np.ndarray]:
+        """Per target k (the self-term included): sum over my partners at hub k of
+        side * g_pair, on the grid, which cancels at the hub once each term is on the
+        lattice. My own term at a hub with 2+ other neighbours has no seat, no mask.
+
+        The pairs' masks come from one keys.PairStream per (pair, hub, step, epoch), read a
+        round at a time (see there why that is as safe as a fresh key per round), through a
+        keys.MaskBank that maps and combines them for several rounds of the epoch at once.
+        """
+        epoch, step = self._epoch(self.round), plan.step
+        bank = self._banks.get((epoch, step))
+        if bank is None:
+            bank = self._banks[(epoch, step)] = self._bank(epoch, plan)
+        last = self.round if self.spec.rekey is Rekey.EVERY_ROUND else self.until
+        return bank, bank.bank.at(self.round, last)
+
+    def _open_banks(self) -> None:
+        """With every key of the first epoch in: agree on every pair's secret and open its
+        stream now, while keying (Go waits for every agent's Ready), not in round 1, which
+        would otherwise cost a thousand-agent network (about 140 pairs an agent) several
+        rounds' time. The banks are the ones round 1 would build: the same masks."""
+        epoch = self._epoch(self.round)
+        for plan in self.spec.steps:
+            if plan.communicates and (epoch, plan.step) not in self._banks:
+                self._banks[(epoch, plan.step)] = self._bank(epoch, plan)
+
+    def _bank(self, epoch: int, plan: StepPlan) -> _Masks:
+        """Every target, its public weight, and the bank of its masks for this epoch."""
+        step = plan.step
+        targets = list(plan.weights_out)
+        seats = [self._seats.get((hub, step)) for hub in targets]
+        pairs = [
+            (hub, m)
+            for hub, seat in zip(targets, seats, strict=True)
+            if seat
+            for m in seat.partners
+        ]
+        streams = [
+            keys.PairStream(
+                self._secret(epoch, m, self._partner_keys[(epoch, hub, step, m)]),
+                self.spec.session,
+                hub,
+                (self.me, m),
+                step,
+                epoch,
+                self.spec.dim,
+            )
+            for hub, m in pairs
+        ]
+        coeffs = np.zeros((len(targets), len(pairs)))
+        for row, (hub, seat) in enumerate(zip(targets, seats, strict=True)):
+            for col, (at, _) in enumerate(pairs):
+                if seat is not None and at == hub:
+                    coeffs[row, col] = seat.side
+        bank = keys.MaskBank(streams, coeffs, self.spec.dim, self.spec.sigma_g)
+        weights = np.array([plan.weights_out[k] for k in targets])[:, None]
+        return _Masks(targets, weights, bank)
+
+    def _secret(self, epoch: int, partner: int, public: bytes) -> bytes:
+        slot = (epoch, partner, public)
+        if slot not in self._secrets:
+            self._secrets[slot] = self._ephemeral[epoch].agree(public)
+            self.counters.agreements += 1
+        return self._secrets[slot]
+
+    def _forget_epoch(self, finished_round: int) -> None:
+        """With every-round re-keying, drop the finished round's keys (forward secrecy)."""
+        if self.spec.rekey is not Rekey.EVERY_ROUND:
+            return
+        self._ephemeral.pop(finished_round, None)
+        self._partner_keys = {s: v for s, v in self._partner_keys.items() if s[0] != finished_round}
+        for slot in [s for s in self._keys_held if s[0] == finished_round]:
+            del self._keys_held[slot]
+        self._secrets = {s: v for s, v in self._secrets.items() if s[0] != finished_round}
+        self._banks = {s: v for s, v in self._banks.items() if s[0] != finished_round}
+        self._relayed = {r for r in self._relayed if r[3] > finished_round}
+
+    # ---- checks ------------------------------------------------------------------------
+
+    def _check_receiver(self, receiver: int) -> None:
+        if receiver != self.me:
+            raise Rejected(
+                Reason.WRONG_RECEIVER, f"message for agent {receiver} delivered to {self.me}"
+            )
+
+    def _plan_of(self, step: int) -> StepPlan:
+        if step not in STEPS:
+            raise Rejected(Reason.SCHEMA, f"step {step} is not one of {STEPS}")
+        return self.spec.plan(step)
+
+    def _accept_model(self, msg: Model) -> None:
+        self._check_receiver(msg.receiver)
+        plan = self._plan_of(msg.step)
+        if msg.sender == self.me or msg.sender not in plan.weights_in:  # plan.senders(me)
+            raise Rejected(
+                Reason.NOT_NEIGHBOUR,
+                f"agent {msg.sender} is not an in-neighbour at step {msg.step}",
+            )
+        at = (msg.round, STEPS.index(msg.step))
+        if at < self.position:
+            raise Rejected(
+                Reason.STALE,
+                f"model for round {msg.round} step {msg.step}; I am at round "
+                f"{self.round} step {STEPS[self.stage]}",
+            )
+        if msg.round > self.round + 1:
+            raise Rejected(Reason.AHEAD, f"model for round {msg.round}, I am at round {self.round}")
+        vector = np.asarray(msg.vector, dtype=np.float64)
+        if vector.shape != (self.spec.dim,):
+            raise Rejected(
+                Reason.SHAPE, f"model of shape {vector.shape}, expected ({self.spec.dim},)"
+            )
+        if not np.all(np.isfinite(vector)):
+            raise Rejected(Reason.NON_FINITE, f"model from {msg.sender} has NaN or inf")
+        slot = self._inbox.setdefault(at, {})
+        if msg.sender in slot:
+            raise Rejected(
+                Reason.DUPLICATE,
+                f"second model from {msg.sender} for round {msg.round} step {msg.step}",
+            )
+        slot[msg.sender] = vector

@@ -1,0 +1,184 @@
+"""What an agent holds of a session, apart from the protocol that moves it (`privnet.agent.node`).
+
+Opening a Setup (its sealed Config, the neighbours' keys, the models it may resume from),
+carrying a session over to its next view, sealing what goes to the orchestrator (telemetry,
+escrowed link keys), and the peer frames that wait for a view: all of it is bookkeeping the
+node's phases only call, so it lives here and the node reads as the protocol.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from privnet.agent import control, keys, wire
+from privnet.agent.core import AgentCore
+from privnet.agent.links import Links
+from privnet.agent.messages import Reason, Rejected, Report
+from privnet.agent.protocol import (
+    Checkpoint,
+    Traffic,
+    escrow_context,
+    setup_context,
+    telemetry_context,
+)
+from privnet.agent.spec import AgentSpec
+
+EARLY_COUNT = 4096  # peer frames kept while no session is configured...
+EARLY_BYTES = 16 << 20  # ...and their bytes; beyond either, dropped as "overflow"
+RECENT = 64  # rounds a Rejoin offers (`offered`)
+
+
+@dataclass(frozen=True)
+class Sealing:
+    """Who seals and for whom: this agent of this run, and its orchestrator's key."""
+
+    run: str
+    me: int
+    orchestrator: keys.PublicIdentity
+
+
+@dataclass
+class Session:
+    number: int
+    view: int
+    config: control.Config
+    core: AgentCore
+    links: Links
+    history: dict[int, np.ndarray]  # round -> own model after it, on this view's branch
+    started: float = 0.0
+    reports: list[Report] = field(default_factory=list)  # telemetry not yet sealed
+    traffic: Traffic = field(default_factory=Traffic)
+    finished: Counter[str] = field(default_factory=Counter)  # rejections in a voided Finished
+
+    def next_view(
+        self,
+        view: int,
+        config: control.Config,
+        core: AgentCore,
+        links: Links,
+        history: dict[int, np.ndarray],
+    ) -> Session:
+        """The next view of this session: traffic, started time and the unsent telemetry
+        of rounds that stand (up to the one resumed from) carry over."""
+        stand = [r for r in self.reports if r.round <= config.resume]
+        return Session(
+            self.number, view, config, core, links, history, self.started, stand, self.traffic
+        )
+
+    def checkpoint(self, sealing: Sealing, every: int) -> Checkpoint:
+        kept = {r: w for r, w in self.history.items() if r % every == 0}
+        return Checkpoint(sealing.run, sealing.me, self.number, kept)
+
+    def telemetry(self, sealing: Sealing) -> control.Telemetry:
+        """Seal the batch of true models to the orchestrator: no plaintext model on the wire."""
+        reports, self.reports = self.reports, []
+        last = reports[-1].round
+        sealed = keys.seal(
+            sealing.orchestrator.static,
+            wire.encode_reports(reports),
+            telemetry_context(sealing.run, sealing.me, self.number, self.view, last),
+        )
+        return control.Telemetry(sealing.me, self.number, self.view, last, sealed)
+
+    def escrow(self, sealing: Sealing) -> control.Escrow:
+        """The view's link keys, sealed to the orchestrator: the audit opens the frames."""
+        sealed = keys.seal(
+            sealing.orchestrator.static,
+            wire.encode_link_keys(self.links.keys),
+            escrow_context(sealing.run, sealing.me, self.number, self.view),
+        )
+        return control.Escrow(sealing.me, self.number, self.view, sealed)
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A Setup's sealed Config, opened and checked, with the links it keys."""
+
+    config: control.Config
+    directory: dict[int, keys.PublicIdentity]
+    links: Links
+
+
+def open_setup(setup: control.Setup, identity: keys.Identity, run: str) -> Opened:
+    """The Config sealed to this agent for the Setup's view, or Rejected."""
+    me = setup.agent
+    try:
+        context = setup_context(run, me, setup.session, setup.view)
+        plain = keys.open_sealed(identity.static, setup.sealed, context)
+    except keys.BadKey as exc:
+        raise Rejected(Reason.BAD_SEAL, f"Setup: {exc}") from exc
+    config = wire.decode_config(plain)
+    spec = config.spec
+    if spec.agent != me or spec.view != setup.view:
+        raise Rejected(
+            Reason.SCHEMA,
+            f"Config for agent {spec.agent} view {spec.view} sealed to agent {me} "
+            f"for view {setup.view}",
+        )
+    try:
+        directory = {m: keys.PublicIdentity.from_bytes(b) for m, b in config.directory.items()}
+        if missing := sorted(spec.neighbours - directory.keys()):
+            raise keys.BadKey(f"no identity key for neighbours {missing}")
+        view = spec.view if config.seal_links else None
+        link_keys = {
+            m: keys.link_key(identity, pub, spec.session, me, m, view=view)
+            for m, pub in directory.items()
+            if m in spec.neighbours  # peer frames travel only between neighbours
+        }
+    except keys.BadKey as exc:
+        raise Rejected(Reason.BAD_KEY, f"Config directory: {exc}") from exc
+    links = Links(run, me, spec.dim, spec.view, link_keys, sealed=config.seal_links)
+    return Opened(config, directory, links)
+
+
+def history_for(
+    current: Session | None, checkpoint: Checkpoint | None, number: int, spec: AgentSpec
+) -> dict[int, np.ndarray]:
+    """The models an agent may resume from in session `number`: this session's, a
+    restarted agent's checkpoint of it, or the initial model."""
+    if current is not None and current.number == number:
+        return current.history
+    if checkpoint is not None and checkpoint.session == number:
+        return dict(checkpoint.models)
+    w0 = np.array(spec.w0, dtype=np.float64) if spec.w0 else np.zeros(spec.dim)
+    return {0: w0}
+
+
+def offered(rounds: list[int]) -> tuple[int, ...]:
+    """What a Rejoin offers of the (sorted) rounds held: at most RECENT, the latest half
+    and the older ones evenly spread. A run resumed after its orchestrator died goes back to
+    the last round that orchestrator recorded, which may lie far behind the latest held."""
+    if len(rounds) <= RECENT:
+        return tuple(rounds)
+    half = RECENT // 2
+    older = rounds[:-half]
+    step = (len(older) - 1) / (half - 1)
+    return tuple([older[round(n * step)] for n in range(half)] + rounds[-half:])
+
+
+@dataclass(frozen=True, slots=True)
+class EarlyFrame:
+    sender: int
+    payload: bytes
+
+
+@dataclass
+class Early:
+    """Peer frames that came before the view that can authenticate them (bounded)."""
+
+    frames: list[EarlyFrame] = field(default_factory=list)
+    size: int = 0  # their bytes
+
+    def keep(self, sender: int, payload: bytes) -> None:
+        if len(self.frames) >= EARLY_COUNT or self.size + len(payload) > EARLY_BYTES:
+            raise Rejected(Reason.OVERFLOW, f"more than {EARLY_COUNT} early peer frames")
+        self.frames.append(EarlyFrame(sender, payload))
+        self.size += len(payload)
+
+    def take(self) -> list[EarlyFrame]:
+        """Every frame kept, in order; none are kept after."""
+        frames, self.frames, self.size = self.frames, [], 0
+        return frames

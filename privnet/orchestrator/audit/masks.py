@@ -1,0 +1,185 @@
+"""What the masks and the noise did on the wire: the law `wire - true` should follow, and
+that the pairwise masks cancel at every hub.
+
+The noise check is statistical (a KS test against the scheme's Laplace law); the
+cancellation check is exact, because every term is taken on the noise lattice as the hub
+takes it (`rng.on_lattice`), so a residual other than 0 is a bug, not rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from privnet.agent import rng
+from privnet.agent.core import Seat, split_senders
+from privnet.agent.spec import Scheme
+from privnet.orchestrator.audit.views import Part, senders
+from privnet.orchestrator.replay import Replay, SessionWire
+
+LAW = {
+    Scheme.NONE: "no noise",
+    Scheme.RANDOM: "Laplace(0, b) per coordinate, every directed link",
+    Scheme.GHP: "Laplace(0, b) per coordinate, one g_m per sender and round",
+    Scheme.LOCAL_GHP: "(wire - true) * a_mk ~ Laplace(0, b) for N+ senders with one partner",
+    Scheme.MASKED_GHP: (
+        "(wire - release) * a_mk ~ Laplace(0, b) for N+ senders with one partner, and "
+        "release - true ~ Laplace(0, b), one g_m per sender and round"
+    ),
+}
+
+
+@dataclass
+class Noise:
+    """wire - true as the scheme's law predicts it: KS samples, and the masks' power check."""
+
+    samples: np.ndarray
+    power: float = 0.0  # masked: sum over every seat of ||(wire - release) a_mk||^2
+    expected_power: float = 0.0  # ... and its expectation, partners * sigma_g^2 per coordinate
+
+
+def _seats(A: np.ndarray, hub: int) -> dict[int, Seat]:
+    sending = senders(A, hub)
+    return split_senders(sending, hub) if sending else {}
+
+
+def noise_samples(
+    scheme: Scheme, parts: Sequence[Part], seen: SessionWire, truth: Replay, sigma_g: float
+) -> Noise:
+    """random: every link's wire - true; ghp: one per sender and round (g_m is the same on
+    all links); masked schemes: (wire - release) * a_mk of N+ senders with a single partner,
+    so each pair's mask counts once, and for masked-ghp its release - true as ghp's. A
+    redone round counts once more only for the masks: random and ghp draw the same seeded
+    noise again, masks are fresh in every view."""
+    samples: list[np.ndarray] = []
+    noise = Noise(np.zeros(0))
+    once: set[tuple[int, ...]] = set()
+    seats = {
+        part.view.view: (part.A, {hub: _seats(part.A, hub) for hub in range(part.A.shape[0])})
+        for part in parts
+    }
+    for (v, s, r, i, j), vector in sorted(seen.views.items()):
+        true = truth.views.get((v, s, i, j))
+        if true is None or scheme is Scheme.NONE or v not in seats:
+            continue
+        release = truth.released[(v, s, r, i, j)] if scheme.masked else vector
+        if scheme is not Scheme.LOCAL_GHP:
+            draw = (s, r, i, j) if scheme is Scheme.RANDOM else (s, i)
+            if draw not in once:
+                once.add(draw)
+                samples.append(release - rng.snap(true, sigma_g))
+        if not scheme.masked:
+            continue
+        A, at = seats[v]
+        seat = at[r].get(s)
+        if seat is None:  # no link of this view's matrix: unmatched
+            continue
+        scaled = (vector - release) * A[s, r]
+        noise.power += float(scaled @ scaled)
+        noise.expected_power += len(seat.partners) * sigma_g**2 * scaled.size
+        if seat.side == 1 and len(seat.partners) == 1:
+            samples.append(scaled)
+    noise.samples = np.concatenate(samples) if samples else np.zeros(0)
+    return noise
+
+
+def noise_report(scheme: Scheme, noise: Noise, sigma_g: float) -> dict[str, Any]:
+    """KS test of the samples against Laplace(0, b), b = sigma_g / sqrt(2)."""
+    b = sigma_g / math.sqrt(2)
+    result: dict[str, Any] = {
+        "expected": f"{LAW[scheme]}; b = sigma_g/sqrt(2) = {b:.6g}",
+        "samples": int(noise.samples.size),
+        "ks_statistic": None,
+        "p_value": None,
+        "variance_ratio": None,
+    }
+    if noise.samples.size and b > 0:
+        test = stats.kstest(noise.samples, "laplace", args=(0.0, b))
+        result.update(
+            ks_statistic=float(test.statistic),
+            p_value=float(test.pvalue),
+            variance_ratio=float(np.mean(noise.samples**2) / sigma_g**2),
+        )
+    if noise.expected_power > 0:
+        result["variance_ratio_all_seats"] = noise.power / noise.expected_power
+    return result
+
+
+def cancellation(
+    part: Part, seen: SessionWire, truth: Replay, step: int, sigma_g: float
+) -> tuple[dict[str, Any], int]:
+    """Max over hubs and rounds of one view of |wire combination - true combination| /
+    |true combination|, with the view's matrix, each term on the lattice as the hub takes
+    it (so this is 0); and how many hub-rounds the next view redid before they were
+    complete (never combined, nothing to check).
+
+    The hub's own term is not on the wire; it is its release (from the truth), except at a
+    fallback hub (one other neighbour), whose own term carries the pair's mask: there the
+    cancellation happens inside the hub and is not observable on the wire.
+    """
+    grid = rng.grid(sigma_g)
+    worst, checked, fallback, missing, not_combined = 0.0, 0, [], 0, 0
+    for hub in range(part.A.shape[0]):
+        sending = senders(part.A, hub)
+        if len(sending) == 1:
+            fallback.append(hub)
+        if len(sending) < 2:
+            continue
+        for i in range(part.view.start, part.last + 1):
+            try:
+                gap = _residual(part, seen, truth, (hub, i, step), sending, grid)
+            except KeyError:
+                if i <= part.end:
+                    missing += 1
+                else:
+                    not_combined += 1
+                continue
+            worst, checked = max(worst, gap), checked + 1
+    report = {
+        "max": worst,
+        "hub_rounds_checked": checked,
+        "hub_rounds_missing_messages": missing,
+        "not_observable_fallback_hubs": fallback,
+    }
+    return report, not_combined
+
+
+def _residual(
+    part: Part,
+    seen: SessionWire,
+    truth: Replay,
+    at: tuple[int, int, int],
+    sending: list[int],
+    grid: float,
+) -> float:
+    """One hub-round (hub, round, step): the wire's combination against the true one,
+    relative; KeyError when a term of it is missing."""
+    (hub, i, step), A, v = at, part.A, part.view.view
+    own = rng.on_lattice(truth.released[(v, hub, hub, i, step)], A[hub, hub], grid)
+    on_wire = sum(
+        rng.on_lattice(seen.views[(v, m, hub, i, step)], A[m, hub], grid) for m in sending
+    )
+    true = sum(
+        rng.on_lattice(truth.released[(v, m, hub, i, step)], A[m, hub], grid) for m in sending
+    )
+    combined = own + true
+    scale = max(float(np.linalg.norm(combined)), 1e-300)
+    return float(np.linalg.norm(own + on_wire - combined)) / scale
+
+
+def merge(reports: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The cancellation reports of a session's views as one."""
+    done = list(reports)
+    return {
+        "max": max(r["max"] for r in done),
+        "hub_rounds_checked": sum(r["hub_rounds_checked"] for r in done),
+        "hub_rounds_missing_messages": sum(r["hub_rounds_missing_messages"] for r in done),
+        "not_observable_fallback_hubs": sorted(
+            {h for r in done for h in r["not_observable_fallback_hubs"]}
+        ),
+    }

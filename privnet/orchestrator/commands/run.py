@@ -1,0 +1,159 @@
+"""`privnet run` (a real network: its flags checked, and made the engine's `RunOptions`)
+and `privnet view` (a run's directory in the live view's page)."""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+
+from privnet.agent.spec import ConfigError, Scheme, Strategy
+from privnet.orchestrator.commands.experiment import experiment, out_dir
+from privnet.orchestrator.engines.options import LOCALHOST, RunOptions
+from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.terminal import console
+
+
+def run(args: argparse.Namespace, config: ExperimentConfig) -> int:
+    """The net engine on the experiment, with the options the flags give."""
+    from privnet.agent.loop import run_loop
+    from privnet.orchestrator.engines.net import run_network
+
+    options = run_options(args)
+    if options.view:
+        check_view_host(options.view_host)  # a warning: once every check has passed
+    out = options.resume
+    if out is None:
+        out = out_dir(args, config, "run", private=True)
+    # Built before the event loop, where a stop signal ends it at once: nothing has started.
+    return run_loop(run_network(Problem.build(config), options, out))
+
+
+def run_options(args: argparse.Namespace) -> RunOptions:
+    """The engine's options from `privnet run`'s flags: the one place a flag becomes one
+    (`args.secret_seed` is `run_config`'s)."""
+    return RunOptions(
+        broker=args.broker,
+        tls=args.tls,
+        ca_file=args.ca_file,
+        prepared=args.prepared,
+        external_agents=args.external_agents,
+        hosts=args.hosts,
+        launch_dir=args.launch_dir,
+        run_name=args.run_name,
+        deadline=args.deadline,
+        audit=bool(args.audit),
+        runtime=args.runtime,
+        image=args.image,
+        agents_per_process=args.agents_per_process,
+        restart=args.restart,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        faults=args.faults,
+        telemetry=not args.no_telemetry,
+        view=args.view,
+        view_port=args.view_port,
+        view_host=args.view_host,
+        neighbour=args.neighbour if args.account else None,
+        secret_seed=args.secret_seed,
+    )
+
+
+def run_config(args: argparse.Namespace) -> ExperimentConfig:
+    """`privnet run`'s experiment, every run flag checked.
+
+    The seed determines every agent's data: unless the user picks one, it is a secret
+    drawn here (`args.secret_seed`), kept in the run's secrets.json (0600), sealed in each
+    agent's Setup and never written where others may read it."""
+    from privnet.orchestrator.engines import journal
+
+    if args.resume is not None:  # the interrupted run's experiment, secret seed included
+        try:
+            config = journal.config(args.resume)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        args.secret_seed = journal.secret_seed(args.resume)
+    else:
+        drawn = secrets.randbits(63)
+        base = ExperimentConfig(
+            strategies=(Strategy.ATC,), schemes=(Scheme.LOCAL_GHP,), repeats=1, seed=drawn
+        )
+        config = experiment(args, base, drawn)
+        args.secret_seed = config.seed == drawn
+    options = run_options(args)
+    _check_runtime(options)
+    _check_view(options)
+    from privnet.orchestrator.faults import parse_faults
+
+    parse_faults(options.faults or "", config.agents)
+    for flag, path in (("--ca-file", options.ca_file), ("--prepared", options.prepared)):
+        if path is not None and not path.is_file():
+            raise ConfigError(f"{flag} {path}: no such file")
+    return config
+
+
+def _check_runtime(options: RunOptions) -> None:
+    """The broker asked for exists; --runtime docker and swarm get only the flags they can
+    honour."""
+    from privnet.agent.access import BrokerAddress
+    from privnet.broker.launcher import KINDS, has_mosquitto
+
+    if options.broker == "mosquitto" and not has_mosquitto():
+        raise ConfigError(
+            "mosquitto is not installed: install it (apt-get install mosquitto) or use "
+            "--broker embedded"
+        )
+    if options.broker not in KINDS:
+        BrokerAddress.parse(options.broker)
+    if options.runtime not in ("docker", "swarm"):
+        return
+    given = {
+        "--broker": options.broker != "auto",
+        "--external-agents": options.external_agents,
+        "--tls": options.tls,
+        "--ca-file": options.ca_file is not None,
+        "--agents-per-process": options.agents_per_process != 1,
+    }
+    if any(given.values()):
+        raise ConfigError(
+            f"--runtime {options.runtime} starts its own broker (plain TCP on the run's network) "
+            f"and agents: drop {', '.join(flag for flag, on in given.items() if on)}"
+        )
+
+
+def _check_view(options: RunOptions) -> None:
+    """--view-port and --view-host only mean something with --view."""
+    if not options.view:
+        given = {
+            "--view-port": options.view_port != 0,
+            "--view-host": options.view_host != LOCALHOST,
+        }
+        if any(given.values()):
+            flags = ", ".join(flag for flag, on in given.items() if on)
+            raise ConfigError(f"{flags} without --view: add --view to watch the run")
+    elif not options.view_host.strip():
+        raise ConfigError("--view-host '': give the address the page listens on, e.g. 127.0.0.1")
+
+
+def view(args: argparse.Namespace, _: None) -> int:
+    """Serve a run's directory through the live view's page until Ctrl-C."""
+    from privnet.agent.loop import run_loop
+    from privnet.orchestrator.view.server import serve_run
+
+    check_view_host(args.view_host)
+    return run_loop(serve_run(args.run_dir, args.view_host, args.view_port))
+
+
+def view_config(args: argparse.Namespace) -> None:
+    """The page reads the run directory itself, and says what it lacks."""
+    if not args.view_host.strip():
+        raise ConfigError("--host '': give the address the page listens on, e.g. 127.0.0.1")
+
+
+def check_view_host(host: str) -> None:
+    """Say so when the page is reachable beyond this machine (it still needs the token)."""
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(
+            f"[yellow]view:[/yellow] listening on {host}, beyond loopback: anyone who can reach "
+            "it and has the URL's token can read the run"
+        )

@@ -1,0 +1,167 @@
+"""What the conductor is given and what it records: stages, session plans, membership
+views, session results, a resume point. Plain data, shared by the conductor's parts and
+read by the engines, the live view, the audit and the journal."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+
+from privnet.agent import control
+from privnet.agent.problems import Share
+from privnet.agent.spec import AgentSpec
+
+REGISTER_DEADLINE = 120.0  # seconds from start for every agent to register
+
+
+class Stage(StrEnum):
+    REGISTERING = "registering"
+    CONFIGURING = "configuring"
+    RUNNING = "running"
+    HOLDING = "holding"
+    CLOSING = "closing"
+    DONE = "done"
+    FAILED = "failed"
+    CLOSED = "closed"
+
+
+BEATING = (Stage.CONFIGURING, Stage.RUNNING, Stage.HOLDING, Stage.CLOSING)
+IN_SESSION = (Stage.CONFIGURING, Stage.RUNNING, Stage.HOLDING)
+STALLS = 3  # views in a row that bring no round forward: then the run fails, saying why
+
+
+ViewSpecs = Callable[[frozenset[int]], list[AgentSpec]]
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """One session: every agent's spec and its own problem spec (by agent id: the data
+    model and that agent's keys); `view_specs` gives the specs of a membership view
+    (weights on its graph)."""
+
+    label: str
+    specs: list[AgentSpec]
+    problems: tuple[Share, ...]
+    view_specs: ViewSpecs | None = None
+
+    @property
+    def rounds(self) -> int:
+        return self.specs[0].rounds
+
+    @property
+    def dim(self) -> int:
+        return self.specs[0].dim
+
+
+@dataclass(frozen=True)
+class View:
+    """One membership view: who runs `session` from round `start` on, and why it changed.
+
+    `resume[m]` is the round after which member m's own model is where it starts: start - 1
+    for members that carry on, an earlier round for one that comes back."""
+
+    session: int
+    view: int
+    start: int
+    members: tuple[int, ...]
+    reason: str
+    resume: dict[int, int] = field(default_factory=dict)
+    left: dict[int, str] = field(default_factory=dict)  # agent -> why it is out
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "session": self.session,
+            "view": self.view,
+            "start": self.start,
+            "members": list(self.members),
+            "reason": self.reason,
+            "resume": {str(m): r for m, r in self.resume.items()},
+            "left": {str(m): why for m, why in self.left.items()},
+        }
+
+    @classmethod
+    def from_json(cls, item: Mapping[str, Any]) -> View:
+        return cls(
+            int(item["session"]),
+            int(item["view"]),
+            int(item["start"]),
+            tuple(int(m) for m in item["members"]),
+            str(item["reason"]),
+            {int(m): int(r) for m, r in item.get("resume", {}).items()},
+            {int(m): str(w) for m, w in item.get("left", {}).items()},
+        )
+
+
+def add_counts(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """Count maps added key by key (zeros kept, unlike Counter's `+`)."""
+    total: Counter[str] = Counter()
+    for count in counts:
+        total.update(count)
+    return dict(total)
+
+
+@dataclass
+class SessionResult:
+    label: str
+    models: np.ndarray  # (rounds, P, M): every agent's true model after every round (NaN: missed)
+    finished: dict[int, control.Finished]
+    wall: float  # Go to last Finished
+    views: list[View] = field(default_factory=list)  # the session's membership views
+
+    def totals(self, field_name: str) -> dict[str, int]:
+        """One of Finished's count maps (rejected, bytes, messages), summed over agents."""
+        return add_counts(getattr(done, field_name) for done in self.finished.values())
+
+    @property
+    def counted(self) -> int:
+        """Rounds its counts (bytes, messages, `wall`) cover: every round, or of a session
+        `privnet run --resume` went on with, those from where it went on (the counts of the
+        rounds before died with the first run's agents)."""
+        resumed = self.views and self.views[0].reason == "resumed"
+        rounds: int = self.models.shape[0]
+        return rounds - (self.views[0].start - 1 if resumed else 0)
+
+    @property
+    def missed(self) -> dict[int, int]:
+        """Rounds whose model each agent did not report (out of the view, or lost)."""
+        counts = np.isnan(self.models[..., 0]).sum(axis=0) if self.models.size else []
+        return {m: int(n) for m, n in enumerate(counts) if n}
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a run started again goes on: the session it was in, the models of it the first
+    run received (rounds x P x M, NaN where none) and how many of its rounds it recorded
+    (every member's report in). The agents say which of their own models they hold
+    (checkpoints); the session goes on after the latest round all do and that the first run
+    recorded: agents that outlived their orchestrator ran on unrecorded, and are rewound."""
+
+    session: int
+    models: np.ndarray
+    recorded: int
+
+
+def view_session(session: bytes, view: int) -> bytes:
+    """The session id of a view: every key, MAC and mask of the view is bound to it, so
+    nothing of an earlier view is ever reused. View 0 keeps the session's own."""
+    if view == 0:
+        return session
+    return hashlib.sha256(b"privnet/view\0" + session + view.to_bytes(8, "big")).digest()[:16]
+
+
+def describe(view: View) -> str:
+    left = ", ".join(f"{m} ({why})" for m, why in view.left.items())
+    back = [m for m, r in view.resume.items() if r != view.start - 1]
+    parts = [f"session {view.session} view {view.view} from round {view.start}: {view.reason}"]
+    parts.append(f"{len(view.members)} members")
+    if left:
+        parts.append(f"out: {left}")
+    if back:
+        parts.append("back: " + ", ".join(f"{m} (from round {view.resume[m]})" for m in back))
+    return "; ".join(parts)

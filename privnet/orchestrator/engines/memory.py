@@ -1,0 +1,335 @@
+"""The `memory` engine: the whole protocol, control plane included, in one process.
+
+A `Network` is the conductor and one agent node per agent, wired to one `Router`: the
+in-process transport that routes published frames to subscribers by MQTT topic filter,
+first in, first out. The bytes are the bytes the MQTT shells publish (signed, sealed,
+MACed), so the memory engine checks the networked run's life cycle as well as its math,
+and the audit's replay, the overhead measurement and the tests all plug in here: a `tap`
+sees every publish, and anything `send` queues is delivered, an attacker's frames too.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from privnet.agent import keys
+from privnet.agent.core import AgentCore
+from privnet.agent.node import AgentNode, Launch
+from privnet.agent.protocol import Event, Output, Publish
+from privnet.agent.spec import Scheme, Strategy
+from privnet.orchestrator.conductor import (
+    Conductor,
+    SessionPlan,
+    SessionResult,
+    Stage,
+    View,
+    add_counts,
+)
+from privnet.orchestrator.experiment.problem import Problem, msd
+from privnet.orchestrator.experiment.specs import session_list, session_plans
+from privnet.orchestrator.results import Curve, RunFailed
+
+CONDUCTOR = "orchestrator"
+Tap = Callable[[str, Publish], None]  # (publisher, frame)
+Edit = Callable[[str, Publish], Publish | None]  # a frame in flight: replaced, or lost (None)
+
+
+class Endpoint(Protocol):
+    def receive(self, topic: str, payload: bytes, now: float) -> Output: ...
+    def unsubscribed(self, topic: str, now: float) -> Output: ...
+
+
+@dataclass(frozen=True)
+class _Unsubscribe:
+    """Queued like a frame: what was published before it still reaches the subscriber."""
+
+    topic: str
+
+
+class _Filters:
+    """MQTT topic filters indexed by level, so matching a topic costs its depth, not the
+    number of subscriptions (10,000 agents hold 30,000 of them). Matches come back in
+    subscription order, once per subscriber, as a broker delivers them."""
+
+    def __init__(self) -> None:
+        self._root: dict[str, Any] = {}
+        self._seq = 0
+
+    def add(self, pattern: str, name: str, endpoint: Endpoint) -> None:
+        node = self._root
+        for level in pattern.split("/"):
+            node = node.setdefault(level, {})
+        self._seq += 1
+        node.setdefault(_HERE, {}).setdefault(name, (self._seq, endpoint))
+
+    def remove(self, pattern: str, name: str) -> Endpoint:
+        node = self._root
+        for level in pattern.split("/"):
+            node = node[level]
+        return node[_HERE].pop(name)[1]
+
+    def match(self, topic: str) -> list[tuple[str, Endpoint]]:
+        found: dict[str, tuple[int, Endpoint]] = {}
+        levels = topic.split("/")
+        nodes = [self._root]
+        for level in levels:
+            below = []
+            for node in nodes:
+                if "#" in node:
+                    self._take(node["#"], found)
+                if level in node:
+                    below.append(node[level])
+                if "+" in node:
+                    below.append(node["+"])
+            nodes = below
+        for node in nodes:
+            self._take(node, found)
+            if "#" in node:  # "a/#" matches "a" too
+                self._take(node["#"], found)
+        return [(name, ep) for name, (_, ep) in sorted(found.items(), key=lambda x: x[1][0])]
+
+    @staticmethod
+    def _take(node: dict[str, Any], found: dict[str, tuple[int, Endpoint]]) -> None:
+        for name, entry in node.get(_HERE, {}).items():
+            if name not in found or entry[0] < found[name][0]:
+                found[name] = entry
+
+
+_HERE = "\0subscribers"  # no topic level contains a NUL
+
+
+@dataclass
+class Router:
+    """Topic routing between named endpoints, FIFO: a broker without the sockets."""
+
+    tap: Tap | None = None
+    edit: Edit | None = None  # tests: lose or tamper with frames in flight
+    clock: Callable[[], float] = time.perf_counter
+    events: list[tuple[str, Event]] = field(default_factory=list)
+    _filters: _Filters = field(default_factory=_Filters)
+    _routes: dict[str, tuple[int, list[tuple[str, Endpoint]]]] = field(default_factory=dict)
+    _generation: int = 0  # bumped by every (un)subscription: cached routes go stale
+    _queue: deque[tuple[str, Publish | _Unsubscribe]] = field(default_factory=deque)
+
+    def attach(self, name: str, endpoint: Endpoint, subscriptions: Iterable[str]) -> None:
+        for pattern in subscriptions:
+            self._filters.add(pattern, name, endpoint)
+        self._generation += 1
+
+    def send(self, publisher: str, out: Output) -> None:
+        """Queue what `publisher` published; note what happened to it."""
+        self._queue.extend((publisher, frame) for frame in out.publish)
+        self._queue.extend((publisher, _Unsubscribe(u.pattern)) for u in out.unsubscribe)
+        if out.events:
+            self.events += [(publisher, event) for event in out.events]
+
+    def drain(self) -> None:
+        """Deliver until nothing is left to deliver."""
+        while self._queue:
+            publisher, sent = self._queue.popleft()
+            if isinstance(sent, _Unsubscribe):
+                self._unsubscribe(publisher, sent.topic)
+                continue
+            frame = sent if self.edit is None else self.edit(publisher, sent)
+            if frame is None:
+                continue
+            if self.tap is not None:
+                self.tap(publisher, frame)
+            for name, endpoint in self._subscribers(frame.topic):
+                self.send(name, endpoint.receive(frame.topic, frame.payload, self.clock()))
+
+    def _unsubscribe(self, name: str, pattern: str) -> None:
+        endpoint = self._filters.remove(pattern, name)
+        self._generation += 1
+        self.send(name, endpoint.unsubscribed(pattern, self.clock()))
+
+    def _subscribers(self, topic: str) -> list[tuple[str, Endpoint]]:
+        cached = self._routes.get(topic)
+        if cached is not None and cached[0] == self._generation:
+            return cached[1]
+        route = self._filters.match(topic)
+        self._routes[topic] = (self._generation, route)
+        return route
+
+
+@dataclass
+class Network:
+    """A run in memory: the conductor and the nodes on one Router."""
+
+    conductor: Conductor
+    nodes: list[AgentNode]
+    router: Router
+
+    @classmethod
+    def build(
+        cls,
+        plans: list[SessionPlan],
+        *,
+        core: Callable[..., AgentCore] = AgentCore,
+        tap: Tap | None = None,
+        deadline: float = 30.0,
+        telemetry: bool = True,
+        run: str = "memory",
+        script: Iterable[View] | None = None,
+        seal_links: bool = True,
+        escrow: bool = False,
+    ) -> Network:
+        """Fresh identities and launch tokens for every party, as `privnet run` makes them."""
+        agents = len(plans[0].specs)
+        orchestrator = keys.Identity.generate()
+        tokens = {p: secrets.token_bytes(32) for p in range(agents)}
+        conductor = Conductor(
+            run,
+            orchestrator,
+            tokens,
+            plans,
+            deadline=deadline,
+            telemetry=telemetry,
+            script=script,
+            seal_links=seal_links,
+            escrow=escrow,
+        )
+        nodes = [
+            AgentNode(
+                Launch(run, p, orchestrator.public, tokens[p]), keys.Identity.generate(), core
+            )
+            for p in range(agents)
+        ]
+        router = Router(tap)
+        router.attach(CONDUCTOR, conductor, conductor.subscriptions)
+        for node in nodes:
+            router.attach(f"agent-{node.me}", node, node.subscriptions)
+        return cls(conductor, nodes, router)
+
+    def start(self) -> None:
+        now = self.router.clock()
+        self.router.send(CONDUCTOR, self.conductor.start(now))
+        for node in self.nodes:
+            self.router.send(f"agent-{node.me}", node.start(now))
+
+    def play(self) -> list[SessionResult]:
+        """Every session to the end, then Bye; RunFailed if the conductor gave up."""
+        self.start()
+        self.router.drain()
+        if self.conductor.stage is not Stage.DONE:
+            stuck = [n.me for n in self.nodes if n.phase.value != "finished"]
+            raise RunFailed(
+                self.conductor.failure
+                or f"the run stopped in stage {self.conductor.stage}; agents {stuck} are stuck"
+            )
+        self.router.send(CONDUCTOR, self.conductor.bye())
+        self.router.drain()
+        return self.conductor.results
+
+
+def run_session(problem: Problem, strategy: Strategy, scheme: Scheme, repeat: int) -> SessionResult:
+    """One session through conductor and nodes: its models, bytes, messages, views."""
+    plans = session_plans(problem, [(strategy, scheme, repeat)])
+    return Network.build(plans, seal_links=problem.config.seal_links).play()[0]
+
+
+def run_memory(
+    problem: Problem,
+    strategies: Iterable[Strategy] | None = None,
+    schemes: Iterable[Scheme] | None = None,
+    progress: Callable[[int], None] | None = None,
+    models: dict[str, np.ndarray] | None = None,
+) -> list[Curve]:
+    """Every strategy x scheme x repeat through conductor and nodes; one Curve per pair,
+    with what the wire cost (the bytes the agents' shells would publish). `models` gets
+    every session's models, (iters, P, M), by its label (`atc/none/0`)."""
+    c = problem.config
+    curves = []
+    for strategy in strategies or c.strategies:
+        for scheme in schemes or c.schemes:
+            results = []
+            for r in range(c.repeats):
+                results.append(run_session(problem, strategy, scheme, r))
+                if models is not None:
+                    models[results[-1].label] = results[-1].models
+                if progress:
+                    progress(1)
+            curves.append(results_curve(problem, str(strategy), str(scheme), results))
+    return curves
+
+
+def curve_of(
+    problem: Problem,
+    strategy: str,
+    scheme: str,
+    runs: list[np.ndarray],
+    rounds_per_s: float,
+    extra: dict | None = None,
+) -> Curve:
+    """MSD (and testing errors, for classification) over repeats of models (T, P, M)."""
+    cent = np.zeros((len(runs), problem.config.iters))
+    avg = np.zeros_like(cent)
+    scored = np.zeros((2, *cent.shape))
+    for r, models in enumerate(runs):
+        for i, w in enumerate(models):
+            cent[r, i], avg[r, i] = msd(w, problem.w_opt[r], problem.q)
+        tested = problem.scores(models)
+        if tested is not None:
+            scored[:, r] = tested
+    series = {name: scored[n] for n, name in enumerate(problem.metric_series)}
+    return Curve(strategy, scheme, cent, avg, rounds_per_s, extra or {}, series)
+
+
+def results_curve(
+    problem: Problem, strategy: str, scheme: str, results: list[SessionResult]
+) -> Curve:
+    """MSD over repeats plus what the wire cost, from the sessions of one strategy x scheme."""
+    wall = sum(res.wall for res in results)
+    traffic = add_counts(res.totals("bytes") for res in results)
+    messages = add_counts(res.totals("messages") for res in results)
+    rejected = add_counts(res.totals("rejected") for res in results)
+    rounds = sum(res.counted for res in results)  # fewer than iters x repeats after --resume
+    per_round = {k: v / rounds for k, v in traffic.items() if k != "control"}
+    extra = {
+        "bytes": traffic,
+        "messages": messages,
+        "rejected": rejected,
+        "bytes_per_round": sum(per_round.values()),
+        # what privacy costs, as `privnet overhead` defines it: peer-plane bytes per round
+        "peer_bytes_per_round": (traffic.get("model", 0) + traffic.get("keys", 0)) / rounds,
+        "bytes_per_round_by_category": per_round,
+        "rounds_counted": rounds,  # what bytes, messages, wall and rounds/s cover
+        "wall_s": wall,
+        # where membership changed (a mark on the MSD plot): [round, why] per session
+        "views": sorted({(v.start, v.reason) for r in results for v in r.views if v.start > 1}),
+    }
+    models = [res.models for res in results]
+    return curve_of(problem, strategy, scheme, models, rounds / max(wall, 1e-9), extra)
+
+
+def results_curves(problem: Problem, results: list[SessionResult]) -> list[Curve]:
+    """One Curve per strategy x scheme from a conductor's sessions, in `session_list` order."""
+    c = problem.config
+    curves, at = [], 0
+    for strategy in c.strategies:
+        for scheme in c.schemes:
+            chunk = results[at : at + c.repeats]
+            at += c.repeats
+            curves.append(results_curve(problem, str(strategy), str(scheme), chunk))
+    return curves
+
+
+def replay(
+    problem: Problem, membership: list[View], models: dict[str, np.ndarray] | None = None
+) -> list[Curve]:
+    """Every session of a run, applying its recorded membership views at their rounds (a
+    faulty network run, reproduced in memory: same config and seed, same trajectories).
+    `models` gets every session's models by its label."""
+    plans = session_plans(problem, session_list(problem.config))
+    network = Network.build(plans, script=membership, seal_links=problem.config.seal_links)
+    results = network.play()
+    if models is not None:
+        models.update((r.label, r.models) for r in results)
+    return results_curves(problem, results)

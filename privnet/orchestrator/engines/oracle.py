@@ -1,0 +1,366 @@
+"""The oracle engine: the paper's matrix recursion (eq. extRec) on whole-network arrays.
+
+It shares no code with the agent state machine, only the public inputs every engine uses
+(the Problem's risks, privnet.agent.rng's streams, the per-agent keys of experiment.seeds, the
+data), so when the net and memory engines agree with it, the agent core computes the
+paper's algorithm. Per round, phi = C1(w); psi = C0(phi) - mu grad(phi); w = C2(psi), with
+C_j the privatized combine of A_j (see `_Combine`). Repeats and schemes run side by side in
+one (P, R, S, M) array, so a combine is one matmul for all of them, and the noise tables are
+drawn once per repeat, in chunks of rounds, each sender's rows from its own key.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from time import perf_counter
+
+import numpy as np
+
+from privnet.agent import rng
+from privnet.agent.spec import Scheme, Strategy
+from privnet.orchestrator.experiment import data, seeds
+from privnet.orchestrator.experiment.config import parse_choices
+from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.results import Curve
+
+CHUNK = 100  # rounds of noise and minibatch indices drawn at once; bounds memory
+
+
+def run_oracle(
+    problem: Problem,
+    strategies: Iterable[Strategy | str] | None = None,
+    schemes: Iterable[Scheme | str] | None = None,
+    progress: Callable[[int], None] | None = None,
+    models: dict[str, np.ndarray] | None = None,
+) -> list[Curve]:
+    """One Curve per (strategy, scheme), in the order strategies x schemes.
+
+    Defaults come from problem.config. `progress(n)` reports n more units done (one unit
+    per strategy, so n = 1 as each finishes; the memory engine reports the same way).
+    rounds_per_s is iters * repeats over the wall time of the strategy; all its schemes ran
+    in that time, so they share the figure. `models` gets every session's models, (iters,
+    P, M), by its label (`atc/none/0`), as the memory engine gives them.
+    """
+    config = problem.config
+    strategies = parse_choices(config.strategies if strategies is None else strategies, Strategy)
+    schemes = parse_choices(config.schemes if schemes is None else schemes, Scheme)
+    lanes = tuple(schemes)
+    grads = _Gradients(problem)
+    curves: list[Curve] = []
+    for strategy in strategies:
+        start = perf_counter()
+        kept: list[np.ndarray] | None = None if models is None else []
+        centroid, avg, errors = _run_strategy(problem, strategy, lanes, grads, kept)
+        rate = config.iters * config.repeats / (perf_counter() - start)
+        for scheme in schemes:
+            s = lanes.index(scheme)
+            if models is not None and kept is not None:
+                history = np.concatenate(kept)  # (T, P, R, S, M)
+                for r in range(config.repeats):
+                    models[f"{strategy}/{scheme}/{r}"] = history[:, :, r, s]
+            series = {name: e[s] for name, e in errors.items()}
+            curves.append(
+                Curve(strategy.value, scheme.value, centroid[s], avg[s], rate, {}, series)
+            )
+        if progress is not None:
+            progress(1)
+    return curves
+
+
+# The privatized combine C(x)_p per scheme, with G the noise table of the step and round
+# (row m: what sender m draws from its own key, (P, M) per row) and g_m = G[m, m]:
+#   none:       sum_m a_mp x_m
+#   random:     sum_m a_mp x_m + sum_{m != p} a_mp G[m, p]
+#   ghp:        sum_m a_mp x_m + sum_{m != p} a_mp g_m - (1 - a_pp) g_p
+#               (random and ghp: x rounded to the noise grid first, privnet.agent.rng.snap)
+#   local-ghp:  sum_m [a_mp x_m], [y] being y rounded to the noise grid (the lattice)
+#   masked-ghp: sum_{m != p} [a_mp (x_m + g_m)] + [a_pp x_p - (1 - a_pp) g_p] (x on the grid
+#               first): the pair masks of both cancel exactly on the lattice, so none is drawn.
+# An identity step adds no noise.
+@dataclass(frozen=True)
+class _Combine:
+    """A combine step whose matrix is not I, with the maps from a noise table to the noise
+    each receiver ends up adding (receiver-major, so each map is one array operation)."""
+
+    a_t: np.ndarray  # (P, P): A^T, so x -> A^T x
+    senders: np.ndarray  # (E,): m of every edge m -> p with m != p and a_mp > 0 ...
+    receivers: np.ndarray  # (E,): ... and its p; edges sorted by receiver
+    weights: np.ndarray  # (E,): a_mp of each edge
+    heard: np.ndarray  # receivers with at least one such edge ...
+    starts: np.ndarray  # ... and where their edges start
+    spread_ghp: np.ndarray  # (P, P): A^T with diagonal -(1 - a_pp), the self-term factor
+    every: _Edges  # every edge m -> p with a_mp > 0, self-terms included (lattice lanes)
+
+    @classmethod
+    def of(cls, a: np.ndarray) -> _Combine:
+        agents = a.shape[0]
+        receivers, senders = np.nonzero(((a > 0) & ~np.eye(agents, dtype=bool)).T)
+        heard = np.unique(receivers)
+        spread_ghp = a.T.copy()
+        np.fill_diagonal(spread_ghp, -(1.0 - np.diag(a)))
+        return cls(
+            np.ascontiguousarray(a.T),
+            senders,
+            receivers,
+            a[senders, receivers],
+            heard,
+            np.searchsorted(receivers, heard),
+            spread_ghp,
+            _Edges.of(a),
+        )
+
+    def noise(
+        self, lane: Scheme, table: np.ndarray, draw: Callable[[np.ndarray], np.ndarray]
+    ) -> np.ndarray:
+        """What each receiver adds under random or ghp, receiver-major (P, ..., M); under
+        masked-ghp, sender-major, each sender's own draw g_m (the lattice adds it per edge).
+
+        `table` is (..., P, P, M); `draw` turns just the entries the scheme reads (edges
+        m -> p, or the diagonal) into Laplace noise, so nothing else is transformed.
+        """
+        agents = len(self.a_t)
+        by_pair = np.moveaxis(table, (-3, -2), (0, 1))
+        if lane is Scheme.RANDOM:
+            edge = draw(by_pair[self.senders, self.receivers])  # (E, ..., M)
+            weighted = edge * self.weights.reshape(-1, *[1] * (edge.ndim - 1))
+            out = np.zeros((agents, *edge.shape[1:]))
+            out[self.heard] = np.add.reduceat(weighted, self.starts, axis=0)
+            return out
+        own = np.arange(agents)
+        g = draw(by_pair[own, own])  # (P, ..., M): g_m = G[m, m]
+        if lane is Scheme.MASKED_GHP:
+            return g
+        return (self.spread_ghp @ g.reshape(agents, -1)).reshape(g.shape)
+
+    def __call__(self, x: np.ndarray, noise: np.ndarray | None) -> np.ndarray:
+        mixed = (self.a_t @ x.reshape(x.shape[0], -1)).reshape(x.shape)
+        return mixed if noise is None else mixed + noise
+
+
+@dataclass(frozen=True)
+class _Edges:
+    """Every edge m -> p of A (a_mp > 0, m = p included), sorted by receiver: a combine
+    whose every term is rounded to the noise grid, as the masked schemes' hubs add."""
+
+    senders: np.ndarray  # (E,)
+    weights: np.ndarray  # (E,): a_mp
+    ghp: np.ndarray  # (E,): what g_m is multiplied by: 1, or -(1 - a_pp)/a_pp on p's own
+    starts: np.ndarray  # (P,): where each receiver's edges start
+
+    @classmethod
+    def of(cls, a: np.ndarray) -> _Edges:
+        receivers, senders = np.nonzero((a > 0).T)
+        weights = a[senders, receivers]
+        own = senders == receivers
+        ghp = np.where(own, -((1 - weights) / weights), 1.0)
+        return cls(senders, weights, ghp, np.searchsorted(receivers, np.arange(a.shape[0])))
+
+    def lattice(self, x: np.ndarray, g: np.ndarray | None, sigma_g: float) -> np.ndarray:
+        """sum_m [a_mp (x_m + c_mp g_m)] per receiver p, [.] rounded to the noise grid;
+        x and g are (P, ..., M), sender-major; g is None for local-ghp."""
+        shape = (-1, *[1] * (x.ndim - 1))
+        v = x[self.senders]
+        if g is not None:
+            v = v + self.ghp.reshape(shape) * g[self.senders]
+        terms = self.weights.reshape(shape) * v
+        step = rng.grid(sigma_g)
+        if step:
+            terms = step * np.rint(terms / step)
+        return np.add.reduceat(terms, self.starts, axis=0)
+
+
+class _Gradients:
+    """Every agent's gradient in every repeat, from the problem plug-in's own risks (the code
+    each agent runs): one risk over all agents and repeats at once when the plug-in
+    `stacks` and every agent holds as many samples, else one risk per agent and repeat.
+    Minibatch rows come from each agent's BATCH stream, a block of rounds at a time (agent
+    p's in round i: problems.minibatch of its share)."""
+
+    def __init__(self, problem: Problem) -> None:
+        c = problem.config
+        shares = [problem.specs(r) for r in range(c.repeats)]
+        parts = [data.parts(s) for s in shares]  # [r][p]: (x, y)
+        self.sizes = np.array([[len(y) for _, y in row] for row in parts]).T  # (P, R)
+        batch = c.batch or 0
+        self.batched = self.sizes > batch if batch else np.zeros(self.sizes.shape, dtype=bool)
+        self.rows = [
+            [rng.Rows(s.batch_key, rng.Domain.BATCH, 0, batch) for s in row] for row in shares
+        ]  # [r][p]
+        self.stacked = (
+            bool(getattr(problem.plugin, "stacks", False))
+            and len(np.unique(self.sizes)) == 1
+            and len(np.unique(self.batched)) == 1
+        )
+        plugin, classes = problem.plugin, problem.classes
+        if self.stacked:
+            x = np.array([[row[p][0] for row in parts] for p in range(c.agents)])  # (P, R, N, F)
+            y = np.array([[row[p][1] for row in parts] for p in range(c.agents)])  # (P, R, N)
+            self.risk = plugin.risk(x, y, classes)
+        else:
+            self.risks = [[plugin.risk(*row[p], classes) for row in parts] for p in range(c.agents)]
+        self.idx: dict[tuple[int, int], np.ndarray] = {}  # (p, r) -> (rounds, batch)
+
+    def load(self, first_round: int, rounds: int) -> None:
+        """This chunk's minibatch rows of every agent that draws them."""
+        self.idx = {
+            (p, r): rng.indices(self.rows[r][p].block(first_round, rounds), int(self.sizes[p, r]))
+            for p, r in zip(*np.nonzero(self.batched), strict=True)
+        }
+
+    def __call__(self, phi: np.ndarray, t: int) -> np.ndarray:
+        """The gradients at phi (P, R, S, M) in round t of the chunk."""
+        if self.stacked:
+            rows = None
+            if self.idx:
+                agents, repeats = self.sizes.shape
+                rows = np.array(
+                    [[self.idx[(p, r)][t] for r in range(repeats)] for p in range(agents)]
+                )
+            return self.risk.gradient(phi, rows)
+        out = np.empty_like(phi)
+        for (p, r), _ in np.ndenumerate(self.sizes):
+            rows = self.idx[(p, r)][t] if (p, r) in self.idx else None
+            out[p, r] = self.risks[p][r].gradient(phi[p, r], rows)
+        return out
+
+
+def _run_strategy(
+    problem: Problem,
+    strategy: Strategy,
+    lanes: tuple[Scheme, ...],
+    grads: _Gradients,
+    kept: list[np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Centroid and average MSD, each (S, R, T), of every lane and repeat of one strategy,
+    and the problem's test metric of the centroid and on average, each (S, R, T); `kept`
+    gets every chunk's models, (rounds, P, R, S, M)."""
+    config = problem.config
+    agents, repeats, dim, iters = config.agents, config.repeats, config.dim, config.iters
+    matrices = problem.matrices(strategy)
+    eye = np.eye(agents)
+    combines = {j: _Combine.of(a) for j, a in enumerate(matrices) if not np.array_equal(a, eye)}
+    noisy = config.sigma_g > 0 and any(lane in _DRAWS for lane in lanes)
+    keys = [seeds.keys(config.seed, seeds.Purpose.NOISE, r, agents) for r in range(repeats)]
+    streams = {  # streams[j][r][m]: sender m's noise rows of step j in repeat r
+        j: [[rng.Rows(key, rng.Domain.NOISE, j, agents * dim) for key in ks] for ks in keys]
+        for j in combines
+    }
+    centroid = np.empty((len(lanes), repeats, iters))
+    avg = np.empty_like(centroid)
+    names = problem.metric_series
+    errors = {name: np.empty_like(centroid) for name in names}
+    w = np.broadcast_to(problem.w0, (agents, repeats, len(lanes), dim)).copy()
+    side_by_side = _Lanes(lanes, config.sigma_g)
+
+    with np.errstate(over="ignore", invalid="ignore"):  # divergence is reported once, below
+        for first in range(1, iters + 1, CHUNK):
+            rounds = min(CHUNK, iters + 1 - first)
+            grads.load(first, rounds)
+            noise = {
+                j: _noise(c, streams[j], first, rounds, lanes, dim, config.sigma_g)
+                if noisy
+                else None
+                for j, c in combines.items()
+            }
+            history = np.empty((rounds, *w.shape))
+            for t in range(rounds):
+                phi = _apply(combines, noise, 1, w, t, side_by_side)
+                psi = _apply(combines, noise, 0, phi, t, side_by_side) - config.mu * grads(phi, t)
+                w = _apply(combines, noise, 2, psi, t, side_by_side)
+                history[t] = w
+            if kept is not None:
+                kept.append(history)
+            window = slice(first - 1, first - 1 + rounds)
+            centroid[..., window], avg[..., window] = _msd(history, problem.q, problem.w_opt)
+            if names:
+                by_model = history.transpose(0, 2, 3, 1, 4).reshape(-1, agents, dim)
+                tested = problem.scores(by_model) or ()
+                for name, values in zip(names, tested, strict=True):
+                    errors[name][..., window] = values.reshape(rounds, repeats, -1).transpose(
+                        2, 1, 0
+                    )
+    if np.isfinite(problem.w_opt).all() and not np.all(np.isfinite(avg)):  # NaN w^o: no MSD
+        warnings.warn(
+            f"{strategy}: the models diverged (MSD overflowed) with mu = {config.mu}; "
+            "lower mu until the recursion is stable",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return centroid, avg, errors
+
+
+def _msd(history: np.ndarray, q: np.ndarray, w_opt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Models (rounds, P, R, S, M) -> centroid and average MSD, each (S, R, rounds)."""
+    w_c = np.tensordot(q, history, axes=(0, 1))  # (rounds, R, S, M)
+    centroid = np.sum((w_c - w_opt[:, None, :]) ** 2, axis=-1)
+    avg = np.mean(np.sum((history - w_opt[:, None, :]) ** 2, axis=-1), axis=1)
+    return centroid.transpose(2, 1, 0), avg.transpose(2, 1, 0)
+
+
+_DRAWS = (Scheme.RANDOM, Scheme.GHP, Scheme.MASKED_GHP)  # the lanes that draw noise ...
+_SNAPS = _DRAWS  # ... and release their value rounded to the noise grid (rng.snap)
+
+
+@dataclass(frozen=True)
+class _Lanes:
+    """The schemes side by side on axis 2 of the state (P, R, S, M): how a combine treats
+    each of them."""
+
+    schemes: tuple[Scheme, ...]
+    sigma_g: float
+
+    def combine(self, c: _Combine, x: np.ndarray, table: np.ndarray | None) -> np.ndarray:
+        """One combine of every lane; `table` is the round's noise (None without noise)."""
+        if table is not None:
+            snaps = np.array([lane in _SNAPS for lane in self.schemes])[:, None]
+            x = np.where(snaps, rng.snap(x, self.sigma_g), x)
+        out = c(x, table)
+        for s, lane in enumerate(self.schemes):
+            if lane.masked:
+                g = table[:, :, s] if table is not None and lane is Scheme.MASKED_GHP else None
+                out[:, :, s] = c.every.lattice(x[:, :, s], g, self.sigma_g)
+        return out
+
+
+def _apply(
+    combines: dict[int, _Combine],
+    noise: dict[int, np.ndarray | None],
+    step: int,
+    x: np.ndarray,
+    t: int,
+    lanes: _Lanes,
+) -> np.ndarray:
+    """Combine step `step` of round t of the chunk; an identity step returns x itself."""
+    if step not in combines:
+        return x
+    table = noise[step]
+    return lanes.combine(combines[step], x, None if table is None else table[t])
+
+
+def _noise(
+    combine: _Combine,
+    streams: list[list[rng.Rows]],
+    first_round: int,
+    rounds: int,
+    lanes: tuple[Scheme, ...],
+    dim: int,
+    sigma_g: float,
+) -> np.ndarray:
+    """The noise each receiver adds in the combine step whose rows `streams` reads
+    (streams[r][m]: sender m's in repeat r), shape (rounds, P, R, S, M); for masked-ghp,
+    each sender's draw g_m."""
+    agents = len(combine.a_t)
+
+    def draw(raw: np.ndarray) -> np.ndarray:
+        return rng.laplace(rng.uniforms(raw), sigma_g)
+
+    out = np.zeros((rounds, agents, len(streams), len(lanes), dim))
+    for r, senders in enumerate(streams):
+        table = np.stack([rows.block(first_round, rounds) for rows in senders], axis=1)
+        by_sender = table.reshape(rounds, agents, agents, dim)
+        for s, lane in enumerate(lanes):
+            if lane in _DRAWS:
+                out[:, :, r, s] = combine.noise(lane, by_sender, draw).swapaxes(0, 1)
+    return out

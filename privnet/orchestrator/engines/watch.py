@@ -1,0 +1,236 @@
+"""What only the orchestrator's shell can see, fed to the conductor as it happens.
+
+`Watch` is the machine `privnet run` pumps: the conductor, plus the agents' processes (one
+that ends is an agent lost; with `--restart on-failure` it is started again, to rejoin),
+`--faults` injected at their rounds, and the run's files written as the run goes:
+`metrics.csv` gains every round once every member has completed it, `membership.json`
+every view, and the console a line per view. An orchestrator that dies mid-run leaves
+both files holding everything completed.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import signal
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from privnet.agent.launch import AgentLaunch
+from privnet.agent.protocol import Output
+from privnet.broker.launcher import Broker
+from privnet.orchestrator.conductor import IN_SESSION, Conductor, Stage, View
+from privnet.orchestrator.engines import journal
+from privnet.orchestrator.engines.docker import ContainerBroker
+from privnet.orchestrator.engines.launch import Launcher
+from privnet.orchestrator.experiment.problem import Problem, msd
+from privnet.orchestrator.faults import Fault
+from privnet.orchestrator.results import METRICS_HEADER
+from privnet.orchestrator.terminal import console
+
+POLL = 0.5  # how often child processes are checked
+
+
+class Watch:
+    """The conductor as the pump drives it, with the shell's eyes; see the module docstring."""
+
+    def __init__(
+        self,
+        conductor: Conductor,
+        pool: Launcher | None,
+        broker: Broker | ContainerBroker,
+        launches: Mapping[int, AgentLaunch],
+        problem: Problem,
+        out: Path,
+        faults: list[Fault] | None = None,
+        restart: bool = False,
+    ) -> None:
+        self.conductor, self.pool, self.broker = conductor, pool, broker
+        self.launches, self.problem, self.out = dict(launches), problem, out
+        self.faults, self.restart = list(faults or []), restart
+        self.restarts: dict[int, int] = {}  # agent -> times started again
+        self.injected: list[str] = []  # faults applied, with the round they hit
+        self._next_poll = 0.0
+        self._later: list[tuple[float, Callable[[], None]]] = []  # (when, action)
+        self._streamed = (-1, 0)  # (session, rounds written: every member reported them)
+
+    # ---- the Machine protocol (privnet.agent.driver.pump) ----------------------------------------
+
+    def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output:
+        out = self._seen(self.conductor.receive(topic, payload, now, retained))
+        self._inject(now)  # as soon as the round is known done, not at the next poll
+        return out
+
+    def unsubscribed(self, topic: str, now: float) -> Output:
+        return self.conductor.unsubscribed(topic, now)
+
+    def deaf(self, now: float) -> Output:
+        return self.conductor.deaf(now)
+
+    def next_tick(self) -> float | None:
+        times = [self.conductor.next_tick()]
+        if self.conductor.stage in (*IN_SESSION, Stage.REGISTERING):
+            times.append(self._next_poll)
+        times += [when for when, _ in self._later]
+        known = [t for t in times if t is not None]
+        return min(known) if known else None
+
+    def tick(self, now: float) -> Output:
+        out = Output()
+        if now >= self._next_poll and self.conductor.stage in (*IN_SESSION, Stage.REGISTERING):
+            self._next_poll = now + POLL
+            out += self._poll(now)
+            self._inject(now)
+        due = [action for when, action in self._later if when <= now]
+        self._later = [(when, action) for when, action in self._later if when > now]
+        for action in due:
+            action()
+        wake = self.conductor.next_tick()
+        if wake is not None and now >= wake:
+            out += self.conductor.tick(now)
+        return self._seen(out)
+
+    # ---- processes and faults ----------------------------------------------------------
+
+    def _poll(self, now: float) -> Output:
+        """Agents whose process ended are lost; with --restart on-failure, started again."""
+        if self.pool is None:
+            return Output()
+        out = Output()
+        ended = self.pool.exited()
+        for agent, how in sorted(ended.items()):
+            out += self.conductor.lost(agent, how, now)
+        if ended and self.restart and self.conductor.stage in IN_SESSION:
+            again = sorted(ended)
+            for agent in again:
+                self.restarts[agent] = self.restarts.get(agent, 0) + 1
+            rejoin = {p: replace(self.launches[p], rejoin=True) for p in again}
+            self.pool.restart(again, rejoin)
+            console.print(f"restarted agents {again}")
+        return out
+
+    def _inject(self, now: float) -> None:
+        if not self.faults:
+            return
+        done = self.conductor.rounds_done
+        while self.faults and self.faults[0].round <= done and self.conductor.stage in IN_SESSION:
+            fault = self.faults.pop(0)
+            self.injected.append(f"{fault} (at round {done})")
+            console.print(f"[yellow]fault:[/yellow] {fault} at round {done}")
+            if fault.kind == "broker":
+                self._broker_down(now, fault.seconds)
+            elif self.pool is not None and fault.agent is not None:
+                agent = fault.agent
+                if fault.kind == "kill":
+                    self.pool.signal(agent, signal.SIGKILL)
+                else:
+                    self.pool.signal(agent, signal.SIGSTOP)
+                    wake = (now + fault.seconds, lambda a=agent: self._cont(a))
+                    self._later.append(wake)
+
+    def _cont(self, agent: int) -> None:
+        if self.pool is not None:
+            self.pool.signal(agent, signal.SIGCONT)
+
+    def _broker_down(self, now: float, seconds: float) -> None:
+        if not isinstance(self.broker, Broker):
+            raise RuntimeError("--faults broker@ROUND needs a broker this run started")
+        self.broker.kill()
+        self._later.append((now + seconds, self.broker.restart))
+
+    # ---- files as the run goes ---------------------------------------------------------
+
+    def _seen(self, out: Output) -> Output:
+        for event in out.events:
+            if event.kind == "session-done":
+                result = self.conductor.results[-1]
+                journal.session_done(self.out, len(self.conductor.results) - 1, result)
+            elif event.kind == "view":
+                console.print(f"[cyan]membership:[/cyan] {event.detail}")
+                write_membership(self.out / "membership.json", self.conductor.membership)
+            elif event.kind in ("lost", "restarted"):
+                console.print(f"[yellow]{event.kind}:[/yellow] {event.detail}")
+        self._stream()
+        return out
+
+    @property
+    def reported(self) -> int:
+        """Rounds of the current session every member has reported (and metrics.csv has)."""
+        session, written = self._streamed
+        return written if session == self.conductor.session else 0
+
+    def _stream(self) -> None:
+        """Append the rounds every member has now completed to metrics.csv (the final
+        outputs rewrite it whole, with every series)."""
+        conductor = self.conductor
+        plan = conductor.current
+        if plan is None or conductor.stage not in IN_SESSION:
+            return
+        session, written = self._streamed
+        path = self.out / "metrics.csv"
+        strategy, scheme, repeat = plan.label.split("/")
+        if session != conductor.session:  # from its first view's start (a resumed session)
+            session, written = conductor.session, conductor.membership[-1].start - 1
+            journal.truncate(self.out, session, written, conductor.models.shape[1:])
+            if conductor.membership[-1].reason == "resumed" and path.exists():
+                _truncate_metrics(path, (strategy, scheme, repeat), written)  # it redoes them
+        done = reported(conductor, written)
+        if done <= written:
+            return
+        journal.rounds(self.out, session, conductor.models[written:done])
+        fresh = not path.exists() or (conductor.session == 0 and written == 0)
+        w_opt, q = self.problem.w_opt[int(repeat)], self.problem.q
+        with path.open("w" if fresh else "a", newline="") as fh:
+            writer = csv.writer(fh)
+            if fresh:
+                writer.writerow(METRICS_HEADER)
+            for r in range(written, done):
+                cen, avg = msd(conductor.models[r], w_opt, q)
+                writer.writerow((strategy, scheme, repeat, r + 1, repr(cen), repr(avg)))
+        self._streamed = (session, done)
+
+
+def _truncate_metrics(path: Path, series: tuple[str, str, str], keep: int) -> None:
+    """Drop the rows of `series` (strategy, scheme, repeat) after round `keep`."""
+    with path.open(newline="") as fh:
+        rows = list(csv.reader(fh))
+    whole = [row for row in rows[1:] if len(row) == len(rows[0])]  # a kill cuts a write short
+    kept = [row for row in whole if tuple(row[:3]) != series or int(row[3]) <= keep]
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", newline="") as fh:
+        csv.writer(fh).writerows([rows[0], *kept])
+    tmp.replace(path)
+
+
+def reported(conductor: Conductor, since: int = 0) -> int:
+    """Rounds (from the first) whose model every current member has reported, given that
+    the first `since` are: rows are looked at from there on, one at a time, so a call on
+    every delivery costs the few rows reported since the last."""
+    members = conductor.member_ids
+    done, rounds = since, conductor.models.shape[0]
+    while done < rounds and not np.isnan(conductor.models[done, members, 0]).any():
+        done += 1
+    return done
+
+
+def write_membership(path: Path, views: list[View]) -> None:
+    """Every view of the run, in order (`privnet simulate --membership` replays them)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    lines = ",\n ".join(json.dumps(v.to_json()) for v in views)  # a view per line
+    tmp.write_text(f"[{lines}]\n")
+    tmp.replace(path)
+
+
+def read_membership(path: Path) -> list[View]:
+    """The views of a membership.json; ValueError saying what is wrong."""
+    try:
+        items = json.loads(path.read_text())
+        if not isinstance(items, list):
+            raise ValueError("expected a list of views")
+        return [View.from_json(item) for item in items]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is not a privnet membership.json: {exc}") from None

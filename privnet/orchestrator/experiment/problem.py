@@ -1,0 +1,188 @@
+"""The fixed parts of an experiment every engine shares: graph, matrices, data, w^o.
+
+`Problem` is one experiment's instance: its graph and combination matrices, and its
+`plugin`, the learning problem (privnet.agent.problems) every agent solves on its share of the data.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+import networkx as nx
+import numpy as np
+
+from privnet.agent import problems, wire
+from privnet.agent.problems import LINEAR, Params, Share
+from privnet.agent.spec import ConfigError, Scheme, Strategy
+from privnet.orchestrator.experiment import data, topology
+from privnet.orchestrator.experiment.config import ExperimentConfig
+
+SCORED_MODELS = 64  # models scored at once: bounds the (models, test rows) output
+
+
+@dataclass(frozen=True)
+class Problem:
+    config: ExperimentConfig
+    graph: nx.Graph
+    A: np.ndarray  # left-stochastic: A[m, p] = a_mp, the weight p gives to m
+    q: np.ndarray  # Perron vector, A q = q
+    plugin: problems.Problem  # what every agent minimizes, built from `params`
+    params: Params  # the plug-in's public parameters, as each agent's Setup carries them
+    features: int  # of the data's rows (a dataset's bias column included)
+    classes: int  # of the dataset's labels (0: regression targets)
+    neighbour: int | None = None  # whose data is replaced (D'), for the accountant
+
+    @classmethod
+    def build(cls, config: ExperimentConfig) -> Problem:
+        plugin_class = problems.problem_class(config.problem)
+        params = problems.params(_with_rho(plugin_class, config))
+        plugin = problems.make(config.problem, params)
+        dataset = config.dataset or getattr(plugin, "data", None)
+        if dataset is None:
+            raise ConfigError(
+                f"problem {config.problem!r} has no data of its own: name a dataset "
+                "(digits, adult, ...) or linear"
+            )
+        config = replace(config, dataset=dataset)
+        features, classes = (config.dim, 0) if dataset == LINEAR else _shape(dataset)
+        config = replace(config, dim=plugin.dim(features, classes))
+        _check_frame(config)
+        if config.matrix:
+            A = topology.load_matrix(config.matrix)
+            graph = topology.graph_of(A)
+        else:
+            graph = topology.make_graph(
+                config.topology, config.agents, config.seed, radius=config.radius, path=config.edges
+            )
+            A = topology.combination_matrix(graph, config.rule)
+        ghp = next((s for s in map(Scheme, config.schemes) if s.homomorphic), Scheme.NONE)
+        topology.validate(A, graph, scheme=ghp)
+        return cls(config, graph, A, topology.perron(A), plugin, params, features, classes)
+
+    def matrices(self, strategy: Strategy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(A0, A1, A2) of the paper's general form for this strategy."""
+        return topology.strategy_matrices(strategy, self.A)
+
+    def twin(self, agent: int) -> Problem:
+        """The same experiment on the neighbouring dataset D': `agent`'s data replaced."""
+        if not 0 <= agent < self.config.agents:
+            raise ConfigError(
+                f"neighbour agent {agent} is not in [0, {self.config.agents}); "
+                "pass --neighbour-agent with an agent id of this network"
+            )
+        return replace(self, neighbour=agent)
+
+    def specs(self, repeat: int) -> tuple[Share, ...]:
+        """Every agent's Share, by agent id: what its Setup carries (its own keys)."""
+        return data.draw_shares(self.config, self.params, self.features, repeat, self.neighbour)
+
+    def parts(self, repeat: int) -> data.Parts:
+        """Every agent's samples (x, y) in `repeat`, as each agent draws them."""
+        return data.parts(self.specs(repeat))
+
+    def risks(self, repeat: int) -> list[problems.Risk]:
+        """Every agent's local risk in `repeat`."""
+        return [self.plugin.risk(x, y, self.classes) for x, y in self.parts(repeat)]
+
+    @property
+    def w0(self) -> np.ndarray:
+        """The model every agent starts from: the plug-in's `initial`, else zeros."""
+        initial = getattr(self.plugin, "initial", None)
+        if initial is None:
+            return np.zeros(self.config.dim)
+        return np.asarray(initial(self.features, self.classes), dtype=np.float64)
+
+    @cached_property
+    def w_opt(self) -> np.ndarray:
+        """w^o per repeat, shape (repeats, M); NaN where the problem has no reference (then
+        MSD is NaN too, and the problem's test metric tells how learning went)."""
+        c = self.config
+        solved = [
+            data.reference(self.plugin, self.risks(r), self.parts(r), c.dim)
+            for r in range(c.repeats)
+        ]
+        return np.stack([np.full(c.dim, np.nan) if w is None else w for w in solved])
+
+    @property
+    def metric(self) -> str | None:
+        """The name of the plug-in's test metric, if it has one and the data a test split."""
+        if self.config.dataset == LINEAR or not callable(getattr(self.plugin, "score", None)):
+            return None
+        return str(getattr(self.plugin, "metric", "score"))
+
+    @property
+    def metric_series(self) -> tuple[str, ...]:
+        """The per-round columns of the test metric: of the centroid, of the average
+        individual (test_error_centroid, test_error_avg for logistic regression)."""
+        return () if self.metric is None else (f"{self.metric}_centroid", f"{self.metric}_avg")
+
+    @property
+    def classifies(self) -> bool:
+        """Whether learning is measured by a test metric (classification) rather than MSD."""
+        return self.metric is not None
+
+    def scores(self, models: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """The test metric of the centroid and the average individual one, per round, of
+        models (T, P, M); agents without a model (NaN rows) left out, q renormalized over
+        the others. None without a metric."""
+        if self.metric is None or self.config.dataset is None:
+            return None
+        from privnet.agent import datasets
+
+        test = datasets.load(self.config.dataset)
+        score = self.plugin.score  # type: ignore[attr-defined]
+        present = ~np.isnan(models[..., 0])  # (T, P)
+        weights = np.where(present, self.q, 0.0)
+        centroid = np.einsum(
+            "tp,tpm->tm", weights / weights.sum(1, keepdims=True), np.nan_to_num(models)
+        )
+        flat = np.concatenate([centroid, models.reshape(-1, models.shape[-1])])
+        values = np.full(len(flat), np.nan)
+        rows = np.flatnonzero(~np.isnan(flat[:, 0]))
+        for start in range(0, len(rows), SCORED_MODELS):
+            chunk = rows[start : start + SCORED_MODELS]
+            values[chunk] = score(flat[chunk], test.x_test, test.y_test, self.classes)
+        individual = values[len(centroid) :].reshape(present.shape)
+        return values[: len(centroid)], np.nanmean(individual, axis=1)
+
+
+def msd(w: np.ndarray, w_opt: np.ndarray, q: np.ndarray) -> tuple[float, float]:
+    """(centroid MSD, average individual MSD) of models w (P, M) against w^o.
+
+    Agents without a model for the round (NaN rows: out of the membership view) are left
+    out, and the centroid's weights q renormalized over those present."""
+    present = ~np.isnan(w[:, 0])
+    if not present.all():
+        w, q = w[present], q[present] / q[present].sum()
+    centroid = q @ w
+    return float(np.sum((centroid - w_opt) ** 2)), float(np.mean(np.sum((w - w_opt) ** 2, axis=1)))
+
+
+def _shape(dataset: str) -> tuple[int, int]:
+    from privnet.agent import datasets
+
+    full = datasets.load(dataset)
+    return full.dim, full.classes
+
+
+def _with_rho(plugin_class: type, config: ExperimentConfig) -> dict[str, object]:
+    """The plug-in's parameters: the experiment's `params`, and its `rho` when the plug-in's
+    constructor takes one and `params` does not set it."""
+    params = dict(config.params)
+    if "rho" not in params and "rho" in inspect.signature(plugin_class).parameters:
+        params["rho"] = config.rho
+    return params
+
+
+def _check_frame(config: ExperimentConfig) -> None:
+    """A model travels in one peer frame: refuse one that does not fit, naming the limit."""
+    if config.dim > wire.max_model_dim():
+        raise ConfigError(
+            f"problem {config.problem!r} has {config.dim:,} parameters: a model crosses the wire "
+            f"in one peer frame of at most {wire.MAX_PEER_BYTES:,} bytes "
+            f"(privnet.agent.wire.MAX_PEER_BYTES), which holds {wire.max_model_dim():,} float64 "
+            f"parameters ({wire.model_frame_bytes(config.dim):,} bytes needed); use a smaller "
+            "model"
+        )

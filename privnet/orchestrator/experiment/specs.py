@@ -1,0 +1,140 @@
+"""From the global picture (matrices, config) to what each agent is told."""
+
+from __future__ import annotations
+
+import functools
+import secrets
+from collections.abc import Iterable
+
+import networkx as nx
+import numpy as np
+
+from privnet.agent.spec import STEPS, AgentSpec, ConfigError, Scheme, StepPlan, Strategy
+from privnet.orchestrator.conductor import SessionPlan
+from privnet.orchestrator.experiment import seeds, topology
+from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.problem import Problem
+
+
+def step_plans(A_j: np.ndarray, step: int, agent: int) -> StepPlan:
+    """Column `agent` of A_j is what it receives; row `agent` is who listens to it."""
+    weights_in = {int(m): float(A_j[m, agent]) for m in np.flatnonzero(A_j[:, agent])}
+    weights_out = {int(k): float(A_j[agent, k]) for k in np.flatnonzero(A_j[agent, :])}
+    return StepPlan(step=step, weights_in=weights_in, weights_out=weights_out)
+
+
+def agent_specs(
+    problem: Problem,
+    strategy: Strategy,
+    scheme: Scheme,
+    *,
+    repeat: int = 0,
+    session: bytes | None = None,
+    members: frozenset[int] | None = None,
+) -> list[AgentSpec]:
+    """One AgentSpec per agent; every agent of a run shares the session id, and each has
+    its own noise key (seeds.Purpose.NOISE of the run's seed, this repeat, its id).
+
+    With `members`, the weights are those of the view: `view_matrix` on its graph."""
+    c = problem.config
+    a = problem.A if members is None else view_matrix(problem, members)
+    A0, A1, A2 = topology.strategy_matrices(strategy, a)
+    by_step = {0: A0, 1: A1, 2: A2}
+    session = session if session is not None else secrets.token_bytes(16)
+    noise_keys = seeds.keys(c.seed, seeds.Purpose.NOISE, repeat, c.agents)
+    w0 = problem.w0
+    start = tuple(w0.tolist()) if w0.any() else ()  # () is zeros, in fewer bytes
+    return [
+        AgentSpec(
+            agent=p,
+            agents=c.agents,
+            dim=c.dim,
+            steps=tuple(step_plans(by_step[j], j, p) for j in STEPS),  # type: ignore[arg-type]
+            scheme=scheme,
+            sigma_g=c.sigma_g,
+            mu=c.mu,
+            rounds=c.iters,
+            noise_key=noise_keys[p],
+            session=session,
+            rekey=c.rekey,
+            w0=start,
+        )
+        for p in range(c.agents)
+    ]
+
+
+def view_matrix(problem: Problem, members: frozenset[int]) -> np.ndarray:
+    """A on the graph the members span, by the configured rule: metropolis or averaging
+    recomputed on the members' subgraph; a user-given matrix restricted to the members and
+    renormalized per column (each keeps its weights' proportions, and they sum to 1 again).
+    Agents out of the view keep only themselves (a_mm = 1), which no member reads.
+    ConfigError when the members' graph is not connected: no view runs on a split network.
+    """
+    c = problem.config
+    agents = c.agents
+    inside = sorted(members)
+    if len(inside) < 2:
+        raise ConfigError(f"{len(inside)} agent(s) left: a network needs two: stopping")
+    sub = problem.graph.subgraph(inside)
+    if not nx.is_connected(sub):
+        parts = sorted((sorted(part) for part in nx.connected_components(sub)), key=len)
+        raise ConfigError(
+            f"the {len(inside)} agents left form {len(parts)} disconnected groups "
+            f"{[part[:10] for part in parts[:4]]}; privnet does not run a split network "
+            "(each part would learn alone, off the configured problem): stopping"
+        )
+    if c.matrix:
+        a = problem.A * np.isin(np.arange(agents), inside)[:, None]
+        a[:, inside] /= a[:, inside].sum(axis=0, keepdims=True)
+    else:
+        graph: nx.Graph = nx.Graph()
+        graph.add_nodes_from(range(agents))
+        graph.add_edges_from(sub.edges)
+        a = topology.combination_matrix(graph, c.rule)
+    outside = [m for m in range(agents) if m not in members]
+    a[:, outside] = 0.0
+    a[outside, outside] = 1.0
+    return a
+
+
+def session_list(config: ExperimentConfig) -> list[tuple[Strategy, Scheme, int]]:
+    """Sessions in the order every engine plays them: strategy, then scheme, then repeat."""
+    return [
+        (strategy, scheme, repeat)
+        for strategy in config.strategies
+        for scheme in config.schemes
+        for repeat in range(config.repeats)
+    ]
+
+
+def session_plans(
+    problem: Problem, sessions: Iterable[tuple[Strategy, Scheme, int]]
+) -> list[SessionPlan]:
+    """What the conductor plays, in order: one plan per strategy x scheme x repeat."""
+    plans = []
+    for strategy, scheme, repeat in sessions:
+        session = secrets.token_bytes(16)
+        view_specs = functools.partial(
+            _view_specs, problem, strategy, scheme, repeat=repeat, session=session
+        )
+        plans.append(
+            SessionPlan(
+                f"{strategy}/{scheme}/{repeat}",
+                agent_specs(problem, strategy, scheme, repeat=repeat, session=session),
+                problem.specs(repeat),
+                view_specs,
+            )
+        )
+    return plans
+
+
+def _view_specs(
+    problem: Problem,
+    strategy: Strategy,
+    scheme: Scheme,
+    members: frozenset[int],
+    *,
+    repeat: int,
+    session: bytes,
+) -> list[AgentSpec]:
+    return agent_specs(problem, strategy, scheme, repeat=repeat, session=session, members=members)
