@@ -29,6 +29,7 @@ from conftest import assert_private_run, insider_run, prepared
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from probes import load_summary, read_metrics
 
+import privnet
 from privnet.agent import topics, wire
 from privnet.agent.control import Telemetry
 from privnet.agent.messages import Model
@@ -90,6 +91,29 @@ def test_net_run_equals_memory_engine(
         assert centroid.shape == (1, 20)
         np.testing.assert_allclose(net[key][0], centroid, rtol=1e-9, err_msg=f"{key} centroid")
         np.testing.assert_allclose(net[key][1], average, rtol=1e-9, err_msg=f"{key} average")
+
+
+@pytest.mark.parametrize("topology", ["regular:4", "exponential"])
+def test_flat_degree_topologies_run_as_in_memory(
+    needs_mosquitto: None, topology: str, tmp_path: Path
+) -> None:
+    """regular:K and exponential (issue 31) over mosquitto: the masked schemes' models are
+    the memory engine's and the oracle's, bit for bit."""
+    flags = ["--agents", "12", "--iters", "15", "--seed", "5", "--topology", topology]
+    flags += ["--strategy", "atc", "--scheme", "local-ghp,masked-ghp"]
+    assert main(["run", *flags, "--broker", "mosquitto", "--out", str(tmp_path)]) == 0
+    net = np.load(tmp_path / "models.npz")
+    exp = privnet.Experiment(
+        agents=12, iters=15, seed=5, topology=topology, strategies="atc",
+        schemes="local-ghp,masked-ghp",
+    )  # fmt: skip
+    assert sorted(net.keys()) == ["atc/local-ghp/0", "atc/masked-ghp/0"]
+    for engine in ("memory", "oracle"):
+        replayed = privnet.simulate(exp, engine).models
+        assert replayed.keys() == set(net.keys())
+        for key, models in replayed.items():
+            np.testing.assert_array_equal(net[key], models, err_msg=f"{topology} {engine} {key}")
+    assert sorted(net.keys()) == ["atc/local-ghp/0", "atc/masked-ghp/0"]
 
 
 # ---- 2. what the agents count against what mosquitto counts ----------------------------------

@@ -26,7 +26,8 @@ from privnet.orchestrator.experiment.topology import (
 
 TOL = 1e-12
 RANDOM_KINDS = ("geometric", "erdos-renyi")
-BUILT_KINDS = tuple(k for k in TOPOLOGIES if k != "file")
+# every topology as a config names it (regular with a degree every size below can take)
+BUILT_KINDS = tuple(k if k != "regular" else "regular:2" for k in TOPOLOGIES if k != "file")
 FAST = settings(max_examples=40, deadline=None)
 
 seeds = st.integers(min_value=0, max_value=2**31)
@@ -119,6 +120,62 @@ def test_geometric_redraws_disconnected_draws_with_the_next_seed() -> None:
     assert sorted(graph.edges) == sorted(nx.random_geometric_graph(30, radius, seed=used).edges)
 
 
+@FAST
+@given(
+    agents=st.integers(min_value=8, max_value=300), degree=st.sampled_from([3, 4, 6]), seed=seeds
+)
+def test_regular_keeps_the_degree_flat(agents: int, degree: int, seed: int) -> None:
+    """regular:K: every agent has exactly K neighbours, at any size (K x agents even)."""
+    agents += (degree * agents) % 2
+    graph = make_graph(f"regular:{degree}", agents, seed)
+    assert {d for _, d in graph.degree} == {degree}
+    assert nx.is_connected(graph)
+    assert sorted(graph.edges) == sorted(make_graph(f"regular:{degree}", agents, seed).edges)
+    a = combination_matrix(graph, "metropolis")
+    validate(a, graph, scheme=Scheme.MASKED_GHP)
+    assert np.allclose(a, a.T)  # metropolis on a regular graph: doubly stochastic
+
+
+@FAST
+@given(agents=st.integers(min_value=2, max_value=600))
+def test_exponential_neighbours_are_powers_of_two_around_the_ring(agents: int) -> None:
+    graph = make_graph("exponential", agents)
+    hops = {2**k for k in range(agents.bit_length()) if 2**k < agents}
+    for p in (0, agents // 2, agents - 1):
+        expected = {(p + h) % agents for h in hops} | {(p - h) % agents for h in hops}
+        assert set(graph.neighbors(p)) == expected - {p}
+    assert max(d for _, d in graph.degree) <= 2 * len(hops)
+    validate(combination_matrix(graph, "averaging"), graph, scheme=Scheme.GHP)
+
+
+@pytest.mark.parametrize(
+    ("name", "agents", "words"),
+    [
+        ("regular", 30, "write regular:K"),
+        ("regular:six", 30, "write regular:K"),
+        ("regular:1", 30, "K must be at least 2"),
+        ("regular:30", 30, "below the number of agents"),
+        ("regular:5", 31, "K x agents must be even"),
+        ("ring:3", 30, "takes no parameter"),
+        ("torus", 30, "unknown topology 'torus'"),
+    ],
+)
+def test_a_bad_topology_name_says_how_to_write_it(name: str, agents: int, words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        make_graph(name, agents, seed=1)
+
+
+def test_the_degree_of_regular_and_exponential_against_geometric() -> None:
+    """The reason for flat-degree graphs (issue 31): geometric's degree grows with P."""
+
+    def mean_degree(kind: str, agents: int) -> float:
+        return float(np.mean([d for _, d in make_graph(kind, agents, seed=1).degree]))
+
+    assert mean_degree("regular:6", 30) == mean_degree("regular:6", 1000) == 6
+    assert mean_degree("exponential", 1000) == 2 * 10  # hops 1 .. 512 both ways
+    assert mean_degree("geometric", 1000) > 2 * mean_degree("geometric", 30)
+
+
 def test_shapes_of_deterministic_topologies() -> None:
     assert make_graph("ring", 10).number_of_edges() == 10
     assert make_graph("complete", 6).number_of_edges() == 15
@@ -135,7 +192,10 @@ def test_grid_with_prime_count_errors(agents: int) -> None:
 
 
 def test_unknown_topology_lists_valid_ones() -> None:
-    with pytest.raises(ConfigError, match="geometric, ring, grid, erdos-renyi, complete, file"):
+    with pytest.raises(
+        ConfigError,
+        match="geometric, ring, grid, erdos-renyi, complete, regular, exponential, file",
+    ):
         make_graph("star", 10)
 
 

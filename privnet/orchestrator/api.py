@@ -20,7 +20,13 @@ from typing import Any
 from privnet.agent.private import private_dir
 from privnet.agent.spec import ConfigError
 from privnet.orchestrator.conductor import View
-from privnet.orchestrator.engines.options import LOCALHOST, RunOptions
+from privnet.orchestrator.engines.options import (
+    USER_FIELDS,
+    Restart,
+    RunOptions,
+    Runtime,
+    default,
+)
 from privnet.orchestrator.engines.watch import read_membership
 from privnet.orchestrator.experiment import config as configuration
 from privnet.orchestrator.experiment.config import ExperimentConfig
@@ -40,12 +46,9 @@ def _version() -> str:
 
 VERSION = _version()  # privnet.__version__, `privnet --version`
 ENGINES = ("oracle", "memory")
-RUNTIMES = ("local", "docker")
-RESTARTS = ("never", "on-failure")
 CONFIG_FIELDS = tuple(f.name for f in fields(ExperimentConfig))
-# RunOptions' fields an Experiment has by the same name and meaning (its neighbour counts
-# only with account; secret_seed is the run's own), and those of them that are paths
-RUN_FIELDS = tuple(f.name for f in fields(RunOptions) if f.name not in ("neighbour", "secret_seed"))
+# RunOptions' fields an Experiment has by the same name, meaning and default (its neighbour
+# counts only with account; secret_seed is the run's own), and those of them that are paths
 PATHS = ("ca_file", "prepared", "launch_dir", "resume", "hosts")
 STOPPED = 128  # a run's exit code above this: stopped by signal (code - 128)
 
@@ -65,39 +68,34 @@ class Experiment(ExperimentConfig):
     engine: str = "oracle"  # oracle (vectorized) | memory (the agents' cores)
     membership: str | Path | None = None  # replay a run's membership.json (memory engine)
     # privnet run
-    broker: str = "auto"  # auto | mosquitto | embedded | HOST:PORT
-    tls: bool = False
-    ca_file: str | Path | None = None
-    prepared: str | Path | None = None  # a run's secrets from `privnet prepare`
-    external_agents: bool = False
-    hosts: str | Path | None = None  # hosts.toml: agents across hosts (privnet site)
-    launch_dir: str | Path | None = None
-    run_name: str | None = None
-    deadline: float | None = None  # s of silence before an agent is left out
-    audit: bool = False
-    runtime: str = "local"  # local | docker
-    image: str | None = None
-    agents_per_process: int = 1
-    restart: str = "never"  # never | on-failure
-    checkpoint_every: int = 25
-    resume: str | Path | None = None  # carry on a run whose orchestrator died
-    faults: str | None = None  # e.g. kill:7@120,broker@300
-    telemetry: bool = True  # agents report their models (MSD); False: bytes only
-    view: bool = False  # serve the live view's page
-    view_port: int = 0
-    view_host: str = LOCALHOST
+    # privnet run: RunOptions' fields, with its defaults (paths may be given as text)
+    broker: str = default("broker")  # auto | mosquitto | embedded | HOST:PORT
+    tls: bool = default("tls")
+    ca_file: str | Path | None = default("ca_file")
+    prepared: str | Path | None = default("prepared")  # secrets from `privnet prepare`
+    external_agents: bool = default("external_agents")
+    hosts: str | Path | None = default("hosts")  # hosts.toml: agents across hosts
+    launch_dir: str | Path | None = default("launch_dir")
+    run_name: str | None = default("run_name")
+    deadline: float | None = default("deadline")  # s of silence before an agent is left out
+    audit: bool = default("audit")
+    runtime: Runtime | str = default("runtime")  # local | docker | swarm
+    image: str | None = default("image")
+    agents_per_process: int = default("agents_per_process")
+    restart: Restart | str = default("restart")  # never | on-failure
+    checkpoint_every: int = default("checkpoint_every")
+    resume: str | Path | None = default("resume")  # carry on a run whose orchestrator died
+    faults: str | None = default("faults")  # e.g. kill:7@120,broker@300
+    telemetry: bool = default("telemetry")  # agents report their models (MSD)
+    view: bool = default("view")  # serve the live view's page
+    view_port: int = default("view_port")
+    view_host: str = default("view_host")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name, value, allowed in (
-            ("engine", self.engine, ENGINES),
-            ("runtime", self.runtime, RUNTIMES),
-            ("restart", self.restart, RESTARTS),
-        ):
-            if value not in allowed:
-                raise ConfigError(f"{name} {value!r}: choose one of {', '.join(allowed)}")
-        if self.agents_per_process < 1:
-            raise ConfigError(f"agents_per_process must be >= 1, got {self.agents_per_process}")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"engine {self.engine!r}: choose one of {', '.join(ENGINES)}")
+        self.run_options()  # the run options' own checks, the CLI's words
 
     @classmethod
     def load(cls, source: str | Path, **changes: Any) -> Experiment:
@@ -120,7 +118,7 @@ class Experiment(ExperimentConfig):
     def run_options(self, secret_seed: bool = False) -> RunOptions:
         """The run options the net engine reads (`secret_seed`: the seed is the run's
         secret, kept out of summary.json)."""
-        given = {name: getattr(self, name) for name in RUN_FIELDS}
+        given = {name: getattr(self, name) for name in USER_FIELDS}
         paths = {name: None if given[name] is None else Path(given[name]) for name in PATHS}
         neighbour = self.neighbour if self.account else None
         return RunOptions(**(given | paths), neighbour=neighbour, secret_seed=secret_seed)
@@ -242,9 +240,12 @@ def _network(exp: Experiment) -> tuple[Problem, RunOptions, Path]:
             raise ConfigError(str(exc)) from None
         secret = journal.secret_seed(out)
     else:
-        out = private_dir(Path(exp.out or default_out(config, "run")))
+        out = Path(exp.out or default_out(config, "run"))
         secret = False  # the Experiment's seed is the caller's: summary.json records it
-    return Problem.build(config), exp.run_options(secret), out
+    options = exp.run_options(secret)
+    options.check_here()  # before anything is made
+    problem = Problem.build(config)
+    return problem, options, out if exp.resume is not None else private_dir(out)
 
 
 def default_out(config: ExperimentConfig, command: str) -> Path:

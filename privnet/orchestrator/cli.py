@@ -34,7 +34,7 @@ from privnet.orchestrator.commands.simulate import (
     simulate,
     simulate_config,
 )
-from privnet.orchestrator.engines.options import LOCALHOST
+from privnet.orchestrator.engines.options import Restart, Runtime, default
 from privnet.orchestrator.flags import (
     USER_ERROR,
     Parser,
@@ -69,14 +69,14 @@ def _view_flags(parser: argparse.ArgumentParser, prefix: str) -> None:
         f"{prefix}port",
         dest="view_port",
         type=port,
-        default=0,
+        default=default("view_port"),
         metavar="N",
         help="the page's TCP port (default: any free one)",
     )
     parser.add_argument(
         f"{prefix}host",
         dest="view_host",
-        default=LOCALHOST,
+        default=default("view_host"),
         metavar="ADDR",
         help="the address the page listens on (default 127.0.0.1; any other address lets "
         "other machines reach it, still only with the token in the URL)",
@@ -129,7 +129,7 @@ def parser() -> argparse.ArgumentParser:
     experiment_flags(p)
     p.add_argument(
         "--broker",
-        default="auto",
+        default=default("broker"),
         help="auto (mosquitto if installed, else embedded) | mosquitto | embedded | HOST:PORT",
     )
     p.add_argument(
@@ -159,8 +159,8 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--runtime",
-        choices=("local", "docker", "swarm"),
-        default="local",
+        choices=[r.value for r in Runtime],
+        default=default("runtime").value,
         help="local: agents as processes here; docker: broker and agents in containers "
         "(privnet[docker]), with NIC byte counts; swarm: broker and agents as services of "
         "the Docker Swarm whose manager DOCKER_HOST names",
@@ -187,15 +187,15 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--restart",
-        choices=("never", "on-failure"),
-        default="never",
+        choices=[r.value for r in Restart],
+        default=default("restart").value,
         help="on-failure: start an agent whose process ended again; it rejoins the run from "
         "its checkpoint",
     )
     p.add_argument(
         "--checkpoint-every",
         type=integer(0),
-        default=25,
+        default=default("checkpoint_every"),
         metavar="K",
         help="agents save their model to <out>/checkpoints every K rounds (0: never)",
     )
@@ -215,7 +215,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--agents-per-process",
         type=integer(1),
-        default=1,
+        default=default("agents_per_process"),
         metavar="K",
         help="run K agents in each agent process (each its own MQTT client, credentials, "
         "identity and node); default 1, one process per agent",

@@ -43,7 +43,7 @@ from privnet.broker.relay import Relay
 from privnet.broker.tls import make_tls
 from privnet.orchestrator.engines.launch import LocalLauncher
 from privnet.orchestrator.engines.lifetime import RunSecrets, Stop
-from privnet.orchestrator.engines.options import RunOptions
+from privnet.orchestrator.engines.options import Restart, RunOptions, Runtime
 from privnet.orchestrator.faults import Fault
 from privnet.orchestrator.terminal import console
 
@@ -406,12 +406,12 @@ def check_run_flags(options: RunOptions, faults: list[Fault]) -> None:
     """What `privnet run --hosts` cannot do, said before anything starts."""
     given = {
         "--broker": options.broker != "auto",
-        f"--runtime {options.runtime}": options.runtime != "local",
+        f"--runtime {options.runtime}": options.runtime is not Runtime.LOCAL,
         "--external-agents": options.external_agents,
         "--tls": options.tls,
         "--ca-file": options.ca_file is not None,
         "--agents-per-process": options.agents_per_process != 1,
-        "--restart on-failure": options.restart != "never",
+        "--restart on-failure": options.restart is Restart.ON_FAILURE,
         "--audit": options.audit,
         "--resume": options.resume is not None,
     }

@@ -12,10 +12,19 @@ from privnet.agent.private import private_dir
 from privnet.agent.spec import ConfigError, Rekey
 from privnet.orchestrator.experiment import config as configuration
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.topology import RULES, TOPOLOGIES
+from privnet.orchestrator.experiment.topology import RULES, TOPOLOGIES, parse_topology
 from privnet.orchestrator.flags import RANDOM_SEED, on_off, seed_or_random
 from privnet.orchestrator.report import OUTPUTS
 from privnet.orchestrator.terminal import console
+
+
+def topology_name(text: str) -> str:
+    """An argparse type: a topology as the config writes it (regular:K with its degree)."""
+    try:
+        parse_topology(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def experiment_flags(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +45,12 @@ def experiment_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sigma-g2", dest="sigma_g2", type=float, help="noise variance sigma_g^2")
     parser.add_argument("--rule", choices=RULES)
     parser.add_argument("--matrix", help="a user-given combination matrix (.npy or text)")
-    parser.add_argument("--topology", choices=TOPOLOGIES)
+    parser.add_argument(
+        "--topology",
+        type=topology_name,
+        metavar="KIND",
+        help=f"{' | '.join(k + (':K' if k == 'regular' else '') for k in TOPOLOGIES)}",
+    )
     parser.add_argument("--radius", type=float, help="random geometric graph radius")
     parser.add_argument("--edges", help="edge-list file for --topology file")
     parser.add_argument("--batch", type=int, help="minibatch size (default: full batch)")

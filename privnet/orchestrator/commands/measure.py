@@ -13,7 +13,7 @@ from typing import Any
 
 from privnet.agent.spec import ConfigError, Rekey, Scheme, Strategy
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.topology import TOPOLOGIES
+from privnet.orchestrator.experiment.topology import TOPOLOGIES, parse_topology
 from privnet.orchestrator.terminal import console, progress_bar, table_console
 
 Entry = Callable[[list[str]], int]  # a command line's entry point: argv -> exit code
@@ -68,12 +68,14 @@ def overhead(cli: Entry, args: argparse.Namespace, base: ExperimentConfig) -> in
 def overhead_config(args: argparse.Namespace) -> ExperimentConfig:
     """The topologies and --out checked; the experiment every row plays."""
     topologies = [t.strip() for t in args.topologies.split(",")]
-    unknown = [t for t in topologies if t not in TOPOLOGIES or t == "file"]
+    unknown = [t for t in topologies if t.partition(":")[0] not in TOPOLOGIES or t == "file"]
     if unknown:
         raise ConfigError(
             f"unknown topologies {unknown}; choose from "
-            + ", ".join(t for t in TOPOLOGIES if t != "file")
+            + ", ".join(t + (":K" if t == "regular" else "") for t in TOPOLOGIES if t != "file")
         )
+    for name in topologies:
+        parse_topology(name)
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out {args.out} is a file: give a directory (made if missing)")
     return ExperimentConfig(agents=args.agents, iters=args.iters, seed=args.seed)

@@ -8,7 +8,7 @@ import secrets
 
 from privnet.agent.spec import ConfigError, Scheme, Strategy
 from privnet.orchestrator.commands.experiment import experiment, out_dir
-from privnet.orchestrator.engines.options import LOCALHOST, RunOptions
+from privnet.orchestrator.engines.options import RunOptions
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.problem import Problem
 from privnet.orchestrator.terminal import console
@@ -80,59 +80,12 @@ def run_config(args: argparse.Namespace) -> ExperimentConfig:
         )
         config = experiment(args, base, drawn)
         args.secret_seed = config.seed == drawn
-    options = run_options(args)
-    _check_runtime(options)
-    _check_view(options)
+    options = run_options(args)  # refuses what RunOptions refuses, as the library does
+    options.check_here()
     from privnet.orchestrator.faults import parse_faults
 
     parse_faults(options.faults or "", config.agents)
-    for flag, path in (("--ca-file", options.ca_file), ("--prepared", options.prepared)):
-        if path is not None and not path.is_file():
-            raise ConfigError(f"{flag} {path}: no such file")
     return config
-
-
-def _check_runtime(options: RunOptions) -> None:
-    """The broker asked for exists; --runtime docker and swarm get only the flags they can
-    honour."""
-    from privnet.agent.access import BrokerAddress
-    from privnet.broker.launcher import KINDS, has_mosquitto
-
-    if options.broker == "mosquitto" and not has_mosquitto():
-        raise ConfigError(
-            "mosquitto is not installed: install it (apt-get install mosquitto) or use "
-            "--broker embedded"
-        )
-    if options.broker not in KINDS:
-        BrokerAddress.parse(options.broker)
-    if options.runtime not in ("docker", "swarm"):
-        return
-    given = {
-        "--broker": options.broker != "auto",
-        "--external-agents": options.external_agents,
-        "--tls": options.tls,
-        "--ca-file": options.ca_file is not None,
-        "--agents-per-process": options.agents_per_process != 1,
-    }
-    if any(given.values()):
-        raise ConfigError(
-            f"--runtime {options.runtime} starts its own broker (plain TCP on the run's network) "
-            f"and agents: drop {', '.join(flag for flag, on in given.items() if on)}"
-        )
-
-
-def _check_view(options: RunOptions) -> None:
-    """--view-port and --view-host only mean something with --view."""
-    if not options.view:
-        given = {
-            "--view-port": options.view_port != 0,
-            "--view-host": options.view_host != LOCALHOST,
-        }
-        if any(given.values()):
-            flags = ", ".join(flag for flag, on in given.items() if on)
-            raise ConfigError(f"{flags} without --view: add --view to watch the run")
-    elif not options.view_host.strip():
-        raise ConfigError("--view-host '': give the address the page listens on, e.g. 127.0.0.1")
 
 
 def view(args: argparse.Namespace, _: None) -> int:

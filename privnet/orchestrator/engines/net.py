@@ -50,7 +50,7 @@ from privnet.orchestrator.engines.docker import (
 )
 from privnet.orchestrator.engines.launch import Launcher, LocalLauncher
 from privnet.orchestrator.engines.lifetime import RunSecrets, Stop
-from privnet.orchestrator.engines.options import RunOptions
+from privnet.orchestrator.engines.options import Restart, RunOptions, Runtime
 from privnet.orchestrator.engines.prepare import write_launches
 from privnet.orchestrator.engines.progress import ProgressLines
 from privnet.orchestrator.engines.watch import POLL, Watch, write_membership
@@ -238,7 +238,7 @@ def _watch(
         launches = {p: replace(a, checkpoints=kept, rejoin=again) for p, a in launches.items()}
     if options.external_agents and options.prepared is None:
         write_launches(options.launch_dir or out / "launch", launches)
-    restart = options.restart == "on-failure"
+    restart = options.restart is Restart.ON_FAILURE
     return Watch(conductor, pool, broker, launches, problem, out, faults, restart)
 
 
@@ -300,14 +300,14 @@ def _runtime(
 
         sites.check_run_flags(options, faults)
         return sites.core_broker(options.hosts, options.prepared, run_secrets), None
-    if options.runtime == "local":
+    if options.runtime is Runtime.LOCAL:
         local = launch(
             options.broker, credentials=credentials, tls=options.tls, ca_file=options.ca_file
         )
         return local, None if options.external_agents else LocalLauncher(
             logs, per_process=options.agents_per_process
         )
-    if options.runtime == "swarm":
+    if options.runtime is Runtime.SWARM:
         return swarm.runtime(credentials, logs, options.image, options.faults)
     broker = DockerBroker(credentials, logs, image=options.image)
     return broker, DockerAgents(broker)

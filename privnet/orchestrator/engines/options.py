@@ -2,42 +2,168 @@
 
 The CLI builds one from its flags (`privnet.orchestrator.commands.run.run_options`), the library
 from an `Experiment` (`Experiment.run_options`); the engines read nothing else, so a
-setting has one name and one type from the flag to the engine.
+setting has one name, one type and one default from the flag to the engine. The checks that
+relate one option to another live here too, so the CLI and the library refuse the same
+combinations with the same words.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from enum import StrEnum
 from pathlib import Path
+from typing import Any, TypeVar
+
+from privnet.agent.spec import ConfigError
 
 LOCALHOST = "127.0.0.1"  # where the live view listens unless told
+BROKERS = ("auto", "mosquitto", "embedded")  # the brokers a run starts itself (else HOST:PORT)
+
+
+class Runtime(StrEnum):
+    """Where the agents run."""
+
+    LOCAL = "local"  # processes on this machine
+    DOCKER = "docker"  # broker and agents in containers (privnet[docker])
+    SWARM = "swarm"  # broker and agents as services of a Docker Swarm
+
+
+class Restart(StrEnum):
+    """What happens to an agent process that ends before the run does."""
+
+    NEVER = "never"
+    ON_FAILURE = "on-failure"  # started again; it rejoins from its checkpoint
+
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def choice(kind: type[E], name: str, value: str | E) -> E:
+    """`value` as one of `kind`'s members, or a ConfigError that lists them."""
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(m.value for m in kind)
+        raise ConfigError(f"{flag(name)} {value!r}: choose one of {allowed}") from None
+
+
+def flag(name: str) -> str:
+    """An option as both its users know it: `--view-port (view_port)`."""
+    return f"--{name.replace('_', '-')} ({name})"
 
 
 @dataclass(frozen=True)
 class RunOptions:
-    """A run's options (the flags of `privnet run` beyond the experiment's). No defaults:
-    those are the CLI's flags' and `Experiment`'s, each builder gives every field."""
+    """A run's options (the flags of `privnet run` beyond the experiment's). The defaults
+    here are the only ones: the CLI's flags and `Experiment`'s fields read them."""
 
-    broker: str  # auto | mosquitto | embedded | HOST:PORT
-    tls: bool  # TLS to the broker (a per-run CA for a local one)
-    ca_file: Path | None  # the CA certificate of an external broker
-    prepared: Path | None  # the run's secrets from `privnet prepare`
-    external_agents: bool  # agents started by someone else register by themselves
-    hosts: Path | None  # hosts.toml: agents across hosts (`privnet site`)
-    launch_dir: Path | None  # where external agents' launch files go
-    run_name: str | None  # topic namespace privnet/<run>/ (None: random)
-    deadline: float | None  # s of silence before an agent is left out (None: default)
-    audit: bool  # record and audit the wire
-    runtime: str  # local | docker | swarm
-    image: str | None  # docker/swarm: the agents' image
-    agents_per_process: int  # agents in each agent process
-    restart: str  # never | on-failure
-    checkpoint_every: int  # rounds between the agents' checkpoints (0: never)
-    resume: Path | None  # carry on the run in this directory
-    faults: str | None  # faults to inject, e.g. kill:7@120,broker@300
-    telemetry: bool  # agents report their models (MSD); False: bytes only
-    view: bool  # serve the live view's page
-    view_port: int  # its TCP port (0: any free one)
-    view_host: str  # the address it listens on
-    neighbour: int | None  # privacy accounted for this agent's data (None: not)
-    secret_seed: bool  # the seed was drawn here: summary.json does not show it
+    broker: str = "auto"  # auto | mosquitto | embedded | HOST:PORT
+    tls: bool = False  # TLS to the broker (a per-run CA for a local one)
+    ca_file: Path | None = None  # the CA certificate of an external broker
+    prepared: Path | None = None  # the run's secrets from `privnet prepare`
+    external_agents: bool = False  # agents started by someone else register by themselves
+    hosts: Path | None = None  # hosts.toml: agents across hosts (`privnet site`)
+    launch_dir: Path | None = None  # where external agents' launch files go
+    run_name: str | None = None  # topic namespace privnet/<run>/ (None: random)
+    deadline: float | None = None  # s of silence before an agent is left out (None: default)
+    audit: bool = False  # record and audit the wire
+    runtime: Runtime = Runtime.LOCAL
+    image: str | None = None  # docker/swarm: the agents' image
+    agents_per_process: int = 1  # agents in each agent process
+    restart: Restart = Restart.NEVER
+    checkpoint_every: int = 25  # rounds between the agents' checkpoints (0: never)
+    resume: Path | None = None  # carry on the run in this directory
+    faults: str | None = None  # faults to inject, e.g. kill:7@120,broker@300
+    telemetry: bool = True  # agents report their models (MSD); False: bytes only
+    view: bool = False  # serve the live view's page
+    view_port: int = 0  # its TCP port (0: any free one)
+    view_host: str = LOCALHOST  # the address it listens on
+    neighbour: int | None = None  # privacy accounted for this agent's data (None: not)
+    secret_seed: bool = False  # the seed was drawn here: summary.json does not show it
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "runtime", choice(Runtime, "runtime", self.runtime))
+        object.__setattr__(self, "restart", choice(Restart, "restart", self.restart))
+        self._check_ranges()
+        self._check_runtime()
+        self._check_view()
+
+    def _check_ranges(self) -> None:
+        if self.agents_per_process < 1:
+            raise ConfigError(
+                f"{flag('agents_per_process')} must be >= 1, got {self.agents_per_process}"
+            )
+        if self.checkpoint_every < 0:
+            raise ConfigError(
+                f"{flag('checkpoint_every')} must be >= 0 (0: never), got {self.checkpoint_every}"
+            )
+        if self.deadline is not None and not self.deadline > 0:
+            raise ConfigError(f"{flag('deadline')} must be > 0 seconds, got {self.deadline}")
+        if not 0 <= self.view_port <= 65535:
+            raise ConfigError(
+                f"{flag('view_port')} must be a TCP port (0: any free one), got {self.view_port}"
+            )
+
+    def _check_runtime(self) -> None:
+        """--runtime docker and swarm start their own broker and agents: they take only the
+        options they can honour."""
+        if self.runtime is Runtime.LOCAL:
+            return
+        given = {
+            "broker": self.broker != default("broker"),
+            "external_agents": self.external_agents,
+            "tls": self.tls,
+            "ca_file": self.ca_file is not None,
+            "agents_per_process": self.agents_per_process != 1,
+        }
+        if any(given.values()):
+            drop = ", ".join(flag(name) for name, on in given.items() if on)
+            raise ConfigError(
+                f"{flag('runtime')} {self.runtime} starts its own broker (plain TCP on the "
+                f"run's network) and agents: drop {drop}"
+            )
+
+    def _check_view(self) -> None:
+        """The view's address and port only mean something with the view."""
+        if not self.view:
+            given = {
+                "view_port": self.view_port != default("view_port"),
+                "view_host": self.view_host != default("view_host"),
+            }
+            if any(given.values()):
+                named = ", ".join(flag(name) for name, on in given.items() if on)
+                raise ConfigError(f"{named} without {flag('view')}: add it to watch the run")
+        elif not self.view_host.strip():
+            raise ConfigError(
+                f"{flag('view_host')} '': give the address the page listens on, e.g. {LOCALHOST}"
+            )
+
+    def check_here(self) -> None:
+        """What this machine must have for these options: the broker asked for, the files
+        named. Run before anything starts, by the CLI and the library alike."""
+        from privnet.agent.access import BrokerAddress
+        from privnet.broker.launcher import has_mosquitto
+
+        if self.broker == "mosquitto" and not has_mosquitto():
+            raise ConfigError(
+                "mosquitto is not installed: install it (apt-get install mosquitto) or use "
+                f"{flag('broker')} embedded"
+            )
+        if self.broker not in BROKERS:
+            BrokerAddress.parse(self.broker)
+        for name in ("ca_file", "prepared"):
+            path = getattr(self, name)
+            if path is not None and not Path(path).is_file():
+                raise ConfigError(f"{flag(name)} {path}: no such file")
+
+
+def default(name: str) -> Any:
+    """The one default of a run option (the CLI's flags and Experiment's fields take it)."""
+    return RunOptions.__dataclass_fields__[name].default
+
+
+# The fields the library and the CLI set from the user's words (the last two are the
+# engine's own: derived from account/neighbour and from where the seed came from).
+USER_FIELDS = tuple(
+    f.name for f in fields(RunOptions) if f.name not in ("neighbour", "secret_seed")
+)

@@ -16,7 +16,17 @@ import numpy as np
 
 from privnet.agent.spec import STRATEGY_STEP, WEIGHT_TOL, ConfigError, Scheme, Strategy
 
-TOPOLOGIES = ("geometric", "ring", "grid", "erdos-renyi", "complete", "file")
+# regular is written regular:K (K neighbours each); the others take no parameter
+TOPOLOGIES = (
+    "geometric",
+    "ring",
+    "grid",
+    "erdos-renyi",
+    "complete",
+    "regular",
+    "exponential",
+    "file",
+)
 RULES = ("metropolis", "averaging")
 REDRAWS = 100  # random graphs are redrawn this often before giving up on connectivity
 RADIUS_FACTOR = 2.5  # 30 agents -> mean degree ~6, connected on the first draw ~70% of the time
@@ -31,6 +41,24 @@ def default_radius(agents: int) -> float:
 def default_p(agents: int) -> float:
     """Edge probability of the Erdos-Renyi graph: twice the connectivity threshold ln(P)/P."""
     return min(1.0, 2 * math.log(agents) / agents)
+
+
+def parse_topology(name: str) -> tuple[str, int | None]:
+    """A topology's name as the config and `--topology` write it: (kind, degree), the degree
+    only for regular:K. Raises ConfigError that says which forms exist."""
+    kind, colon, given = name.partition(":")
+    if kind not in TOPOLOGIES:
+        raise ConfigError(f"unknown topology {name!r}; choose one of {', '.join(TOPOLOGIES)}")
+    if kind != "regular":
+        if colon:
+            raise ConfigError(f"topology {kind} takes no parameter: write {kind!r}, not {name!r}")
+        return kind, None
+    if not given.isdigit():
+        raise ConfigError(
+            f"topology {name!r}: write regular:K with K each agent's number of neighbours, "
+            "e.g. regular:6"
+        )
+    return kind, int(given)
 
 
 def make_graph(
@@ -49,11 +77,15 @@ def make_graph(
     that come out disconnected are redrawn with seed+1, seed+2, ... (the seed used is kept
     in graph.graph["seed"]).
     """
-    if kind not in TOPOLOGIES:
-        raise ConfigError(f"unknown topology {kind!r}; choose one of {', '.join(TOPOLOGIES)}")
+    name = kind
+    kind, degree = parse_topology(name)
     if agents < 2:
         raise ConfigError(f"a network needs at least 2 agents, got {agents}")
-    if kind == "geometric":
+    if kind == "regular":
+        graph = _regular(agents, seed, degree or 0)
+    elif kind == "exponential":
+        graph = _exponential(agents)
+    elif kind == "geometric":
         graph = _geometric(agents, seed, default_radius(agents) if radius is None else radius)
     elif kind == "erdos-renyi":
         graph = _erdos_renyi(agents, seed, default_p(agents) if p is None else p)
@@ -67,7 +99,42 @@ def make_graph(
         graph = _grid(agents)
     else:
         graph = _from_file(path, agents)
-    graph.graph["kind"] = kind
+    graph.graph["kind"] = name
+    return graph
+
+
+def _regular(agents: int, seed: int | None, degree: int) -> nx.Graph:
+    """Random `degree`-regular: the degree stays flat however large the network grows."""
+    if not 2 <= degree < agents:
+        raise ConfigError(
+            f"regular:{degree} on {agents} agents: K must be at least 2 (K = 1 pairs agents "
+            f"off, never connected) and below the number of agents ({agents})"
+        )
+    if degree * agents % 2:
+        raise ConfigError(
+            f"no {degree}-regular graph on {agents} agents: K x agents must be even; "
+            f"choose an even K (e.g. regular:{degree + 1}) or an even number of agents"
+        )
+
+    def draw(s: int | None) -> nx.Graph:
+        return nx.random_regular_graph(degree, agents, seed=s)
+
+    graph = _connected_draw(draw, seed, f"choose a larger K than {degree} or another seed")
+    nx.set_node_attributes(graph, _circle(graph), "pos")
+    graph.graph["degree"] = degree
+    return graph
+
+
+def _exponential(agents: int) -> nx.Graph:
+    """Each agent's neighbours at ring distances 1, 2, 4, ... (Ying et al., NeurIPS 2021),
+    both ways: degree about 2 log2(agents)."""
+    graph: nx.Graph[int] = nx.Graph()
+    graph.add_nodes_from(range(agents))
+    hop = 1
+    while hop < agents:
+        graph.add_edges_from((p, (p + hop) % agents) for p in range(agents))
+        hop *= 2
+    nx.set_node_attributes(graph, _circle(graph), "pos")
     return graph
 
 
