@@ -1,17 +1,23 @@
-"""MkDocs hooks (mkdocs.yml `hooks:`): the pages made from the code at build time, so they
-cannot go stale. `reference/cli.md` is rendered from `privnet.orchestrator.cli.parser()`,
-every subcommand's usage and flags with their help; the layering page's table from
-`docs/design/layers.toml`, the file tests/test_layers.py checks the import graph against.
+"""MkDocs hooks (mkdocs.yml `hooks:`): the pages made from the code. `docs/reference/cli.md`
+is rendered from `privnet.orchestrator.cli.parser()`, every subcommand's usage and flags with
+their help. The site always gets the page rendered at build time; the copy kept in the
+repository (so that the page reads on GitHub too) must equal it, or the strict build fails
+naming it: `python scripts/docs_hooks.py` writes it again. The layering page's table is
+rendered from `docs/design/layers.toml`, the file tests/test_layers.py checks the import
+graph against.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+LOG = logging.getLogger("mkdocs.hooks.privnet")  # under "mkdocs": a warning fails --strict
 LAYERS = ROOT / "docs" / "design" / "layers.toml"
 CLI_PAGE = "reference/cli.md"
 LAYERS_MARK = "<!-- layers.toml -->"
@@ -46,9 +52,7 @@ def flag_row(action: argparse.Action, prog: str) -> str | None:
         names += f" `{value}`"
     default = action.default
     shown = (
-        ""
-        if default in (None, False, argparse.SUPPRESS) or action.nargs == 0
-        else f"`{default}`"
+        "" if default in (None, False, argparse.SUPPRESS) or action.nargs == 0 else f"`{default}`"
     )
     return f"| {cell(names)} | {cell(expanded_help(action, prog))} | {cell(shown)} |"
 
@@ -106,8 +110,15 @@ def render_cli(parser: argparse.ArgumentParser) -> str:
 def cli_page() -> str:
     """The page for the parser as it is now (looked up at call time, so a test's patch of
     `cli.parser` shows)."""
+    if str(ROOT) not in sys.path:  # mkdocs run from the checkout without PYTHONPATH
+        sys.path.insert(0, str(ROOT))
     from privnet.orchestrator import cli
 
+    if not Path(cli.__file__).resolve().is_relative_to(ROOT):
+        raise RuntimeError(
+            f"the CLI reference would describe {cli.__file__}, not this checkout's: build "
+            f"with PYTHONPATH={ROOT} or pip install -e {ROOT}"
+        )
     return render_cli(cli.parser())
 
 
@@ -125,10 +136,19 @@ def render_layers(path: Path = LAYERS) -> str:
 
 
 def on_files(files: Any, config: Any) -> Any:
-    """Add the CLI reference, generated, where the nav expects it."""
+    """The CLI reference as the parser renders it now; a warning if the kept copy differs."""
     from mkdocs.structure.files import File
 
-    files.append(File.generated(config, CLI_PAGE, content=cli_page()))
+    page = cli_page()
+    kept = files.get_file_from_path(CLI_PAGE)
+    if kept is None or Path(kept.abs_src_path).read_text() != page:
+        LOG.warning(
+            "docs/%s is stale (the CLI's arguments changed): run `python scripts/docs_hooks.py`",
+            CLI_PAGE,
+        )
+    if kept is not None:
+        files.remove(kept)
+    files.append(File.generated(config, CLI_PAGE, content=page))
     return files
 
 
@@ -137,3 +157,8 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if LAYERS_MARK in markdown:
         return markdown.replace(LAYERS_MARK, render_layers())
     return markdown
+
+
+if __name__ == "__main__":
+    (ROOT / "docs" / CLI_PAGE).write_text(cli_page())
+    print(f"wrote docs/{CLI_PAGE}")
