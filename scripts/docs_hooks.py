@@ -21,7 +21,7 @@ LOG = logging.getLogger("mkdocs.hooks.privnet")  # under "mkdocs": a warning fai
 LAYERS = ROOT / "docs" / "design" / "layers.toml"
 CLI_PAGE = "reference/cli.md"
 LAYERS_MARK = "<!-- layers.toml -->"
-USAGE_WIDTH = 88
+USAGE_WIDTH = 72  # fits the Material theme's content column
 
 
 def cell(text: str) -> str:
