@@ -5,7 +5,7 @@ the built-in `mlp` problem (privnet.agent.torchnet.MLP: 64 pixels + bias -> 32 R
 with ATC, once in the clear (`none`) and once with local graph-homomorphic masks
 (`local-ghp`), whose masks cancel in every combination: the two runs' models agree up to
 the noise grid every weighted term of a local-ghp combination is rounded to (2^-24 with
-sigma_g^2 = 0.01; README "How private was it?"). With `--audit` (the default over a
+sigma_g^2 = 0.01; docs/tasks/privacy.md). With `--audit` (the default over a
 broker) the wire is recorded and checked. Prints the test accuracy per round, the model's
 size, bytes per round and rounds/s.
 

@@ -1,7 +1,8 @@
 """What a WAN's delay and loss do to a run across hosts: `privnet lab` over a grid of link
 conditions, each scheme in its own lab run (so each run's veth counters are that scheme's),
-the schemes interleaved per condition. Prints the README's table (rounds/s, the agents'
-MQTT bytes per round, every veth's bytes per round, packets the loss rules dropped).
+the schemes interleaved per condition. Prints the table of docs/tasks/across-machines.md
+(rounds/s, the agents' MQTT bytes per round, every veth's bytes per round, packets the loss
+rules dropped).
 
     sudo python scripts/lab_table.py --hosts 3 --agents 30 --iters 200 --out runs/lab-table
 """

@@ -1,5 +1,5 @@
 """`privnet bench`'s accounting of a run's processes by role (the sitting itself is a
-benchmark, run by hand: its numbers are in the README)."""
+benchmark, run by hand: its numbers are in docs/tasks/benchmarks.md)."""
 
 import subprocess
 import sys

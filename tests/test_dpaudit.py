@@ -1,6 +1,6 @@
 """dp-audit: Clopper-Pearson, and the audit's verdicts on a small regression (6 agents, one
 round, the paper's sigma_g^2 = 0.01; the CLI's default is 10 agents and 1000 trials, whose
-numbers the README reports). Every trial plays the whole protocol (signed control, sealed
+numbers docs/tasks/privacy.md reports). Every trial plays the whole protocol (signed control, sealed
 Setup), ~20 ms each, so the test keeps the counts small: 160 trials per dataset for none,
 the fewest whose 80 held out can show eps_LB >= 3, and 100 for random and ghp."""
 
@@ -62,7 +62,7 @@ def test_none_is_caught_and_random_ghp_stay_under_their_claim(six_agents: Proble
 def test_masked_ghp_claims_a_finite_epsilon_against_the_hub_and_the_wire(six_agents) -> None:
     """Its masks cancel at the hub and on the whole wire; what is left is ghp's release, so
     the claim there is ghp's, finite, and the attacker stays under it (few trials: a
-    smoke test of the claim; the README's numbers come from `privnet dp-audit`)."""
+    smoke test of the claim; docs/tasks/privacy.md's numbers come from `privnet dp-audit`)."""
     records = {
         r["view"].split()[0]: r
         for r in dp_audit(six_agents, Strategy.ATC, Scheme.MASKED_GHP, 0, 40)

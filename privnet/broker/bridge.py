@@ -1,8 +1,8 @@
 """A run across hosts: one mosquitto per host (a *site*), bridged to the run's *core* broker.
 
 Agents talk to their own host's broker; a site's bridge (one TCP connection) carries exactly
-what must leave or reach its host, per agent id (`bridge_section`; the table is in the
-README's "Across machines"), so a frame between two agents of one host never leaves it.
+what must leave or reach its host, per agent id (`bridge_section`; the table is in
+docs/tasks/across-machines.md), so a frame between two agents of one host never leaves it.
 The bridge logs in as its own user, `site-<host>`, whose ACL is the union of its agents'
 rules, so "agent m writes only as m" holds on every broker a message crosses. Both ends keep
 the bridge's session: what is published while it is down arrives when it is back. TLS to

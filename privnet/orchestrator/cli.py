@@ -44,11 +44,10 @@ from privnet.orchestrator.flags import (
     one_of,
     port,
     positive,
-    print_error,
     user_error,
     yes_no,
 )
-from privnet.orchestrator.terminal import console
+from privnet.orchestrator.terminal import console, print_error
 
 
 class Interrupted(KeyboardInterrupt):

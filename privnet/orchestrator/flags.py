@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from collections.abc import Callable
 from typing import NoReturn
 
 from privnet.agent.spec import ConfigError
-from privnet.orchestrator.terminal import console
 
 USER_ERROR = 2  # the exit code of a command the user must change
 RANDOM_SEED = "random"  # --seed random: a fresh secret seed
@@ -150,15 +148,3 @@ def one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
         return name
 
     return check
-
-
-def print_error(message: str) -> None:
-    """A user error, on one line of stderr, whatever the terminal's width or --quiet."""
-    from rich.text import Text
-
-    quiet, console.quiet = console.quiet, False
-    try:  # as Text: a message's brackets (privnet[docker]) are not markup
-        console.print(Text.assemble(("error: ", "red"), message), soft_wrap=True)
-    finally:
-        console.quiet = quiet
-    sys.stderr.flush()

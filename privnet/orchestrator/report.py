@@ -24,7 +24,6 @@ from rich.table import Table
 from privnet.agent.spec import Scheme, Strategy
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.problem import Problem
-from privnet.orchestrator.flags import print_error
 from privnet.orchestrator.results import (
     DPI,
     METRICS_HEADER,
@@ -37,7 +36,7 @@ from privnet.orchestrator.results import (
     steady_state,
     steady_state_db,
 )
-from privnet.orchestrator.terminal import console, narrow_table, table_console
+from privnet.orchestrator.terminal import console, narrow_table, print_error, table_console
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -1,8 +1,8 @@
 """A run across machines: agents on several hosts, each host's own mosquitto (a *site*)
 bridged to the run's core broker, where the orchestrator runs (`privnet.broker.bridge`).
 
-`privnet prepare --hosts hosts.toml` (the core's address and each host's agents; README:
-"Across machines") writes one bundle per host, so secrets travel per host: a host's bundle
+`privnet prepare --hosts hosts.toml` (the core's address and each host's agents; docs/tasks/
+across-machines.md) writes one bundle per host, so secrets travel per host: a host's bundle
 holds its agents' launches, its bridge's credential and the run's CA, nothing of any other
 host's agents. `privnet site bundles/<host>` starts the host's mosquitto, bridged to the
 core through a relay that also counts the bridge's bytes, and its agents; `privnet run

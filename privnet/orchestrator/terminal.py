@@ -4,6 +4,7 @@ tables to stdout, wide enough when piped. Every command prints through these.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 
 from rich import box
@@ -55,3 +56,15 @@ def progress_bar() -> Progress:
         TimeElapsedColumn(),
         console=console,
     )
+
+
+def print_error(message: str) -> None:
+    """A user error, on one line of stderr, whatever the terminal's width or --quiet."""
+    from rich.text import Text
+
+    quiet, console.quiet = console.quiet, False
+    try:  # as Text: a message's brackets (privnet[docker]) are not markup
+        console.print(Text.assemble(("error: ", "red"), message), soft_wrap=True)
+    finally:
+        console.quiet = quiet
+    sys.stderr.flush()

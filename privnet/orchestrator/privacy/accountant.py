@@ -6,7 +6,7 @@ seed, so every scheme draws the very same noise and every difference is the chan
 it records the clear value y behind every model frame and charges each release what it can
 leak to the adversary reading it (`Adversary`), L = ||y - y'||_1 / b per Laplace(b) release
 (the paper's L2 norm undercounts by sqrt(M)). The charges per scheme and adversary, and how
-redone rounds count, are in the README's "How private was it?". This is epsilon for this
+redone rounds count, are in docs/tasks/privacy.md. This is epsilon for this
 pair, noise level and realisation; the paper's network bounds are reported beside it.
 """
 
