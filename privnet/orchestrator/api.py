@@ -20,14 +20,15 @@ from typing import Any
 from privnet.agent.private import private_dir
 from privnet.agent.spec import ConfigError
 from privnet.orchestrator.conductor import View
+from privnet.orchestrator.curves import Curve
 from privnet.orchestrator.engines.options import LOCALHOST, RunOptions
 from privnet.orchestrator.engines.watch import read_membership
+from privnet.orchestrator.errors import RunFailed
 from privnet.orchestrator.experiment import config as configuration
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.problem import Problem
 from privnet.orchestrator.report import finish, result_record, settings
 from privnet.orchestrator.result import Result
-from privnet.orchestrator.results import Curve, RunFailed
 from privnet.orchestrator.terminal import console, progress_bar
 
 

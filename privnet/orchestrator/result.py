@@ -19,11 +19,11 @@ import networkx as nx
 import numpy as np
 
 from privnet.agent.spec import ConfigError
+from privnet.orchestrator.curves import METRICS_HEADER, Curve
 from privnet.orchestrator.experiment import config as configuration
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.problem import Problem
 from privnet.orchestrator.report import METRIC_FILES, metrics, plot_metric, plot_msd, plot_topology
-from privnet.orchestrator.results import METRICS_HEADER, Curve
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -33,7 +33,7 @@ from privnet.agent.spec import ConfigError
 from privnet.broker.credentials import Credentials
 from privnet.broker.launcher import accepts, mosquitto_config, mosquitto_settings
 from privnet.orchestrator.engines.launch import agent_args, log_path, log_tail
-from privnet.orchestrator.results import RunFailed
+from privnet.orchestrator.errors import RunFailed
 from privnet.orchestrator.terminal import console
 
 BROKER_IMAGE = "eclipse-mosquitto:2.0"
