@@ -119,12 +119,15 @@ def test_simulate_writes_tensorboard_and_mlflow(tmp_path: Path) -> None:
 @pytest.mark.net
 def test_run_writes_tensorboard_and_mlflow(tmp_path: Path) -> None:
     iters = 5
-    flags = ["--agents", "4", "--iters", str(iters), "--scheme", "local-ghp", "--seed", "5"]
+    flags = ["--agents", "4", "--iters", str(iters), "--scheme", "local-ghp"]  # a secret seed
     logdir, store = tmp_path / "tb", tmp_path / "store.db"
     flags += ["--out", "net", "--tensorboard", str(logdir), "--mlflow-uri", f"sqlite:///{store}"]
     _privnet(["run", *flags], tmp_path)
     assert len(_csv(tmp_path / "net" / "metrics.csv")[("atc", "local-ghp", "0")]) >= 2
     _check(tmp_path / "net", logdir, f"sqlite:///{store}", iters)
+    secret = json.loads((tmp_path / "net" / "secrets.json").read_text())["seed"]
+    ((_, params),) = _mlflow(f"sqlite:///{store}").values()
+    assert str(secret) not in params.values()  # MLflow shows the seed summary.json shows
 
 
 def test_trackers_say_where_and_what_is_missing(tmp_path: Path) -> None:

@@ -186,15 +186,14 @@ class Result:
     @classmethod
     def load(cls, out: str | Path, problem: Problem | None = None) -> Result:
         """The Result of a run's (or a simulation's) output directory. `problem` gives the
-        graph; without it the graph is built again from summary.json's config."""
+        graph (and the config: a run whose seed is secret records none); without it the graph
+        is built again from summary.json's config."""
         out = Path(out)
         summary = json.loads((out / "summary.json").read_text())
-        settings = summary["config"]
-        names = {f.name for f in fields(ExperimentConfig)}
-        config = configuration.with_overrides(
-            ExperimentConfig(), {k: v for k, v in settings.items() if k in names}
-        )
-        problem = problem or Problem.build(config)
+        if problem is None:
+            names = {f.name for f in fields(ExperimentConfig)}
+            settings = {k: v for k, v in summary["config"].items() if k in names}
+            problem = Problem.build(configuration.with_overrides(ExperimentConfig(), settings))
         records = summary["results"]
         curves = _read_curves(out / "metrics.csv", records)
         models: dict[str, np.ndarray] = {}

@@ -11,6 +11,7 @@ accountant's epsilon) under `summary/...` at the last round. A round nobody repo
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -142,11 +143,8 @@ def to_mlflow(result: Result, uri: str) -> None:
     name = f"privnet/{result.config.name}"
     found = client.get_experiment_by_name(name)
     experiment = found.experiment_id if found else client.create_experiment(name)
-    params = [
-        Param(key, _param(value))
-        for key, value in sorted(result.config.to_dict().items())
-        if value is not None
-    ]
+    config = sorted(_config(result).items())
+    params = [Param(key, _param(value)) for key, value in config if value is not None]
     for session in sessions(result):
         tags = {"strategy": session.strategy, "scheme": session.scheme}
         tags |= {"repeat": str(session.repeat), "engine": result.engine}
@@ -166,6 +164,16 @@ def to_mlflow(result: Result, uri: str) -> None:
             client.log_batch(run, metrics=metrics[start : start + MLFLOW_BATCH])
         client.set_tag(run, "mlflow.note.content", f"privnet {result.engine}: {session.name}")
         client.set_terminated(run)
+
+
+def _config(result: Result) -> dict[str, Any]:
+    """The config as the run published it: summary.json's, where a secret seed is not shown
+    (a Result loaded from a run holds the real one)."""
+    summary = None if result.out is None else result.out / "summary.json"
+    if summary is not None and summary.is_file():
+        config: dict[str, Any] = json.loads(summary.read_text())["config"]
+        return config
+    return result.config.to_dict()
 
 
 def _param(value: Any) -> str:

@@ -28,11 +28,12 @@ def run(args: argparse.Namespace, config: ExperimentConfig) -> int:
     # Built before the event loop, where a stop signal ends it at once: nothing has started.
     problem = Problem.build(config)
     code: int = run_loop(run_network(problem, options, out))
-    if (out / "metrics.csv").is_file():  # what the run wrote, even if it failed after
-        from privnet.orchestrator.api import track
+    asked = trackers(args, out)
+    if (asked.tensorboard or asked.mlflow) and (out / "metrics.csv").is_file():
+        from privnet.orchestrator.api import track  # what the run wrote, even if it failed
         from privnet.orchestrator.result import Result
 
-        track(Result.load(out, problem), trackers(args, out))
+        track(Result.load(out, problem), asked)
     return code
 
 
