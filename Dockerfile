@@ -5,8 +5,8 @@
 # The first stage builds the wheel (`pip wheel .`, the same build as on the host); the image
 # installs that wheel, so containers run exactly what `pip install privnet-*.whl` installs.
 # The sources come without .git, so setuptools-scm cannot read the version from a tag: it is
-# PRIVNET_VERSION when given (`privnet run --runtime docker` passes the host's), else the
-# fallback in pyproject.toml (0+unknown).
+# PRIVNET_VERSION when given (`privnet run --runtime docker` passes the host's), else
+# pyproject.toml's fallback_version (the last release).
 FROM python:3.11-slim AS wheel
 ARG PRIVNET_VERSION=
 WORKDIR /src

@@ -26,7 +26,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import setuptools_scm
 
 pytestmark = [pytest.mark.wheel, pytest.mark.timeout(180)]
 
@@ -57,7 +56,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
         else:
             src.mkdir(exist_ok=True)
             shutil.copy(origin, src / name)
-    version = setuptools_scm.get_version(root=str(ROOT))
+    scm = [sys.executable, "-m", "setuptools_scm", "--root", str(ROOT)]
+    scm += ["--config", str(ROOT / "pyproject.toml")]  # as the build reads it
+    version = _run(scm, ROOT, _clean_env()).stdout.strip()
     env = {**_clean_env(), "SETUPTOOLS_SCM_PRETEND_VERSION": version}
     # --no-isolation: the build backend (setuptools, setuptools-scm) as installed, no download
     _run([sys.executable, "-m", "build", "--no-isolation", "-o", str(tmp / "dist")], src, env)
