@@ -4,11 +4,16 @@
 #
 # The first stage builds the wheel (`pip wheel .`, the same build as on the host); the image
 # installs that wheel, so containers run exactly what `pip install privnet-*.whl` installs.
+# The sources come without .git, so setuptools-scm cannot read the version from a tag: it is
+# PRIVNET_VERSION when given (`privnet run --runtime docker` passes the host's), else
+# pyproject.toml's fallback_version (the last release).
 FROM python:3.11-slim AS wheel
+ARG PRIVNET_VERSION=
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY privnet ./privnet
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
+RUN if [ -n "$PRIVNET_VERSION" ]; then export SETUPTOOLS_SCM_PRETEND_VERSION="$PRIVNET_VERSION"; fi \
+    && pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 
 FROM python:3.11-slim
 

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from privnet.agent.problems import Problem, Risk
     from privnet.agent.spec import ConfigError
     from privnet.orchestrator.api import Experiment, run, run_async, simulate
+    from privnet.orchestrator.errors import RunFailed
     from privnet.orchestrator.result import Result
-    from privnet.orchestrator.results import RunFailed
 
 _WHERE = {  # public name -> the module that defines it
     "ConfigError": "privnet.agent.spec",
@@ -35,7 +35,7 @@ _WHERE = {  # public name -> the module that defines it
     "run_async": "privnet.orchestrator.api",
     "simulate": "privnet.orchestrator.api",
     "Result": "privnet.orchestrator.result",
-    "RunFailed": "privnet.orchestrator.results",
+    "RunFailed": "privnet.orchestrator.errors",
 }
 
 __all__ = [

@@ -19,8 +19,8 @@ import numpy as np
 from privnet.agent.keys import PairStream, stream_laplace
 from privnet.agent.protocol import Deliveries, Output, Publish
 from privnet.broker.launcher import Broker
+from privnet.orchestrator.curves import METRICS_HEADER
 from privnet.orchestrator.engines.memory import Router
-from privnet.orchestrator.results import METRICS_HEADER
 
 Metrics = dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]
 

@@ -38,11 +38,11 @@ from privnet.orchestrator import audit, overhead, replay
 from privnet.orchestrator.cli import main
 from privnet.orchestrator.engines import memory
 from privnet.orchestrator.engines.memory import Network
+from privnet.orchestrator.errors import RunFailed
 from privnet.orchestrator.experiment import specs
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.problem import Problem
 from privnet.orchestrator.experiment.specs import session_plans
-from privnet.orchestrator.results import RunFailed
 
 SEED = 3
 SIGMA_G = 0.1

@@ -61,9 +61,9 @@ from privnet.orchestrator.conductor import (
 from privnet.orchestrator.engines import journal
 from privnet.orchestrator.engines.memory import CONDUCTOR, Network, results_curve
 from privnet.orchestrator.engines.oracle import run_oracle
+from privnet.orchestrator.errors import RunFailed
 from privnet.orchestrator.experiment.problem import msd
 from privnet.orchestrator.experiment.specs import session_plans
-from privnet.orchestrator.results import RunFailed
 
 TARGET = 1  # the agent whose frames are forged: a leaf, neither first nor last to report
 OTHER = 2  # the agent a spoofed frame names

@@ -11,12 +11,12 @@ import pytest
 from probes import matches
 
 from privnet.agent.spec import Scheme, Strategy
+from privnet.orchestrator.curves import Curve
 from privnet.orchestrator.engines.memory import run_memory
 from privnet.orchestrator.engines.oracle import run_oracle
 from privnet.orchestrator.experiment import topology
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.problem import Problem
-from privnet.orchestrator.results import Curve
 
 RTOL = 1e-9
 # Seed 34 draws a sparse, irregular geometric graph (degrees 1 to 4): two leaves exercise

@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from privnet.agent import rng
 from privnet.agent.losses import make_loss
 from privnet.agent.spec import ConfigError, Scheme, Strategy
+from privnet.orchestrator.curves import Curve, steady_state_db
 from privnet.orchestrator.engines.oracle import run_oracle
 from privnet.orchestrator.experiment import seeds, topology
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.problem import Problem, msd
-from privnet.orchestrator.results import Curve, steady_state_db
 
 REL = 1e-12  # oracle vs reference, relative, per repeat and iteration
 

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from probes import load_summary, read_metrics
 
+from privnet.orchestrator.curves import Curve, diverged, steady_state_db
 from privnet.orchestrator.report import (
     NODE_GAP,
     _spread,
@@ -29,7 +30,6 @@ from privnet.orchestrator.report import (
     write_metrics,
     write_outputs,
 )
-from privnet.orchestrator.results import Curve, diverged, steady_state_db
 
 STRATEGIES = ("consensus", "atc", "cta")
 SCHEMES = ("none", "random", "ghp", "local-ghp")

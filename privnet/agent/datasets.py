@@ -2,10 +2,11 @@
 
 Agents load the same arrays as the orchestrator and take their own rows, so raw data never
 crosses the wire. A dataset is a plug-in (`privnet.agent.plugins`) returning a `Dataset`: `adult`
-(shipped in privnet/agent/data), scikit-learn's bundled `digits`, `breast-cancer` and `wine`, an
-entry point in `privnet.datasets`, or `module:function`. Every problem relies on features
-standardized with the training split's mean and std plus a constant 1 last (the bias,
-which feature noise leaves alone), and labels 0 .. classes-1.
+(shipped in privnet/agent/data), scikit-learn's bundled `digits`, `breast-cancer` and `wine`,
+one of the user's cached torchvision or Hugging Face datasets (`torchvision:MNIST`, `hf:NAME`:
+`privnet.agent.hubs`), an entry point in `privnet.datasets`, or `module:function`. Every
+problem relies on features standardized with the training split's mean and std plus a
+constant 1 last (the bias, which feature noise leaves alone), and labels 0 .. classes-1.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from privnet.agent import plugins
+from privnet.agent import hubs, plugins
 from privnet.agent.spec import ConfigError
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -180,9 +181,22 @@ def names() -> list[str]:
     return sorted({*BUILTIN, *plugins.entry_points("dataset")})
 
 
+def check_name(name: str) -> None:
+    """ConfigError unless `name` can name a dataset (syntax only; nothing is imported)."""
+    if hubs.family(name):
+        hubs.check_name(name)
+    else:
+        plugins.check_name("dataset", name)
+
+
 @cache
 def load(name: str) -> Dataset:
     """The named dataset, loaded once per process."""
+    if hubs.family(name):
+        x_train, y_train, x_test, y_test = hubs.load(name)
+        if x_test is None or y_test is None:
+            return split(x_train, y_train)
+        return standardized(x_train, y_train, x_test, y_test)
     make = plugins.find("dataset", name, BUILTIN)
     data = make() if callable(make) else None
     if not isinstance(data, Dataset):

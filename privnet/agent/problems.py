@@ -145,7 +145,7 @@ class Rows:
     feature_noise: float
 
     def __post_init__(self) -> None:
-        plugins.check_name("dataset", self.dataset)
+        datasets.check_name(self.dataset)
         if not self.rows:
             raise ConfigError("rows: an agent holds at least one row, got 0 rows")
         if not self.feature_noise >= 0:

@@ -20,6 +20,7 @@ from typing import Any
 from privnet.agent.private import private_dir
 from privnet.agent.spec import ConfigError
 from privnet.orchestrator.conductor import View
+from privnet.orchestrator.curves import Curve
 from privnet.orchestrator.engines.options import (
     USER_FIELDS,
     Restart,
@@ -28,13 +29,14 @@ from privnet.orchestrator.engines.options import (
     default,
 )
 from privnet.orchestrator.engines.watch import read_membership
+from privnet.orchestrator.errors import RunFailed
 from privnet.orchestrator.experiment import config as configuration
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.problem import Problem
 from privnet.orchestrator.report import finish, result_record, settings
 from privnet.orchestrator.result import Result
-from privnet.orchestrator.results import Curve, RunFailed
 from privnet.orchestrator.terminal import console, progress_bar
+from privnet.orchestrator.trackers import Trackers, export
 
 
 def _version() -> str:
@@ -64,6 +66,9 @@ class Experiment(ExperimentConfig):
     out: str | Path | None = None  # output directory (simulate: no files unless given)
     account: bool = False  # epsilon(i) per agent from twin runs on D and D'
     neighbour: int = 0  # the agent whose data D' replaces
+    tensorboard: str | Path | None = None  # write the metrics as TensorBoard event files here
+    mlflow: bool = False  # and to MLflow: <out>/mlflow.db unless mlflow_uri names a store
+    mlflow_uri: str | None = None  # an MLflow tracking URI (implies mlflow)
     # privnet simulate
     engine: str = "oracle"  # oracle (vectorized) | memory (the agents' cores)
     membership: str | Path | None = None  # replay a run's membership.json (memory engine)
@@ -115,6 +120,10 @@ class Experiment(ExperimentConfig):
         """The experiment alone, as summary.json records it (no run options)."""
         return ExperimentConfig(**{name: getattr(self, name) for name in CONFIG_FIELDS})
 
+    def trackers(self, out: Path | None) -> Trackers:
+        """Where the metrics go beside `out`'s files (TensorBoard, MLflow)."""
+        return Trackers.of(self.tensorboard, self.mlflow, self.mlflow_uri, out)
+
     def run_options(self, secret_seed: bool = False) -> RunOptions:
         """The run options the net engine reads (`secret_seed`: the seed is the run's
         secret, kept out of summary.json)."""
@@ -137,6 +146,9 @@ def simulate(experiment: ExperimentConfig, engine: str | None = None) -> Result:
             "membership replays on the memory engine: set engine='memory' (--engine memory)"
         )
     views = None if exp.membership is None else _views(Path(exp.membership))
+    out = None if exp.out is None else Path(exp.out)
+    trackers = exp.trackers(out)
+    trackers.check()
     problem = Problem.build(exp.config)
     models: dict[str, Any] = {}
     c = problem.config
@@ -151,7 +163,6 @@ def simulate(experiment: ExperimentConfig, engine: str | None = None) -> Result:
         f"{c.iters} iterations in {wall:.2f} s"
     )
     neighbour = exp.neighbour if exp.account else None
-    out = None if exp.out is None else Path(exp.out)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         finish(out, c, problem, curves, engine, {"wall_s": wall}, neighbour, views)
@@ -161,7 +172,15 @@ def simulate(experiment: ExperimentConfig, engine: str | None = None) -> Result:
         for curve in curves:
             accountant.attach(curve, problem, neighbour)
     records = [result_record(curve, settings(c, engine)) for curve in curves]
-    return Result(c, engine, curves, records, problem.graph, problem.q, models, out=out)
+    result = Result(c, engine, curves, records, problem.graph, problem.q, models, out=out)
+    track(result, trackers)
+    return result
+
+
+def track(result: Result, trackers: Trackers) -> None:
+    """The finished run's metrics to TensorBoard and MLflow, if asked."""
+    for line in export(result, trackers):
+        console.print(f"[green]{line}[/green]")
 
 
 def _views(path: Path) -> list[View]:
@@ -216,13 +235,18 @@ async def run_async(experiment: ExperimentConfig) -> Result:
     """`run` on the caller's event loop: `result = await privnet.run_async(experiment)`."""
     from privnet.orchestrator.engines.net import run_network
 
-    problem, options, out = _network(_experiment(experiment))
+    exp = _experiment(experiment)
+    problem, options, out = _network(exp)
+    trackers = exp.trackers(out)
+    trackers.check()
     code = await run_network(problem, options, out)
     if code > STOPPED:
         raise KeyboardInterrupt(f"the run was stopped by signal {code - STOPPED}; {out} holds it")
     if code != 0:
         raise RunFailed(f"the run failed (exit code {code}); its logs are in {out}/logs")
-    return Result.load(out, problem)
+    result = Result.load(out, problem)
+    track(result, trackers)
+    return result
 
 
 def _network(exp: Experiment) -> tuple[Problem, RunOptions, Path]:

@@ -82,6 +82,28 @@ def _view_flags(parser: argparse.ArgumentParser, prefix: str) -> None:
     )
 
 
+def _tracker_flags(parser: argparse.ArgumentParser) -> None:
+    """Where the metrics go beside metrics.csv: TensorBoard, MLflow (optional extras)."""
+    parser.add_argument(
+        "--tensorboard",
+        type=Path,
+        metavar="DIR",
+        help="also write the per-round metrics, bytes and epsilon as TensorBoard event files "
+        "under DIR (one run per strategy/scheme/repeat; extra: privnet[tensorboard])",
+    )
+    parser.add_argument(
+        "--mlflow",
+        action="store_true",
+        help="also log them to MLflow, one run per strategy/scheme/repeat, in the output "
+        "directory's mlflow.db unless --mlflow-uri says (extra: privnet[mlflow])",
+    )
+    parser.add_argument(
+        "--mlflow-uri",
+        metavar="URI",
+        help="the MLflow tracking URI to log to (implies --mlflow), e.g. http://host:5000",
+    )
+
+
 def _common(parser: argparse.ArgumentParser, default: Any = False) -> None:
     """--verbose and --quiet, before the subcommand (`default` False) or after it
     (`default` SUPPRESS: the first's value stands unless given again)."""
@@ -118,10 +140,12 @@ def parser() -> argparse.ArgumentParser:
         help="replay a run's membership.json (its views at their rounds) on the memory "
         "engine: with the run's config and seed, the same trajectories",
     )
+    _tracker_flags(p)
     p.set_defaults(func=simulate, configure=simulate_config)
 
     p = sub.add_parser("reproduce", help="the paper's Fig. 3 preset on the oracle engine")
     experiment_flags(p)
+    _tracker_flags(p)
     p.set_defaults(func=simulate, configure=reproduce_config, engine="oracle", membership=None)
 
     p = sub.add_parser("run", help="agents as real processes over an MQTT broker")
@@ -240,6 +264,7 @@ def parser() -> argparse.ArgumentParser:
         help="watch the run in a browser: a page served by the orchestrator (URL printed, "
         "with its token); read-only; `privnet view RUN_DIR` shows it again later",
     )
+    _tracker_flags(p)
     p.set_defaults(func=run, configure=run_config)
 
     p = sub.add_parser("view", help="a finished run's directory, in the live view's page")

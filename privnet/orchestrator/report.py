@@ -1,8 +1,8 @@
 """A run's results written and shown: summary.json, metrics.csv, MSD and topology plots,
 the results table.
 
-Everything here works on finished curves (`privnet.orchestrator.results`: linear MSD per repeat and
-iteration), so the engines report through the same code and their files can be compared
+Everything here works on finished curves (`privnet.orchestrator.curves`: linear MSD per
+repeat and iteration), so the engines report through the same code and their files can be compared
 line by line.
 Figures are drawn on bare matplotlib Figures (Agg canvas), never through pyplot's global state.
 """
@@ -22,9 +22,7 @@ import numpy as np
 from rich.table import Table
 
 from privnet.agent.spec import Scheme, Strategy
-from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
-from privnet.orchestrator.results import (
+from privnet.orchestrator.curves import (
     DPI,
     METRICS_HEADER,
     SCHEME_ORDER,
@@ -36,6 +34,8 @@ from privnet.orchestrator.results import (
     steady_state,
     steady_state_db,
 )
+from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.problem import Problem
 from privnet.orchestrator.terminal import console, narrow_table, print_error, table_console
 
 if TYPE_CHECKING:

@@ -19,11 +19,11 @@ import networkx as nx
 import numpy as np
 
 from privnet.agent.spec import ConfigError
+from privnet.orchestrator.curves import METRICS_HEADER, Curve
 from privnet.orchestrator.experiment import config as configuration
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.problem import Problem
 from privnet.orchestrator.report import METRIC_FILES, metrics, plot_metric, plot_msd, plot_topology
-from privnet.orchestrator.results import METRICS_HEADER, Curve
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -186,15 +186,14 @@ class Result:
     @classmethod
     def load(cls, out: str | Path, problem: Problem | None = None) -> Result:
         """The Result of a run's (or a simulation's) output directory. `problem` gives the
-        graph; without it the graph is built again from summary.json's config."""
+        graph (and the config: a run whose seed is secret records none); without it the graph
+        is built again from summary.json's config."""
         out = Path(out)
         summary = json.loads((out / "summary.json").read_text())
-        settings = summary["config"]
-        names = {f.name for f in fields(ExperimentConfig)}
-        config = configuration.with_overrides(
-            ExperimentConfig(), {k: v for k, v in settings.items() if k in names}
-        )
-        problem = problem or Problem.build(config)
+        if problem is None:
+            names = {f.name for f in fields(ExperimentConfig)}
+            settings = {k: v for k, v in summary["config"].items() if k in names}
+            problem = Problem.build(configuration.with_overrides(ExperimentConfig(), settings))
         records = summary["results"]
         curves = _read_curves(out / "metrics.csv", records)
         models: dict[str, np.ndarray] = {}

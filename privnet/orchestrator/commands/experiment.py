@@ -16,6 +16,7 @@ from privnet.orchestrator.experiment.topology import RULES, TOPOLOGIES, parse_to
 from privnet.orchestrator.flags import RANDOM_SEED, on_off, seed_or_random
 from privnet.orchestrator.report import OUTPUTS
 from privnet.orchestrator.terminal import console
+from privnet.orchestrator.trackers import Trackers
 
 
 def topology_name(text: str) -> str:
@@ -148,3 +149,9 @@ def out_dir(
         return private_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def trackers(args: argparse.Namespace, out: Path | None) -> Trackers:
+    """`--tensorboard DIR`, `--mlflow`, `--mlflow-uri URI`: where the metrics go beside the
+    run's files (`check` fails on a missing extra before anything runs)."""
+    return Trackers.of(args.tensorboard, args.mlflow, args.mlflow_uri, out)

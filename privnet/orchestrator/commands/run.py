@@ -7,7 +7,7 @@ import argparse
 import secrets
 
 from privnet.agent.spec import ConfigError, Scheme, Strategy
-from privnet.orchestrator.commands.experiment import experiment, out_dir
+from privnet.orchestrator.commands.experiment import experiment, out_dir, trackers
 from privnet.orchestrator.engines.options import RunOptions
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.problem import Problem
@@ -26,7 +26,15 @@ def run(args: argparse.Namespace, config: ExperimentConfig) -> int:
     if out is None:
         out = out_dir(args, config, "run", private=True)
     # Built before the event loop, where a stop signal ends it at once: nothing has started.
-    return run_loop(run_network(Problem.build(config), options, out))
+    problem = Problem.build(config)
+    code: int = run_loop(run_network(problem, options, out))
+    asked = trackers(args, out)
+    if (asked.tensorboard or asked.mlflow) and (out / "metrics.csv").is_file():
+        from privnet.orchestrator.api import track  # what the run wrote, even if it failed
+        from privnet.orchestrator.result import Result
+
+        track(Result.load(out, problem), asked)
+    return code
 
 
 def run_options(args: argparse.Namespace) -> RunOptions:
@@ -85,6 +93,7 @@ def run_config(args: argparse.Namespace) -> ExperimentConfig:
     from privnet.orchestrator.faults import parse_faults
 
     parse_faults(options.faults or "", config.agents)
+    trackers(args, None).check()
     return config
 
 

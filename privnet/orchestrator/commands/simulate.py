@@ -8,7 +8,7 @@ import json
 
 from privnet.agent.spec import ConfigError, Strategy
 from privnet.orchestrator import api
-from privnet.orchestrator.commands.experiment import experiment, out_dir
+from privnet.orchestrator.commands.experiment import experiment, out_dir, trackers
 from privnet.orchestrator.experiment import config as configuration
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.problem import Problem
@@ -24,6 +24,9 @@ def simulate(args: argparse.Namespace, config: ExperimentConfig) -> int:
         membership=args.membership,
         account=args.account,
         neighbour=args.neighbour,
+        tensorboard=args.tensorboard,
+        mlflow=args.mlflow,
+        mlflow_uri=args.mlflow_uri,
     )
     result = api.simulate(experiment)
     return 1 if any(record["diverged"] for record in result.records) else 0
@@ -32,11 +35,13 @@ def simulate(args: argparse.Namespace, config: ExperimentConfig) -> int:
 def simulate_config(args: argparse.Namespace) -> ExperimentConfig:
     if args.membership is not None and args.engine != "memory":
         raise ConfigError("--membership replays on the memory engine: add --engine memory")
+    trackers(args, None).check()
     return experiment(args)
 
 
 def reproduce_config(args: argparse.Namespace) -> ExperimentConfig:
     """The paper's preset on the vectorized oracle: 20 repeats, 3 strategies, 5 schemes."""
+    trackers(args, None).check()
     return experiment(args, configuration.load("paper-regression"))
 
 

@@ -33,7 +33,7 @@ from privnet.agent.spec import ConfigError
 from privnet.broker.credentials import Credentials
 from privnet.broker.launcher import accepts, mosquitto_config, mosquitto_settings
 from privnet.orchestrator.engines.launch import agent_args, log_path, log_tail
-from privnet.orchestrator.results import RunFailed
+from privnet.orchestrator.errors import RunFailed
 from privnet.orchestrator.terminal import console
 
 BROKER_IMAGE = "eclipse-mosquitto:2.0"
@@ -76,12 +76,19 @@ def connect(runtime: str = "docker") -> Any:
     return client
 
 
-def default_image() -> str:
-    """privnet:<installed version> (privnet:dev when not installed)."""
+def installed_version() -> str | None:
+    """privnet's version as installed (from its git tag at build time), None if it is not."""
     try:
-        return f"privnet:{metadata.version('privnet')}"
+        return metadata.version("privnet")
     except metadata.PackageNotFoundError:
-        return "privnet:dev"
+        return None
+
+
+def default_image() -> str:
+    """privnet:<installed version> (privnet:dev when not installed). A tag takes no '+', so a
+    version between releases (0.2.1.dev3+g1a2b3c4) is tagged 0.2.1.dev3-g1a2b3c4."""
+    version = installed_version()
+    return "privnet:dev" if version is None else f"privnet:{version.replace('+', '-')}"
 
 
 def source_tree() -> Path | None:
@@ -112,7 +119,10 @@ def ensure_image(client: Any, image: str | None) -> str:
 def build_image(client: Any, root: Path, tag: str) -> str:
     """`docker build -t tag root`, its steps shown as it goes; RunFailed if it fails."""
     with console.status(f"image {tag}: building from {root}") as status:
-        for chunk in client.api.build(path=str(root), tag=tag, rm=True, decode=True):
+        # The build context has no .git: the version the wheel inside gets is this one.
+        version = {"PRIVNET_VERSION": installed_version() or ""}
+        chunks = client.api.build(path=str(root), tag=tag, rm=True, decode=True, buildargs=version)
+        for chunk in chunks:
             if "error" in chunk:
                 raise RunFailed(f"building image {tag} failed: {chunk['error'].strip()}")
             line = chunk.get("stream", "").strip()

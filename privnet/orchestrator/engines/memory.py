@@ -32,9 +32,10 @@ from privnet.orchestrator.conductor import (
     View,
     add_counts,
 )
+from privnet.orchestrator.curves import Curve
+from privnet.orchestrator.errors import RunFailed
 from privnet.orchestrator.experiment.problem import Problem, msd
 from privnet.orchestrator.experiment.specs import session_list, session_plans
-from privnet.orchestrator.results import Curve, RunFailed
 
 CONDUCTOR = "orchestrator"
 Tap = Callable[[str, Publish], None]  # (publisher, frame)

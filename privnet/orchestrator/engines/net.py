@@ -41,6 +41,7 @@ from privnet.orchestrator.conductor import (
     add_counts,
     describe,
 )
+from privnet.orchestrator.curves import Curve
 from privnet.orchestrator.engines import journal, memory, swarm
 from privnet.orchestrator.engines.docker import (
     ContainerBroker,
@@ -54,11 +55,11 @@ from privnet.orchestrator.engines.options import Restart, RunOptions, Runtime
 from privnet.orchestrator.engines.prepare import write_launches
 from privnet.orchestrator.engines.progress import ProgressLines
 from privnet.orchestrator.engines.watch import POLL, Watch, write_membership
+from privnet.orchestrator.errors import RunFailed
 from privnet.orchestrator.experiment.problem import Problem
 from privnet.orchestrator.experiment.specs import session_list, session_plans
 from privnet.orchestrator.faults import Fault, parse_faults
 from privnet.orchestrator.report import finish, load_plotting
-from privnet.orchestrator.results import Curve, RunFailed
 from privnet.orchestrator.terminal import console, progress_bar
 
 if TYPE_CHECKING:

@@ -20,10 +20,10 @@ import numpy as np
 
 from privnet.agent import rng
 from privnet.agent.spec import Scheme, Strategy
+from privnet.orchestrator.curves import Curve
 from privnet.orchestrator.experiment import data, seeds
 from privnet.orchestrator.experiment.config import parse_choices
 from privnet.orchestrator.experiment.problem import Problem
-from privnet.orchestrator.results import Curve
 
 CHUNK = 100  # rounds of noise and minibatch indices drawn at once; bounds memory
 

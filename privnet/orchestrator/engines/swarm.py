@@ -45,8 +45,8 @@ from privnet.orchestrator.engines.docker import (
 )
 from privnet.orchestrator.engines.docker_sdk import service_logs
 from privnet.orchestrator.engines.launch import agent_args, log_path, log_tail
+from privnet.orchestrator.errors import RunFailed
 from privnet.orchestrator.faults import parse_faults
-from privnet.orchestrator.results import RunFailed
 from privnet.orchestrator.terminal import console
 
 SCHEDULE_TIMEOUT = 120.0  # s for the broker's task to run (its node may pull the image first)

@@ -23,12 +23,12 @@ from privnet.agent.launch import AgentLaunch
 from privnet.agent.protocol import Output
 from privnet.broker.launcher import Broker
 from privnet.orchestrator.conductor import IN_SESSION, Conductor, Stage, View
+from privnet.orchestrator.curves import METRICS_HEADER
 from privnet.orchestrator.engines import journal
 from privnet.orchestrator.engines.docker import ContainerBroker
 from privnet.orchestrator.engines.launch import Launcher
 from privnet.orchestrator.experiment.problem import Problem, msd
 from privnet.orchestrator.faults import Fault
-from privnet.orchestrator.results import METRICS_HEADER
 from privnet.orchestrator.terminal import console
 
 POLL = 0.5  # how often child processes are checked

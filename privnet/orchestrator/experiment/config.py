@@ -12,7 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
-from privnet.agent import plugins, problems
+from privnet.agent import datasets, plugins, problems
 from privnet.agent.spec import ConfigError, Rekey, Scheme, Strategy
 from privnet.orchestrator.experiment import partition
 
@@ -84,7 +84,7 @@ class ExperimentConfig:
                 raise ConfigError(message)
         plugins.check_name("problem", self.problem)
         if self.dataset is not None:
-            plugins.check_name("dataset", self.dataset)
+            datasets.check_name(self.dataset)
         partition.check(self.partition)
         problems.params(self.params)  # numbers, strings, booleans and lists only
         need, have = self.footprint(), _memory()

@@ -25,11 +25,11 @@ from rich.table import Table
 from privnet.agent.losses import Loss
 from privnet.agent.problems import LINEAR
 from privnet.agent.spec import Scheme, Strategy
+from privnet.orchestrator.curves import DPI, SCHEME_ORDER, SCHEME_STYLE, Curve
 from privnet.orchestrator.experiment import topology
 from privnet.orchestrator.experiment.problem import Problem
 from privnet.orchestrator.experiment.specs import view_matrix
 from privnet.orchestrator.replay import Replay, SessionWire, replay, session_views
-from privnet.orchestrator.results import DPI, SCHEME_ORDER, SCHEME_STYLE, Curve
 from privnet.orchestrator.terminal import titled_table
 
 if TYPE_CHECKING:

@@ -20,10 +20,10 @@ from typing import Any
 
 from privnet.agent.spec import ConfigError
 from privnet.orchestrator.conductor import View, describe
+from privnet.orchestrator.curves import METRICS_HEADER
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.problem import Problem
 from privnet.orchestrator.experiment.specs import session_list, session_plans
-from privnet.orchestrator.results import METRICS_HEADER
 from privnet.orchestrator.view.links import link_bytes
 from privnet.orchestrator.view.state import AgentRow, ViewState, db
 

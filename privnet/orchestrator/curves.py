@@ -1,4 +1,4 @@
-"""Results of a run as data: the curves every engine produces, what they say in steady
+"""A run's curves as data: the curves every engine produces, what they say in steady
 state, and the order and style every table and figure shows them in. Engines, the
 accountant and the report all read these; none of them draws here.
 """
@@ -117,7 +117,3 @@ def steady_state(values: np.ndarray, tail: float = 0.2) -> float:
     """Mean over the last `tail` of iterations and all repeats of a (repeats, iters) series."""
     count = max(1, round(tail * values.shape[1]))
     return float(np.asarray(values)[:, -count:].mean())
-
-
-class RunFailed(Exception):
-    """The run cannot complete; the message names the agent and the cause."""
