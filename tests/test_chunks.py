@@ -5,7 +5,12 @@ receiver holds, and a model whose chunks straddle a membership view change."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import time
 from collections import Counter
+from importlib import resources
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -15,16 +20,19 @@ from hypothesis import strategies as st
 from runs import RUN, Clock, Harness, assert_same_models
 
 from privnet.agent import topics, wire
+from privnet.agent.access import BrokerAddress
 from privnet.agent.links import Links
 from privnet.agent.messages import Model, Rejected
 from privnet.agent.node import Phase
 from privnet.agent.protocol import Publish
-from privnet.agent.spec import COUNT_LIMIT, ID_LIMIT, STEPS, Scheme, Strategy
+from privnet.agent.spec import COUNT_LIMIT, ID_LIMIT, STEPS, ConfigError, Scheme, Strategy
 from privnet.agent.wire import chunks
+from privnet.broker.launcher import accepts, free_port, launch
+from privnet.orchestrator.cli import main
 from privnet.orchestrator.engines.memory import Network
-from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.config import ExperimentConfig, load
 from privnet.orchestrator.experiment.problem import Problem
-from privnet.orchestrator.experiment.specs import session_plans
+from privnet.orchestrator.experiment.specs import session_list, session_plans
 
 KEY, OTHER_KEY = bytes(range(32)), bytes(range(1, 33))
 ME, PEER, THIRD, VIEW = 5, 3, 7, 4
@@ -281,3 +289,131 @@ def test_a_model_whose_chunks_straddle_a_view_change_is_dropped_and_counted() ->
     h.assert_all_counted()
     clean = harness(problem).play()
     assert_same_models(results, clean)
+
+
+def test_what_the_other_planes_cannot_carry_yet_is_refused_naming_the_flag() -> None:
+    """A model one telemetry message cannot carry needs --no-telemetry; a chunked model's
+    frames are not read by the audit yet, so --audit is refused for it."""
+    plans = session_plans(wide_mlp(), [(Strategy.ATC, Scheme.NONE, 0)])
+    with pytest.raises(ConfigError, match="without --audit"):
+        Network.build(plans, escrow=True)
+    config = ExperimentConfig(
+        agents=3, iters=2, problem="mlp", dataset="digits", params={"hidden": [2000]}
+    )
+    problem = Problem.build(config)
+    big = session_plans(problem, [(Strategy.ATC, Scheme.NONE, 0)])
+    assert big[0].dim == 152_010 > wire.max_report_dim() and big[0].dim > wire.SETUP_FLOATS
+    with pytest.raises(ConfigError, match="run with --no-telemetry"):
+        Network.build(big)
+    net = Network.build(big, telemetry=False)
+    net.play()
+    for node in net.nodes:  # its Setup had no room for w0: each agent made the problem's own
+        assert node.session is not None and node.session.core.round == 3
+        assert not node.session.config.spec.w0
+        assert np.array_equal(node.session.history[0], problem.w0) and problem.w0.any()
+
+
+# ---- the broker's limits ------------------------------------------------------------------------
+
+
+def test_the_packet_limit_covers_every_plane() -> None:
+    """A control or telemetry message at its limit, and a peer frame at its limit, each on
+    the longest topic privnet uses, are packets within MAX_PACKET_SIZE."""
+    run, agent = "r" * 64, ID_LIMIT - 1
+    longest = max(
+        (topics.telemetry(run, agent), topics.ctl_up(run, agent), topics.ctl_down(run, agent)),
+        key=len,
+    )
+    assert topics.mqtt_publish_size(longest, wire.MAX_CONTROL_BYTES, 1) <= topics.MAX_PACKET_SIZE
+    peer = topics.peer_topic(run, agent, agent - 1)
+    assert topics.mqtt_publish_size(peer, wire.MAX_PEER_BYTES, 0) <= topics.MAX_PACKET_SIZE
+    conf = (resources.files("privnet.broker") / "mosquitto.conf").read_text()
+    assert f"\nmax_packet_size {topics.MAX_PACKET_SIZE}\n" in conf
+
+
+def small_mosquitto(tmp_path: Path, limit: int | None) -> tuple[subprocess.Popen[bytes], str]:
+    """A mosquitto of this test's own, stating `limit` as its Maximum Packet Size."""
+    port = free_port()
+    conf = tmp_path / "small.conf"
+    setting = f"max_packet_size {limit}\n" if limit is not None else ""
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n{setting}")
+    proc = subprocess.Popen(["mosquitto", "-c", str(conf)], stderr=subprocess.DEVNULL)
+    address = f"127.0.0.1:{port}"
+    for _ in range(100):
+        if accepts(BrokerAddress.parse(address), timeout=0.1):
+            break
+        time.sleep(0.05)
+    return proc, address
+
+
+def test_an_external_broker_whose_packets_are_too_small_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    proc, address = small_mosquitto(tmp_path, 100_000)
+    try:
+        with pytest.raises(ConfigError) as caught:
+            launch(address).start()
+        message = str(caught.value)
+        assert "\n" not in message and "at most 100,000 bytes" in message
+        assert f"set `max_packet_size {topics.MAX_PACKET_SIZE}`" in message
+        argv = ["run", "--agents", "3", "--iters", "2", "--broker", address]
+        assert main([*argv, "--out", str(tmp_path / "out")]) != 0
+        assert "at most 100,000 bytes" in capsys.readouterr().err
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    for limit in (None, topics.MAX_PACKET_SIZE):  # none stated, or enough: taken
+        proc, address = small_mosquitto(tmp_path, limit)
+        try:
+            launch(address).start()
+        finally:
+            proc.terminate()
+            proc.wait(10)
+
+
+# ---- a real run -------------------------------------------------------------------------------
+
+WIDE = """[experiment]
+name = "wide-mlp"
+problem = "mlp"
+dataset = "digits"
+agents = 4
+samples = 40
+iters = 5
+mu = 0.1
+seed = 3
+strategies = ["atc"]
+schemes = ["none", "local-ghp"]
+
+[experiment.params]
+hidden = [320]
+"""
+
+
+@pytest.mark.net
+def test_a_run_on_mosquitto_carries_models_over_one_frame_as_memory_computes_them(
+    tmp_path: Path,
+) -> None:
+    """`privnet run` of an mlp of 24,330 parameters (three chunks a model; one frame held
+    8,179) on mosquitto: no frame refused, every model frame a whole model's chunks, and
+    every agent's model after every round the memory engine's."""
+    toml = tmp_path / "wide.toml"
+    toml.write_text(WIDE)
+    out = tmp_path / "out"
+    assert main(["run", "--config", str(toml), "--broker", "mosquitto", "--out", str(out)]) == 0
+    config = load(toml)
+    problem = Problem.build(config)
+    dim = problem.config.dim
+    assert dim == 24_330 > wire.max_model_dim() and wire.chunk_count(dim) == 3
+    summary = json.loads((out / "summary.json").read_text())
+    edges = int(np.count_nonzero(problem.A) - len(problem.A))  # directed, self-loops out
+    for result in summary["results"]:
+        assert result["rejected"] == {}
+        assert result["messages"]["model"] == 5 * edges * 3  # rounds x releases x chunks
+    memory = Network.build(session_plans(problem, session_list(config))).play()
+    real = np.load(out / "models.npz")
+    for session in memory:
+        got = real[session.label]
+        assert got.shape == session.models.shape and not np.isnan(got).any()
+        gap = np.max(np.abs(got - session.models)) / np.max(np.abs(session.models))
+        assert gap < 1e-9, (session.label, gap)

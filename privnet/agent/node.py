@@ -327,17 +327,18 @@ class AgentNode:
     def _configure(self, setup: control.Setup, now: float) -> Output:
         opened = open_setup(setup, self.identity, self.run)
         config = opened.config
-        history = history_for(self.session, self.checkpoint, setup.session, config.spec)
+        try:
+            loss = make_loss(config.problem)
+        except ConfigError as exc:  # a problem or dataset this agent cannot build
+            return self._fail(f"agent {self.me}: {exc}")
+        number, spec = setup.session, config.spec
+        history = history_for(self.session, self.checkpoint, number, spec, loss.start)
         if config.resume not in history:
             return self._fail(
                 f"agent {self.me}: view {setup.view} resumes from my model after round "
                 f"{config.resume}, which I do not hold (I hold {sorted(history)[-5:]})"
             )
         history = {r: w for r, w in history.items() if r <= config.resume}
-        try:
-            loss = make_loss(config.problem)
-        except ConfigError as exc:  # a problem or dataset this agent cannot build
-            return self._fail(f"agent {self.me}: {exc}")
         core = self._core_type(config.spec, loss, self.identity, opened.directory)
         core.resume_from(history[config.resume])
         self.session = self._next_session(setup, config, core, opened.links, history)

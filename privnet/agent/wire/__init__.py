@@ -21,7 +21,7 @@ from privnet.agent.wire.chunks import (
     max_chunked_dim,
     needs_chunks,
 )
-from privnet.agent.wire.frames import MAX_CONTROL_BYTES, MAX_PEER_BYTES, check_route
+from privnet.agent.wire.frames import MAX_CONTROL_BYTES, MAX_PEER_BYTES, SETUP_FLOATS, check_route
 from privnet.agent.wire.mac import MAC_BYTES
 from privnet.agent.wire.peer import (
     decode_peer,
@@ -74,6 +74,7 @@ __all__ = [
     "MODEL_KIND",
     "PARAM_DEPTH",
     "SEAL_AD_TAG",
+    "SETUP_FLOATS",
     "SIGNATURE_BYTES",
     "SIGN_TAG",
     "VERSION",

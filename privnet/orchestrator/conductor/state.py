@@ -52,14 +52,7 @@ class Parts:
         for plan in plans:
             if sorted(s.agent for s in plan.specs) != list(range(agents)):
                 raise ValueError(f"session {plan.label}: one spec per agent 0..{agents - 1}")
-        dim = plans[0].dim
-        if telemetry and dim > wire.max_report_dim():
-            raise ConfigError(
-                f"a model of {dim:,} parameters does not fit one telemetry message "
-                f"({wire.MAX_CONTROL_BYTES:,} bytes: at most {wire.max_report_dim():,} float64 "
-                "parameters), and telemetry sends every agent's model every round: run with "
-                "--no-telemetry (bytes only, no MSD), or a smaller model"
-            )
+        _check_size(plans[0].dim, telemetry=telemetry, escrow=escrow)
         self.run, self.identity, self.tokens = run, identity, tokens
         self.plans, self.deadline, self.telemetry = plans, deadline, telemetry
         self.register_deadline = register_deadline
@@ -196,3 +189,20 @@ class Parts:
 
     def _down(self, to: int | Literal["all"], msg: control.Control) -> Publish:
         return self.outbox.down(to, msg)
+
+
+def _check_size(dim: int, *, telemetry: bool, escrow: bool) -> None:
+    """Refuse a model the run's other planes cannot carry yet (the peer plane chunks it)."""
+    if telemetry and dim > wire.max_report_dim():
+        raise ConfigError(
+            f"a model of {dim:,} parameters does not fit one telemetry message "
+            f"({wire.MAX_CONTROL_BYTES:,} bytes: at most {wire.max_report_dim():,} float64 "
+            "parameters), and telemetry sends every agent's model every round: run with "
+            "--no-telemetry (bytes only, no MSD), or a smaller model"
+        )
+    if escrow and wire.needs_chunks(dim):
+        raise ConfigError(
+            f"--audit reads models that travel in one peer frame (at most "
+            f"{wire.max_model_dim():,} parameters), and this one of {dim:,} travels in "
+            f"{wire.chunk_count(dim)} chunks: run it without --audit"
+        )
