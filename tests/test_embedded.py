@@ -243,7 +243,10 @@ async def test_the_reader_hands_amqtt_every_packet_however_the_bytes_come(
 
 @pytest.mark.parametrize(
     ("header", "why"),
-    [(b"\x30\xff\xff\xff\xff\x01", "malformed length"), (b"\x30\x80\x80\x40", "oversize packet")],
+    [
+        (b"\x30\xff\xff\xff\xff\x01", "malformed length"),
+        (b"\x30\x80\x80\x80\x01", "oversize packet"),  # 2 MiB, over MAX_PACKET_SIZE
+    ],
 )
 async def test_the_reader_refuses_before_the_body(
     header: bytes, why: str, caplog: pytest.LogCaptureFixture

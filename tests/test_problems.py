@@ -180,12 +180,21 @@ def test_an_agent_that_cannot_build_its_problem_fails_saying_why() -> None:
     assert result.missed == {2: SMALL["iters"]}
 
 
-def test_a_model_too_big_for_one_peer_frame_is_refused_naming_the_limit() -> None:
-    limit = wire.max_model_dim()
-    assert wire.model_frame_bytes(limit) <= wire.MAX_PEER_BYTES < wire.model_frame_bytes(limit + 1)
-    Problem.build(privnet.Experiment(agents=3, iters=2, dim=limit, seed=1))
-    with pytest.raises(ConfigError, match=f"at most {wire.MAX_PEER_BYTES:,} bytes") as caught:
-        Problem.build(privnet.Experiment(agents=3, iters=2, dim=limit + 1, seed=1))
-    assert "privnet.agent.wire.MAX_PEER_BYTES" in str(caught.value) and f"{limit:,} float64" in str(
+def test_a_model_over_the_most_chunks_is_refused_naming_the_limit() -> None:
+    """One peer frame no longer bounds a model (over it, it goes in chunks); the chunk
+    count does, and the refusal names it."""
+    one_frame = wire.max_model_dim()
+    assert wire.model_frame_bytes(one_frame) <= wire.MAX_PEER_BYTES
+    assert not wire.needs_chunks(one_frame) and wire.needs_chunks(one_frame + 1)
+    Problem.build(privnet.Experiment(agents=3, iters=2, dim=one_frame + 1, seed=1))
+    limit = wire.max_chunked_dim()
+    assert wire.chunk_count(limit) == wire.MAX_CHUNKS < wire.chunk_count(limit + 1)
+    wide = {"hidden": [460_000]}  # digits: 65 x 460,000 + 460,000 + 460,000 x 10 + 10
+    with pytest.raises(ConfigError, match=f"at most {wire.MAX_CHUNKS:,} chunks") as caught:
+        Problem.build(
+            privnet.Experiment(agents=3, iters=2, problem="mlp", dataset="digits", params=wide)
+        )
+    assert "privnet.agent.wire.chunks.MAX_CHUNKS" in str(caught.value)
+    assert f"{limit:,} float64" in str(caught.value) and "34,960,010 parameters" in str(
         caught.value
     )

@@ -248,3 +248,31 @@ class Inflight(gmqtt.storage.PersistentStorage):  # type: ignore[misc,unused-ign
         self.orphans += self.sent.values()
         self.sent.clear()
         super().clear()
+
+
+async def stated_packet_limit(
+    host: str, port: int, ssl: Any, username: str | None, password: str | None, timeout: float
+) -> int | None:
+    """The Maximum Packet Size a broker states in its MQTT 5 CONNACK (mosquitto 2 does when
+    `max_packet_size` is set); None when it states none, or will not speak MQTT 5 to us
+    (a 3.1.1-only broker, credentials it refuses, no answer in `timeout`): then nobody knows.
+
+    A connection of its own, closed at once: privnet's clients speak 3.1.1, whose CONNACK
+    carries no properties."""
+    stated: dict[str, Any] = {}
+    client = gmqtt.Client("", clean_session=True, logger=_LOG)
+    client.on_connect = lambda _c, _f, _rc, properties: stated.update(properties or {})
+    if username is not None:
+        client.set_auth_credentials(username, password)
+    try:
+        await asyncio.wait_for(
+            client.connect(host, port, ssl=ssl, keepalive=10, version=gmqtt.constants.MQTTv50),
+            timeout,
+        )
+    except (ConnectError, OSError, TimeoutError):
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(client.disconnect(), timeout)
+    limit = stated.get("maximum_packet_size")
+    return int(limit[0]) if limit else None

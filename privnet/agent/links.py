@@ -7,6 +7,8 @@ add them up, and sealing leaves such an eavesdropper nothing to add. The nonce i
 frame's place on its link (a model's round and step, a key frame's count), known to both
 ends, so none is sent and none repeats; a frame not past the last one from its sender is a
 `replay`. Visible (`--seal-links off`): the paper's wire, frames MACed, read by anyone.
+A model over one frame goes as chunk frames (`wire.chunks`), reassembled here, at most one
+model in flight per in-link.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from privnet.agent import wire
 from privnet.agent.messages import Model, Reason, Rejected
 from privnet.agent.spec import STEPS
+from privnet.agent.wire import chunks
 
 
 class Links:
@@ -39,9 +42,24 @@ class Links:
         self._aead = {m: ChaCha20Poly1305(k) for m, k in self.keys.items()} if sealed else {}
         self._sent: Counter[int] = Counter()  # key frames sent to each neighbour
         self._last: dict[tuple[int, int], tuple[int, int]] = {}  # (sender, kind) -> place
+        self.chunked = chunks.needs_chunks(dim)
+        self._chunks = chunks.Reassembler(run, me, dim) if self.chunked else None
+
+    def frames(self, msg: wire.Peer) -> list[bytes]:
+        """`msg` as the frames for its receiver's link: one, or a model's chunks in order."""
+        if not (self.chunked and type(msg) is Model):
+            return [self.encode(msg)]
+        if not self.sealed:
+            return chunks.mac_chunks(msg, self.keys[msg.receiver])
+        return chunks.seal_chunks(msg, self._aead[msg.receiver], self.run)
+
+    @property
+    def held_bytes(self) -> int:
+        """The bytes of chunked models in flight held for the in-links (bounded)."""
+        return 0 if self._chunks is None else self._chunks.held_bytes
 
     def encode(self, msg: wire.Peer) -> bytes:
-        """`msg` as the frame for its receiver's link."""
+        """`msg` as the one frame for its receiver's link (a chunked model: `frames`)."""
         if not self.sealed:
             return wire.encode_peer(msg, self.keys[msg.receiver])
         seq = 0
@@ -50,9 +68,12 @@ class Links:
             self._sent[msg.receiver] += 1
         return wire.seal_peer(msg, self._aead[msg.receiver], self.run, seq)
 
-    def decode(self, data: bytes, sender: int) -> wire.Peer:
-        """The message in `data`, which came on `sender`'s topic, or Rejected: the cheap
-        checks first (shape, view, route, order), the seal last."""
+    def decode(self, data: bytes, sender: int) -> wire.Peer | None:
+        """The message in `data`, which came on `sender`'s topic, None for a chunk that
+        leaves its model incomplete, or Rejected: the cheap checks first (shape, view,
+        route, order), the seal last."""
+        if self._chunks is not None and chunks.is_chunk(data):
+            return self._chunk(data, sender)
         if not self.sealed:
             return wire.decode_peer(
                 data,
@@ -92,6 +113,22 @@ class Links:
         msg = wire.open_head(head, aead, self.run, self.dim)
         self._last[slot] = head.at  # only an authentic frame moves the link on
         return msg
+
+    def _chunk(self, data: bytes, sender: int) -> Model | None:
+        assert self._chunks is not None
+        head = chunks.read_chunk(data)
+        route = {"topic_sender": sender, "receiver": self.me, "view": self.view}
+        wire.check_route("chunk", head.fields, **route)
+        secret = self._aead.get(sender) if self.sealed else self.keys.get(sender)
+        if secret is None:
+            raise Rejected(
+                Reason.UNKNOWN_SENDER, f"chunk from agent {sender}, with whom there is no link key"
+            )
+        slot = (sender, wire.MODEL_KIND)  # a chunked model moves the link as a model frame
+        model = self._chunks.take(head, secret, self._last.get(slot))
+        if model is not None:
+            self._last[slot] = head.place
+        return model
 
     def read(self, data: bytes) -> wire.Peer:
         """A frame of any of these links, in either direction, read as one of its two ends

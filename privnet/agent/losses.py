@@ -9,7 +9,8 @@ round's minibatch (drawn from its own key, the same in every engine).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -175,9 +176,21 @@ class Local:
         samples: int,
         batch: int | None = None,
         batch_key: tuple[int, int] = (0, 0),
+        initial: Callable[[], np.ndarray] | None = None,
     ) -> None:
         self.risk, self.dim, self.samples = risk, dim, samples
         self.batch, self.batch_key = batch, batch_key
+        self._initial = initial
+
+    def start(self) -> np.ndarray:
+        """The problem's own initial model (its plug-in's `initial`, else zeros): what an
+        agent starts from when its Setup names none (a model too big to carry there)."""
+        if self._initial is None:
+            return np.zeros(self.dim)
+        w = np.asarray(self._initial(), dtype=np.float64)
+        if w.shape != (self.dim,):
+            raise ConfigError(f"the problem's initial model has shape {w.shape}, not ({self.dim},)")
+        return w
 
     def grad(self, w: np.ndarray, round_: int) -> np.ndarray:
         rows = problems.minibatch(self.batch, self.batch_key, self.samples, round_)
@@ -197,4 +210,6 @@ def make_loss(share: problems.Share) -> Local:
             f"says {share.dim}: the orchestrator and the agent run different code"
         )
     x, y = problems.samples(share.data, share.data_key)
-    return Local(problem.risk(x, y, classes), dim, len(y), share.batch, share.batch_key)
+    initial = getattr(problem, "initial", None)
+    start = None if initial is None else functools.partial(initial, features, classes)
+    return Local(problem.risk(x, y, classes), dim, len(y), share.batch, share.batch_key, start)

@@ -110,6 +110,8 @@ class Reason(StrEnum):
     AHEAD_VIEW = "ahead-view"  # of a later view: a node keeps it until that view's Setup
     DUPLICATE = "duplicate"  # a second one of what counts once
     REPLAY = "replay"  # a sequence number or link counter already used
+    CHUNK_GAP = "chunk-gap"  # a model's chunk where an earlier one is missing: the model is lost
+    CHUNK_ORDER = "chunk-order"  # a model's chunk after a later one of it (reordered)
     OUT_OF_PHASE = "out-of-phase"  # a message that does not fit the phase
     CLOSED = "closed"  # after the party closed
     NO_SESSION = "no-session"  # kept for a session (a view) that never came

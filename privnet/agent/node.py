@@ -42,7 +42,7 @@ from privnet.agent.spec import ConfigError
 HELLO_EVERY = 2.0  # seconds between Hellos until Welcome: the orchestrator may subscribe late
 REGISTER_TIMEOUT = 120.0
 IDLE_TIMEOUT = 600.0  # between sessions: an orchestrator gone this long is not coming back
-TELEMETRY_BATCH = 10  # rounds per sealed telemetry message
+TELEMETRY_BATCH = 10  # rounds per sealed telemetry message (fewer for big models)
 
 
 class Phase(StrEnum):
@@ -327,17 +327,18 @@ class AgentNode:
     def _configure(self, setup: control.Setup, now: float) -> Output:
         opened = open_setup(setup, self.identity, self.run)
         config = opened.config
-        history = history_for(self.session, self.checkpoint, setup.session, config.spec)
+        try:
+            loss = make_loss(config.problem)
+        except ConfigError as exc:  # a problem or dataset this agent cannot build
+            return self._fail(f"agent {self.me}: {exc}")
+        number, spec = setup.session, config.spec
+        history = history_for(self.session, self.checkpoint, number, spec, loss.start)
         if config.resume not in history:
             return self._fail(
                 f"agent {self.me}: view {setup.view} resumes from my model after round "
                 f"{config.resume}, which I do not hold (I hold {sorted(history)[-5:]})"
             )
         history = {r: w for r, w in history.items() if r <= config.resume}
-        try:
-            loss = make_loss(config.problem)
-        except ConfigError as exc:  # a problem or dataset this agent cannot build
-            return self._fail(f"agent {self.me}: {exc}")
         core = self._core_type(config.spec, loss, self.identity, opened.directory)
         core.resume_from(history[config.resume])
         self.session = self._next_session(setup, config, core, opened.links, history)
@@ -477,6 +478,8 @@ class AgentNode:
         assert session is not None
         core = session.core
         msg = session.links.decode(payload, sender)
+        if msg is None:  # a chunk of a model still incomplete
+            return Output()
         try:
             produced = core.receive(msg)
         except keys.BadKey as exc:
@@ -503,11 +506,12 @@ class AgentNode:
                     out.checkpoint = session.checkpoint(self._sealing, every)
                 continue
             topic = topics.peer_topic(self.run, msg.receiver, self.me)
-            payload = session.links.encode(msg)
             category = wire.category(msg)
-            session.traffic.add(category, topic, payload)
-            out.publish.append(Publish(topic, payload, category))
-        if session.reports and (len(session.reports) >= TELEMETRY_BATCH or session.core.held):
+            for payload in session.links.frames(msg):
+                session.traffic.add(category, topic, payload)
+                out.publish.append(Publish(topic, payload, category))
+        batch = min(TELEMETRY_BATCH, wire.reports_per_message(session.core.spec.dim))
+        if session.reports and (len(session.reports) >= batch or session.core.held):
             out.publish.append(self._telemetry(session))
         return out
 

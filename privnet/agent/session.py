@@ -9,6 +9,7 @@ node's phases only call, so it lives here and the node reads as the protocol.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -135,16 +136,22 @@ def open_setup(setup: control.Setup, identity: keys.Identity, run: str) -> Opene
 
 
 def history_for(
-    current: Session | None, checkpoint: Checkpoint | None, number: int, spec: AgentSpec
+    current: Session | None,
+    checkpoint: Checkpoint | None,
+    number: int,
+    spec: AgentSpec,
+    start: Callable[[], np.ndarray] | None = None,
 ) -> dict[int, np.ndarray]:
     """The models an agent may resume from in session `number`: this session's, a
-    restarted agent's checkpoint of it, or the initial model."""
+    restarted agent's checkpoint of it, or the initial model (the spec's, else `start()`,
+    the problem's own, else zeros)."""
     if current is not None and current.number == number:
         return current.history
     if checkpoint is not None and checkpoint.session == number:
         return dict(checkpoint.models)
-    w0 = np.array(spec.w0, dtype=np.float64) if spec.w0 else np.zeros(spec.dim)
-    return {0: w0}
+    if spec.w0:
+        return {0: np.array(spec.w0, dtype=np.float64)}
+    return {0: start() if start is not None else np.zeros(spec.dim)}
 
 
 def offered(rounds: list[int]) -> tuple[int, ...]:

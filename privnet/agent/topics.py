@@ -13,10 +13,13 @@ from typing import Literal
 PREFIX = "privnet"
 NODELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
 """aiomqtt socket_options for every privnet client: rounds are latency-bound."""
-MAX_PACKET_SIZE = 1 << 20
+MAX_PACKET_SIZE = (1 << 20) + 4096
 """mosquitto's `max_packet_size`: every packet of at most this many bytes gets through.
 
-(mosquitto compares remaining length + 1 with it, so packets up to 3 bytes longer may too.)"""
+It covers the largest message of every plane with its topic and PUBLISH header: a control or
+telemetry message (`wire.MAX_CONTROL_BYTES`, 1 MiB) and a peer frame (`wire.MAX_PEER_BYTES`,
+one model or one chunk of one); tests/test_chunks.py checks it. (mosquitto compares
+remaining length + 1 with it, so packets up to 3 bytes longer may get through too.)"""
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _PEER = re.compile(rf"{PREFIX}/([A-Za-z0-9._-]{{1,64}})/to/(0|[1-9][0-9]*)/from/(0|[1-9][0-9]*)")

@@ -428,7 +428,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--certfile", type=Path, help="server certificate (PEM): TLS only")
     parser.add_argument("--keyfile", type=Path, help="its private key (PEM)")
     parser.add_argument(
-        "--max-packet-size", type=int, default=MAX_PACKET_SIZE, help="bytes (default 1 MiB)"
+        "--max-packet-size", type=int, default=MAX_PACKET_SIZE, help="bytes (default 1 MiB + 4 KiB)"
     )
     args = parser.parse_args(argv)
     if not 0 < args.port < 65_536:

@@ -17,6 +17,7 @@ import pwd
 import shutil
 import signal
 import socket
+import ssl as ssl_module
 import subprocess
 import sys
 import tempfile
@@ -34,7 +35,7 @@ from privnet.agent.access import BrokerAddress, ClientAccess
 from privnet.agent.inbox import Inbox
 from privnet.agent.spec import ConfigError
 from privnet.agent.topics import MAX_PACKET_SIZE
-from privnet.broker.credentials import Credentials, Users, write_private
+from privnet.broker.credentials import ORCHESTRATOR, Credentials, Users, write_private
 from privnet.broker.tls import TLSFiles, make_tls
 
 Kind = Literal["mosquitto", "embedded", "external"]
@@ -155,6 +156,7 @@ class Broker:
                     f"no MQTT broker answers at {self.address}: start one there, "
                     "or use --broker auto to let privnet start its own"
                 )
+            self._check_packet_limit()
             return
         if self._proc is not None:
             raise RuntimeError(f"the {self.kind} broker at {self.address} is already running")
@@ -164,6 +166,24 @@ class Broker:
         except BaseException:
             self.stop()
             raise
+
+    def _check_packet_limit(self) -> None:
+        """Refuse an external broker that states (MQTT 5) a packet limit below privnet's
+        largest packet: it would drop the connection of whoever sends one, mid-run."""
+        from privnet.agent import gmqtt_adapter  # here: the broker's processes never load gmqtt
+
+        access = self.access(ORCHESTRATOR) if self.credentials is not None else self.access()
+        ssl = ssl_module.create_default_context(cafile=access.ca_file) if access.tls else False
+        probe = gmqtt_adapter.stated_packet_limit(
+            self.address.host, self.address.port, ssl, access.username, access.password, 3.0
+        )
+        stated = asyncio.run(probe)
+        if stated is not None and stated < MAX_PACKET_SIZE:
+            raise ConfigError(
+                f"the broker at {self.address} takes packets of at most {stated:,} bytes (its "
+                f"Maximum Packet Size) and privnet sends up to {MAX_PACKET_SIZE:,}: set "
+                f"`max_packet_size {MAX_PACKET_SIZE}` in its mosquitto.conf (or its equivalent)"
+            )
 
     def stop(self) -> None:
         """SIGTERM, wait, SIGKILL if it will not go; remove the temp dir. Safe to call twice."""

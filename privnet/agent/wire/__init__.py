@@ -14,7 +14,14 @@ Every decode either returns a message or raises `Rejected(reason, detail)`.
 
 from privnet.agent.spec import COUNT_LIMIT, ID_LIMIT, PARAM_DEPTH
 from privnet.agent.wire.catalog import VERSION, Peer, category
-from privnet.agent.wire.frames import MAX_CONTROL_BYTES, MAX_PEER_BYTES, check_route
+from privnet.agent.wire.chunks import (
+    CHUNK_BYTES,
+    MAX_CHUNKS,
+    chunk_count,
+    max_chunked_dim,
+    needs_chunks,
+)
+from privnet.agent.wire.frames import MAX_CONTROL_BYTES, MAX_PEER_BYTES, SETUP_FLOATS, check_route
 from privnet.agent.wire.mac import MAC_BYTES
 from privnet.agent.wire.peer import (
     decode_peer,
@@ -50,19 +57,24 @@ from privnet.agent.wire.signed import (
     encode_report,
     encode_reports,
     encode_signed,
+    max_report_dim,
+    reports_per_message,
 )
 
 __all__ = [
+    "CHUNK_BYTES",
     "COUNT_LIMIT",
     "DTYPE",
     "ID_LIMIT",
     "KEY_KIND",
     "MAC_BYTES",
+    "MAX_CHUNKS",
     "MAX_CONTROL_BYTES",
     "MAX_PEER_BYTES",
     "MODEL_KIND",
     "PARAM_DEPTH",
     "SEAL_AD_TAG",
+    "SETUP_FLOATS",
     "SIGNATURE_BYTES",
     "SIGN_TAG",
     "VERSION",
@@ -71,6 +83,7 @@ __all__ = [
     "SignedFrame",
     "category",
     "check_route",
+    "chunk_count",
     "decode_checkpoint",
     "decode_config",
     "decode_link_keys",
@@ -85,11 +98,15 @@ __all__ = [
     "encode_report",
     "encode_reports",
     "encode_signed",
+    "max_chunked_dim",
     "max_model_dim",
+    "max_report_dim",
     "model_frame_bytes",
+    "needs_chunks",
     "open_head",
     "open_model",
     "peek_peer",
     "read_head",
+    "reports_per_message",
     "seal_peer",
 ]

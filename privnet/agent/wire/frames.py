@@ -36,6 +36,7 @@ class Limits:
 
 PEER_LIMITS = Limits(max_str_len=64, max_array_len=4096, max_map_len=16)
 CONTROL_LIMITS = Limits(max_str_len=64 * 1024, max_array_len=1 << 16, max_map_len=1 << 16)
+SETUP_FLOATS = CONTROL_LIMITS.max_array_len  # the longest initial model a Setup carries
 
 
 def pack(value: object) -> bytes:

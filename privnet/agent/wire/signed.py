@@ -103,6 +103,21 @@ def decode_report(data: bytes, dim: int, max_size: int = MAX_CONTROL_BYTES) -> R
     return build(opened, Report, dim)
 
 
+REPORT_OVERHEAD = 96  # a report frame's bytes besides its vector's (widest counts: 84)
+TELEMETRY_OVERHEAD = 2048  # a Telemetry's bytes besides its reports' (signature, seal, ...)
+
+
+def reports_per_message(dim: int) -> int:
+    """How many Reports of `dim` parameters one Telemetry carries within MAX_CONTROL_BYTES
+    (0: not even one; a run with telemetry refuses such a model)."""
+    return max(0, (MAX_CONTROL_BYTES - TELEMETRY_OVERHEAD) // (8 * dim + REPORT_OVERHEAD))
+
+
+def max_report_dim() -> int:
+    """The most parameters a model may have for one Telemetry to carry it."""
+    return (MAX_CONTROL_BYTES - TELEMETRY_OVERHEAD - REPORT_OVERHEAD) // 8
+
+
 def encode_reports(reports: list[Report]) -> bytes:
     """A batch of Reports (one sealed Telemetry carries several rounds)."""
     return pack([encode_report(r) for r in reports])

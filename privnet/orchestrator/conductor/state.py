@@ -10,8 +10,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from privnet.agent import control, keys, topics
+from privnet.agent import control, keys, topics, wire
 from privnet.agent.protocol import Deliveries, Publish, Traffic
+from privnet.agent.spec import ConfigError
 from privnet.orchestrator.conductor.collection import Collection, Link, Outbox
 from privnet.orchestrator.conductor.membership import Membership
 from privnet.orchestrator.conductor.records import (
@@ -51,6 +52,7 @@ class Parts:
         for plan in plans:
             if sorted(s.agent for s in plan.specs) != list(range(agents)):
                 raise ValueError(f"session {plan.label}: one spec per agent 0..{agents - 1}")
+        _check_size(plans[0].dim, telemetry=telemetry, escrow=escrow)
         self.run, self.identity, self.tokens = run, identity, tokens
         self.plans, self.deadline, self.telemetry = plans, deadline, telemetry
         self.register_deadline = register_deadline
@@ -187,3 +189,20 @@ class Parts:
 
     def _down(self, to: int | Literal["all"], msg: control.Control) -> Publish:
         return self.outbox.down(to, msg)
+
+
+def _check_size(dim: int, *, telemetry: bool, escrow: bool) -> None:
+    """Refuse a model the run's other planes cannot carry yet (the peer plane chunks it)."""
+    if telemetry and dim > wire.max_report_dim():
+        raise ConfigError(
+            f"a model of {dim:,} parameters does not fit one telemetry message "
+            f"({wire.MAX_CONTROL_BYTES:,} bytes: at most {wire.max_report_dim():,} float64 "
+            "parameters), and telemetry sends every agent's model every round: run with "
+            "--no-telemetry (bytes only, no MSD), or a smaller model"
+        )
+    if escrow and wire.needs_chunks(dim):
+        raise ConfigError(
+            f"--audit reads models that travel in one peer frame (at most "
+            f"{wire.max_model_dim():,} parameters), and this one of {dim:,} travels in "
+            f"{wire.chunk_count(dim)} chunks: run it without --audit"
+        )

@@ -91,8 +91,9 @@ class ExperimentConfig:
         if have is not None and need > have:
             raise ConfigError(
                 f"this experiment needs at least {need / 2**30:.0f} GiB (agents^2 weights, "
-                f"agents x dim^2 moments, agents x samples x dim data, iters x agents x dim "
-                f"models) and this machine has {have / 2**30:.0f} GiB: lower agents, dim, "
+                f"agents x dim^2 moments (least-squares), agents x samples x dim data "
+                f"(least-squares, logistic), iters x agents x dim models) and this machine "
+                f"has {have / 2**30:.0f} GiB: lower agents, dim, "
                 "samples or iters"
             )
 
@@ -111,9 +112,11 @@ class ExperimentConfig:
     def footprint(self) -> int:
         """Bytes of the dense arrays any engine holds at once (a lower bound): what a config
         too large for the machine is refused by, before anything is allocated."""
+        linear = self.problem in ("least-squares", "logistic")  # dim is the data's width
+        moments = self.dim if self.problem == "least-squares" else 0  # (dim, dim) per agent
         floats = (
             3 * self.agents**2
-            + self.agents * self.dim * (self.dim + self.samples)
+            + self.agents * self.dim * (moments + (self.samples if linear else 0))
             + self.iters * self.agents * self.dim
         )
         return 8 * floats

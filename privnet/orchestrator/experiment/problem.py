@@ -177,12 +177,13 @@ def _with_rho(plugin_class: type, config: ExperimentConfig) -> dict[str, object]
 
 
 def _check_frame(config: ExperimentConfig) -> None:
-    """A model travels in one peer frame: refuse one that does not fit, naming the limit."""
-    if config.dim > wire.max_model_dim():
+    """A model crosses the peer plane in one frame, or in chunks (privnet.agent.wire.chunks):
+    refuse one over the most chunks a model may take, naming the limit."""
+    if config.dim > wire.max_chunked_dim():
         raise ConfigError(
             f"problem {config.problem!r} has {config.dim:,} parameters: a model crosses the wire "
-            f"in one peer frame of at most {wire.MAX_PEER_BYTES:,} bytes "
-            f"(privnet.agent.wire.MAX_PEER_BYTES), which holds {wire.max_model_dim():,} float64 "
-            f"parameters ({wire.model_frame_bytes(config.dim):,} bytes needed); use a smaller "
-            "model"
+            f"in at most {wire.MAX_CHUNKS:,} chunks of {wire.CHUNK_BYTES:,} bytes "
+            f"(privnet.agent.wire.chunks.MAX_CHUNKS), which hold {wire.max_chunked_dim():,} "
+            f"float64 parameters ({8 * config.dim:,} bytes needed, and as many held per "
+            "in-link by every receiver); use a smaller model"
         )

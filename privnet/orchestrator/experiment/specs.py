@@ -9,6 +9,7 @@ from collections.abc import Iterable
 import networkx as nx
 import numpy as np
 
+from privnet.agent import wire
 from privnet.agent.spec import STEPS, AgentSpec, ConfigError, Scheme, StepPlan, Strategy
 from privnet.orchestrator.conductor import SessionPlan
 from privnet.orchestrator.experiment import seeds, topology
@@ -43,7 +44,9 @@ def agent_specs(
     session = session if session is not None else secrets.token_bytes(16)
     noise_keys = seeds.keys(c.seed, seeds.Purpose.NOISE, repeat, c.agents)
     w0 = problem.w0
-    start = tuple(w0.tolist()) if w0.any() else ()  # () is zeros, in fewer bytes
+    # () is the problem's own initial model, which each agent computes (zeros, or the
+    # plug-in's `initial`): in fewer bytes, and for a model over what a Setup carries
+    start = tuple(w0.tolist()) if w0.any() and len(w0) <= wire.SETUP_FLOATS else ()
     return [
         AgentSpec(
             agent=p,

@@ -44,10 +44,11 @@ def link_bytes(
         links = Links(run, spec.agent, spec.dim, view, keys, sealed=sealed)
         for step in spec.steps:
             for k in step.receivers(spec.agent):
-                frame = links.encode(Model(spec.agent, k, start, step.step, w, view))
+                model = Model(spec.agent, k, start, step.step, w, view)
                 topic = topics.peer_topic(run, k, spec.agent)
                 edge = (min(spec.agent, k), max(spec.agent, k))
-                sent[edge] = sent.get(edge, 0.0) + topics.mqtt_publish_size(
-                    topic, len(frame), PEER_QOS
+                sent[edge] = sent.get(edge, 0.0) + sum(
+                    topics.mqtt_publish_size(topic, len(frame), PEER_QOS)
+                    for frame in links.frames(model)
                 )
     return sent
