@@ -250,6 +250,14 @@ class Inflight(gmqtt.storage.PersistentStorage):  # type: ignore[misc,unused-ign
         super().clear()
 
 
+class _Probe(gmqtt.Client):  # type: ignore[misc,unused-ignore]
+    """One MQTT 5 connection that never reconnects: gmqtt's reconnect task, left sleeping
+    when a non-broker answers, would be cancelled with the loop and print a traceback."""
+
+    async def reconnect(self, delay: bool = False) -> None:
+        return None
+
+
 async def stated_packet_limit(
     host: str, port: int, ssl: Any, username: str | None, password: str | None, timeout: float
 ) -> int | None:
@@ -260,7 +268,7 @@ async def stated_packet_limit(
     A connection of its own, closed at once: privnet's clients speak 3.1.1, whose CONNACK
     carries no properties."""
     stated: dict[str, Any] = {}
-    client = gmqtt.Client("", clean_session=True, logger=_LOG)
+    client = _Probe("", clean_session=True, logger=_LOG)
     client.on_connect = lambda _c, _f, _rc, properties: stated.update(properties or {})
     if username is not None:
         client.set_auth_credentials(username, password)
