@@ -210,7 +210,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--faults",
         metavar="LIST",
-        help="inject faults at rounds, e.g. kill:7@120,stop:12@200+15s,broker@300",
+        help="inject faults at rounds, e.g. kill:7@120,stop:12@200+15s,flap:3@40,broker@300",
     )
     p.add_argument(
         "--agents-per-process",

@@ -21,6 +21,8 @@ from __future__ import annotations
 from privnet.agent import control, wire
 from privnet.agent.messages import Reason, Rejected
 from privnet.agent.protocol import BEATS, Event, Output
+from privnet.orchestrator.conductor.blame import culprit
+from privnet.orchestrator.conductor.membership import splits
 from privnet.orchestrator.conductor.records import BEATING, IN_SESSION, Stage
 from privnet.orchestrator.conductor.sessions import Sessions
 
@@ -34,6 +36,13 @@ class Conductor(Sessions):
 
     def tick(self, now: float) -> Output:
         """Deadlines (registration, an agent's silence, a stalled network) and Beats."""
+        sent, beating = self.outbox.broadcasts, self.stage in BEATING
+        out = self._tick(now)
+        if beating and self.outbox.broadcasts != sent:
+            self.beats.note(now)
+        return out
+
+    def _tick(self, now: float) -> Output:
         if self.stage is Stage.REGISTERING and now - self._since >= self.register_deadline:
             missing = self.registry.missing()
             return self._fail(
@@ -48,7 +57,11 @@ class Conductor(Sessions):
             for m in silent:
                 out += self.lost(m, f"silent for {self.deadline:.0f} s", now)
             if self._stalled(now):
-                out += self._change(now, "stalled")
+                out += self._stall(now)
+            for rejoin in self.blame.due(now):  # out of quarantine: back in as any Rejoin
+                if self._can_join(rejoin.agent):
+                    self.group.joining[rejoin.agent] = rejoin
+                    out += self._change(now, "returned")
             due = self.group.split_due
             if self.stage is Stage.HOLDING and due is not None and now >= due:
                 self.group.split_due = None
@@ -81,12 +94,15 @@ class Conductor(Sessions):
             waits.append(self.group.moved.since + self.deadline)
         if self.stage is Stage.HOLDING and self.group.split_due is not None:
             waits.append(self.group.split_due)  # a split view waits this long at most
+        if (parked := self.blame.next_due()) is not None:
+            waits.append(parked)  # a member in quarantine asked back in
         return min(waits) if waits else self._next_beat
 
     def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output:
         """One delivery: used, or dropped and counted under exactly one reason (a retained
         frame is nobody's of this run: privnet publishes nothing retained)."""
         self.deliveries.received += 1
+        sent, beating = self.outbox.broadcasts, self.stage in BEATING
         try:
             if retained:
                 raise Rejected(Reason.RETAINED, f"a retained frame on {topic!r}")
@@ -95,6 +111,8 @@ class Conductor(Sessions):
             self.deliveries.rejected[exc.reason.value] += 1
             return Output()
         self.deliveries.used += 1
+        if beating and self.outbox.broadcasts != sent:
+            self.beats.note(now)
         return out
 
     def lost(self, agent: int, reason: str, now: float) -> Output:
@@ -111,6 +129,20 @@ class Conductor(Sessions):
         self.group.lost[agent] = reason
         out = Output(events=[Event("lost", f"agent {agent}: {reason}")])
         return out + self._change(now, "lost")
+
+    def _stall(self, now: float) -> Output:
+        """A stall: the round (or the keying) is redone under a new view; a member every
+        held-back member waits for, named by stalls FLAPS times (`blame`), is left out
+        instead, unless the others' graph would split without it."""
+        group = self.group
+        keying = self.stage is Stage.CONFIGURING
+        agent = culprit(group.waiting, group.slowest(self.collection.counts, keying))
+        if agent is None or splits(self.plans[self.session], group.members - {agent}, self.agents):
+            return self._change(now, "stalled")
+        if not self.blame.stall(agent, now):
+            return self._change(now, "stalled")
+        why = f"stalled the network (left out {self.blame.outs[agent]} time(s) for it)"
+        return self.lost(agent, why, now)
 
     def deaf(self, now: float) -> Output:
         """The orchestrator could not hear until now (its broker connection was down, or
@@ -185,6 +217,8 @@ class Conductor(Sessions):
             case control.Progress(session=n) if n == self.session and self.stage in IN_SESSION:
                 return self._progress(msg, now)
             case control.Rejoin(agent=agent) if self._can_join(agent):
+                if self.blame.park(msg, now):  # left out for stalling: back once it ends
+                    return Output()
                 group.joining[agent] = msg
                 return self._change(now, "returned")
             case control.Rejoin(agent=agent) if (
@@ -262,6 +296,8 @@ class Conductor(Sessions):
         if agent not in group.members or msg.view != number:
             return Output()  # a late heartbeat of an earlier view
         group.progress(agent, msg.round, self.collection.counts, now)
+        if msg.waiting:
+            group.waiting[agent] = msg.waiting
         if not msg.held:
             return Output()
         group.held[agent] = msg.round
