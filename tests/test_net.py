@@ -448,8 +448,8 @@ def test_sigint_stops_a_run_started_in_the_background(tmp_path: Path) -> None:
 
 def test_a_killed_orchestrator_leaves_no_agent_running(broker_kind: str, tmp_path: Path) -> None:
     """SIGKILL the orchestrator mid-run: its Beats stop, and every agent stops within
-    PATIENCE deadlines (10 s each): its neighbours still talking make it wait past one. The broker, a child the SIGKILL
-    leaves behind, is stopped here whatever happens."""
+    PATIENCE deadlines (10 s each): its neighbours still talking make it wait past one.
+    The broker, a child the SIGKILL leaves behind, is stopped here whatever happens."""
     privnet = start_privnet(broker_kind, tmp_path)
     family: list[psutil.Process] = []
     try:
