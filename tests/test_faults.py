@@ -1,7 +1,8 @@
 """Faults on a real network (`privnet run --faults`), each checked against the memory replay
 of the run's membership.json: a stalled agent excluded and readmitted, a broker restart
 redone under a new view, a crashed agent restarted from its checkpoint, a killed agent whose
-last telemetry batch died with it."""
+last telemetry batch died with it. Each runs beside as many busy loops as the machine has
+cores."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from conftest import assert_private_run
 from probes import read_metrics
 from runs import assert_whole_rounds
@@ -24,6 +26,7 @@ from privnet.orchestrator.experiment.problem import Problem, msd
 from privnet.orchestrator.experiment.specs import session_list, session_plans
 
 AGENTS, SEED = 10, 34
+pytestmark = pytest.mark.usefixtures("hogs")  # on a machine busy with other work (issue 30)
 
 
 def run(out: Path, iters: int, *flags: str) -> tuple[list[View], dict]:
