@@ -6,9 +6,9 @@ deadline: its heartbeats go out between the drops. What the others see is a stal
 slowest members all wait for it. Each stall costs them a deadline, so a member named by
 two stalls within `WINDOW` deadlines is treated as an outage, once: left out of the next
 view like a silent one. It asks back in (its Rejoin) at once, and is let back through the
-normal rejoin path once it has stayed out `quarantine` (a deadline, doubled for each time
-it was left out this way). A stall with no single agent every waiting member waits for (a
-broker restart: everyone waits for everyone) blames nobody.
+normal rejoin path once it has stayed out its quarantine (a deadline, doubled for each time
+it was left out this way); named by a stall after that, it is out again at once. A stall
+whose waits share no agent (a broker restart: everyone waits for everyone) names nobody.
 
 Plain bookkeeping: the conductor feeds it heartbeats and stalls and reads its answers.
 """
@@ -26,18 +26,18 @@ WINDOW = 20.0  # in deadlines
 QUARANTINE_MAX = 64  # deadlines a member left out for stalling stays out, at most
 
 
-def culprit(waiting: Mapping[int, tuple[int, ...]], slowest: Iterable[int]) -> int | None:
-    """The one agent every waiting member among `slowest` waits for (itself aside), if
-    there is exactly one such agent and it is waited for at all; else None."""
-    lists = {m: set(waiting.get(m, ())) for m in slowest}
-    lists = {m: w for m, w in lists.items() if w}
-    counts = Counter(a for w in lists.values() for a in w)
-    named = [
-        a
-        for a in counts
-        if all(a in w for m, w in lists.items() if m != a) and any(m != a for m in lists)
-    ]
-    return named[0] if len(named) == 1 else None
+def suspects(waiting: Mapping[int, tuple[int, ...]], slowest: Iterable[int]) -> set[int]:
+    """The agents on every wait of the members a stall holds back (`slowest` waits for
+    whom `waiting` says): one where several waits share it, both ends of a single wait
+    (frames lost on one link: either end's connection may have dropped them), none where
+    the waits share no agent (a broker restart: everyone waits for everyone)."""
+    edges = [(m, a) for m in slowest for a in waiting.get(m, ()) if a != m]
+    if not edges:
+        return set()
+    common = set(edges[0])
+    for edge in edges[1:]:
+        common &= set(edge)
+    return common
 
 
 @dataclass
@@ -51,20 +51,25 @@ class Blame:
     until: dict[int, float] = field(default_factory=dict)  # agent -> end of its quarantine
     parked: dict[int, control.Rejoin] = field(default_factory=dict)  # asked back in early
 
-    def stall(self, agent: int, now: float) -> bool:
-        """`agent` stalled the network at `now`: True when that makes it an outage (it
-        stalled FLAPS times within the window, or it was let back from a quarantine and
-        stalls again)."""
+    def stall(self, suspects: Iterable[int], now: float) -> int | None:
+        """A stall named `suspects` at `now`: the one that is now an outage (named by
+        FLAPS stalls within the window, or named again after a quarantine), or None (no
+        one, or two equally: the stall is redone with everyone)."""
         since = now - WINDOW * self.deadline
-        times = [t for t in self.named.get(agent, []) if t > since] + [now]
-        self.named[agent] = times
-        if len(times) < FLAPS and not self.outs[agent]:
-            return False
+        due = []
+        for agent in suspects:
+            times = [t for t in self.named.get(agent, []) if t > since] + [now]
+            self.named[agent] = times
+            if len(times) >= FLAPS or self.outs[agent]:
+                due.append(agent)
+        if len(due) != 1:
+            return None
+        (agent,) = due
         self.outs[agent] += 1
         self.named[agent] = []
         quarantine = min(2 ** (self.outs[agent] - 1), QUARANTINE_MAX) * self.deadline
         self.until[agent] = now + quarantine
-        return True
+        return agent
 
     def park(self, rejoin: control.Rejoin, now: float) -> bool:
         """Keep a Rejoin that came during its agent's quarantine (True), to let it in once

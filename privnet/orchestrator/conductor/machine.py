@@ -21,7 +21,7 @@ from __future__ import annotations
 from privnet.agent import control, wire
 from privnet.agent.messages import Reason, Rejected
 from privnet.agent.protocol import BEATS, Event, Output
-from privnet.orchestrator.conductor.blame import culprit
+from privnet.orchestrator.conductor.blame import suspects
 from privnet.orchestrator.conductor.membership import splits
 from privnet.orchestrator.conductor.records import BEATING, IN_SESSION, Stage
 from privnet.orchestrator.conductor.sessions import Sessions
@@ -131,15 +131,19 @@ class Conductor(Sessions):
         return out + self._change(now, "lost")
 
     def _stall(self, now: float) -> Output:
-        """A stall: the round (or the keying) is redone under a new view; a member every
-        held-back member waits for, named by stalls FLAPS times (`blame`), is left out
-        instead, unless the others' graph would split without it."""
+        """A stall: the round (or the keying) is redone under a new view; a member the
+        held-back members' waits keep naming (`blame`) is left out instead, unless the
+        others' graph would split without it."""
         group = self.group
-        keying = self.stage is Stage.CONFIGURING
-        agent = culprit(group.waiting, group.slowest(self.collection.counts, keying))
-        if agent is None or splits(self.plans[self.session], group.members - {agent}, self.agents):
-            return self._change(now, "stalled")
-        if not self.blame.stall(agent, now):
+        held_back = group.slowest(self.collection.counts, self.stage is Stage.CONFIGURING)
+        members, plan = group.members, self.plans[self.session]
+        named = {
+            m
+            for m in suspects(group.waiting, held_back)
+            if m in members and not splits(plan, members - {m}, self.agents)
+        }
+        agent = self.blame.stall(named, now)
+        if agent is None:
             return self._change(now, "stalled")
         why = f"stalled the network (left out {self.blame.outs[agent]} time(s) for it)"
         return self.lost(agent, why, now)
