@@ -50,28 +50,36 @@ class Conductor(Sessions):
                 f"{missing[:20]} never registered (not started, or launched with another "
                 "run's token?)"
             )
-        out = Output()
-        if self.stage in IN_SESSION:
-            heard, expected = self.registry.heard, self.group.expected(self.alive)
-            silent = [m for m in expected if now - heard.get(m, 0.0) >= self.deadline]
-            for m in silent:
-                out += self.lost(m, f"silent for {self.deadline:.0f} s", now)
-            if self._stalled(now):
-                out += self._stall(now)
-            for rejoin in self.blame.due(now):  # out of quarantine: back in as any Rejoin
-                if self._can_join(rejoin.agent):
-                    self.group.joining[rejoin.agent] = rejoin
-                    out += self._change(now, "returned")
-            due = self.group.split_due
-            if self.stage is Stage.HOLDING and due is not None and now >= due:
-                self.group.split_due = None
-                out += self._maybe_switch(now)  # nobody came back to join a split network
+        out = self._waits(now) if self.stage in IN_SESSION else Output()
         if self.stage is Stage.CLOSING and now - self._since >= self.deadline:
             return out + self._done()  # results are complete; a silent agent costs its Left
         if self.stage in BEATING and now >= self._next_beat:
             self._next_beat = now + self.deadline / BEATS
             beat = control.Beat() if self.stage is not Stage.HOLDING else self._hold()
             out.publish.append(self._down("all", beat))
+        return out
+
+    def _waits(self, now: float) -> Output:
+        """In a session: a member silent for a deadline, a stall, a quarantine's end, a
+        hold a member did not answer within a deadline (or a split view waited out)."""
+        out = Output()
+        heard, expected = self.registry.heard, self.group.expected(self.alive)
+        for m in [m for m in expected if now - heard.get(m, 0.0) >= self.deadline]:
+            out += self.lost(m, f"silent for {self.deadline:.0f} s", now)
+        if self._stalled(now):
+            out += self._stall(now)
+        for rejoin in self.blame.due(now):  # out of quarantine: back in as any Rejoin
+            if self._can_join(rejoin.agent):
+                self.group.joining[rejoin.agent] = rejoin
+                out += self._change(now, "returned")
+        due = self.group.split_due
+        if self.stage is Stage.HOLDING and due is not None and now >= due:
+            self.group.split_due = None
+            unheld = self.group.expected(self.alive) - self.group.held.keys()
+            why = f"did not stop for a view change in {self.deadline:g} s"
+            for m in sorted(unheld):  # a deadline holds the others for one member, at most
+                out += self.lost(m, why, now)
+            out += self._maybe_switch(now)  # nobody came back to join a split network
         return out
 
     def next_tick(self) -> float | None:
