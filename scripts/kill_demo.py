@@ -12,8 +12,8 @@ arguments after `--` go to `privnet run` (e.g. `-- --audit`).
 
 Under load, `--repeat` times in a row (issue 30):
 
-    python scripts/kill_demo.py --agents 10 --iters 300 --kill 1 --busy 3 --repeat 10 \
-        --out runs/kill-load -- --deadline 2 --broker mosquitto
+    python scripts/kill_demo.py --agents 10 --iters 300 --kill 1 --victim 3 --at 40 \
+        --by shell --busy 3 --repeat 10 --out runs/kill-load -- --deadline 2 --broker mosquitto
 
 runs each beside `--busy` busy loops (`python -c "while True: pass"`, killed after) and
 prints, per run, its exit code, its last view's members, the replay's gap and the
@@ -86,8 +86,18 @@ def main() -> int:
     parser.add_argument("--kill", type=int, default=9)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path("runs/kill-demo"))
+    parser.add_argument("--victim", type=int, help="the agent killed (with --kill 1)")
+    parser.add_argument("--at", type=int, help="the round it is killed at (with --kill 1)")
     parser.add_argument("--busy", type=int, default=0, help="busy loops beside each run")
     parser.add_argument("--repeat", type=int, default=1, help="runs in a row")
+    parser.add_argument(
+        "--by",
+        choices=("outside", "shell"),
+        default="outside",
+        help="who sends the SIGKILLs: this script, found with ps (outside), or privnet run "
+        "itself at the exact round (shell: --faults kill:AGENT@ROUND; for runs too short "
+        "to catch from outside)",
+    )
     parser.add_argument("rest", nargs="*", help="more `privnet run` flags, after --")
     args = parser.parse_args()
     if args.repeat == 1:
@@ -131,8 +141,9 @@ def killed_run(args: argparse.Namespace, out: Path) -> dict:
         schemes=("local-ghp",),
         seed=args.seed,
     )
-    doomed = victims(config, args.kill)
+    doomed = victims(config, args.kill) if args.victim is None else [args.victim]
     at = [int(args.iters * (k + 1) / (args.kill + 2)) for k in range(len(doomed))]
+    at = at if args.at is None else [args.at]
     command = [
         sys.executable,
         "-m",
@@ -143,6 +154,9 @@ def killed_run(args: argparse.Namespace, out: Path) -> dict:
     ]
     command += ["--iters", str(args.iters), "--strategy", "atc", "--scheme", "local-ghp"]
     command += ["--seed", str(args.seed), "--out", str(out), *args.rest]
+    if args.by == "shell":
+        command += ["--faults", ",".join(f"kill:{v}@{r}" for v, r in zip(doomed, at, strict=True))]
+        doomed, at = [], []
     started = time.monotonic()
     privnet = subprocess.Popen(command)
     run = psutil.Process(privnet.pid)
