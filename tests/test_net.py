@@ -454,7 +454,7 @@ def test_a_killed_orchestrator_leaves_no_agent_running(broker_kind: str, tmp_pat
     family: list[psutil.Process] = []
     try:
         family = wait_for_rounds(privnet, tmp_path)
-        agents = [p for p in family if "agent" in p.cmdline()]
+        agents = [p for p in family if "privnet.agent" in p.cmdline()]
         assert len(agents) == 6
         privnet.kill()
         killed = time.monotonic()
