@@ -274,8 +274,9 @@ def test_a_watched_run_in_a_browser(browser: Any, tmp_path: Path) -> None:
         edges = json.loads((get(url + "state"))[1])["edges"]
         assert page.page.locator("line.edge").count() == len(edges) > 9  # connected: >= P - 1
         page.wait("running agents", lambda: page.phase(3) == "running", 30)
+        page.wait("MSD points", lambda: page.points() > 0, 10)  # the page may be first
         before = page.points()
-        page.wait("MSD points gained", lambda: page.points() > before > 0, 10)
+        page.wait("MSD points gained", lambda: page.points() > before, 10)
         assert refusals(url) == REFUSED
         victim = agent_process(psutil.Process(privnet.pid).children(recursive=True), 3)
         victim.send_signal(signal.SIGKILL)
