@@ -69,7 +69,11 @@ def agent_pid(run: psutil.Process, agent: int) -> psutil.Process | None:
             line = child.cmdline()
         except psutil.Error:
             continue
-        if "agent" in line and "--id" in line and line[line.index("--id") + 1] == str(agent):
+        if (
+            "privnet.agent" in line
+            and "--id" in line
+            and line[line.index("--id") + 1] == str(agent)
+        ):
             return child
     return None
 

@@ -485,7 +485,7 @@ def test_a_run_whose_orchestrator_died_resumes(tmp_path: Path) -> None:
         family = wait_for_rounds(privnet, tmp_path)
         time.sleep(1.0)
         privnet.kill()
-        psutil.wait_procs([p for p in family if "agent" in p.cmdline()], timeout=30)
+        psutil.wait_procs([p for p in family if "privnet.agent" in p.cmdline()], timeout=30)
     finally:
         for proc in family:
             with contextlib.suppress(psutil.NoSuchProcess):
