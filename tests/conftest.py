@@ -30,6 +30,29 @@ from privnet.orchestrator.engines.launch import agent_args
 from privnet.orchestrator.engines.lifetime import RunSecrets
 
 BROKER_KINDS = ("mosquitto", "embedded")
+HOG = "while True: pass"  # one busy loop: a core's worth of someone else's work
+
+
+@contextlib.contextmanager
+def busy(count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """`count` busy loops beside whatever runs inside, killed after (whatever happens)."""
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(count)]
+    try:
+        yield hogs
+    finally:
+        for hog in hogs:
+            hog.kill()
+        for hog in hogs:
+            hog.wait()
+
+
+@pytest.fixture
+def hogs() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """As many busy loops as the machine has cores, beside the test: it must pass on a
+    machine busy with other work (issue 30)."""
+    with busy(os.cpu_count() or 2) as started:
+        assert all(hog.poll() is None for hog in started)
+        yield started
 
 
 def skip_unless_required(env: str, reason: str) -> NoReturn:

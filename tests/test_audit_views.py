@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -256,9 +257,10 @@ def test_views_come_from_membership_json_and_the_wire(lost: Faulty) -> None:
         audit.audit(lost.recording, lost.telemetry, "memory")
 
 
-def test_a_killed_agent_on_a_real_broker(tmp_path: Path) -> None:
-    """`privnet run --audit --faults kill:...` on mosquitto: the run completes under a
-    new view and its own audit finds nothing clear and every mask cancelled."""
+def test_a_killed_agent_on_a_real_broker(tmp_path: Path, hogs: list[Any]) -> None:
+    """`privnet run --audit --faults kill:...` on mosquitto, beside as many busy loops as
+    the machine has cores: the run completes under a new view and its own audit finds
+    nothing clear and every mask cancelled."""
     need_mosquitto()
     out = tmp_path / "run"
     argv = [

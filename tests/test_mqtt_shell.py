@@ -304,3 +304,32 @@ async def test_a_pause_delivers_what_waited_then_ticks_however_fast_frames_come(
     await asyncio.wait_for(pumping, 5)
     assert [kind for kind, _ in machine.calls] == ["deaf", "tick"]
     assert machine.got == [b"stop", b"a", b"b"] and conn.queued == 2  # the flood waits
+
+
+class Slow(Stopped):
+    """Stopped on b'stop', then half a second of work on every frame that had waited."""
+
+    def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output:
+        if payload != b"stop":
+            self.clock[0] += 0.5
+        return super().receive(topic, payload, now, retained)
+
+
+async def test_a_long_backlog_is_ticked_as_it_is_read_hearing_deaf_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Back from a pause with a backlog that takes seconds to read (issue 30: a busy
+    orchestrator): the machine is ticked whenever its time comes as the backlog is read,
+    so its heartbeats go out on time, and hears it was deaf before the first of them."""
+    clock = [1000.0]
+    monkeypatch.setattr(driver, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    conn, machine = connection(), Slow(clock)
+    conn.publish = lambda *_: None  # type: ignore[method-assign]
+    pumping = asyncio.ensure_future(pump(conn, machine, lambda: machine.done))
+    await asyncio.sleep(0)
+    for payload in (b"stop", b"a", b"b", b"c"):
+        conn._deliver("in", payload, False)
+    await asyncio.wait_for(pumping, 5)
+    kinds = [kind for kind, _ in machine.calls]
+    assert kinds[:3] == ["deaf", "tick", "tick"], kinds  # as the backlog is read
+    assert machine.got == [b"stop", b"a", b"b", b"c"]

@@ -33,7 +33,15 @@ from privnet.agent.node import (
     Launch,
     Phase,
 )
-from privnet.agent.protocol import BEATS, Event, Output, Publish, hello_proof, setup_context
+from privnet.agent.protocol import (
+    BEATS,
+    PATIENCE,
+    Event,
+    Output,
+    Publish,
+    hello_proof,
+    setup_context,
+)
 from privnet.agent.session import EARLY_BYTES, EARLY_COUNT, RECENT, offered
 from privnet.agent.spec import Scheme, Strategy
 from privnet.orchestrator.conductor import Stage
@@ -468,9 +476,9 @@ def test_a_silent_neighbour_never_fails_a_node_its_progress_names_whom_it_waits_
     held: tuple[str, ...], phase: Phase
 ) -> None:
     """Nothing reaches the target from its neighbours for ten deadlines: while the
-    orchestrator Beats, the node waits, heartbeating Progress (running: naming the
-    neighbours it waits for); the orchestrator decides membership. Once the frames come,
-    the run is a clean run."""
+    orchestrator Beats, the node waits, heartbeating Progress naming the neighbours it
+    waits for (keying: for their key shares); the orchestrator decides membership. Once
+    the frames come, the run is a clean run."""
     h = Harness.build(deadline=30.0)
     h.hold = hold_peer_frames_to(TARGET, held)
     h.start()
@@ -486,10 +494,7 @@ def test_a_silent_neighbour_never_fails_a_node_its_progress_names_whom_it_waits_
     progress = sent[-1]
     assert isinstance(progress, control.Progress)
     assert (progress.round, progress.held, progress.view) == (0, False, 0)
-    if phase is Phase.RUNNING:
-        assert progress.waiting and set(progress.waiting) <= {2, 6, 7, 9}  # its neighbours
-    else:
-        assert progress.waiting == ()
+    assert progress.waiting and set(progress.waiting) <= {2, 6, 7, 9}  # its neighbours
     assert_same_models(h.finish(), clean())
     h.assert_all_counted()
 
@@ -518,9 +523,10 @@ def test_the_session_deadline_is_the_orchestrators_and_progress_is_due_between()
     h.assert_all_counted()
 
 
-def test_a_lost_orchestrator_stops_a_running_node_within_its_deadline() -> None:
-    """Neighbours keep talking, the orchestrator says nothing (no Beat): the node stops a
-    deadline after the orchestrator's last frame, and says so."""
+def test_a_lost_orchestrator_stops_a_running_node_once_its_neighbours_fall_silent() -> None:
+    """The orchestrator says nothing (no Beat) and a neighbour speaks 20 s later: its frame
+    is evidence the run goes on, so the node waits past the deadline (at most PATIENCE of
+    them), and stops a deadline after the neighbour's frame, and says so."""
     h = Harness.build([(Strategy.ATC, Scheme.NONE)])
     h.hold = hold_peer_frames_to(TARGET, ("model",))
     h.start()
@@ -532,11 +538,33 @@ def test_a_lost_orchestrator_stops_a_running_node_within_its_deadline() -> None:
     h.deliver(node, frame.topic, frame.payload)  # a neighbour is alive
     while node.phase is Phase.RUNNING:
         wake = node.next_tick()
-        assert wake is not None and wake <= last + 30.0
+        assert wake is not None and wake <= last + 50.0
         out = node.tick(wake)
-    assert wake == last + 30.0
-    assert node.phase is Phase.FAILED and "orchestrator has been silent" in node.failure
+    assert wake == last + 20.0 + 30.0 < last + PATIENCE * 30.0
+    assert node.phase is Phase.FAILED and "orchestrator has been silent for 50 s" in node.failure
     assert out.events[0].kind == "failed"
+
+
+def test_neighbours_that_keep_speaking_hold_a_node_for_patience_deadlines_at_most() -> None:
+    """Neighbours' frames every 10 s, the orchestrator silent: the node stops PATIENCE
+    deadlines after the orchestrator's last frame, however long its neighbours speak."""
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)])
+    h.hold = hold_peer_frames_to(TARGET, ("model",))
+    h.start()
+    node = h.nodes[TARGET]
+    assert len(h.held) >= PATIENCE * 30 // 10 - 1  # one frame every 10 s past 80 s
+    last = h.clock.now
+    while not node.done:
+        h.clock.now += 10.0
+        if h.held:
+            (_, frame), h.held = h.held[0], h.held[1:]
+            h.deliver(node, frame.topic, frame.payload)  # a neighbour's own frame, once
+        wake = node.next_tick()
+        assert wake is not None
+        if wake <= h.clock.now:
+            node.tick(h.clock.now)
+    assert h.clock.now == last + PATIENCE * 30.0
+    assert "orchestrator has been silent for 90 s" in node.failure
 
 
 def test_the_shell_may_give_up() -> None:

@@ -106,7 +106,7 @@ class _Pump:
             # (stopped while waiting or while working), whatever it was doing.
             deaf = client.outages.reconnects != self.reconnects  # silence meanwhile proves nothing
             if timeout is not None and clock() - last > timeout + OVERRAN:
-                out += await _backlog(client, machine)
+                out += await _backlog(client, machine, self.on_output)
                 deaf = True
             self.stops += self._settle(out, deaf or not client.up).unsubscribe
             await self._stop()
@@ -160,22 +160,38 @@ class _Pump:
             await _drain_and_stop(self.client, self.machine, stop, self.on_output)
 
 
-async def _backlog(client: Connection, machine: Machine) -> Output:
-    """This process did not run for a while (SIGSTOP, a suspended host): what arrived
-    meanwhile is delivered before time is, so a deadline counts the others' silence, not
-    our own absence. Only what had arrived: frames that keep coming meanwhile go through
-    the pump as usual, between its ticks. Draining until nothing is left never ended where
-    frames came as fast as they were read (a thousand agents' telemetry into an orchestrator
-    short of CPU), and a machine that never ticks sends no heartbeat: every agent gave up on
-    an orchestrator "silent for 120 s"."""
+async def _backlog(
+    client: Connection, machine: Machine, on_output: Callable[[Output], None] | None
+) -> Output:
+    """This process did not run for a while (SIGSTOP, a suspended host, a machine too busy
+    to schedule it): what arrived meanwhile is delivered before time is, so a deadline
+    counts the others' silence, not our own absence. Only what had arrived: frames that keep
+    coming meanwhile go through the pump as usual, between its ticks. Draining until nothing
+    is left never ended where frames came as fast as they were read (a thousand agents'
+    telemetry into an orchestrator short of CPU), and a machine that never ticks sends no
+    heartbeat: every agent gave up on an orchestrator "silent for 120 s". So the machine
+    hears first that it was deaf until now, and is ticked whenever its time comes while the
+    backlog is read (its heartbeats go out on time however long the backlog is); what the
+    caller gets back is what came after the last tick."""
     await asyncio.sleep(BACKLOG_READ)  # let the transport read what the socket holds
-    out, waited = Output(), client.queued
+    out, waited, told = Output(), client.queued, False
+    ticked = time.monotonic()
     for _ in range(waited):
         try:
             topic, payload, retained = await client.get(0.0)
         except TimeoutError:  # interrupted: the pump goes on
             break
-        out += machine.receive(topic, payload, time.monotonic(), retained)
+        now = time.monotonic()
+        out += machine.receive(topic, payload, now, retained)
+        wake = machine.next_tick()
+        if wake is not None and now >= wake and now - ticked >= BACKLOG_READ:
+            if not told:  # before any tick: no deadline counts the pause
+                out += machine.deaf(now)
+                told = True
+            out += machine.tick(now)
+            ticked = now
+            _report(client, out, on_output)  # unsubscribing stays the loop's, after
+            out = Output(unsubscribe=out.unsubscribe)
     log.info("back from a pause: %d deliveries had waited", waited)
     return out
 

@@ -25,6 +25,7 @@ from privnet.agent.losses import make_loss
 from privnet.agent.messages import Message, Reason, Rejected, Report
 from privnet.agent.protocol import (
     BEATS,
+    PATIENCE,
     PEER_QOS,
     QOS,
     Checkpoint,
@@ -115,6 +116,7 @@ class AgentNode:
         self._early = Early()  # peer frames awaiting a view
         self._since = 0.0  # when the current wait began (deadlines)
         self._orchestrator_at = 0.0  # when the orchestrator last said something valid
+        self._peers_at = -1e18  # when a neighbour last sent a frame that authenticated
         self._next_hello = 0.0
         self._next_progress = 0.0
         self.failure = ""
@@ -163,11 +165,11 @@ class AgentNode:
                 self._next_hello = now + HELLO_EVERY
                 out.publish.append(self._hello())
         elif self.session is not None and self.phase not in IDLE:
-            deadline = self.session.config.deadline
-            if now - self._orchestrator_at >= deadline:
+            silent = now - self._orchestrator_at
+            if silent >= self._patience(now):
                 return self._fail(
-                    f"agent {self.me}: the orchestrator has been silent for {deadline:.0f} s "
-                    f"({self.phase}); stopping"
+                    f"agent {self.me}: the orchestrator has been silent for {silent:.0f} s "
+                    f"({self.phase}; deadline {self.session.config.deadline:g} s); stopping"
                 )
             if self.phase in BEATING and now >= self._next_progress:
                 out.publish.append(self._progress(now))
@@ -184,7 +186,10 @@ class AgentNode:
         if self.phase is Phase.REGISTERING:
             return min(self._next_hello, self._since + REGISTER_TIMEOUT)
         if self.session is not None and self.phase not in IDLE:
-            silent = self._orchestrator_at + self.session.config.deadline
+            deadline, heard = self.session.config.deadline, self._orchestrator_at
+            silent = heard + deadline  # neighbours heard since: until they fall silent too
+            if self._peers_at > heard:
+                silent = min(heard + deadline * PATIENCE, self._peers_at + deadline)
             return min(silent, self._next_progress) if self.phase in BEATING else silent
         return self._since + IDLE_TIMEOUT
 
@@ -222,6 +227,12 @@ class AgentNode:
         self.phase = Phase.LEFT
         left = control.Left(self.me, dict(rejected))
         return Output([self._up(topics.ctl_up(self.run, self.me), left)], [Event("left")])
+
+    def _patience(self, now: float) -> float:
+        """How long an orchestrator may be silent at `now`: a deadline, or PATIENCE of them
+        while the neighbours still speak (a frame within the last deadline)."""
+        deadline = self.session.config.deadline if self.session is not None else 0.0
+        return deadline * PATIENCE if now - self._peers_at < deadline else deadline
 
     def deaf(self, now: float) -> Output:
         """This agent could not hear until now (its broker connection was down, or its
@@ -417,7 +428,7 @@ class AgentNode:
             session.view,
             core.round - 1,  # rounds completed (the core is at the next one)
             self.phase in PAUSED,
-            tuple(core.waiting_for()[:20]) if self.phase is Phase.RUNNING else (),
+            tuple(core.waiting_for()[:20]) if self.phase in ACTIVE else (),
         )
         return self._up(topics.ctl_up(self.run, self.me), msg)
 
@@ -478,6 +489,7 @@ class AgentNode:
         assert session is not None
         core = session.core
         msg = session.links.decode(payload, sender)
+        self._peers_at = now  # a neighbour's own frame (a chunk too): the run goes on
         if msg is None:  # a chunk of a model still incomplete
             return Output()
         try:

@@ -29,6 +29,9 @@ QOS = 1  # the control plane (control, telemetry): at-least-once; duplicates are
 PEER_QOS = 0
 QOS_OF = {"model": PEER_QOS, "keys": PEER_QOS, "telemetry": QOS, "control": QOS, "audit": QOS}
 BEATS = 3  # heartbeats (Progress, Beat) per deadline: three missed ones mean gone
+# Deadlines an agent waits for a silent orchestrator while its neighbours still speak: their
+# frames prove the run goes on, and a busy orchestrator (or a busy machine) beats late.
+PATIENCE = 3
 HELLO_TAG = b"privnet/hello/v1\0"
 
 

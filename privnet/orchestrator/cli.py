@@ -204,9 +204,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--deadline",
         type=positive,
-        help="seconds of silence before an agent is left out of the run (a new membership "
-        "view), or an orchestrator given up by the agents (default: 30, and 0.12 per agent "
-        "above 250 agents: a large network's keying and heartbeats take longer)",
+        help="seconds an agent may be silent, or stall the network (twice within 20 "
+        "deadlines), before it is left out of the run (a new membership view); the longest "
+        "the others are held for one member; agents give up on a silent orchestrator after "
+        "one deadline, or 3 while their neighbours still speak (default: 30, and 0.12 per "
+        "agent above 250 agents: a large network's keying and heartbeats take longer)",
     )
     p.add_argument(
         "--restart",
@@ -233,7 +235,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--faults",
         metavar="LIST",
-        help="inject faults at rounds, e.g. kill:7@120,stop:12@200+15s,broker@300",
+        help="inject faults at rounds, e.g. kill:7@120,stop:12@200+15s,flap:3@40,broker@300",
     )
     p.add_argument(
         "--agents-per-process",

@@ -28,6 +28,7 @@ class Outbox:
     seq: int = 0
     traffic: Traffic = field(default_factory=Traffic)  # what it published
     recipients: int = 0  # deliveries of what it published (a broadcast reaches everyone)
+    broadcasts: int = 0  # frames to every agent (a Beat among them)
 
     def down(self, to: int | Literal["all"], msg: control.Control) -> Publish:
         self.seq += 1
@@ -35,7 +36,22 @@ class Outbox:
         payload = wire.encode_signed(msg, self.run, self.seq, self.identity)
         self.traffic.add("control", topic, payload)
         self.recipients += self.agents if to == "all" else 1
+        self.broadcasts += to == "all"
         return Publish(topic, payload, "control")
+
+
+@dataclass
+class BeatGaps:
+    """The longest time between two frames the orchestrator sent to every agent (the
+    agents' evidence that it lives) while a session ran: what `--deadline` must cover."""
+
+    last: float | None = None
+    longest: float = 0.0
+
+    def note(self, now: float) -> None:
+        if self.last is not None:
+            self.longest = max(self.longest, now - self.last)
+        self.last = now
 
 
 @dataclass

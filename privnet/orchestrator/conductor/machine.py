@@ -21,6 +21,8 @@ from __future__ import annotations
 from privnet.agent import control, wire
 from privnet.agent.messages import Reason, Rejected
 from privnet.agent.protocol import BEATS, Event, Output
+from privnet.orchestrator.conductor.blame import suspects
+from privnet.orchestrator.conductor.membership import splits
 from privnet.orchestrator.conductor.records import BEATING, IN_SESSION, Stage
 from privnet.orchestrator.conductor.sessions import Sessions
 
@@ -34,6 +36,13 @@ class Conductor(Sessions):
 
     def tick(self, now: float) -> Output:
         """Deadlines (registration, an agent's silence, a stalled network) and Beats."""
+        sent, beating = self.outbox.broadcasts, self.stage in BEATING
+        out = self._tick(now)
+        if beating and self.outbox.broadcasts != sent:
+            self.beats.note(now)
+        return out
+
+    def _tick(self, now: float) -> Output:
         if self.stage is Stage.REGISTERING and now - self._since >= self.register_deadline:
             missing = self.registry.missing()
             return self._fail(
@@ -41,24 +50,40 @@ class Conductor(Sessions):
                 f"{missing[:20]} never registered (not started, or launched with another "
                 "run's token?)"
             )
-        out = Output()
-        if self.stage in IN_SESSION:
-            heard, expected = self.registry.heard, self.group.expected(self.alive)
-            silent = [m for m in expected if now - heard.get(m, 0.0) >= self.deadline]
-            for m in silent:
-                out += self.lost(m, f"silent for {self.deadline:.0f} s", now)
-            if self._stalled(now):
-                out += self._change(now, "stalled")
-            due = self.group.split_due
-            if self.stage is Stage.HOLDING and due is not None and now >= due:
-                self.group.split_due = None
-                out += self._maybe_switch(now)  # nobody came back to join a split network
+        out = self._waits(now) if self.stage in IN_SESSION else Output()
         if self.stage is Stage.CLOSING and now - self._since >= self.deadline:
             return out + self._done()  # results are complete; a silent agent costs its Left
         if self.stage in BEATING and now >= self._next_beat:
             self._next_beat = now + self.deadline / BEATS
             beat = control.Beat() if self.stage is not Stage.HOLDING else self._hold()
             out.publish.append(self._down("all", beat))
+        return out
+
+    def _waits(self, now: float) -> Output:
+        """In a session: a member silent for a deadline, a stall, a quarantine's end, a
+        hold a member did not answer within a deadline (or a split view waited out)."""
+        out = Output()
+        heard, expected = self.registry.heard, self.group.expected(self.alive)
+        for m in [m for m in expected if now - heard.get(m, 0.0) >= self.deadline]:
+            out += self.lost(m, f"silent for {self.deadline:.0f} s", now)
+        if self._stalled(now):
+            out += self._stall(now)
+        for rejoin in self.blame.due(now):  # out of quarantine: back in as any Rejoin
+            if self._can_join(rejoin.agent):
+                self.group.joining[rejoin.agent] = rejoin
+                out += self._change(now, "returned")
+        due = self.group.split_due
+        if self.stage is Stage.HOLDING and due is not None and now >= due:
+            self.group.split_due = None
+            staying = self.group.expected(self.alive)
+            unheld = staying - self.group.held.keys()
+            if 2 * len(unheld) < len(staying):  # a few hold the others up: a deadline at most
+                why = f"did not stop for a view change in {self.deadline:g} s"
+                for m in sorted(unheld):
+                    out += self.lost(m, why, now)
+            elif unheld:  # most of them are slow (a busy machine): wait on, and look again
+                self.group.split_due = now + self.deadline
+            out += self._maybe_switch(now)  # nobody came back to join a split network
         return out
 
     def next_tick(self) -> float | None:
@@ -81,12 +106,15 @@ class Conductor(Sessions):
             waits.append(self.group.moved.since + self.deadline)
         if self.stage is Stage.HOLDING and self.group.split_due is not None:
             waits.append(self.group.split_due)  # a split view waits this long at most
+        if (parked := self.blame.next_due()) is not None:
+            waits.append(parked)  # a member in quarantine asked back in
         return min(waits) if waits else self._next_beat
 
     def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output:
         """One delivery: used, or dropped and counted under exactly one reason (a retained
         frame is nobody's of this run: privnet publishes nothing retained)."""
         self.deliveries.received += 1
+        sent, beating = self.outbox.broadcasts, self.stage in BEATING
         try:
             if retained:
                 raise Rejected(Reason.RETAINED, f"a retained frame on {topic!r}")
@@ -95,6 +123,8 @@ class Conductor(Sessions):
             self.deliveries.rejected[exc.reason.value] += 1
             return Output()
         self.deliveries.used += 1
+        if beating and self.outbox.broadcasts != sent:
+            self.beats.note(now)
         return out
 
     def lost(self, agent: int, reason: str, now: float) -> Output:
@@ -111,6 +141,24 @@ class Conductor(Sessions):
         self.group.lost[agent] = reason
         out = Output(events=[Event("lost", f"agent {agent}: {reason}")])
         return out + self._change(now, "lost")
+
+    def _stall(self, now: float) -> Output:
+        """A stall: the round (or the keying) is redone under a new view; a member the
+        held-back members' waits keep naming (`blame`) is left out instead, unless the
+        others' graph would split without it."""
+        group = self.group
+        held_back = group.slowest(self.collection.counts, self.stage is Stage.CONFIGURING)
+        members, plan = group.members, self.plans[self.session]
+        named = {
+            m
+            for m in suspects(group.waiting, held_back)
+            if m in members and not splits(plan, members - {m}, self.agents)
+        }
+        agent = self.blame.stall(named, now)
+        if agent is None:
+            return self._change(now, "stalled")
+        why = f"stalled the network (left out {self.blame.outs[agent]} time(s) for it)"
+        return self.lost(agent, why, now)
 
     def deaf(self, now: float) -> Output:
         """The orchestrator could not hear until now (its broker connection was down, or
@@ -185,6 +233,8 @@ class Conductor(Sessions):
             case control.Progress(session=n) if n == self.session and self.stage in IN_SESSION:
                 return self._progress(msg, now)
             case control.Rejoin(agent=agent) if self._can_join(agent):
+                if self.blame.park(msg, now):  # left out for stalling: back once it ends
+                    return Output()
                 group.joining[agent] = msg
                 return self._change(now, "returned")
             case control.Rejoin(agent=agent) if (
@@ -262,6 +312,8 @@ class Conductor(Sessions):
         if agent not in group.members or msg.view != number:
             return Output()  # a late heartbeat of an earlier view
         group.progress(agent, msg.round, self.collection.counts, now)
+        if msg.waiting:
+            group.waiting[agent] = msg.waiting
         if not msg.held:
             return Output()
         group.held[agent] = msg.round

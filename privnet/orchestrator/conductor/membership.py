@@ -77,6 +77,7 @@ class Membership:
     held: dict[int, int] = field(default_factory=dict)  # stopped for the next view, at round
     lost: dict[int, str] = field(default_factory=dict)  # to leave out of the next view, why
     joining: dict[int, control.Rejoin] = field(default_factory=dict)  # asking back in
+    waiting: dict[int, tuple[int, ...]] = field(default_factory=dict)  # whom each waits for
     excluded_at: dict[int, int] = field(default_factory=dict)  # start of the view left out of
     offers: dict[int, control.Rejoin] = field(default_factory=dict)  # resuming: what each holds
     reason: str = ""  # of the view change under way
@@ -128,9 +129,19 @@ class Membership:
 
     def progress(self, agent: int, round: int, counts: np.ndarray, now: float) -> None:
         self.completed[agent] = round
+        self.waiting.pop(agent, None)
         slowest = self.rounds_done(counts)
         if slowest > self.moved.rounds:
             self.moved, self.stalls = Moved(slowest, now), 0
+
+    def slowest(self, counts: np.ndarray, keying: bool) -> list[int]:
+        """The members a stall holds back: keying, those not keyed yet; running, those
+        with the fewest rounds completed."""
+        if keying:
+            return sorted(self.members - self.ready)
+        done = {m: max(int(self.completed[m]), int(counts[m])) for m in self.members}
+        least = min(done.values(), default=0)
+        return sorted(m for m, n in done.items() if n == least)
 
     def stalled(self, now: float) -> bool:
         """One more stall; True once there were too many in a row."""
@@ -151,6 +162,7 @@ class Membership:
         self.views.append(view)
         self.members = frozenset(view.members)
         self.ready, self.finished, self.held = set(), {}, {}
+        self.waiting = {}
         self.completed[:] = 0
         self.completed[sorted(self.members)] = view.start - 1
         self.moved = Moved(view.start - 1, now)

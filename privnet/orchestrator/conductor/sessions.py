@@ -190,6 +190,7 @@ class Sessions(Parts):
         plan = self.plans[self.session]
         self.collection.new_session(plan.rounds, self.agents, plan.dim)
         self.group.new_session()
+        self.blame.parked.clear()  # a Rejoin of the last session: everyone alive is in
         self._go_at = 0.0
         scripted = self.script.get((self.session, 0)) if self.script is not None else None
         members = scripted.members if scripted is not None else tuple(sorted(self.alive))

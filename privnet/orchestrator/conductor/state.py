@@ -13,7 +13,8 @@ import numpy as np
 from privnet.agent import control, keys, topics, wire
 from privnet.agent.protocol import Deliveries, Publish, Traffic
 from privnet.agent.spec import ConfigError
-from privnet.orchestrator.conductor.collection import Collection, Link, Outbox
+from privnet.orchestrator.conductor.blame import Blame
+from privnet.orchestrator.conductor.collection import BeatGaps, Collection, Link, Outbox
 from privnet.orchestrator.conductor.membership import Membership
 from privnet.orchestrator.conductor.records import (
     REGISTER_DEADLINE,
@@ -65,8 +66,10 @@ class Parts:
         self.deliveries = Deliveries()
         self.registry = Registry(run, tokens)
         self.group = Membership(agents)
+        self.blame = Blame(deadline)  # who stalls the network, and its quarantine
         self.collection = Collection(run, identity)
         self.outbox = Outbox(run, identity, agents)
+        self.beats = BeatGaps()  # measured as `tick` and `receive` send them
         self.results: list[SessionResult] = []
         self.failure = ""
         self.resume = resume  # a run started again (`privnet run --resume`)

@@ -150,7 +150,7 @@ async def _run_network(problem: Problem, options: RunOptions, out: Path, stop: S
     origin = _origin(problem, options, out)
     faults = parse_faults(options.faults or "", problem.config.agents)
     broker, pool = _runtime(options, faults, origin.secrets, out / "logs")
-    code = 1
+    code, watch = 1, None
     try:
         if origin.resume is None:
             journal.begin(out, problem.config, origin.secrets.to_json(), options.secret_seed)
@@ -177,6 +177,8 @@ async def _run_network(problem: Problem, options: RunOptions, out: Path, stop: S
         console.print(f"[red]run failed:[/red] {said}{hint}")  # ours name the broker
         return 1
     finally:
+        if watch is not None:
+            watch.close()  # the insiders of --faults flap
         if pool is not None:
             pool.stop(STOP_GRACE if stop.stopping else None)
         broker.stop()
@@ -486,6 +488,9 @@ def _orchestrator(conductor: Conductor) -> dict[str, Any]:
         "agents_not_left": sorted(set(range(conductor.agents)) - conductor.left.keys()),
         "agents_left_bytes": conductor.left_traffic.bytes["control"],
         "agents_left_messages": conductor.left_traffic.messages["control"],
+        # the longest wait between two frames to every agent (Beats among them), s
+        "longest_beat_gap": round(conductor.beats.longest, 3),
+        "deadline": conductor.deadline,
     }
 
 

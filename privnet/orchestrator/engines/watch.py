@@ -13,6 +13,8 @@ from __future__ import annotations
 import csv
 import json
 import signal
+import subprocess
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +31,7 @@ from privnet.orchestrator.engines.docker import ContainerBroker
 from privnet.orchestrator.engines.launch import Launcher
 from privnet.orchestrator.experiment.problem import Problem, msd
 from privnet.orchestrator.faults import Fault
+from privnet.orchestrator.insider import environment
 from privnet.orchestrator.terminal import console
 
 POLL = 0.5  # how often child processes are checked
@@ -56,6 +59,7 @@ class Watch:
         self._next_poll = 0.0
         self._later: list[tuple[float, Callable[[], None]]] = []  # (when, action)
         self._streamed = (-1, 0)  # (session, rounds written: every member reported them)
+        self.insiders: list[subprocess.Popen[bytes]] = []  # --faults flap: stopped by `close`
 
     # ---- the Machine protocol (privnet.agent.driver.pump) ----------------------------------------
 
@@ -122,6 +126,8 @@ class Watch:
             console.print(f"[yellow]fault:[/yellow] {fault} at round {done}")
             if fault.kind == "broker":
                 self._broker_down(now, fault.seconds)
+            elif fault.kind == "flap" and fault.agent is not None:
+                self._insider(now, fault.agent, fault.seconds)
             elif self.pool is not None and fault.agent is not None:
                 agent = fault.agent
                 if fault.kind == "kill":
@@ -130,6 +136,37 @@ class Watch:
                     self.pool.signal(agent, signal.SIGSTOP)
                     wake = (now + fault.seconds, lambda a=agent: self._cont(a))
                     self._later.append(wake)
+
+    def _insider(self, now: float, agent: int, seconds: float) -> None:
+        """An insider with `agent`'s broker credentials, connecting in a loop (its output
+        in logs/insider-AGENT.log); stopped after `seconds` (0: by `close`)."""
+        launch = self.launches[agent]
+        _, _, access = launch.parts()
+        env = environment(str(self.broker.address), launch.run, agent, access)
+        logs = self.out / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        with (logs / f"insider-{agent}.log").open("ab") as log:
+            insider = subprocess.Popen(
+                [sys.executable, "-m", "privnet.orchestrator.insider"],
+                env={**_inherited(), **env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.insiders.append(insider)
+        if seconds:
+            self._later.append((now + seconds, insider.terminate))
+
+    def close(self) -> None:
+        """Stop the insiders `--faults flap` started (the run's end, however it ends)."""
+        for insider in self.insiders:
+            if insider.poll() is None:
+                insider.terminate()
+        for insider in self.insiders:
+            try:
+                insider.wait(5)
+            except subprocess.TimeoutExpired:
+                insider.kill()
+                insider.wait()
 
     def _cont(self, agent: int) -> None:
         if self.pool is not None:
@@ -191,6 +228,14 @@ class Watch:
                 cen, avg = msd(conductor.models[r], w_opt, q)
                 writer.writerow((strategy, scheme, repeat, r + 1, repr(cen), repr(avg)))
         self._streamed = (session, done)
+
+
+def _inherited() -> dict[str, str]:
+    """The environment a child needs to import privnet as this process does, no secrets."""
+    import os
+
+    keep = ("PATH", "PYTHONPATH", "HOME", "LANG", "VIRTUAL_ENV", "SYSTEMROOT")
+    return {k: v for k, v in os.environ.items() if k in keep}
 
 
 def _truncate_metrics(path: Path, series: tuple[str, str, str], keep: int) -> None:

@@ -38,7 +38,7 @@ from privnet.orchestrator.privacy import accountant
 from privnet.orchestrator.privacy.accountant import Account
 from privnet.orchestrator.view.files import AUDIT_FILE, VIEW_FILE, audit_summary, run_meta
 from privnet.orchestrator.view.links import link_bytes
-from privnet.orchestrator.view.server import ViewServer
+from privnet.orchestrator.view.server import ServerThread, ViewServer
 from privnet.orchestrator.view.state import ViewState, db
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ class LiveView:
         nodes = [problem.graph.nodes[p]["pos"] for p in range(c.agents)]
         self.state = ViewState(meta, nodes)
         self.state.set_edges(problem.graph.edges)
-        self.server = ViewServer(self.state, out / "logs")
+        self.server = ServerThread(ViewServer(self.state, out / "logs"))
         self.t0 = time.monotonic()
         self.received_bytes = {"telemetry": 0, "control": 0}
         self._task: asyncio.Task[None] | None = None
@@ -119,7 +119,7 @@ class LiveView:
     # ---- life ------------------------------------------------------------------------
 
     async def start(self, host: str, port: int) -> str:
-        url = await self.server.start(host, port)
+        url = await asyncio.to_thread(self.server.start, host, port)
         self._task = asyncio.create_task(self._sampling())
         return url
 
@@ -133,17 +133,18 @@ class LiveView:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        with contextlib.suppress(Exception):  # the view never fails a run
+        with contextlib.suppress(Exception), self.state.lock:  # the view never fails a run
             self.sample(time.monotonic())
             self.state.update(stage="ended")
             save_view(self.out, self.state)
         if self._pool is not None:
             self._pool.terminate()
-        await self.server.stop()
+        await asyncio.to_thread(self.server.stop)
 
     async def _sampling(self) -> None:
         while True:
-            self.sample(time.monotonic())
+            with self.state.lock:  # the server's thread reads it
+                self.sample(time.monotonic())
             await asyncio.sleep(SAMPLE)
 
     # ---- pushed by the Lookout ---------------------------------------------------------
@@ -162,7 +163,8 @@ class LiveView:
         if label is None:
             plan = self.watch.conductor.current
             label = plan.label if plan is not None else ""
-        self.state.note(time.monotonic() - self.t0, label, kind, text)
+        with self.state.lock:
+            self.state.note(time.monotonic() - self.t0, label, kind, text)
 
     # ---- the sampler -------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ import hmac
 import json
 import secrets
 import socket
+import threading
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from pathlib import Path
@@ -30,6 +31,7 @@ PERIOD = 0.5  # s between deltas on the stream
 KEEPALIVE = 10.0  # s between comments on a stream with nothing new
 LOG_BYTES = 64 * 1024  # read from the end of an agent's log...
 LOG_LINES = 80  # ...and the last lines of it shown
+START_TIMEOUT = 30.0  # s for the view's thread to listen, or to stop
 STATIC = resources.files(__package__ or "privnet.orchestrator.view") / "static"
 TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".txt": "text/plain"}
 HEADERS = {
@@ -129,7 +131,9 @@ class ViewServer:
         return web.Response(body=item.read_bytes(), content_type=kind, charset="utf-8")
 
     async def _state(self, request: web.Request) -> web.Response:
-        body = json.dumps(self.state.snapshot(Cursor()), allow_nan=False)
+        with self.state.lock:
+            snapshot = self.state.snapshot(Cursor())
+        body = json.dumps(snapshot, allow_nan=False)
         return web.Response(text=body, content_type="application/json")
 
     async def _log(self, request: web.Request) -> web.Response:
@@ -148,22 +152,70 @@ class ViewServer:
         response = web.StreamResponse(
             headers={**HEADERS, "Content-Type": "text/event-stream", "X-Accel-Buffering": "no"}
         )
-        await response.prepare(request)
-        cursor = Cursor()
+        cursor, state = Cursor(), self.state
+        # A page closed at any point (even while the stream is prepared) ends its stream
+        # quietly: aiohttp's ClientConnectionResetError is a ConnectionResetError.
         with contextlib.suppress(ConnectionResetError, asyncio.CancelledError):
-            await response.write(encode("snapshot", self.state.snapshot(cursor)))
+            await response.prepare(request)
+            with state.lock:
+                first = encode("snapshot", state.snapshot(cursor))
+            await response.write(first)
             quiet = 0.0
             while not self.closing.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.closing.wait(), PERIOD)
-                if cursor.version != self.state.version:
-                    await response.write(encode("delta", self.state.delta(cursor)))
+                if cursor.version != state.version:
+                    with state.lock:
+                        delta = encode("delta", state.delta(cursor))
+                    await response.write(delta)
                     quiet = 0.0
                 elif (quiet := quiet + PERIOD) >= KEEPALIVE:
                     await response.write(b": keepalive\n\n")
                     quiet = 0.0
             await response.write(encode("end", {"stage": self.state.live.get("stage")}))
         return response
+
+
+class ServerThread:
+    """A `ViewServer` on its own thread and event loop: the page and its stream stay quick
+    however busy the orchestrator's loop is (it only pushes into the state, under its
+    lock)."""
+
+    def __init__(self, server: ViewServer) -> None:
+        self.server = server
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="privnet-view", daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+
+    def start(self, host: str, port: int) -> str:
+        """Listen (ConfigError: cannot); the page's URL."""
+        self._thread.start()
+        try:
+            return asyncio.run_coroutine_threadsafe(
+                self.server.start(host, port), self._loop
+            ).result(START_TIMEOUT)
+        except BaseException:
+            self._end()
+            raise
+
+    def stop(self) -> None:
+        """Tell every page the run is over, close, and end the thread."""
+        if self._thread.is_alive():
+            with contextlib.suppress(Exception):  # the view never fails a run
+                asyncio.run_coroutine_threadsafe(self.server.stop(), self._loop).result(
+                    START_TIMEOUT
+                )
+        self._end()
+
+    def _end(self) -> None:
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(START_TIMEOUT)
+        if not self._thread.is_alive():
+            self._loop.close()
 
 
 def agent_log(logs: Path, agent: int) -> Path | None:

@@ -10,6 +10,7 @@ the old points gets the series whole again), so a long run costs bounded memory 
 from __future__ import annotations
 
 import math
+import threading
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -129,6 +130,8 @@ class ViewState:
         self.audit: dict[str, Any] | None = None
         self.results: list[dict[str, Any]] = []  # per session, when done
         self.version = 0
+        # The run pushes in on its loop, the server reads on its own thread: both hold this.
+        self.lock = threading.RLock()
 
     # ---- pushed in ---------------------------------------------------------------------
 
