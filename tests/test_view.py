@@ -250,6 +250,18 @@ def page_url(log: Path, proc: subprocess.Popen[bytes], prefix: str) -> str:
         time.sleep(0.1)
 
 
+def watched_run(flags: list[str], out: Path, log: Path) -> subprocess.Popen[bytes]:
+    """`privnet run ... --view` in the background, its console in `log`."""
+    with log.open("w") as err:
+        return subprocess.Popen(
+            [*PRIVNET, "run", *flags, "--out", str(out), "--view"],
+            stdout=err,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "COLUMNS": "400"},
+        )
+
+
 @pytest.mark.net
 def test_a_watched_run_in_a_browser(browser: Any, tmp_path: Path) -> None:
     """10 agents: the page shows them and their links, the MSD curve grows, an agent killed
@@ -259,14 +271,7 @@ def test_a_watched_run_in_a_browser(browser: Any, tmp_path: Path) -> None:
     out.mkdir()
     log = out / "privnet.err"
     flags = ["--agents", "10", "--iters", str(iters), "--seed", "1", "--deadline", str(deadline)]
-    with log.open("w") as err:
-        privnet = subprocess.Popen(
-            [*PRIVNET, "run", *flags, "--out", str(out), "--view"],
-            stdout=err,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, "COLUMNS": "400"},
-        )
+    privnet = watched_run(flags, out, log)
     with stopped(privnet):
         url = page_url(log, privnet, "view:")
         page = Page(browser, url)
@@ -328,14 +333,8 @@ def test_the_page_of_a_busy_run_shows_every_agent_at_once_and_keeps_updating(
     out.mkdir()
     log = out / "privnet.err"
     flags = ["--agents", "30", "--iters", "100000", "--seed", "1", "--deadline", "30"]
-    with busy(3), log.open("w") as err:
-        privnet = subprocess.Popen(
-            [*PRIVNET, "run", *flags, "--out", str(out), "--view"],
-            stdout=err,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, "COLUMNS": "400"},
-        )
+    with busy(3):
+        privnet = watched_run(flags, out, log)
         with stopped(privnet):
             url = page_url(log, privnet, "view:")
             end = time.monotonic() + 120
