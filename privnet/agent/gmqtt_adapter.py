@@ -155,7 +155,16 @@ class DirectProtocol(MQTTProtocol):  # type: ignore[misc,unused-ignore]
                 super().write_data(b"".join(held))
 
 
-class GmqttClient(gmqtt.Client):  # type: ignore[misc,unused-ignore]
+class NoReconnect(gmqtt.Client):  # type: ignore[misc,unused-ignore]
+    """gmqtt's client without its own reconnect: whoever holds it decides what a lost
+    connection means (a task of gmqtt's left sleeping would also be cancelled with the loop,
+    printing a traceback)."""
+
+    async def reconnect(self, delay: bool = False) -> None:
+        return None
+
+
+class GmqttClient(NoReconnect):
     """gmqtt's client without its own reconnect (`Connection` reconnects), on `DirectProtocol`.
 
     gmqtt's `reconnect` waits a fixed `reconnect_delay`, always asks for a persistent session
@@ -189,9 +198,6 @@ class GmqttClient(gmqtt.Client):  # type: ignore[misc,unused-ignore]
         """Drop what a failed attempt left half made: gmqtt's `_disconnect`, which (unlike
         `disconnect`) waits for nothing."""
         await self._disconnect()
-
-    async def reconnect(self, delay: bool = False) -> None:
-        return None
 
     async def _create_connection(
         self, host: str, port: int, ssl: Any, clean_session: bool, keepalive: int
@@ -250,14 +256,6 @@ class Inflight(gmqtt.storage.PersistentStorage):  # type: ignore[misc,unused-ign
         super().clear()
 
 
-class _Probe(gmqtt.Client):  # type: ignore[misc,unused-ignore]
-    """One MQTT 5 connection that never reconnects: gmqtt's reconnect task, left sleeping
-    when a non-broker answers, would be cancelled with the loop and print a traceback."""
-
-    async def reconnect(self, delay: bool = False) -> None:
-        return None
-
-
 async def stated_packet_limit(
     host: str, port: int, ssl: Any, username: str | None, password: str | None, timeout: float
 ) -> int | None:
@@ -268,7 +266,7 @@ async def stated_packet_limit(
     A connection of its own, closed at once: privnet's clients speak 3.1.1, whose CONNACK
     carries no properties."""
     stated: dict[str, Any] = {}
-    client = _Probe("", clean_session=True, logger=_LOG)
+    client = NoReconnect("", clean_session=True, logger=_LOG)  # one MQTT 5 connection
     client.on_connect = lambda _c, _f, _rc, properties: stated.update(properties or {})
     if username is not None:
         client.set_auth_credentials(username, password)
