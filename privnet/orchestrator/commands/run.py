@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import secrets
+from typing import Any
 
 from privnet.agent.spec import ConfigError, Scheme, Strategy
 from privnet.orchestrator.commands.experiment import experiment, out_dir, trackers
-from privnet.orchestrator.engines.options import RunOptions
+from privnet.orchestrator.engines.options import USER_FIELDS, RunOptions
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.problem import Problem
 from privnet.orchestrator.terminal import console
@@ -38,30 +39,16 @@ def run(args: argparse.Namespace, config: ExperimentConfig) -> int:
 
 
 def run_options(args: argparse.Namespace) -> RunOptions:
-    """The engine's options from `privnet run`'s flags: the one place a flag becomes one
-    (`args.secret_seed` is `run_config`'s)."""
+    """The engine's options from `privnet run`'s flags: the one place a flag becomes one.
+    Each flag's dest is its option's name, but for the two the CLI spells as a switch
+    (`--audit yes|no`, `--no-telemetry`) and the two the engine derives (`args.secret_seed`
+    is `run_config`'s)."""
+    switches = ("audit", "telemetry")
+    given: dict[str, Any] = {n: getattr(args, n) for n in USER_FIELDS if n not in switches}
     return RunOptions(
-        broker=args.broker,
-        tls=args.tls,
-        ca_file=args.ca_file,
-        prepared=args.prepared,
-        external_agents=args.external_agents,
-        hosts=args.hosts,
-        launch_dir=args.launch_dir,
-        run_name=args.run_name,
-        deadline=args.deadline,
+        **given,
         audit=bool(args.audit),
-        runtime=args.runtime,
-        image=args.image,
-        agents_per_process=args.agents_per_process,
-        restart=args.restart,
-        checkpoint_every=args.checkpoint_every,
-        resume=args.resume,
-        faults=args.faults,
         telemetry=not args.no_telemetry,
-        view=args.view,
-        view_port=args.view_port,
-        view_host=args.view_host,
         neighbour=args.neighbour if args.account else None,
         secret_seed=args.secret_seed,
     )
