@@ -264,13 +264,15 @@ def test_a_killed_agent_on_a_real_broker(tmp_path: Path, hogs: list[Any]) -> Non
     need_mosquitto()
     out = tmp_path / "run"
     argv = [
-        "run", "--audit", "--broker", "mosquitto", "--agents", str(AGENTS), "--iters", "300",
+        "run", "--audit", "--broker", "mosquitto", "--agents", str(AGENTS), "--iters", "1000",
         "--strategy", "atc", "--scheme", "local-ghp", "--seed", str(SEED), "--deadline", "2",
         "--faults", f"kill:{VICTIM}@40", "--out", str(out),
     ]  # fmt: skip
     assert main(argv) == 0
     (s,) = json.loads((out / "audit.json").read_text())["sessions"]
-    assert len(s["views"]) == 2 and VICTIM not in s["views"][1]["members"]
+    # 1000 rounds, not 300: agents at full speed would finish before a busy orchestrator reads
+    # round 40. A stall on the busy machine may add a view with the same members.
+    assert len(s["views"]) >= 2 and VICTIM not in s["views"][-1]["members"]
     assert s["plaintext_messages"] == 0 and s["unmatched"] == 0
     assert s["max_cancellation_residual"]["max"] < CANCEL
     assert s["truth_vs_telemetry"] <= audit.TRUTH_TOL

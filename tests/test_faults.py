@@ -26,6 +26,9 @@ from privnet.orchestrator.experiment.problem import Problem, msd
 from privnet.orchestrator.experiment.specs import session_list, session_plans
 
 AGENTS, SEED = 10, 34
+# Long enough that agents at full speed (~300 rounds/s here) are still running when a busy
+# orchestrator, reading their telemetry late, reaches a fault's round.
+ITERS = 3000
 pytestmark = pytest.mark.usefixtures("hogs")  # on a machine busy with other work (issue 30)
 
 
@@ -35,11 +38,17 @@ def run(out: Path, iters: int, *flags: str, broker: str = "mosquitto") -> tuple[
     command += ["--agents", str(AGENTS), "--iters", str(iters), "--seed", str(SEED)]
     command += ["--deadline", "3", "--out", str(out), *flags]
     done = subprocess.run(
-        command, capture_output=True, text=True, timeout=180, env={**os.environ, "COLUMNS": "300"}
+        command, capture_output=True, text=True, timeout=420, env={**os.environ, "COLUMNS": "300"}
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())["config"]
     return read_membership(out / "membership.json"), summary
+
+
+def changes(views: list[View]) -> list[View]:
+    """The views that changed the membership: on a busy machine a round may also stall past
+    the deadline, and a view with the same members redoes it (the replay checks those)."""
+    return [v for v in views if v.reason != "stalled"]
 
 
 def assert_replayed(out: Path, iters: int, views: list[View]) -> None:
@@ -67,10 +76,11 @@ def test_a_stopped_agent_is_excluded_then_readmitted(tmp_path: Path) -> None:
     """SIGSTOP agent 6 for 3x the deadline: left out (silent), back when it wakes (4000
     rounds: the run outlasts the stop however fast the machine)."""
     views, summary = run(tmp_path, 4000, "--faults", "stop:6@60+9s")
-    assert [v.reason for v in views] == ["start", "lost", "returned"], views
-    assert views[1].left == {6: "silent for 3 s"}
-    back = views[2].resume[6]
-    assert 0 < back < views[1].start and 6 in views[2].members
+    start, lost, returned = changes(views)
+    assert [v.reason for v in (start, lost, returned)] == ["start", "lost", "returned"], views
+    assert lost.left == {6: "silent for 3 s"}
+    back = returned.resume[6]
+    assert 0 < back < lost.start and 6 in returned.members
     assert summary["membership"]["missed_rounds"]["atc/local-ghp/0"]["6"] > 0
     assert_replayed(tmp_path, 4000, views)
 
@@ -78,40 +88,42 @@ def test_a_stopped_agent_is_excluded_then_readmitted(tmp_path: Path) -> None:
 def test_a_broker_restart_is_redone_under_a_new_view(tmp_path: Path) -> None:
     """kill -9 the broker mid-run and start it again: everyone reconnects, the round in
     flight stalls, and a view with the same members redoes it; no round is missed."""
-    views, summary = run(tmp_path, 600, "--faults", "broker@100")
-    assert [v.reason for v in views] == ["start", "stalled"], views
-    assert views[1].members == views[0].members
+    views, summary = run(tmp_path, ITERS, "--faults", "broker@100")
+    assert [v.reason for v in changes(views)] == ["start"] and len(views) >= 2, views
+    assert all(v.members == views[0].members for v in views)
     assert summary["broker_outages"]["reconnects"] == 1
     assert summary["membership"]["missed_rounds"] == {}
-    (pause,) = summary["membership"]["pauses"]
-    assert pause["seconds_lost"] >= 3.0  # the stall deadline
-    assert_replayed(tmp_path, 600, views)
+    pauses = summary["membership"]["pauses"]
+    assert max(p["seconds_lost"] for p in pauses) >= 3.0  # the stall deadline
+    assert_replayed(tmp_path, ITERS, views)
 
 
 def test_a_crashed_agent_restarts_from_its_checkpoint(tmp_path: Path) -> None:
     """kill -9 agent 3 with --restart on-failure: started again, it rejoins from its
     checkpoint (or, when a view change comes first, as soon as it is back)."""
     flags = ("--faults", "kill:3@80", "--restart", "on-failure", "--checkpoint-every", "20")
-    views, summary = run(tmp_path, 800, *flags)
+    views, summary = run(tmp_path, ITERS, *flags)
     assert summary["membership"]["faults"] == ["kill:3@80 (at round 80)"]  # not at a poll
     assert_private_run(tmp_path)
     assert summary["membership"]["restarts"] == {"3": 1}
-    assert all(3 in v.members or 3 in v.left for v in views)
+    assert all(3 in v.members or 3 in v.left for v in changes(views))
     back = [v for v in views[1:] if 3 in v.members]
     assert back and back[-1].resume[3] % 20 == 0 and back[-1].resume[3] > 0
-    assert_replayed(tmp_path, 800, views)
+    assert_replayed(tmp_path, ITERS, views)
 
 
 def test_a_killed_agents_unsealed_rounds_are_redone_without_it(tmp_path: Path) -> None:
     """kill -9 agent 3 (no restart): the reports it had not sealed yet (up to 9 rounds: it
     seals 10 per Telemetry) die with it. Those rounds are redone by the view without it, so
     none stands with only the survivors' reports, and metrics.csv is the replay's MSD."""
-    views, summary = run(tmp_path, 600, "--faults", "kill:3@95")
-    assert [v.reason for v in views] == ["start", "lost"], views
-    assert 3 not in views[1].members and "killed by SIGKILL" in views[1].left[3]
-    assert (views[1].start - 1) % 10 == 0  # where its last sealed batch ended
-    assert summary["membership"]["missed_rounds"]["atc/local-ghp/0"] == {"3": 601 - views[1].start}
-    assert_replayed(tmp_path, 600, views)
+    views, summary = run(tmp_path, ITERS, "--faults", "kill:3@95")
+    start, lost = changes(views)
+    assert [start.reason, lost.reason] == ["start", "lost"], views
+    assert 3 not in lost.members and "killed by SIGKILL" in lost.left[3]
+    assert (lost.start - 1) % 10 == 0  # where its last sealed batch ended
+    missed = summary["membership"]["missed_rounds"]["atc/local-ghp/0"]
+    assert missed == {"3": ITERS + 1 - lost.start}
+    assert_replayed(tmp_path, ITERS, views)
 
 
 @pytest.mark.parametrize("broker", ["mosquitto", "embedded"])
@@ -120,7 +132,8 @@ def test_an_insider_flapping_agent_3_is_left_out_and_the_run_completes(
 ) -> None:
     """An insider with agent 3's broker credentials connects again and again for 20 s
     from round 40 (`--faults flap:3@40+20s`): each connection takes agent 3's over, and
-    agent 3's reconnect takes it back. The stalls it causes name agent 3; it is left out,
+    agent 3's reconnect takes it back. The stalls it causes name agent 3 (or its Progress
+    stops for a deadline); it is left out,
     let back once its quarantine ends (out again while the insider goes on), and the run
     completes: every round that stands equals the memory replay, no agent failed, and
     every one of them (agent 3 too) closed normally."""
@@ -130,7 +143,9 @@ def test_an_insider_flapping_agent_3_is_left_out_and_the_run_completes(
     reasons = [v.reason for v in views]
     assert reasons[0] == "start" and "lost" in reasons, views
     out = [v for v in views if 3 in v.left]
-    assert out and all(v.left[3].startswith("stalled the network") for v in out), views
+    # Its stalls name it, or (the insider holding its connection) its Progress stops.
+    outage = ("stalled the network", "silent for 3 s")
+    assert out and all(v.left[3].startswith(outage) for v in out), views
     assert all(v.members == tuple(m for m in range(AGENTS) if m != 3) for v in out)
     assert summary["orchestrator"]["agents_not_left"] == []  # every agent closed
     logs = {p: (tmp_path / "logs" / f"agent-{p}.log").read_text() for p in range(AGENTS)}

@@ -567,6 +567,24 @@ def test_neighbours_that_keep_speaking_hold_a_node_for_patience_deadlines_at_mos
     assert "orchestrator has been silent for 90 s" in node.failure
 
 
+def test_a_node_left_out_waits_patience_deadlines_for_the_orchestrator() -> None:
+    """Left out, a node has no neighbours to hear and waits on the orchestrator's decision:
+    a busy orchestrator (or an insider holding its connection, missing Beats) is given
+    PATIENCE deadlines before the node calls it gone (issue 30)."""
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)])
+    h.hold = hold_peer_frames_to(TARGET, ("model",))
+    h.start()
+    node = h.nodes[TARGET]
+    h.deliver(node, *down(EXCLUDED)(h))
+    assert node.phase is Phase.EXCLUDED
+    heard = h.clock.now
+    assert node.next_tick() == heard + PATIENCE * 30.0
+    assert not node.tick(heard + 30.0).events and node.phase is Phase.EXCLUDED
+    out = node.tick(heard + PATIENCE * 30.0)
+    assert node.phase is Phase.FAILED and "silent for 90 s (excluded" in node.failure
+    assert out.events[0].kind == "failed"
+
+
 def test_the_shell_may_give_up() -> None:
     h = Harness.build([(Strategy.ATC, Scheme.NONE)]).start()
     node = h.nodes[TARGET]

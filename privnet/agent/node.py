@@ -165,8 +165,8 @@ class AgentNode:
                 self._next_hello = now + HELLO_EVERY
                 out.publish.append(self._hello())
         elif self.session is not None and self.phase not in IDLE:
-            silent = now - self._orchestrator_at
-            if silent >= self._patience(now):
+            if now >= self._silent_until():
+                silent = now - self._orchestrator_at
                 return self._fail(
                     f"agent {self.me}: the orchestrator has been silent for {silent:.0f} s "
                     f"({self.phase}; deadline {self.session.config.deadline:g} s); stopping"
@@ -186,10 +186,7 @@ class AgentNode:
         if self.phase is Phase.REGISTERING:
             return min(self._next_hello, self._since + REGISTER_TIMEOUT)
         if self.session is not None and self.phase not in IDLE:
-            deadline, heard = self.session.config.deadline, self._orchestrator_at
-            silent = heard + deadline  # neighbours heard since: until they fall silent too
-            if self._peers_at > heard:
-                silent = min(heard + deadline * PATIENCE, self._peers_at + deadline)
+            silent = self._silent_until()
             return min(silent, self._next_progress) if self.phase in BEATING else silent
         return self._since + IDLE_TIMEOUT
 
@@ -228,11 +225,19 @@ class AgentNode:
         left = control.Left(self.me, dict(rejected))
         return Output([self._up(topics.ctl_up(self.run, self.me), left)], [Event("left")])
 
-    def _patience(self, now: float) -> float:
-        """How long an orchestrator may be silent at `now`: a deadline, or PATIENCE of them
-        while the neighbours still speak (a frame within the last deadline)."""
-        deadline = self.session.config.deadline if self.session is not None else 0.0
-        return deadline * PATIENCE if now - self._peers_at < deadline else deadline
+    def _silent_until(self) -> float:
+        """When the orchestrator's silence means it is gone: a deadline after its last word,
+        or up to PATIENCE of them while the neighbours still speak (until a deadline after
+        their last frame). Held or left out, an agent waits on the orchestrator's own
+        decision, with no neighbours to hear: PATIENCE deadlines (a busy orchestrator, or an
+        insider holding this agent's connection, is not a dead one)."""
+        assert self.session is not None
+        deadline, heard = self.session.config.deadline, self._orchestrator_at
+        if self.phase in (Phase.HELD, Phase.EXCLUDED):
+            return heard + deadline * PATIENCE
+        if self._peers_at > heard:
+            return min(heard + deadline * PATIENCE, self._peers_at + deadline)
+        return heard + deadline
 
     def deaf(self, now: float) -> Output:
         """This agent could not hear until now (its broker connection was down, or its
