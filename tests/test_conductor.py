@@ -58,6 +58,7 @@ from privnet.orchestrator.conductor import (
     View,
     describe,
 )
+from privnet.orchestrator.conductor.sessions import WINDOW
 from privnet.orchestrator.engines import journal
 from privnet.orchestrator.engines.memory import CONDUCTOR, Network, results_curve
 from privnet.orchestrator.engines.oracle import run_oracle
@@ -127,6 +128,23 @@ def test_a_whole_run_counts_every_delivery_and_leaves_nothing_behind(
     )
     broadcast = topics.ctl_down(RUN, "all")
     assert h.conductor.recipients == sum(AGENTS if f.topic == broadcast else 1 for f in mine)
+
+
+def test_the_members_run_a_window_ahead_of_what_the_conductor_has_read() -> None:
+    """Go grants WINDOW rounds, and a later Go WINDOW more once the conductor has read
+    the members halfway through (issue 30): a busy orchestrator's backlog stays bounded.
+    The paced run is the oracle's, and no Go is refused."""
+    rounds = 2 * WINDOW + 10
+    h = Harness.build([(Strategy.ATC, Scheme.LOCAL_GHP)], rounds=rounds)
+    h.play()
+    grants = [wire.decode_signed(f.payload).msg.until for f in h.recorded(control.Go)]
+    assert grants[0] == WINDOW and grants[-1] == rounds, grants
+    steps = np.diff(grants)
+    assert len(grants) >= 3 and (steps > 0).all() and (steps <= WINDOW).all(), grants
+    assert h.rejected() == Counter() and all(n.phase is Phase.CLOSED for n in h.nodes)
+    (result,) = h.conductor.results
+    (curve,) = run_oracle(problem(rounds), [Strategy.ATC], [Scheme.LOCAL_GHP])
+    np.testing.assert_allclose(msd_curves(result.models)[0], curve.msd_centroid[0], rtol=1e-9)
 
 
 def test_local_ghp_equals_none_and_each_session_equals_a_run_of_its_own(

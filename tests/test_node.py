@@ -187,6 +187,7 @@ ATTACKS = [
     Attack("go-other-session", Phase.KEYED, down(const(control.Go(1, 0, ROUNDS))), "out-of-phase"),
     Attack("go-replayed", Phase.RUNNING, replay(control.Go, "all"), "replay"),
     Attack("go-when-finished", Phase.FINISHED, down(GO), "out-of-phase"),
+    Attack("go-no-later-until", Phase.RUNNING, down(GO), "out-of-phase"),  # paces nothing
     Attack(
         "go-for-another-view", Phase.KEYED, down(const(control.Go(0, 1, ROUNDS))), "out-of-phase"
     ),

@@ -161,6 +161,11 @@ class AgentCore:
         self.until = self.spec.rounds if until is None else min(until, self.spec.rounds)
         return out + self._advance()
 
+    def extend(self, until: int) -> list[Message]:
+        """Run on through a later `until` (the orchestrator paces the view)."""
+        self.until = max(self.until, min(until, self.spec.rounds))
+        return self._advance()
+
     def receive(self, msg: Message) -> list[Message]:
         """Consume one message; raises Rejected for anything out of protocol (the node counts).
 

@@ -120,6 +120,7 @@ class AgentNode:
         self._next_hello = 0.0
         self._next_progress = 0.0
         self.failure = ""
+        self._ending = False  # a Hold came: this view ends, no later Go extends it
 
     # ---- public API -------------------------------------------------------------------
 
@@ -279,11 +280,14 @@ class AgentNode:
                 return self._configure(msg, now)
             case control.Go(session=n, view=v) if self._is(Phase.KEYED) and self._at(n, v):
                 return self._go(msg.until, now)
+            case control.Go() if self._extends(msg):
+                return self._extend(msg.until, now)
             case control.Hold(session=n, view=v) if self._holds(n, v) and not self._is(
                 Phase.EXCLUDED
             ):
                 if self.phase in ACTIVE:
                     self.phase = Phase.HELD
+                self._ending = True
                 # The reports first: the next view starts where one is missing (a broker
                 # that went down with it), so it must not start where one is still here.
                 session = self.session
@@ -358,7 +362,7 @@ class AgentNode:
         core = self._core_type(config.spec, loss, self.identity, opened.directory)
         core.resume_from(history[config.resume])
         self.session = self._next_session(setup, config, core, opened.links, history)
-        self.phase = Phase.CONFIGURED
+        self.phase, self._ending = Phase.CONFIGURED, False
         self._next_progress = now + config.deadline / BEATS
         out = Output(events=[Event("configured", f"session {setup.session} view {setup.view}")])
         if config.escrow:
@@ -409,6 +413,22 @@ class AgentNode:
         out = Output(events=[Event("started", f"session {self.session.number}")])
         out += self._emit(self.session.core.start(until))
         return out + self._maybe_finish(now)
+
+    def _extends(self, go: control.Go) -> bool:
+        """A later `until` for the view this agent runs (or has run up to the last one)."""
+        session = self.session
+        return (
+            session is not None
+            and self._is(Phase.RUNNING, Phase.HELD)
+            and not self._ending
+            and self._at(go.session, go.view)
+            and go.until > session.core.until
+        )
+
+    def _extend(self, until: int, now: float) -> Output:
+        assert self.session is not None
+        self.phase = Phase.RUNNING
+        return self._emit(self.session.core.extend(until)) + self._maybe_finish(now)
 
     def _up(self, topic: str, msg: control.Control, category: str = "control") -> Publish:
         self._seq += 1

@@ -231,7 +231,7 @@ class Conductor(Sessions):
                     return self.lost(agent, f"failed: {reason}", now)
                 return self._fail(f"agent {agent} failed: {reason}")
             case control.Progress(session=n) if n == self.session and self.stage in IN_SESSION:
-                return self._progress(msg, now)
+                return self._progress(msg, now) + self._pace()
             case control.Rejoin(agent=agent) if self._can_join(agent):
                 if self.blame.park(msg, now):  # left out for stalling: back once it ends
                     return Output()
@@ -252,7 +252,7 @@ class Conductor(Sessions):
                 plan = self.plans[n]
                 end = group.view_end(msg.view, n, plan.rounds)
                 self.collection.telemetry(msg, n, plan.dim, end)
-                return Output()
+                return self._pace()
             case control.Escrow(session=n) if (
                 self.escrow and n == self.session and self.stage in IN_SESSION
             ):

@@ -24,6 +24,12 @@ from privnet.orchestrator.conductor.records import (
 from privnet.orchestrator.conductor.setups import Terms, setups
 from privnet.orchestrator.conductor.state import Parts
 
+# Rounds the members may run past what the conductor has read of them. The conductor grants
+# WINDOW more (a Go with a later `until`) each time they are halfway through: a busy
+# orchestrator slows the run, and its view of the network, its faults and its decisions stay
+# at most WINDOW rounds behind the agents, instead of a backlog without bound (issue 30).
+WINDOW = 256
+
 
 class Sessions(Parts):
     """The decisions that move a session; `Conductor` feeds them deliveries and time."""
@@ -160,8 +166,20 @@ class Sessions(Parts):
         until = self.plans[self.session].rounds
         if self.script is not None and (later := self.script.get((self.session, view.view + 1))):
             until = later.start - 1
-        go = control.Go(self.session, view.view, until)
+        self._final, self._granted = until, min(until, view.start - 1 + WINDOW)
+        go = control.Go(self.session, view.view, self._granted)
         return Output([self._down("all", go)], [Event("started", self._label)])
+
+    def _pace(self) -> Output:
+        """WINDOW more rounds, once the members are halfway through the last grant."""
+        view = self.view
+        if self.stage is not Stage.RUNNING or self._granted >= self._final or view is None:
+            return Output()
+        done = self.rounds_done
+        if done + WINDOW // 2 < self._granted:
+            return Output()
+        self._granted = min(self._final, done + WINDOW)
+        return Output([self._down("all", control.Go(self.session, view.view, self._granted))])
 
     # ---- sessions ---------------------------------------------------------------------
 

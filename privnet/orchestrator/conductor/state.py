@@ -77,6 +77,8 @@ class Parts:
         self._since = 0.0  # start of the current wait (registration: of the run)
         self._go_at = 0.0
         self._next_beat = 0.0
+        self._granted = 0  # the last round the members may run in this view (Go's `until`)
+        self._final = 0  # the view's own last round: Go's `until` once fully granted
 
     # ---- the parts' state, as the engines, the live view and the tests read it ---------
 
