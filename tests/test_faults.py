@@ -46,9 +46,10 @@ def run(out: Path, iters: int, *flags: str, broker: str = "mosquitto") -> tuple[
 
 
 def changes(views: list[View]) -> list[View]:
-    """The views that changed the membership: on a busy machine a round may also stall past
-    the deadline, and a view with the same members redoes it (the replay checks those)."""
-    return [v for v in views if v.reason != "stalled"]
+    """The first view and those that changed its members: on a busy machine a round may
+    also stall past the deadline, and a view with the same members redoes it (the replay
+    checks those too)."""
+    return [v for i, v in enumerate(views) if i == 0 or v.members != views[i - 1].members]
 
 
 def assert_replayed(out: Path, iters: int, views: list[View]) -> None:
@@ -73,14 +74,17 @@ def assert_replayed(out: Path, iters: int, views: list[View]) -> None:
 
 
 def test_a_stopped_agent_is_excluded_then_readmitted(tmp_path: Path) -> None:
-    """SIGSTOP agent 6 for 3x the deadline: left out (silent), back when it wakes (4000
+    """SIGSTOP agent 6 for 3x the deadline: left out (silent; or, on a machine so busy
+    that a stall is called first, for not answering its Hold), back when it wakes (4000
     rounds: the run outlasts the stop however fast the machine)."""
     views, summary = run(tmp_path, 4000, "--faults", "stop:6@60+9s")
-    start, lost, returned = changes(views)
-    assert [v.reason for v in (start, lost, returned)] == ["start", "lost", "returned"], views
-    assert lost.left == {6: "silent for 3 s"}
+    _, lost, returned, *later = changes(views)
+    others = tuple(m for m in range(AGENTS) if m != 6)
+    assert lost.members == others and list(lost.left) == [6], views
+    assert lost.left[6] in ("silent for 3 s", "did not stop for a view change in 3 s"), views
     back = returned.resume[6]
     assert 0 < back < lost.start and 6 in returned.members
+    assert all(set(v.members) >= set(others) for v in later), views  # only 6 came and went
     assert summary["membership"]["missed_rounds"]["atc/local-ghp/0"]["6"] > 0
     assert_replayed(tmp_path, 4000, views)
 
@@ -107,7 +111,7 @@ def test_a_crashed_agent_restarts_from_its_checkpoint(tmp_path: Path) -> None:
     assert_private_run(tmp_path)
     assert summary["membership"]["restarts"] == {"3": 1}
     assert all(3 in v.members or 3 in v.left for v in changes(views))
-    back = [v for v in views[1:] if 3 in v.members]
+    back = [v for v in changes(views)[1:] if 3 in v.members]
     assert back and back[-1].resume[3] % 20 == 0 and back[-1].resume[3] > 0
     assert_replayed(tmp_path, ITERS, views)
 
@@ -143,8 +147,9 @@ def test_an_insider_flapping_agent_3_is_left_out_and_the_run_completes(
     reasons = [v.reason for v in views]
     assert reasons[0] == "start" and "lost" in reasons, views
     out = [v for v in views if 3 in v.left]
-    # Its stalls name it, or (the insider holding its connection) its Progress stops.
-    outage = ("stalled the network", "silent for 3 s")
+    # Its stalls name it; or, the insider holding its connection, its Progress stops, or
+    # its answer to a Hold does not come.
+    outage = ("stalled the network", "silent for 3 s", "did not stop for a view change")
     assert out and all(v.left[3].startswith(outage) for v in out), views
     assert all(v.members == tuple(m for m in range(AGENTS) if m != 3) for v in out)
     assert summary["orchestrator"]["agents_not_left"] == []  # every agent closed
