@@ -458,6 +458,7 @@ class AgentCore:
         if bank is None:
             bank = self._banks[(epoch, step)] = self._bank(epoch, plan)
         last = self.round if self.spec.rekey is Rekey.EVERY_ROUND else self.until
+        assert bank.bank is not None  # a static spec's: made above
         return bank, bank.bank.at(self.round, last)
 
     def _open_banks(self) -> None:

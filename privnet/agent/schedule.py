@@ -98,10 +98,7 @@ def union_plans(schedule: Schedule, first: int, last: int, agent: int) -> Plans:
         for plan in plans(schedule, round_, agent):
             ins[plan.step] |= plan.weights_in.keys()
             outs[plan.step] |= plan.weights_out.keys()
-    made = [
-        StepPlan(j, _uniform(ins[j]), _uniform(outs[j]))  # type: ignore[arg-type]
-        for j in STEPS
-    ]
+    made = [StepPlan(j, _uniform(ins[j]), _uniform(outs[j])) for j in STEPS]
     return made[0], made[1], made[2]
 
 

@@ -60,8 +60,8 @@ def round_seats(graph: RoundGraph, targets: list[int], me: int) -> list[tuple[in
     for row, hub in enumerate(targets):
         senders = graph.senders(hub)
         seat = split_senders(senders, hub).get(me) if senders else None
-        for m in seat.partners if seat is not None else ():
-            out.append((row, hub, m, seat.side))
+        if seat is not None:
+            out += [(row, hub, m, seat.side) for m in seat.partners]
     return out
 
 

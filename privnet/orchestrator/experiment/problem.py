@@ -81,6 +81,12 @@ class Problem:
             return self.A
         return expand.matrix(schedules.for_view(self.schedule, Strategy.ATC, members), round_)
 
+    def round_matrices(self, strategy: Strategy, round_: int) -> tuple[np.ndarray, ...]:
+        """(A0, A1, A2) of round `round_` (every round's under a static topology)."""
+        if self.schedule is None:
+            return self.matrices(strategy)
+        return topology.strategy_matrices(strategy, self.round_matrix(round_))
+
     def twin(self, agent: int) -> Problem:
         """The same experiment on the neighbouring dataset D': `agent`'s data replaced."""
         if not 0 <= agent < self.config.agents:
