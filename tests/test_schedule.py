@@ -20,9 +20,10 @@ from privnet.agent import schedule as expand
 from privnet.agent.core import AgentCore
 from privnet.agent.losses import make_loss
 from privnet.agent.messages import Model, Reason, Rejected
-from privnet.agent.seats import clique_seats, round_seats
+from privnet.agent.seats import round_seats, union_seats
 from privnet.agent.spec import STEPS, ConfigError, Schedule, Scheme, Strategy
 from privnet.orchestrator import audit
+from privnet.orchestrator.audit.verdict import AttackPlan
 from privnet.orchestrator.conductor import View
 from privnet.orchestrator.engines.memory import replay, run_memory
 from privnet.orchestrator.engines.oracle import run_oracle
@@ -129,12 +130,13 @@ def test_one_peer_exponential_cycles_through_powers_of_two(agents: int) -> None:
 @given(made=schedules_drawn(), round_=st.integers(1, 300))
 def test_each_rounds_masks_pair_only_keyed_partners_and_cancel(made: Schedule, round_: int) -> None:
     """At every hub of the round, every sender's partners are among those keyed once
-    (clique_seats of the union), each pair on opposite sides: the masks cancel."""
+    (union_seats of the view's rounds), each pair on opposite sides: the masks cancel."""
     graph = expand.graph(made, round_)
-    union = [expand.union_plans(made, 1, round_, p) for p in range(made.agents)]
     carrier = STEPS.index(expand.STRATEGY_STEP[made.strategy])
     for hub in range(made.agents):
-        keyed = clique_seats(union[hub][carrier].senders(hub), hub)
+        keyed = union_seats(made, hub, 1, round_ + 3)
+        union = expand.union_plans(made, 1, round_ + 3, hub)[carrier].senders(hub)
+        assert set(keyed) - {hub} <= set(union)  # seats only for the union's senders
         sides: dict[tuple[int, int], int] = {}
         for m in [*graph.senders(hub), hub]:
             for _, at, partner, side in round_seats(graph, [hub], m):
@@ -233,6 +235,20 @@ def test_audit_finds_every_rounds_hubs_clean(topology_name: str) -> None:
         resid = s["max_cancellation_residual"]
         assert resid["max"] == 0 and resid["hub_rounds_checked"] > 0
         assert resid["hub_rounds_missing_messages"] == 0
+
+
+def test_inspect_attack_follows_the_schedule() -> None:
+    """`inspect --attack` on a one-peer run: the open wire breaks local-ghp (its hub sums
+    are exact, round by round) and not masked-ghp; sealed, nobody reads a frame."""
+    schemes = (Scheme.LOCAL_GHP, Scheme.MASKED_GHP)
+    c = config(agents=9, iters=6, topology="one-peer-exponential", schemes=schemes)
+    recording, telemetry = memory_recording(c)
+    result = audit.audit(recording, telemetry, "memory", attack=AttackPlan(0, None))
+    rows = {(r["scheme"], r["adversary"]): r for r in result.report["adversaries"]["rows"]}
+    assert rows[("local-ghp", "whole wire")]["broken"]
+    assert not rows[("masked-ghp", "whole wire")]["broken"]
+    for scheme in ("local-ghp", "masked-ghp"):
+        assert rows[(scheme, "whole wire (sealed)")]["frames_read"] == 0
 
 
 def test_accountant_charges_each_round_against_its_graph() -> None:

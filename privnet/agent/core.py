@@ -19,7 +19,7 @@ import numpy as np
 from privnet.agent import keys, rng, schedule
 from privnet.agent.losses import Loss
 from privnet.agent.messages import KeyPlan, KeyShare, Message, Model, Reason, Rejected, Report
-from privnet.agent.seats import Seat, clique_seats, round_masks, split_senders
+from privnet.agent.seats import Seat, round_masks, split_senders, union_seats
 from privnet.agent.spec import STEPS, AgentSpec, Rekey, Scheme, StepPlan
 
 Position = tuple[int, int]  # (round, index of the step in STEPS)
@@ -538,17 +538,17 @@ class AgentCore:
         return self._round_plans[round_]
 
     def _hub_seats(self, senders: list[int]) -> dict[int, Seat]:
-        """My seats as a hub, keyed once per view (under a schedule: seats.clique_seats)."""
-        return (split_senders if self.spec.schedule is None else clique_seats)(senders, self.me)
+        """My seats as a hub, keyed once per view (under a schedule: seats.union_seats)."""
+        if (made := self.spec.schedule) is None:
+            return split_senders(senders, self.me)
+        return union_seats(made, self.me, 1, self.spec.rounds)
 
     def _stream(self, epoch: int, hub: int, step: int, m: int) -> keys.PairStream:
         slot, spec = (epoch, hub, step, m), self.spec
         if slot not in self._streams:
-            secret = self._secret(epoch, m, self._partner_keys[slot])
-            pair = (self.me, m)
-            self._streams[slot] = keys.PairStream(
-                secret, spec.session, hub, pair, step, epoch, spec.dim
-            )
+            secret, pair = self._secret(epoch, m, self._partner_keys[slot]), (self.me, m)
+            stream = keys.PairStream(secret, spec.session, hub, pair, step, epoch, spec.dim)
+            self._streams[slot] = stream
         return self._streams[slot]
 
     # ---- checks ------------------------------------------------------------------------

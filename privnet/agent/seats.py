@@ -3,21 +3,23 @@ senders, and what a time-varying topology (privnet.agent.schedule) needs on top 
 
 Static: each hub splits its senders once (`split_senders`) and tells them (KeyPlan).
 Scheduled: a hub's senders change every round, so the pairs keyed once per view are every
-pair of the hub's senders over the view and the hub itself (`clique_seats`), and each
-round's masks use that round's split of the round's senders (`round_seats`), whose pairs
-are all among them: keys agreed once, masks cancelling at each round's hubs.
+pair that some round's split of its senders uses (`union_seats`), and each round's masks
+use that round's split (`round_seats`): keys agreed once, masks cancelling at each round's
+hubs.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from privnet.agent import keys
+from privnet.agent import schedule as expand
 from privnet.agent.schedule import RoundGraph
-from privnet.agent.spec import StepPlan
+from privnet.agent.spec import Schedule, StepPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,11 +47,17 @@ def split_senders(senders: list[int], hub: int) -> dict[int, Seat]:
     return seats
 
 
-def clique_seats(senders: list[int], hub: int) -> dict[int, Seat]:
-    """Every one of the hub's senders (over a schedule's rounds) and the hub itself paired
-    with every other: the pairs any round's split may use. The side is unused (+1)."""
-    everyone = [*senders, hub]
-    return {m: Seat(+1, tuple(x for x in everyone if x != m)) for m in everyone}
+@functools.lru_cache(maxsize=4096)
+def union_seats(made: Schedule, hub: int, first: int, last: int) -> dict[int, Seat]:
+    """The hub's seats keyed once per view: each sender of any round of first..last (and
+    the hub, where a round has a sole sender) with every partner some round's split gives
+    it. The side is unused (+1): each round's masks take it from that round's split."""
+    partners: dict[int, set[int]] = {}
+    for round_ in expand.rounds_of(made, first, last):
+        senders = expand.graph(made, round_).senders(hub)
+        for m, seat in (split_senders(senders, hub) if senders else {}).items():
+            partners.setdefault(m, set()).update(seat.partners)
+    return {m: Seat(+1, tuple(sorted(p))) for m, p in sorted(partners.items())}
 
 
 def round_seats(graph: RoundGraph, targets: list[int], me: int) -> list[tuple[int, int, int, int]]:

@@ -169,8 +169,10 @@ def estimate_minimizers(
                 phi = np.zeros(c.dim)  # w_0
             else:
                 heard = [m for m in range(c.agents) if a[m, p] > 0]
-                if any(m != p and (m, p, i - 1, 2) not in seen for m in heard):
-                    continue
+                if (p, i - 1, 2) not in estimate or any(
+                    m != p and (m, p, i - 1, 2) not in seen for m in heard
+                ):
+                    continue  # a term of phi unseen (under a schedule: another round's peer)
                 phi = sum(
                     a[m, p] * (estimate[(p, i - 1, 2)] if m == p else seen[(m, p, i - 1, 2)])
                     for m in heard
@@ -258,7 +260,7 @@ def pinned_directions(
     schemes, their frames readable; else 0)."""
     if not scheme.masked or adversary.kind != "wire" or adversary.sealed:
         return 0
-    a = problem.A  # the matrix of the communicating step, for every strategy
+    a = problem.round_matrix(1)  # the communicating step's (a schedule's: round 1's)
     b = a.T - np.diag(np.diag(a))
     return int(np.linalg.matrix_rank(b[(b > 0).sum(axis=1) >= 2]))
 
