@@ -5,7 +5,7 @@ engine (every agent a core, the bytes the MQTT shells would publish), ATC, local
 Each topology runs as many rounds as the geometric graph's `--rounds` rounds cost in peer
 bytes (model frames and the once-per-view key frames), so the curves end at one budget.
 
-    python scripts/topology_msd.py --agents 30 --rounds 100 --out docs/topology-msd.png
+    python scripts/topology_msd.py --agents 30 --rounds 100 --mu 0.1 --out docs/topology-msd.png
 """
 
 from __future__ import annotations
@@ -25,12 +25,15 @@ from privnet.orchestrator.experiment.problem import Problem
 
 TOPOLOGIES = ("geometric", "regular:6", "one-peer-exponential")
 SCHEME = "local-ghp"
+PROBE = 30  # rounds run to learn a topology's key and per-round bytes (a schedule's union)
 
 
-def run(topology: str, agents: int, rounds: int, seed: int) -> tuple[np.ndarray, float, float]:
-    """(MSD of the centroid per round, key bytes, model bytes per round)."""
+def run(
+    topology: str, agents: int, rounds: int, seed: int, mu: float
+) -> tuple[np.ndarray, float, float]:
+    """(MSD averaged over the agents per round, key bytes, model bytes per round)."""
     config = ExperimentConfig(
-        agents=agents, iters=rounds, seed=seed, topology=topology,
+        agents=agents, iters=rounds, seed=seed, topology=topology, mu=mu,
         strategies=("atc",), schemes=(SCHEME,),
     )  # fmt: skip
     (curve,) = run_memory(Problem.build(config))
@@ -43,16 +46,19 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=100, help="the geometric graph's")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--mu", type=float, default=0.1, help="step size")
     parser.add_argument("--out", type=Path, default=Path("docs/topology-msd.png"))
     args = parser.parse_args()
-    _, keys, per_round = run("geometric", args.agents, 2, args.seed)
+    _, keys, per_round = run("geometric", args.agents, args.rounds, args.seed, args.mu)
     budget = keys + per_round * args.rounds
     fig, (by_round, by_bytes) = plt.subplots(1, 2, figsize=(11, 4.2))
     for topology in TOPOLOGIES:
-        _, keys, per_round = run(topology, args.agents, 2, args.seed)
-        rounds = max(1, int((budget - keys) // per_round))
-        msd, keys, per_round = run(topology, args.agents, rounds, args.seed)
-        spent = (keys + per_round * np.arange(1, rounds + 1)) / 1e6
+        _, keys, per_round = run(topology, args.agents, PROBE, args.seed, args.mu)
+        rounds = max(1, int((budget - keys) // per_round) + 1)
+        msd, keys, per_round = run(topology, args.agents, rounds, args.seed, args.mu)
+        spent = keys + per_round * np.arange(1, rounds + 1)
+        rounds = max(1, int(np.searchsorted(spent, budget, side="right")))  # within budget
+        msd, spent = msd[:rounds], spent[:rounds] / 1e6
         label = f"{topology}: {rounds} rounds, {per_round / 1e3:.1f} kB a round"
         by_round.semilogy(np.arange(1, rounds + 1), msd, label=label)
         by_bytes.semilogy(spent, msd, label=topology)
@@ -60,7 +66,7 @@ def main() -> None:
               f"{per_round / 1e3:.2f} kB/round, final MSD {msd[-1]:.3e}")  # fmt: skip
     by_round.set(xlabel="round", ylabel="MSD (average over agents)")
     by_bytes.set(xlabel="peer-plane bytes, MB (key frames, then model frames)")
-    by_round.set_title(f"{args.agents} agents, ATC, {SCHEME}, memory engine")
+    by_round.set_title(f"{args.agents} agents, ATC, {SCHEME}, mu {args.mu}, memory engine")
     by_bytes.set_title(f"the same budget: {budget / 1e6:.2f} MB")
     by_round.legend(fontsize=8)
     by_bytes.legend(fontsize=8)

@@ -137,6 +137,9 @@ def test_time_varying_topologies_run_as_in_memory(
         assert replayed.keys() == set(net.keys())
         for key, models in replayed.items():
             np.testing.assert_array_equal(net[key], models, err_msg=f"{topology} {engine} {key}")
+    # No round stalled: a peer rounds ahead (it met others since) is held, not refused.
+    views = json.loads((tmp_path / "membership.json").read_text())
+    assert [v["reason"] for v in views] == ["start", "start"]
     for s in json.loads((tmp_path / "audit.json").read_text())["sessions"]:
         assert s["model_messages"] == s["expected_model_messages"] > 0
         assert s["plaintext_messages"] == s["unmatched"] == 0

@@ -155,6 +155,8 @@ def test_schedule_refuses_what_cannot_run() -> None:
         topology.parse_topology("random-matching")
     with pytest.raises(ConfigError, match="time-varying"):
         topology.make_graph("one-peer-exponential", 6)
+    with pytest.raises(ConfigError, match="use --rekey once"):
+        Problem.build(ExperimentConfig(agents=8, topology="random-matching:2", rekey="every-round"))
     with pytest.raises(ConfigError, match="never meet"):  # one round: a perfect matching
         Problem.build(ExperimentConfig(agents=8, iters=1, topology="random-matching:1"))
 
@@ -220,6 +222,16 @@ def test_a_frame_from_a_peer_outside_the_rounds_graph_is_refused() -> None:
         core.receive(Model(far, 0, 1, step, np.zeros(spec.dim)))
     assert refused.value.reason is Reason.NOT_NEIGHBOUR and "round 1's graph" in str(refused.value)
     core.receive(Model(1, 0, 1, step, np.zeros(spec.dim)))  # this round's sender: taken
+    # A peer of a later round may be rounds ahead (it met others since): held, if that
+    # round's graph links it; past the run's end, or not linked then, refused.
+    assert 4 in expand.plans(spec.schedule, 3, 0)[2].senders(0)  # round 3: distance 4
+    core.receive(Model(4, 0, 3, step, np.zeros(spec.dim)))
+    with pytest.raises(Rejected) as refused:
+        core.receive(Model(1, 0, 3, step, np.zeros(spec.dim)))
+    assert refused.value.reason is Reason.NOT_NEIGHBOUR
+    with pytest.raises(Rejected) as refused:
+        core.receive(Model(1, 0, 7, step, np.zeros(spec.dim)))  # past 4; distance 1 again
+    assert refused.value.reason is Reason.AHEAD
 
 
 @pytest.mark.parametrize("topology_name", ["one-peer-exponential", "random-matching:2"])

@@ -523,16 +523,14 @@ class AgentCore:
         self._relayed = {r for r in self._relayed if r[3] > finished_round}
         self._streams = {s: v for s, v in self._streams.items() if s[0] != finished_round}
 
-    # ---- a time-varying topology (spec.schedule): each round's plans and masks ----------
-
     def _plans(self, round_: int) -> tuple[StepPlan, ...]:
-        """The round's plans: the spec's, or its schedule's (this round's and the next's kept)."""
+        """A round's plans: the spec's, or under a time-varying topology its schedule's."""
         if self.spec.schedule is None:
             return self.spec.steps
         if round_ not in self._round_plans:
             plans = schedule.plans(self.spec.schedule, round_, self.me)
             if not self.round <= round_ <= self.round + 1:
-                return plans  # a stale or early frame's: refused below, not kept
+                return plans  # another round's frame: checked, not kept
             self._round_plans = {r: p for r, p in self._round_plans.items() if r >= self.round}
             self._round_plans[round_] = plans
         return self._round_plans[round_]
@@ -582,7 +580,8 @@ class AgentCore:
                 f"model for round {msg.round} step {msg.step}; I am at round "
                 f"{self.round} step {STEPS[self.stage]}",
             )
-        if msg.round > self.round + 1:
+        # a schedule's peer may be rounds ahead (it met others since): held up to the run's end
+        if msg.round > (self.round + 1 if self.spec.schedule is None else self.spec.rounds):
             raise Rejected(Reason.AHEAD, f"model for round {msg.round}, I am at round {self.round}")
         vector = np.asarray(msg.vector, dtype=np.float64)
         if vector.shape != (self.spec.dim,):

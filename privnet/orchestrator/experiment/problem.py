@@ -16,7 +16,7 @@ import numpy as np
 from privnet.agent import problems, wire
 from privnet.agent import schedule as expand
 from privnet.agent.problems import LINEAR, Params, Share
-from privnet.agent.spec import ConfigError, Schedule, Scheme, Strategy
+from privnet.agent.spec import ConfigError, Rekey, Schedule, Scheme, Strategy
 from privnet.orchestrator.experiment import data, schedules, topology
 from privnet.orchestrator.experiment.config import ExperimentConfig
 
@@ -56,7 +56,7 @@ class Problem:
         ghp = next((s for s in map(Scheme, config.schemes) if s.homomorphic), Scheme.NONE)
         made = schedules.template(config)
         if made is not None:
-            graph = schedules.check(made, config.iters, ghp)
+            graph = schedules.check(made, config.iters, ghp, Rekey(config.rekey))
             A = schedules.mean_matrix(made, 1, config.iters)
             q = topology.perron(A)
             return cls(config, graph, A, q, plugin, params, features, classes, schedule=made)

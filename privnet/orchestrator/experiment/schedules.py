@@ -14,7 +14,7 @@ import networkx as nx
 import numpy as np
 
 from privnet.agent import schedule as expand
-from privnet.agent.spec import ConfigError, Schedule, Scheme, Strategy
+from privnet.agent.spec import ConfigError, Rekey, Schedule, Scheme, Strategy
 from privnet.orchestrator.experiment import seeds, topology
 from privnet.orchestrator.experiment.config import ExperimentConfig
 
@@ -74,9 +74,14 @@ def mean_matrix(made: Schedule, first: int, last: int) -> np.ndarray:
     return sum((expand.matrix(made, r) for r in rounds), np.zeros((made.agents,) * 2)) / len(rounds)
 
 
-def check(made: Schedule, rounds: int, scheme: Scheme) -> nx.Graph:
+def check(made: Schedule, rounds: int, scheme: Scheme, rekey: Rekey) -> nx.Graph:
     """ConfigError unless every round's A is left-stochastic with a_mm > 0 and the union
     of the run's graphs is connected; the union graph (laid out on a circle)."""
+    if rekey is Rekey.EVERY_ROUND:
+        raise ConfigError(
+            "a time-varying topology keys its pairs once per view: use --rekey once "
+            "(every-round re-keying is not supported on a schedule yet)"
+        )
     for round_ in expand.rounds_of(made, 1, rounds):
         a = expand.matrix(made, round_)
         try:
