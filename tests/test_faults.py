@@ -42,12 +42,13 @@ def run(out: Path, iters: int, *flags: str, broker: str = "mosquitto") -> tuple[
     return read_membership(out / "membership.json"), summary
 
 
-def assert_replayed(out: Path, iters: int, views: list[View]) -> None:
+def assert_replayed(out: Path, iters: int, views: list[View], topology: str = "geometric") -> None:
     """Every round that stands has every member's report, and the run's models equal the
     memory replay of its views; so does every row of metrics.csv."""
     config = ExperimentConfig(
-        agents=AGENTS, iters=iters, strategies=("atc",), schemes=("local-ghp",), seed=SEED
-    )
+        agents=AGENTS, iters=iters, strategies=("atc",), schemes=("local-ghp",), seed=SEED,
+        topology=topology,
+    )  # fmt: skip
     problem = Problem.build(config)
     plans = session_plans(problem, session_list(config))
     (replay,) = Network.build(plans, script=views).play()
@@ -73,6 +74,17 @@ def test_a_stopped_agent_is_excluded_then_readmitted(tmp_path: Path) -> None:
     assert 0 < back < views[1].start and 6 in views[2].members
     assert summary["membership"]["missed_rounds"]["atc/local-ghp/0"]["6"] > 0
     assert_replayed(tmp_path, 4000, views)
+
+
+def test_a_stopped_agent_drops_from_every_later_round_of_a_schedule(tmp_path: Path) -> None:
+    """The same on one-peer-exponential (issue 31): while agent 6 is out, no round links
+    it (its peers of those rounds keep their own models), and the run is its views'
+    memory replay."""
+    flags = ("--faults", "stop:6@60+9s", "--topology", "one-peer-exponential")
+    views, _ = run(tmp_path, 4000, *flags)
+    assert [v.reason for v in views] == ["start", "lost", "returned"], views
+    assert views[1].left == {6: "silent for 3 s"} and 6 in views[2].members
+    assert_replayed(tmp_path, 4000, views, "one-peer-exponential")
 
 
 def test_a_broker_restart_is_redone_under_a_new_view(tmp_path: Path) -> None:

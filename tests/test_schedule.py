@@ -176,6 +176,9 @@ def test_a_matrix_list_is_a_schedule(tmp_path: Path) -> None:
     bad = line.copy()
     bad[2, 2], bad[3, 2] = 0.0, 1.0
     np.savetxt(tmp_path / "c.txt", bad)
+    many = ",".join([str(tmp_path / "a.txt")] * 911)  # 911 x 36 numbers: over 32768
+    with pytest.raises(ConfigError, match="every agent's Setup carries them, at most 32768"):
+        Problem.build(ExperimentConfig(agents=6, iters=4, matrix=many))
     with pytest.raises(ConfigError, match="round 3's matrix has a_mm = 0 for agents \\[2\\]"):
         Problem.build(ExperimentConfig(agents=6, iters=4, matrix=f"{given},{tmp_path / 'c.txt'}"))
 

@@ -14,6 +14,7 @@ import networkx as nx
 import numpy as np
 
 from privnet.agent import schedule as expand
+from privnet.agent import wire
 from privnet.agent.spec import ConfigError, Rekey, Schedule, Scheme, Strategy
 from privnet.orchestrator.experiment import seeds, topology
 from privnet.orchestrator.experiment.config import ExperimentConfig
@@ -26,6 +27,13 @@ def template(config: ExperimentConfig) -> Schedule | None:
         found = load_matrices(config.matrix)
         if len(found) == 1:
             return None
+        numbers, limit = len(found) * agents**2, wire.SETUP_FLOATS // 2  # w0 fits beside
+        if numbers > limit:  # every agent's Setup carries them
+            raise ConfigError(
+                f"--matrix: {len(found)} matrices of {agents} x {agents} are {numbers} numbers; "
+                f"every agent's Setup carries them, at most {limit}: give fewer "
+                "matrices, or a generated schedule (one-peer-exponential, random-matching:S)"
+            )
         flat = tuple(tuple(float(x) for x in a.ravel()) for a in found)
         return Schedule("matrices", agents, Strategy.ATC, matrices=flat)
     kind, peers = topology.parse_topology(config.topology)
