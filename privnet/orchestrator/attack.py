@@ -52,8 +52,9 @@ def reconstruct(
         if adversary.reads(m, k):
             by_slot.setdefault((i, step), []).append((m, k, np.asarray(vector)))
     out = {}
+    static = problem.matrices(strategy) if problem.schedule is None else None
     for (i, step), links in by_slot.items():
-        a = problem.round_matrices(strategy, i)[step]  # a schedule's: round i's
+        a = (static or problem.round_matrices(strategy, i))[step]  # a schedule's: round i's
         senders = sorted({m for m, _, _ in links})
         column = {m: n for n, m in enumerate(senders)}
         rows = np.zeros((len(links), len(senders)))
