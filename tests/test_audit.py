@@ -30,7 +30,7 @@ from rich.console import Console
 from privnet.agent import keys, rng, topics, wire
 from privnet.agent.core import AgentCore, split_senders
 from privnet.agent.messages import KeyShare, Model, Rejected
-from privnet.agent.node import Phase
+from privnet.agent.phases import Phase
 from privnet.agent.protocol import Publish
 from privnet.agent.spec import STRATEGY_STEP, AgentSpec, Rekey, Scheme, Strategy
 from privnet.broker.launcher import launch

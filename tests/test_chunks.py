@@ -23,7 +23,7 @@ from privnet.agent import topics, wire
 from privnet.agent.access import BrokerAddress
 from privnet.agent.links import Links
 from privnet.agent.messages import Model, Rejected
-from privnet.agent.node import Phase
+from privnet.agent.phases import Phase
 from privnet.agent.protocol import Publish
 from privnet.agent.spec import COUNT_LIMIT, ID_LIMIT, STEPS, ConfigError, Scheme, Strategy
 from privnet.agent.wire import chunks

@@ -38,7 +38,8 @@ from runs import (
 
 from privnet.agent import control, keys, topics, wire
 from privnet.agent.messages import Report
-from privnet.agent.node import TELEMETRY_BATCH, Phase
+from privnet.agent.node import TELEMETRY_BATCH
+from privnet.agent.phases import Phase
 from privnet.agent.protocol import (
     Checkpoint,
     Event,

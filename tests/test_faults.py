@@ -52,12 +52,13 @@ def changes(views: list[View]) -> list[View]:
     return [v for i, v in enumerate(views) if i == 0 or v.members != views[i - 1].members]
 
 
-def assert_replayed(out: Path, iters: int, views: list[View]) -> None:
+def assert_replayed(out: Path, iters: int, views: list[View], topology: str = "geometric") -> None:
     """Every round that stands has every member's report, and the run's models equal the
     memory replay of its views; so does every row of metrics.csv."""
     config = ExperimentConfig(
-        agents=AGENTS, iters=iters, strategies=("atc",), schemes=("local-ghp",), seed=SEED
-    )
+        agents=AGENTS, iters=iters, strategies=("atc",), schemes=("local-ghp",), seed=SEED,
+        topology=topology,
+    )  # fmt: skip
     problem = Problem.build(config)
     plans = session_plans(problem, session_list(config))
     (replay,) = Network.build(plans, script=views).play()
@@ -73,20 +74,36 @@ def assert_replayed(out: Path, iters: int, views: list[View]) -> None:
     np.testing.assert_allclose(np.vstack([centroid, average]), want, rtol=1e-9)
 
 
-def test_a_stopped_agent_is_excluded_then_readmitted(tmp_path: Path) -> None:
-    """SIGSTOP agent 6 for 3x the deadline: left out (silent; or, on a machine so busy
-    that a stall is called first, for not answering its Hold), back when it wakes (4000
-    rounds: the run outlasts the stop however fast the machine)."""
-    views, summary = run(tmp_path, 4000, "--faults", "stop:6@60+9s")
+def assert_out_and_back(views: list[View], agent: int) -> None:
+    """`agent` was left out (silent; or, on a machine so busy that a stall is called
+    first, for not answering its Hold), then let back from a round before it left; only
+    it came and went."""
     _, lost, returned, *later = changes(views)
-    others = tuple(m for m in range(AGENTS) if m != 6)
-    assert lost.members == others and list(lost.left) == [6], views
-    assert lost.left[6] in ("silent for 3 s", "did not stop for a view change in 3 s"), views
-    back = returned.resume[6]
-    assert 0 < back < lost.start and 6 in returned.members
-    assert all(set(v.members) >= set(others) for v in later), views  # only 6 came and went
+    others = tuple(m for m in range(AGENTS) if m != agent)
+    assert lost.members == others and list(lost.left) == [agent], views
+    assert lost.left[agent] in ("silent for 3 s", "did not stop for a view change in 3 s"), views
+    back = returned.resume[agent]
+    assert 0 < back < lost.start and agent in returned.members
+    assert all(set(v.members) >= set(others) for v in later), views
+
+
+def test_a_stopped_agent_is_excluded_then_readmitted(tmp_path: Path) -> None:
+    """SIGSTOP agent 6 for 3x the deadline: left out, back when it wakes (4000 rounds:
+    the run outlasts the stop however fast the machine)."""
+    views, summary = run(tmp_path, 4000, "--faults", "stop:6@60+9s")
+    assert_out_and_back(views, 6)
     assert summary["membership"]["missed_rounds"]["atc/local-ghp/0"]["6"] > 0
     assert_replayed(tmp_path, 4000, views)
+
+
+def test_a_stopped_agent_drops_from_every_later_round_of_a_schedule(tmp_path: Path) -> None:
+    """The same on one-peer-exponential (issue 31): while agent 6 is out, no round links
+    it (its peers of those rounds keep their own models), and the run is its views'
+    memory replay."""
+    flags = ("--faults", "stop:6@60+9s", "--topology", "one-peer-exponential")
+    views, _ = run(tmp_path, 4000, *flags)
+    assert_out_and_back(views, 6)
+    assert_replayed(tmp_path, 4000, views, "one-peer-exponential")
 
 
 def test_a_broker_restart_is_redone_under_a_new_view(tmp_path: Path) -> None:
@@ -118,13 +135,15 @@ def test_a_crashed_agent_restarts_from_its_checkpoint(tmp_path: Path) -> None:
 
 def test_a_killed_agents_unsealed_rounds_are_redone_without_it(tmp_path: Path) -> None:
     """kill -9 agent 3 (no restart): the reports it had not sealed yet (up to 9 rounds: it
-    seals 10 per Telemetry) die with it. Those rounds are redone by the view without it, so
+    seals 10 per Telemetry, and all at the end of a grant) die with it. Those rounds are redone by the view without it, so
     none stands with only the survivors' reports, and metrics.csv is the replay's MSD."""
     views, summary = run(tmp_path, ITERS, "--faults", "kill:3@95")
     start, lost = changes(views)
     assert [start.reason, lost.reason] == ["start", "lost"], views
     assert 3 not in lost.members and "killed by SIGKILL" in lost.left[3]
-    assert (lost.start - 1) % 10 == 0  # where its last sealed batch ended
+    # Where its last sealed batch ended: every 10 rounds, or where it held at the end of
+    # the conductor's grant (it flushes there); past round 95, which the conductor read.
+    assert lost.start - 1 >= 95
     missed = summary["membership"]["missed_rounds"]["atc/local-ghp/0"]
     assert missed == {"3": ITERS + 1 - lost.start}
     assert_replayed(tmp_path, ITERS, views)

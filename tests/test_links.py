@@ -19,7 +19,7 @@ from runs import RUN, Harness, assert_same_models, clean
 from privnet.agent import keys, topics, wire
 from privnet.agent.links import Links
 from privnet.agent.messages import KeyPlan, KeyShare, Model, Rejected
-from privnet.agent.node import Phase
+from privnet.agent.phases import Phase
 from privnet.agent.protocol import Publish
 from privnet.agent.spec import STEPS, Rekey, Scheme, Strategy
 from privnet.agent.wire import catalog, frames, schema

@@ -11,7 +11,7 @@ from runs import ROUNDS, RUN, Harness, assert_same_models, assert_whole_rounds, 
 from test_conductor import EVERYONE, assert_replay_matches, views
 
 from privnet.agent import control, topics
-from privnet.agent.node import Phase
+from privnet.agent.phases import Phase
 from privnet.agent.protocol import Publish
 from privnet.orchestrator.conductor.blame import FLAPS, Blame, suspects
 

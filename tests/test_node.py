@@ -31,8 +31,8 @@ from privnet.agent.node import (
     REGISTER_TIMEOUT,
     AgentNode,
     Launch,
-    Phase,
 )
+from privnet.agent.phases import Phase
 from privnet.agent.protocol import (
     BEATS,
     PATIENCE,

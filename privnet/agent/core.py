@@ -16,31 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from privnet.agent import keys, rng
+from privnet.agent import keys, rng, schedule
 from privnet.agent.losses import Loss
 from privnet.agent.messages import KeyPlan, KeyShare, Message, Model, Reason, Rejected, Report
+from privnet.agent.seats import Seat, StepMasks, round_masks, split_senders, union_seats
 from privnet.agent.spec import STEPS, AgentSpec, Rekey, Scheme, StepPlan
 
 Position = tuple[int, int]  # (round, index of the step in STEPS)
-
-
-@dataclass(frozen=True, slots=True)
-class Seat:
-    """Masked schemes: where this agent sits at one hub for one step."""
-
-    side: int  # +1 for N+, -1 for N-
-    partners: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class _Masks:
-    """A masked scheme's masks at one step for one epoch: every target (the self-term
-    included), its public weight a_pk as a column, and the bank whose rows of a round are
-    each target's sum of side * g_pair (on the grid)."""
-
-    targets: list[int]
-    weights: np.ndarray  # (targets, 1)
-    bank: keys.MaskBank
 
 
 @dataclass
@@ -49,23 +31,6 @@ class Counters:
 
     agreements: int = 0  # Diffie-Hellman agreements computed
     relayed: int = 0  # key shares forwarded as a hub
-
-
-def split_senders(senders: list[int], hub: int) -> dict[int, Seat]:
-    """The hub's N+/N- split of its other neighbours, and each one's partners.
-
-    Alternating over sorted ids, as in the paper's example. A hub with a single other
-    neighbour l cannot hide l behind a partner, so it joins the pair itself (seat N-):
-    the wire still carries no model in the clear, and the hub learns only w_l, which
-    its own combination a_hh w_h + a_lh w_l reveals to it anyway.
-    """
-    if len(senders) == 1:
-        (sole,) = senders
-        return {sole: Seat(+1, (hub,)), hub: Seat(-1, (sole,))}
-    plus, minus = tuple(senders[0::2]), tuple(senders[1::2])
-    seats = {m: Seat(+1, minus) for m in plus}
-    seats.update({m: Seat(-1, plus) for m in minus})
-    return seats
 
 
 def _weighted_sum(weights: Mapping[int, float], vectors: Mapping[int, np.ndarray]) -> np.ndarray:
@@ -114,10 +79,12 @@ class AgentCore:
         self._keys_held: Counter[tuple[int, int]] = Counter()
         self._partners: Counter[int] = Counter()
         self._secrets: dict[tuple[int, int, bytes], bytes] = {}  # (epoch, m, public) -> secret
-        self._banks: dict[tuple[int, int], _Masks] = {}  # (epoch, step)
+        self._banks: dict[tuple[int, int], StepMasks] = {}  # (epoch, step)
         self._weights_in: dict[int, np.ndarray] = {}  # step -> its a_mp as a column
         self._grid = rng.grid(spec.sigma_g)  # the lattice masked releases sit on
         self._relayed: set[tuple[int, int, int, int]] = set()  # (owner, partner, step, epoch)
+        self._round_plans: dict[int, schedule.Plans] = {}  # a schedule's: this round, next
+        self._streams: dict[tuple[int, int, int, int], keys.PairStream] = {}  # a schedule's
 
     # ---- public API -------------------------------------------------------------------
 
@@ -199,7 +166,7 @@ class AgentCore:
             if not self.spec.scheme.masked or not plans:
                 return []
             return sorted(set().union(*(self._missing_keys(p) for p in plans)))
-        plan = self.spec.steps[self.stage]
+        plan = self._plans(self.round)[self.stage]
         if self.spec.scheme.masked and not self._keys_ready(plan):
             return sorted(self._missing_keys(plan))
         have = self._inbox.get(self.position, {})
@@ -210,7 +177,7 @@ class AgentCore:
     def _advance(self) -> list[Message]:
         out: list[Message] = []
         while not self.held:
-            plan = self.spec.steps[self.stage]
+            plan = self._plans(self.round)[self.stage]
             if plan.communicates:
                 if not self._sent:
                     if self.spec.scheme.masked:
@@ -296,7 +263,7 @@ class AgentCore:
         if not self.spec.scheme.masked:
             return _weighted_sum(plan.weights_in, inbox)
         a = self._weights_in.get(plan.step)
-        if a is None:
+        if a is None or self.spec.schedule is not None:  # a schedule's weights change
             a = self._weights_in[plan.step] = np.array([*plan.weights_in.values()])[:, None]
         stacked = np.array([inbox[m] for m in plan.weights_in])
         total: np.ndarray = rng.on_lattice(stacked, a, self._grid).sum(axis=0)
@@ -313,7 +280,7 @@ class AgentCore:
             senders = plan.senders(self.me)
             if not senders:
                 continue
-            for m, seat in split_senders(senders, self.me).items():
+            for m, seat in self._hub_seats(senders).items():
                 if m == self.me:
                     self._seat(self.me, plan.step, seat)
                 else:
@@ -425,7 +392,7 @@ class AgentCore:
                 f"names hub {msg.hub}; I relay only my own neighbours' shares",
             )
         senders = self._plan_of(msg.step).senders(self.me)
-        seats = split_senders(senders, self.me) if senders else {}
+        seats = self._hub_seats(senders) if senders else {}
         if msg.owner not in seats or msg.partner not in seats[msg.owner].partners:
             raise Rejected(
                 Reason.NOT_NEIGHBOUR,
@@ -466,7 +433,7 @@ class AgentCore:
             return False  # a partner's key is still to come: no need to find whose
         return not self._missing_keys(plan)
 
-    def _masks(self, plan: StepPlan) -> tuple[_Masks, np.ndarray]:
+    def _masks(self, plan: StepPlan) -> tuple[StepMasks, np.ndarray]:
         """Per target k (the self-term included): sum over my partners at hub k of
         side * g_pair, on the grid, which cancels at the hub once each term is on the
         lattice. My own term at a hub with 2+ other neighbours has no seat, no mask.
@@ -476,10 +443,16 @@ class AgentCore:
         keys.MaskBank that maps and combines them for several rounds of the epoch at once.
         """
         epoch, step = self._epoch(self.round), plan.step
+        if self.spec.schedule is not None:  # this round's masks, at this round's hubs
+            graph, spec = schedule.graph(self.spec.schedule, self.round), self.spec
+            targets, weights, rows = round_masks(graph, plan, self.me, self.round, spec.dim,
+                spec.sigma_g, lambda hub, m: self._stream(epoch, hub, step, m))  # fmt: skip
+            return StepMasks(targets, weights, None), rows
         bank = self._banks.get((epoch, step))
         if bank is None:
             bank = self._banks[(epoch, step)] = self._bank(epoch, plan)
         last = self.round if self.spec.rekey is Rekey.EVERY_ROUND else self.until
+        assert bank.bank is not None  # a static spec's: made above
         return bank, bank.bank.at(self.round, last)
 
     def _open_banks(self) -> None:
@@ -488,11 +461,11 @@ class AgentCore:
         would otherwise cost a thousand-agent network (about 140 pairs an agent) several
         rounds' time. The banks are the ones round 1 would build: the same masks."""
         epoch = self._epoch(self.round)
-        for plan in self.spec.steps:
+        for plan in self.spec.steps if self.spec.schedule is None else ():
             if plan.communicates and (epoch, plan.step) not in self._banks:
                 self._banks[(epoch, plan.step)] = self._bank(epoch, plan)
 
-    def _bank(self, epoch: int, plan: StepPlan) -> _Masks:
+    def _bank(self, epoch: int, plan: StepPlan) -> StepMasks:
         """Every target, its public weight, and the bank of its masks for this epoch."""
         step = plan.step
         targets = list(plan.weights_out)
@@ -522,7 +495,7 @@ class AgentCore:
                     coeffs[row, col] = seat.side
         bank = keys.MaskBank(streams, coeffs, self.spec.dim, self.spec.sigma_g)
         weights = np.array([plan.weights_out[k] for k in targets])[:, None]
-        return _Masks(targets, weights, bank)
+        return StepMasks(targets, weights, bank)
 
     def _secret(self, epoch: int, partner: int, public: bytes) -> bytes:
         slot = (epoch, partner, public)
@@ -542,6 +515,33 @@ class AgentCore:
         self._secrets = {s: v for s, v in self._secrets.items() if s[0] != finished_round}
         self._banks = {s: v for s, v in self._banks.items() if s[0] != finished_round}
         self._relayed = {r for r in self._relayed if r[3] > finished_round}
+        self._streams = {s: v for s, v in self._streams.items() if s[0] != finished_round}
+
+    def _plans(self, round_: int) -> tuple[StepPlan, ...]:
+        """A round's plans: the spec's, or under a time-varying topology its schedule's."""
+        if self.spec.schedule is None:
+            return self.spec.steps
+        if round_ not in self._round_plans:
+            plans = schedule.plans(self.spec.schedule, round_, self.me)
+            if not self.round <= round_ <= self.round + 1:
+                return plans  # another round's frame: checked, not kept
+            self._round_plans = {r: p for r, p in self._round_plans.items() if r >= self.round}
+            self._round_plans[round_] = plans
+        return self._round_plans[round_]
+
+    def _hub_seats(self, senders: list[int]) -> dict[int, Seat]:
+        """My seats as a hub, keyed once per view (under a schedule: seats.union_seats)."""
+        if (made := self.spec.schedule) is None:
+            return split_senders(senders, self.me)
+        return union_seats(made, self.me, 1, self.spec.rounds)
+
+    def _stream(self, epoch: int, hub: int, step: int, m: int) -> keys.PairStream:
+        slot, spec = (epoch, hub, step, m), self.spec
+        if slot not in self._streams:
+            secret, pair = self._secret(epoch, m, self._partner_keys[slot]), (self.me, m)
+            stream = keys.PairStream(secret, spec.session, hub, pair, step, epoch, spec.dim)
+            self._streams[slot] = stream
+        return self._streams[slot]
 
     # ---- checks ------------------------------------------------------------------------
 
@@ -559,10 +559,13 @@ class AgentCore:
     def _accept_model(self, msg: Model) -> None:
         self._check_receiver(msg.receiver)
         plan = self._plan_of(msg.step)
+        if self.spec.schedule is not None:  # the plan of the frame's own round
+            plan = self._plans(msg.round)[STEPS.index(msg.step)]
         if msg.sender == self.me or msg.sender not in plan.weights_in:  # plan.senders(me)
             raise Rejected(
                 Reason.NOT_NEIGHBOUR,
-                f"agent {msg.sender} is not an in-neighbour at step {msg.step}",
+                f"agent {msg.sender} is not an in-neighbour at step {msg.step}"
+                + ("" if self.spec.schedule is None else f" in round {msg.round}'s graph"),
             )
         at = (msg.round, STEPS.index(msg.step))
         if at < self.position:
@@ -571,7 +574,8 @@ class AgentCore:
                 f"model for round {msg.round} step {msg.step}; I am at round "
                 f"{self.round} step {STEPS[self.stage]}",
             )
-        if msg.round > self.round + 1:
+        # a schedule's peer may be rounds ahead (it met others since): held up to the run's end
+        if msg.round > (self.round + 1 if self.spec.schedule is None else self.spec.rounds):
             raise Rejected(Reason.AHEAD, f"model for round {msg.round}, I am at round {self.round}")
         vector = np.asarray(msg.vector, dtype=np.float64)
         if vector.shape != (self.spec.dim,):

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 
 import numpy as np
 
@@ -23,6 +22,7 @@ from privnet.agent.core import AgentCore
 from privnet.agent.links import Links
 from privnet.agent.losses import make_loss
 from privnet.agent.messages import Message, Reason, Rejected, Report
+from privnet.agent.phases import ACTIVE, BEATING, IDLE, PAUSED, WAITING, Phase
 from privnet.agent.protocol import (
     BEATS,
     PATIENCE,
@@ -44,33 +44,6 @@ HELLO_EVERY = 2.0  # seconds between Hellos until Welcome: the orchestrator may 
 REGISTER_TIMEOUT = 120.0
 IDLE_TIMEOUT = 600.0  # between sessions: an orchestrator gone this long is not coming back
 TELEMETRY_BATCH = 10  # rounds per sealed telemetry message (fewer for big models)
-
-
-class Phase(StrEnum):
-    """Where an agent is; [Frame] is the control frame that moves it on (DESIGN: Membership
-    and faults). Besides: [Hold] moves a configured, keyed or running agent to HELD,
-    [Excluded] one in a session to EXCLUDED, and FAILED can follow any phase."""
-
-    REGISTERING = "registering"  # Hellos until [Welcome]
-    REGISTERED = "registered"  # [Setup] -> CONFIGURED; [Close] -> LEAVING
-    CONFIGURED = "configured"  # keys agreed with the neighbours -> KEYED
-    KEYED = "keyed"  # [Go] -> RUNNING
-    RUNNING = "running"  # the last round -> FINISHED; Go's `until` -> HELD
-    HELD = "held"  # [Setup] of a later view, from the model it names -> CONFIGURED
-    EXCLUDED = "excluded"  # Rejoin sent; [Setup] -> CONFIGURED; [Close] -> LEAVING
-    FINISHED = "finished"  # [Setup] -> CONFIGURED; [Close] -> LEAVING
-    LEAVING = "leaving"  # the shell unsubscribes the inbox, then `unsubscribed` -> LEFT
-    LEFT = "left"  # [Bye] -> CLOSED
-    FAILED = "failed"
-    CLOSED = "closed"
-
-
-ACTIVE = (Phase.CONFIGURED, Phase.KEYED, Phase.RUNNING)  # a view is configured
-PAUSED = (Phase.HELD, Phase.EXCLUDED, Phase.FINISHED)  # in a session, waiting for a Setup
-# No view to use peer frames in: they wait (bounded) for the next Setup.
-WAITING = (Phase.REGISTERING, Phase.REGISTERED, *PAUSED)
-BEATING = (*ACTIVE, Phase.HELD, Phase.FINISHED)  # members: Progress is their heartbeat
-IDLE = (Phase.REGISTERED, Phase.LEAVING, Phase.LEFT)  # no session: the orchestrator's turn
 
 
 @dataclass(frozen=True)
@@ -359,6 +332,9 @@ class AgentNode:
                 f"{config.resume}, which I do not hold (I hold {sorted(history)[-5:]})"
             )
         history = {r: w for r, w in history.items() if r <= config.resume}
+        # Let back in with an older model, that model is this view's after its start - 1: a
+        # stall before this agent's first round here redoes the view from there.
+        history[spec.start - 1] = history[config.resume]
         core = self._core_type(config.spec, loss, self.identity, opened.directory)
         core.resume_from(history[config.resume])
         self.session = self._next_session(setup, config, core, opened.links, history)

@@ -13,7 +13,8 @@ from privnet.agent import keys
 from privnet.agent.access import BrokerAddress, ClientAccess
 from privnet.agent.driver import publish, pump
 from privnet.agent.launch import AgentLaunch
-from privnet.agent.node import AgentNode, Launch, Phase
+from privnet.agent.node import AgentNode, Launch
+from privnet.agent.phases import Phase
 from privnet.agent.private import private_dir, write_private
 from privnet.agent.protocol import Checkpoint, Output
 from privnet.agent.transport import RECONNECT_BUDGET, MqttError, client

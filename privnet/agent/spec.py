@@ -146,6 +146,45 @@ class StepPlan:
         return sorted(k for k in self.weights_out if k != me)
 
 
+SCHEDULES = ("one-peer-exponential", "random-matching", "matrices")  # time-varying kinds
+SCHEDULE_RULES = ("metropolis", "averaging")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A time-varying topology: round i's graph and weights, which every agent expands
+    itself from these public inputs (privnet.agent.schedule), so no round needs control
+    traffic. `members` is the view's (empty: every agent); `matrices` are user-given A's,
+    each flattened row-major, used in turn (kind `matrices`)."""
+
+    kind: str
+    agents: Positive
+    strategy: Strategy
+    rule: str = "metropolis"
+    peers: Count = 0  # random-matching: each agent's peers a round (S)
+    seed: Count = 0  # random-matching: the public seed of the draws
+    members: tuple[AgentId, ...] = ()
+    matrices: tuple[tuple[float, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "strategy", Strategy(self.strategy))
+        if self.kind not in SCHEDULES:
+            raise ConfigError(f"unknown schedule {self.kind!r}; choose one of {SCHEDULES}")
+        if self.rule not in SCHEDULE_RULES:
+            raise ConfigError(f"unknown rule {self.rule!r}; choose one of {SCHEDULE_RULES}")
+        if self.kind == "random-matching" and not 1 <= self.peers < self.agents:
+            raise ConfigError(
+                f"random-matching:{self.peers} on {self.agents} agents: write "
+                f"random-matching:S with 1 <= S < {self.agents}"
+            )
+        if (self.kind == "matrices") != bool(self.matrices):
+            raise ConfigError("a schedule of kind 'matrices' (and only it) carries matrices")
+        if any(len(a) != self.agents**2 for a in self.matrices):
+            raise ConfigError(f"every scheduled matrix must be {self.agents} x {self.agents}")
+        if any(not 0 <= m < self.agents for m in self.members):
+            raise ConfigError(f"schedule members must be agent ids in [0, {self.agents})")
+
+
 @dataclass(frozen=True)
 class AgentSpec:
     """Everything agent `agent` needs to run its rounds (the loss comes separately)."""
@@ -164,6 +203,9 @@ class AgentSpec:
     w0: tuple[float, ...] = field(default=())  # initial model; zeros when empty
     view: Count = 0  # the membership view these weights are for (DESIGN: Membership and faults)
     start: Positive = 1  # the first round this spec runs: a later view redoes from here
+    # A time-varying topology: round i's plans come from it, and `steps` is then the union
+    # of the view's rounds (whom this agent may meet: links and keys), its weights unused.
+    schedule: Schedule | None = None
 
     def __post_init__(self) -> None:
         # The core compares with `is`: a plain "local-ghp" string would silently run ghp.
@@ -188,6 +230,10 @@ class AgentSpec:
             raise ConfigError(f"w0 has {len(self.w0)} entries, the model has dim {self.dim}")
         for plan in self.steps:
             _check_plan(self, plan)
+        if self.schedule is not None and self.schedule.agents != self.agents:
+            raise ConfigError(
+                f"the schedule is for {self.schedule.agents} agents, the spec for {self.agents}"
+            )
 
     def plan(self, step: int) -> StepPlan:
         return self.steps[STEPS.index(step)]

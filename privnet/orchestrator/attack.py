@@ -20,7 +20,8 @@ import numpy as np
 from rich.table import Table
 from scipy.linalg import lstsq, null_space
 
-from privnet.agent.core import split_senders
+from privnet.agent import schedule as expand
+from privnet.agent.seats import split_senders
 from privnet.agent.spec import ConfigError, Scheme, Strategy
 from privnet.orchestrator.experiment import data
 from privnet.orchestrator.experiment.problem import Problem
@@ -45,15 +46,15 @@ def reconstruct(
     """Estimates of the releases y[(sender, round, step)] from the frames of `seen` that
     `adversary` reads; `known`: the releases it knows exactly, by frame (an insider's own,
     and those whose masks it holds: `insider_knowledge`)."""
-    matrices = problem.matrices(strategy)
     known = known or {}
     by_slot: dict[tuple[int, int], list[tuple[int, int, np.ndarray]]] = {}
     for (m, k, i, step), vector in seen.items():
         if adversary.reads(m, k):
             by_slot.setdefault((i, step), []).append((m, k, np.asarray(vector)))
     out = {}
+    static = problem.matrices(strategy) if problem.schedule is None else None
     for (i, step), links in by_slot.items():
-        a = matrices[step]
+        a = (static or problem.round_matrices(strategy, i))[step]  # a schedule's: round i's
         senders = sorted({m for m, _, _ in links})
         column = {m: n for n, m in enumerate(senders)}
         rows = np.zeros((len(links), len(senders)))
@@ -113,16 +114,18 @@ def insider_knowledge(
     frame's release, from the replay (`replay.Replay.released`)."""
     if not adversary.insider:
         return {}
-    matrices = problem.matrices(strategy)
     seats = {}
     out = {}
+    made = problem.schedule
     for (m, k, i, step), v in released.items():
         if m == k or k not in adversary.members:
             continue
-        if (k, step) not in seats:
-            heard = [int(s) for s in np.flatnonzero(matrices[step][:, k]) if s != k]
-            seats[(k, step)] = split_senders(heard, k) if heard else {}
-        seat = seats[(k, step)].get(m)
+        at = (k, step, 0 if made is None else expand.index(made, i))  # a schedule's graph
+        if at not in seats:
+            a = problem.round_matrices(strategy, i)[step]
+            heard = [int(s) for s in np.flatnonzero(a[:, k]) if s != k]
+            seats[at] = split_senders(heard, k) if heard else {}
+        seat = seats[at].get(m)
         holds = scheme.masked and seat is not None and set(seat.partners) <= adversary.members
         if m in adversary.members or holds:
             out[(m, k, i, step)] = v
@@ -156,19 +159,21 @@ def estimate_minimizers(
 ) -> np.ndarray:
     """ATC: the root of an affine fit of grad J_p against phi_p over the rounds."""
     c = problem.config
-    a = problem.A
     out = np.full((c.agents, c.dim), np.nan)
     for p in range(c.agents):
         phis, grads = [], []
         for i in range(1, c.iters + 1):
             if (p, i, 2) not in estimate:
                 continue
+            a = problem.round_matrix(i - 1)  # the combine that made round i's phi
             if i == 1:
                 phi = np.zeros(c.dim)  # w_0
             else:
                 heard = [m for m in range(c.agents) if a[m, p] > 0]
-                if any(m != p and (m, p, i - 1, 2) not in seen for m in heard):
-                    continue
+                if (p, i - 1, 2) not in estimate or any(
+                    m != p and (m, p, i - 1, 2) not in seen for m in heard
+                ):
+                    continue  # a term of phi unseen (under a schedule: another round's peer)
                 phi = sum(
                     a[m, p] * (estimate[(p, i - 1, 2)] if m == p else seen[(m, p, i - 1, 2)])
                     for m in heard
@@ -256,7 +261,7 @@ def pinned_directions(
     schemes, their frames readable; else 0)."""
     if not scheme.masked or adversary.kind != "wire" or adversary.sealed:
         return 0
-    a = problem.A  # the matrix of the communicating step, for every strategy
+    a = problem.round_matrix(1)  # the communicating step's (a schedule's: round 1's)
     b = a.T - np.diag(np.diag(a))
     return int(np.linalg.matrix_rank(b[(b > 0).sum(axis=1) >= 2]))
 

@@ -80,9 +80,10 @@ class Row:
 
 
 def _edges(problem: Problem, strategy: Strategy) -> dict[int, list[int]]:
-    """Out-neighbours (self excluded) at every communicating step of a round."""
+    """Out-neighbours (self excluded) at every communicating step of a round (a
+    schedule's: round 1's)."""
     out: dict[int, list[int]] = {p: [] for p in range(problem.config.agents)}
-    for a in problem.matrices(strategy):
+    for a in problem.round_matrices(strategy, 1):
         if np.array_equal(a, np.eye(len(a))):
             continue  # a step with A = I sends nothing
         for m in range(len(a)):

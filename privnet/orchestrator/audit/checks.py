@@ -128,7 +128,8 @@ def _frames(seen: SessionWire, truth: Replay, found: Sequence[Part], iters: int)
 def _view_check(
     scheme: Scheme, part: Part, seen: SessionWire, truth: Replay, step: int, sigma_g: float
 ) -> ViewCheck:
-    expected = (part.end - part.view.start + 1) * round_messages(part.A)
+    rounds = range(part.view.start, part.end + 1)
+    expected = sum(round_messages(part.at(i)) for i in rounds)
     cancel, not_combined = cancellation(part, seen, truth, step, sigma_g)
     return ViewCheck(part, expected, cancel, not_combined, _hub_learns(scheme, part.A))
 

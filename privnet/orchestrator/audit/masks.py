@@ -17,7 +17,7 @@ import numpy as np
 from scipy import stats
 
 from privnet.agent import rng
-from privnet.agent.core import Seat, split_senders
+from privnet.agent.seats import Seat, split_senders
 from privnet.agent.spec import Scheme
 from privnet.orchestrator.audit.views import Part, senders
 from privnet.orchestrator.replay import Replay, SessionWire
@@ -59,13 +59,11 @@ def noise_samples(
     samples: list[np.ndarray] = []
     noise = Noise(np.zeros(0))
     once: set[tuple[int, ...]] = set()
-    seats = {
-        part.view.view: (part.A, {hub: _seats(part.A, hub) for hub in range(part.A.shape[0])})
-        for part in parts
-    }
+    by_view = {part.view.view: part for part in parts}
+    seats: dict[tuple[int, int], tuple[np.ndarray, dict[int, dict[int, Seat]]]] = {}
     for (v, s, r, i, j), vector in sorted(seen.views.items()):
         true = truth.views.get((v, s, i, j))
-        if true is None or scheme is Scheme.NONE or v not in seats:
+        if true is None or scheme is Scheme.NONE or v not in by_view:
             continue
         release = truth.released[(v, s, r, i, j)] if scheme.masked else vector
         if scheme is not Scheme.LOCAL_GHP:
@@ -75,7 +73,11 @@ def noise_samples(
                 samples.append(release - rng.snap(true, sigma_g))
         if not scheme.masked:
             continue
-        A, at = seats[v]
+        part = by_view[v]
+        if part.key(i) not in seats:  # the round's matrix (a schedule's varies) and seats
+            a = part.at(i)
+            seats[part.key(i)] = (a, {hub: _seats(a, hub) for hub in range(a.shape[0])})
+        A, at = seats[part.key(i)]
         seat = at[r].get(s)
         if seat is None:  # no link of this view's matrix: unmatched
             continue
@@ -123,16 +125,18 @@ def cancellation(
     cancellation happens inside the hub and is not observable on the wire.
     """
     grid = rng.grid(sigma_g)
-    worst, checked, fallback, missing, not_combined = 0.0, 0, [], 0, 0
-    for hub in range(part.A.shape[0]):
-        sending = senders(part.A, hub)
-        if len(sending) == 1:
-            fallback.append(hub)
-        if len(sending) < 2:
-            continue
-        for i in range(part.view.start, part.last + 1):
+    worst, checked, missing, not_combined = 0.0, 0, 0, 0
+    fallback: set[int] = set()
+    for i in range(part.view.start, part.last + 1):
+        A = part.at(i)
+        for hub in range(A.shape[0]):
+            sending = senders(A, hub)
+            if len(sending) == 1:
+                fallback.add(hub)
+            if len(sending) < 2:
+                continue
             try:
-                gap = _residual(part, seen, truth, (hub, i, step), sending, grid)
+                gap = _residual(part, A, seen, truth, (hub, i, step), sending, grid)
             except KeyError:
                 if i <= part.end:
                     missing += 1
@@ -144,13 +148,14 @@ def cancellation(
         "max": worst,
         "hub_rounds_checked": checked,
         "hub_rounds_missing_messages": missing,
-        "not_observable_fallback_hubs": fallback,
+        "not_observable_fallback_hubs": sorted(fallback),
     }
     return report, not_combined
 
 
 def _residual(
     part: Part,
+    A: np.ndarray,
     seen: SessionWire,
     truth: Replay,
     at: tuple[int, int, int],
@@ -159,7 +164,7 @@ def _residual(
 ) -> float:
     """One hub-round (hub, round, step): the wire's combination against the true one,
     relative; KeyError when a term of it is missing."""
-    (hub, i, step), A, v = at, part.A, part.view.view
+    (hub, i, step), v = at, part.view.view
     own = rng.on_lattice(truth.released[(v, hub, hub, i, step)], A[hub, hub], grid)
     on_wire = sum(
         rng.on_lattice(seen.views[(v, m, hub, i, step)], A[m, hub], grid) for m in sending

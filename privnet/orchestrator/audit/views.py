@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from privnet.agent.spec import STRATEGY_STEP, Strategy
+from privnet.agent import schedule as expand
+from privnet.agent.spec import STRATEGY_STEP, Schedule, Strategy
 from privnet.orchestrator.audit.playback import view_reach
 from privnet.orchestrator.conductor import View
-from privnet.orchestrator.experiment import topology
+from privnet.orchestrator.experiment import schedules, topology
 from privnet.orchestrator.experiment.problem import Problem
 from privnet.orchestrator.experiment.specs import view_matrix
 from privnet.orchestrator.replay import Replay, SessionWire
@@ -39,10 +40,19 @@ class Part:
     A: np.ndarray
     end: int
     reach: int
+    schedule: Schedule | None = None  # a time-varying topology's, on the view's members
 
     @property
     def last(self) -> int:
         return max(self.end, self.reach)
+
+    def at(self, round_: int) -> np.ndarray:
+        """The combine step's matrix in round `round_`: A, or the schedule's of that round."""
+        return self.A if self.schedule is None else expand.matrix(self.schedule, round_)
+
+    def key(self, round_: int) -> tuple[int, int]:
+        """(view, graph): the rounds that share a matrix share a key."""
+        return self.view.view, 0 if self.schedule is None else expand.index(self.schedule, round_)
 
 
 def parts(
@@ -51,13 +61,20 @@ def parts(
     """The session's views, or one view of everyone when its membership never changed."""
     c = problem.config
     index = (0, 1, 2).index(STRATEGY_STEP[strategy])
+    made = problem.schedule
     if views is None:
         everyone = View(0, 0, 1, tuple(range(c.agents)), "start")
-        return [Part(everyone, problem.matrices(strategy)[index], c.iters, c.iters)]
+        timed = None if made is None else schedules.for_view(made, Strategy.ATC)
+        return [Part(everyone, problem.matrices(strategy)[index], c.iters, c.iters, timed)]
     reach, found = view_reach(seen), []
     for k, view in enumerate(views):
         end = views[k + 1].start - 1 if k + 1 < len(views) else c.iters
         members = frozenset(view.members)
+        if made is not None:
+            timed = schedules.for_view(made, Strategy.ATC, members)
+            mean = schedules.mean_matrix(timed, view.start, c.iters)
+            found.append(Part(view, mean, end, reach.get(view.view, 0), timed))
+            continue
         a = problem.A if len(members) == c.agents else view_matrix(problem, members)
         A = topology.strategy_matrices(strategy, a)[index]
         found.append(Part(view, A, end, reach.get(view.view, 0)))
@@ -150,8 +167,8 @@ def _combined_twice(parts: Sequence[Part], seen: SessionWire, step: int) -> Coun
     for part in parts:
         v = part.view.view
         for hub in part.view.members:
-            sending = senders(part.A, hub)
             for i in range(part.view.start, part.last + 1):
+                sending = senders(part.at(i), hub)
                 if sending and all((v, m, hub, i, step) in seen.views for m in sending):
                     views[(hub, i)] += 1
     return Counter(hub for (hub, _), n in views.items() if n > 1)

@@ -12,7 +12,13 @@ from privnet.agent.private import private_dir
 from privnet.agent.spec import ConfigError, Rekey
 from privnet.orchestrator.experiment import config as configuration
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.topology import RULES, TOPOLOGIES, parse_topology
+from privnet.orchestrator.experiment.topology import (
+    RULES,
+    TIME_VARYING,
+    TOPOLOGIES,
+    parse_topology,
+    written,
+)
 from privnet.orchestrator.flags import RANDOM_SEED, on_off, seed_or_random
 from privnet.orchestrator.report import OUTPUTS
 from privnet.orchestrator.terminal import console
@@ -45,12 +51,16 @@ def experiment_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mu", type=float, help="step size")
     parser.add_argument("--sigma-g2", dest="sigma_g2", type=float, help="noise variance sigma_g^2")
     parser.add_argument("--rule", choices=RULES)
-    parser.add_argument("--matrix", help="a user-given combination matrix (.npy or text)")
+    parser.add_argument(
+        "--matrix",
+        help="a user-given combination matrix (.npy or text); several, comma-separated (or a "
+        ".npy of shape (L, P, P)): a schedule, round i using number (i - 1) mod L",
+    )
     parser.add_argument(
         "--topology",
         type=topology_name,
         metavar="KIND",
-        help=f"{' | '.join(k + (':K' if k == 'regular' else '') for k in TOPOLOGIES)}",
+        help=" | ".join(map(written, TOPOLOGIES + TIME_VARYING)),
     )
     parser.add_argument("--radius", type=float, help="random geometric graph radius")
     parser.add_argument("--edges", help="edge-list file for --topology file")

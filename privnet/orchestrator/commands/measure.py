@@ -13,7 +13,7 @@ from typing import Any
 
 from privnet.agent.spec import ConfigError, Rekey, Scheme, Strategy
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.topology import TOPOLOGIES, parse_topology
+from privnet.orchestrator.experiment.topology import TOPOLOGIES, parse_topology, written
 from privnet.orchestrator.terminal import console, progress_bar, table_console
 
 Entry = Callable[[list[str]], int]  # a command line's entry point: argv -> exit code
@@ -72,7 +72,7 @@ def overhead_config(args: argparse.Namespace) -> ExperimentConfig:
     if unknown:
         raise ConfigError(
             f"unknown topologies {unknown}; choose from "
-            + ", ".join(t + (":K" if t == "regular" else "") for t in TOPOLOGIES if t != "file")
+            + ", ".join(written(t) for t in TOPOLOGIES if t != "file")
         )
     for name in topologies:
         parse_topology(name)

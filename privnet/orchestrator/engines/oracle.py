@@ -19,9 +19,10 @@ from time import perf_counter
 import numpy as np
 
 from privnet.agent import rng
-from privnet.agent.spec import Scheme, Strategy
+from privnet.agent import schedule as expand
+from privnet.agent.spec import STRATEGY_STEP, Scheme, Strategy
 from privnet.orchestrator.curves import Curve
-from privnet.orchestrator.experiment import data, seeds
+from privnet.orchestrator.experiment import data, seeds, topology
 from privnet.orchestrator.experiment.config import parse_choices
 from privnet.orchestrator.experiment.problem import Problem
 
@@ -92,6 +93,7 @@ class _Combine:
     starts: np.ndarray  # ... and where their edges start
     spread_ghp: np.ndarray  # (P, P): A^T with diagonal -(1 - a_pp), the self-term factor
     every: _Edges  # every edge m -> p with a_mp > 0, self-terms included (lattice lanes)
+    alone: np.ndarray  # agents with no edge in or out (a schedule's round): they keep x
 
     @classmethod
     def of(cls, a: np.ndarray) -> _Combine:
@@ -109,6 +111,7 @@ class _Combine:
             np.searchsorted(receivers, heard),
             spread_ghp,
             _Edges.of(a),
+            np.flatnonzero(((a > 0).sum(axis=0) == 1) & ((a > 0).sum(axis=1) == 1)),
         )
 
     def noise(
@@ -238,9 +241,8 @@ def _run_strategy(
     gets every chunk's models, (rounds, P, R, S, M)."""
     config = problem.config
     agents, repeats, dim, iters = config.agents, config.repeats, config.dim, config.iters
-    matrices = problem.matrices(strategy)
-    eye = np.eye(agents)
-    combines = {j: _Combine.of(a) for j, a in enumerate(matrices) if not np.array_equal(a, eye)}
+    combines_at = _Rounds(problem, strategy)
+    combines = combines_at(1)
     noisy = config.sigma_g > 0 and any(lane in _DRAWS for lane in lanes)
     keys = [seeds.keys(config.seed, seeds.Purpose.NOISE, r, agents) for r in range(repeats)]
     streams = {  # streams[j][r][m]: sender m's noise rows of step j in repeat r
@@ -260,16 +262,25 @@ def _run_strategy(
             grads.load(first, rounds)
             noise = {
                 j: _noise(c, streams[j], first, rounds, lanes, dim, config.sigma_g)
-                if noisy
+                if noisy and problem.schedule is None
                 else None
                 for j, c in combines.items()
             }
             history = np.empty((rounds, *w.shape))
-            for t in range(rounds):
+            for at in range(rounds):
+                t = at
+                if problem.schedule is not None:  # this round's A, and its noise alone
+                    combines, t = combines_at(first + at), 0
+                    noise = {
+                        j: _noise(c, streams[j], first + at, 1, lanes, dim, config.sigma_g)
+                        if noisy
+                        else None
+                        for j, c in combines.items()
+                    }
                 phi = _apply(combines, noise, 1, w, t, side_by_side)
                 psi = _apply(combines, noise, 0, phi, t, side_by_side) - config.mu * grads(phi, t)
                 w = _apply(combines, noise, 2, psi, t, side_by_side)
-                history[t] = w
+                history[at] = w
             if kept is not None:
                 kept.append(history)
             window = slice(first - 1, first - 1 + rounds)
@@ -289,6 +300,30 @@ def _run_strategy(
             stacklevel=3,
         )
     return centroid, avg, errors
+
+
+class _Rounds:
+    """Round i's combines (the steps whose matrix is not I): fixed, or a schedule's,
+    made once per distinct graph (privnet.agent.schedule.index)."""
+
+    def __init__(self, problem: Problem, strategy: Strategy) -> None:
+        self.problem, self.strategy = problem, strategy
+        self.made: dict[int, dict[int, _Combine]] = {}
+
+    def __call__(self, round_: int) -> dict[int, _Combine]:
+        made = self.problem.schedule
+        at = 0 if made is None else expand.index(made, round_)
+        if at not in self.made:
+            a = self.problem.round_matrix(round_)
+            carrier = STRATEGY_STEP[self.strategy]
+            matrices = topology.strategy_matrices(self.strategy, a)
+            eye = np.eye(len(a))
+            self.made[at] = {
+                j: _Combine.of(m)
+                for j, m in enumerate(matrices)
+                if not np.array_equal(m, eye) or (made is not None and j == carrier)
+            }
+        return self.made[at]
 
 
 def _msd(history: np.ndarray, q: np.ndarray, w_opt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -312,7 +347,9 @@ class _Lanes:
     sigma_g: float
 
     def combine(self, c: _Combine, x: np.ndarray, table: np.ndarray | None) -> np.ndarray:
-        """One combine of every lane; `table` is the round's noise (None without noise)."""
+        """One combine of every lane; `table` is the round's noise (None without noise).
+        An agent alone this round sends nothing: it keeps its value, not snapped."""
+        given = x
         if table is not None:
             snaps = np.array([lane in _SNAPS for lane in self.schemes])[:, None]
             x = np.where(snaps, rng.snap(x, self.sigma_g), x)
@@ -321,6 +358,7 @@ class _Lanes:
             if lane.masked:
                 g = table[:, :, s] if table is not None and lane is Scheme.MASKED_GHP else None
                 out[:, :, s] = c.every.lattice(x[:, :, s], g, self.sigma_g)
+        out[c.alone] = given[c.alone]
         return out
 
 

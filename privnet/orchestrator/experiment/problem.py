@@ -14,9 +14,10 @@ import networkx as nx
 import numpy as np
 
 from privnet.agent import problems, wire
+from privnet.agent import schedule as expand
 from privnet.agent.problems import LINEAR, Params, Share
-from privnet.agent.spec import ConfigError, Scheme, Strategy
-from privnet.orchestrator.experiment import data, topology
+from privnet.agent.spec import ConfigError, Rekey, Schedule, Scheme, Strategy
+from privnet.orchestrator.experiment import data, schedules, topology
 from privnet.orchestrator.experiment.config import ExperimentConfig
 
 SCORED_MODELS = 64  # models scored at once: bounds the (models, test rows) output
@@ -33,6 +34,9 @@ class Problem:
     features: int  # of the data's rows (a dataset's bias column included)
     classes: int  # of the dataset's labels (0: regression targets)
     neighbour: int | None = None  # whose data is replaced (D'), for the accountant
+    # A time-varying topology (strategy ATC, every agent in): then `graph` is the union of
+    # the run's rounds and A their mean (for q); each round's own A is `round_matrix`.
+    schedule: Schedule | None = None
 
     @classmethod
     def build(cls, config: ExperimentConfig) -> Problem:
@@ -49,6 +53,13 @@ class Problem:
         features, classes = (config.dim, 0) if dataset == LINEAR else _shape(dataset)
         config = replace(config, dim=plugin.dim(features, classes))
         _check_frame(config)
+        ghp = next((s for s in map(Scheme, config.schemes) if s.homomorphic), Scheme.NONE)
+        made = schedules.template(config)
+        if made is not None:
+            graph = schedules.check(made, config.iters, ghp, Rekey(config.rekey))
+            A = schedules.mean_matrix(made, 1, config.iters)
+            q = topology.perron(A)
+            return cls(config, graph, A, q, plugin, params, features, classes, schedule=made)
         if config.matrix:
             A = topology.load_matrix(config.matrix)
             graph = topology.graph_of(A)
@@ -57,13 +68,24 @@ class Problem:
                 config.topology, config.agents, config.seed, radius=config.radius, path=config.edges
             )
             A = topology.combination_matrix(graph, config.rule)
-        ghp = next((s for s in map(Scheme, config.schemes) if s.homomorphic), Scheme.NONE)
         topology.validate(A, graph, scheme=ghp)
         return cls(config, graph, A, topology.perron(A), plugin, params, features, classes)
 
     def matrices(self, strategy: Strategy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(A0, A1, A2) of the paper's general form for this strategy."""
         return topology.strategy_matrices(strategy, self.A)
+
+    def round_matrix(self, round_: int, members: frozenset[int] | None = None) -> np.ndarray:
+        """Round `round_`'s A: the schedule's (on the view's members), or the static one."""
+        if self.schedule is None:
+            return self.A
+        return expand.matrix(schedules.for_view(self.schedule, Strategy.ATC, members), round_)
+
+    def round_matrices(self, strategy: Strategy, round_: int) -> tuple[np.ndarray, ...]:
+        """(A0, A1, A2) of round `round_` (every round's under a static topology)."""
+        if self.schedule is None:
+            return self.matrices(strategy)
+        return topology.strategy_matrices(strategy, self.round_matrix(round_))
 
     def twin(self, agent: int) -> Problem:
         """The same experiment on the neighbouring dataset D': `agent`'s data replaced."""

@@ -29,6 +29,7 @@ class Purpose(StrEnum):
     TWIN_ROWS = "twin-rows"  # classification: that agent's fresh sample of training rows
     BATCH = "batch"  # an agent's minibatch indices
     NOISE = "noise"  # an agent's random/ghp draws (AgentSpec.noise_key)
+    SCHEDULE = "schedule"  # random-matching's public draws (spec.Schedule.seed)
 
 
 def keys(seed: int, purpose: Purpose, repeat: int, agents: int) -> list[tuple[int, int]]:

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import functools
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import networkx as nx
 import numpy as np
 
+from privnet.agent import schedule as expand
 from privnet.agent import wire
 from privnet.agent.spec import STEPS, AgentSpec, ConfigError, Scheme, StepPlan, Strategy
 from privnet.orchestrator.conductor import SessionPlan
-from privnet.orchestrator.experiment import seeds, topology
+from privnet.orchestrator.experiment import schedules, seeds, topology
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.problem import Problem
 
@@ -38,10 +39,13 @@ def agent_specs(
 
     With `members`, the weights are those of the view: `view_matrix` on its graph."""
     c = problem.config
-    a = problem.A if members is None else view_matrix(problem, members)
-    A0, A1, A2 = topology.strategy_matrices(strategy, a)
-    by_step = {0: A0, 1: A1, 2: A2}
+    plans = _plans(problem, strategy, members)
     session = session if session is not None else secrets.token_bytes(16)
+    made = (
+        None
+        if problem.schedule is None
+        else schedules.for_view(problem.schedule, strategy, members)
+    )
     noise_keys = seeds.keys(c.seed, seeds.Purpose.NOISE, repeat, c.agents)
     w0 = problem.w0
     # () is the problem's own initial model, which each agent computes (zeros, or the
@@ -52,7 +56,7 @@ def agent_specs(
             agent=p,
             agents=c.agents,
             dim=c.dim,
-            steps=tuple(step_plans(by_step[j], j, p) for j in STEPS),  # type: ignore[arg-type]
+            steps=plans(p),
             scheme=scheme,
             sigma_g=c.sigma_g,
             mu=c.mu,
@@ -61,9 +65,46 @@ def agent_specs(
             session=session,
             rekey=c.rekey,
             w0=start,
+            schedule=None if problem.schedule is None else made,
         )
         for p in range(c.agents)
     ]
+
+
+def _plans(
+    problem: Problem, strategy: Strategy, members: frozenset[int] | None
+) -> Callable[[int], tuple[StepPlan, StepPlan, StepPlan]]:
+    """Agent p's step plans: of the view's A, or under a schedule the union of the run's
+    rounds (each round's own plans the agent expands itself)."""
+    if problem.schedule is not None:
+        if members is not None:
+            view_graph(problem, members)  # refuses a split network
+        made = schedules.for_view(problem.schedule, strategy, members)
+        return lambda p: expand.union_plans(made, 1, problem.config.iters, p)
+    a = problem.A if members is None else view_matrix(problem, members)
+    by_step = dict(enumerate(topology.strategy_matrices(strategy, a)))
+    return lambda p: tuple(step_plans(by_step[j], j, p) for j in STEPS)  # type: ignore[return-value]
+
+
+def view_graph(problem: Problem, members: frozenset[int]) -> nx.Graph:
+    """The members' graph (a schedule's: the union of its rounds on them); ConfigError
+    when it is not connected: no view runs on a split network."""
+    inside = sorted(members)
+    if len(inside) < 2:
+        raise ConfigError(f"{len(inside)} agent(s) left: a network needs two: stopping")
+    if problem.schedule is None:
+        sub = problem.graph.subgraph(inside)
+    else:
+        made = schedules.for_view(problem.schedule, Strategy.ATC, members)
+        sub = schedules.union_graph(made, 1, problem.config.iters).subgraph(inside)
+    if not nx.is_connected(sub):
+        parts = sorted((sorted(part) for part in nx.connected_components(sub)), key=len)
+        raise ConfigError(
+            f"the {len(inside)} agents left form {len(parts)} disconnected groups "
+            f"{[part[:10] for part in parts[:4]]}; privnet does not run a split network "
+            "(each part would learn alone, off the configured problem): stopping"
+        )
+    return sub
 
 
 def view_matrix(problem: Problem, members: frozenset[int]) -> np.ndarray:
@@ -76,16 +117,7 @@ def view_matrix(problem: Problem, members: frozenset[int]) -> np.ndarray:
     c = problem.config
     agents = c.agents
     inside = sorted(members)
-    if len(inside) < 2:
-        raise ConfigError(f"{len(inside)} agent(s) left: a network needs two: stopping")
-    sub = problem.graph.subgraph(inside)
-    if not nx.is_connected(sub):
-        parts = sorted((sorted(part) for part in nx.connected_components(sub)), key=len)
-        raise ConfigError(
-            f"the {len(inside)} agents left form {len(parts)} disconnected groups "
-            f"{[part[:10] for part in parts[:4]]}; privnet does not run a split network "
-            "(each part would learn alone, off the configured problem): stopping"
-        )
+    sub = view_graph(problem, members)
     if c.matrix:
         a = problem.A * np.isin(np.arange(agents), inside)[:, None]
         a[:, inside] /= a[:, inside].sum(axis=0, keepdims=True)

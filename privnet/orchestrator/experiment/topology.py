@@ -16,7 +16,8 @@ import numpy as np
 
 from privnet.agent.spec import STRATEGY_STEP, WEIGHT_TOL, ConfigError, Scheme, Strategy
 
-# regular is written regular:K (K neighbours each); the others take no parameter
+# regular is written regular:K (K neighbours each), random-matching:S (S peers a round);
+# the others take no parameter.
 TOPOLOGIES = (
     "geometric",
     "ring",
@@ -27,6 +28,15 @@ TOPOLOGIES = (
     "exponential",
     "file",
 )
+TIME_VARYING = ("one-peer-exponential", "random-matching")  # a graph a round: schedules.py
+PARAMETER = {"regular": "K", "random-matching": "S"}  # the kinds written kind:N
+
+
+def written(kind: str) -> str:
+    """How a kind is written: regular:K, random-matching:S, the others as they are."""
+    return f"{kind}:{PARAMETER[kind]}" if kind in PARAMETER else kind
+
+
 RULES = ("metropolis", "averaging")
 REDRAWS = 100  # random graphs are redrawn this often before giving up on connectivity
 RADIUS_FACTOR = 2.5  # 30 agents -> mean degree ~6, connected on the first draw ~70% of the time
@@ -44,12 +54,18 @@ def default_p(agents: int) -> float:
 
 
 def parse_topology(name: str) -> tuple[str, int | None]:
-    """A topology's name as the config and `--topology` write it: (kind, degree), the degree
-    only for regular:K. Raises ConfigError that says which forms exist."""
+    """A topology's name as the config and `--topology` write it: (kind, N), N only for
+    regular:K and random-matching:S. Raises ConfigError that says which forms exist."""
     kind, colon, given = name.partition(":")
-    if kind not in TOPOLOGIES:
-        raise ConfigError(f"unknown topology {name!r}; choose one of {', '.join(TOPOLOGIES)}")
-    if kind != "regular":
+    if kind not in TOPOLOGIES + TIME_VARYING:
+        known = ", ".join(TOPOLOGIES + TIME_VARYING)
+        raise ConfigError(f"unknown topology {name!r}; choose one of {known}")
+    if kind == "random-matching" and not given.isdigit():
+        raise ConfigError(
+            f"topology {name!r}: write random-matching:S with S each agent's peers a round, "
+            "e.g. random-matching:2"
+        )
+    if kind not in PARAMETER:
         if colon:
             raise ConfigError(f"topology {kind} takes no parameter: write {kind!r}, not {name!r}")
         return kind, None
@@ -79,6 +95,8 @@ def make_graph(
     """
     name = kind
     kind, degree = parse_topology(name)
+    if kind in TIME_VARYING:
+        raise ConfigError(f"{name} is time-varying: experiment.schedules expands its rounds")
     if agents < 2:
         raise ConfigError(f"a network needs at least 2 agents, got {agents}")
     if kind == "regular":
@@ -362,6 +380,13 @@ def validate(
             f"a_mm = 0 for agents {zero}: {why}; use metropolis or averaging, or give "
             f"agent {zero[0]} a self weight"
         )
+
+
+def validate_entries(a: np.ndarray, tol: float = WEIGHT_TOL) -> None:
+    """ConfigError unless A is square, finite, non-negative and left-stochastic (one round
+    of a schedule need not be connected: only `validate` asks for primitivity)."""
+    _check_square(np.asarray(a))
+    _check_entries(np.asarray(a, dtype=float), tol)
 
 
 def _check_graph(a: np.ndarray, graph: nx.Graph) -> None:

@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from rich.table import Table
 
+from privnet.agent import schedule as expand
 from privnet.agent.losses import Loss
 from privnet.agent.problems import LINEAR
-from privnet.agent.spec import Scheme, Strategy
+from privnet.agent.spec import Schedule, Scheme, Strategy
 from privnet.orchestrator.curves import DPI, SCHEME_ORDER, SCHEME_STYLE, Curve
-from privnet.orchestrator.experiment import topology
+from privnet.orchestrator.experiment import schedules, topology
 from privnet.orchestrator.experiment.problem import Problem
 from privnet.orchestrator.experiment.specs import view_matrix
 from privnet.orchestrator.replay import Replay, SessionWire, replay, session_views
@@ -132,7 +133,7 @@ class Charges:
     iters: int
     ours: Replay
     theirs: Replay
-    weights: Mapping[tuple[int, int], np.ndarray]  # (view, step) -> that view's A_j
+    weights: ViewWeights  # (view, round, step) -> the A_j of that view and round
     frames: Frames = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -170,7 +171,7 @@ class Charges:
         views = sorted({v for v, _ in read})
         if self.scheme is Scheme.GHP:
             return self._shared(m, i, j, views)
-        masks = sum(self.weights[(v, j)][m, k] * self._cost(m, i, j, v) for v, k in read)
+        masks = sum(self.weights.at(v, i, j)[m, k] * self._cost(m, i, j, v) for v, k in read)
         if self.scheme is Scheme.LOCAL_GHP:
             return self._leak(m, i, j, views) if strips else masks
         ghp = self._shared(m, i, j, views)  # masked-ghp
@@ -202,17 +203,38 @@ class Charges:
         return cost
 
 
-def view_weights(
-    problem: Problem, strategy: Strategy, views: Sequence[View] | None
-) -> dict[tuple[int, int], np.ndarray]:
-    """(view, step) -> A_j on that view's members' graph (view 0: the whole network)."""
+@dataclass(frozen=True)
+class ViewWeights:
+    """The weights each release was combined with: A_j of a view's members' graph (view 0:
+    the whole network), and under a schedule that of the release's round."""
+
+    static: Mapping[tuple[int, int], np.ndarray]  # (view, step) -> A_j
+    strategy: Strategy
+    timed: Mapping[int, Schedule] = field(default_factory=dict)  # view -> its schedule
+
+    def at(self, view: int, round_: int, step: int) -> np.ndarray:
+        made = self.timed.get(view)
+        if made is None:
+            return self.static[(view, step)]
+        return topology.strategy_matrices(self.strategy, expand.matrix(made, round_))[step]
+
+
+def view_weights(problem: Problem, strategy: Strategy, views: Sequence[View] | None) -> ViewWeights:
+    """The weights of every view of a session (its static A_j, or its schedule)."""
     out = {(0, j): a for j, a in enumerate(problem.matrices(strategy))}
+    timed: dict[int, Schedule] = {}
+    made = problem.schedule
+    if made is not None:
+        timed[0] = schedules.for_view(made, Strategy.ATC)
     for view in views or ():
         members = frozenset(view.members)
+        if made is not None:
+            timed[view.view] = schedules.for_view(made, Strategy.ATC, members)
+            continue
         a = problem.A if len(members) == problem.config.agents else view_matrix(problem, members)
         for j, a_j in enumerate(topology.strategy_matrices(strategy, a)):
             out[(view.view, j)] = a_j
-    return out
+    return ViewWeights(out, strategy, timed)
 
 
 def account(

@@ -81,11 +81,14 @@ def observe(view: View, seen: Seen, agent: int, problem: Problem, strategy: Stra
     if view.kind == "one-link":
         links = sorted((k, i, j) for m, k, i, j in seen if m == agent and k == view.hub)
         return np.concatenate([seen[(agent, k, i, j)] for k, i, j in links])
-    matrices = problem.matrices(strategy)
     sums: dict[tuple[int, int, int], np.ndarray] = {}
+    matrices: dict[int, tuple[np.ndarray, ...]] = {}  # a schedule's per round, else one
     for (m, k, i, j), vector in seen.items():
         if view.kind == "wire" or k == view.hub:
-            sums[(k, i, j)] = sums.get((k, i, j), 0.0) + matrices[j][m, k] * vector
+            at = 0 if problem.schedule is None else i
+            if at not in matrices:
+                matrices[at] = problem.round_matrices(strategy, i)
+            sums[(k, i, j)] = sums.get((k, i, j), 0.0) + matrices[at][j][m, k] * vector
     return np.concatenate([sums[key] for key in sorted(sums)])
 
 
