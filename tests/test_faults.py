@@ -135,8 +135,9 @@ def test_a_crashed_agent_restarts_from_its_checkpoint(tmp_path: Path) -> None:
 
 def test_a_killed_agents_unsealed_rounds_are_redone_without_it(tmp_path: Path) -> None:
     """kill -9 agent 3 (no restart): the reports it had not sealed yet (up to 9 rounds: it
-    seals 10 per Telemetry, and all at the end of a grant) die with it. Those rounds are redone by the view without it, so
-    none stands with only the survivors' reports, and metrics.csv is the replay's MSD."""
+    seals 10 per Telemetry, and all at the end of a grant) die with it. Those rounds are
+    redone by the view without it, so none stands with only the survivors' reports, and
+    metrics.csv is the replay's MSD."""
     views, summary = run(tmp_path, ITERS, "--faults", "kill:3@95")
     start, lost = changes(views)
     assert [start.reason, lost.reason] == ["start", "lost"], views
