@@ -19,7 +19,7 @@ import networkx as nx
 import numpy as np
 
 from privnet.agent.spec import ConfigError
-from privnet.orchestrator.curves import METRICS_HEADER, Curve
+from privnet.orchestrator.curves import METRICS_HEADER, Curve, expand_models
 from privnet.orchestrator.experiment import config as configuration
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.problem import Problem
@@ -199,7 +199,7 @@ class Result:
         models: dict[str, np.ndarray] = {}
         if (out / "models.npz").is_file():
             with np.load(out / "models.npz") as held:
-                models = {name: held[name] for name in held.files}
+                models = expand_models({name: held[name] for name in held.files})
         membership = []
         if (out / "membership.json").is_file():
             membership = json.loads((out / "membership.json").read_text())

@@ -19,8 +19,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
 from privnet.agent.launch import AgentLaunch
 from privnet.agent.protocol import Output
 from privnet.broker.launcher import Broker
@@ -217,16 +215,19 @@ class Watch:
         done = reported(conductor, written)
         if done <= written:
             return
-        journal.rounds(self.out, session, conductor.models[written:done])
+        metrics = conductor.collection.metrics
+        journal.rounds(self.out, session, conductor.models[written:done], metrics[written:done])
         fresh = not path.exists() or (conductor.session == 0 and written == 0)
         w_opt, q = self.problem.w_opt[int(repeat)], self.problem.q
+        told = self.problem.agent_metrics(metrics[written:done])
         with path.open("w" if fresh else "a", newline="") as fh:
             writer = csv.writer(fh)
             if fresh:
-                writer.writerow(METRICS_HEADER)
+                writer.writerow((*METRICS_HEADER, *told))
             for r in range(written, done):
                 cen, avg = msd(conductor.models[r], w_opt, q)
-                writer.writerow((strategy, scheme, repeat, r + 1, repr(cen), repr(avg)))
+                mine = [repr(float(v[r - written])) for v in told.values()]
+                writer.writerow((strategy, scheme, repeat, r + 1, repr(cen), repr(avg), *mine))
         self._streamed = (session, done)
 
 
@@ -251,12 +252,14 @@ def _truncate_metrics(path: Path, series: tuple[str, str, str], keep: int) -> No
 
 
 def reported(conductor: Conductor, since: int = 0) -> int:
-    """Rounds (from the first) whose model every current member has reported, given that
+    """Rounds (from the first) every current member has reported (its metrics, and its
+    model at a model round: `Collection.done`), given that
     the first `since` are: rows are looked at from there on, one at a time, so a call on
     every delivery costs the few rows reported since the last."""
     members = conductor.member_ids
-    done, rounds = since, conductor.models.shape[0]
-    while done < rounds and not np.isnan(conductor.models[done, members, 0]).any():
+    complete = conductor.collection.done
+    done, rounds = since, complete.shape[0]
+    while done < rounds and complete[done, members].all():
         done += 1
     return done
 
