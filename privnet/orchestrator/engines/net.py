@@ -397,7 +397,8 @@ async def _extra(run: _Run, mqtt: Connection, nic_before: Any) -> dict[str, Any]
         "runtime": _runtime_name(broker),
         "run": conductor.run,
         "seed": journal.SECRETS if journal.secret_seed(run.out) else run.problem.config.seed,
-        "orchestrator": _orchestrator(conductor),
+        "orchestrator": _orchestrator(conductor)
+        | {"session_cpu_s": round(run.watch.session_cpu, 3)},
         "broker_outages": asdict(mqtt.outages),  # as the orchestrator lived them
         "membership": _membership(run.watch),
     }

@@ -15,6 +15,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -57,6 +58,10 @@ class Watch:
         self._next_poll = 0.0
         self._later: list[tuple[float, Callable[[], None]]] = []  # (when, action)
         self._streamed = (-1, 0)  # (session, rounds written: every member reported them)
+        # this process's CPU seconds while sessions ran (Go to the session's end): what the
+        # orchestrator costs a round, in summary.json
+        self.session_cpu = 0.0
+        self._cpu_since: float | None = None
         self.insiders: list[subprocess.Popen[bytes]] = []  # --faults flap: stopped by `close`
 
     # ---- the Machine protocol (privnet.agent.driver.pump) ----------------------------------------
@@ -180,6 +185,11 @@ class Watch:
 
     def _seen(self, out: Output) -> Output:
         for event in out.events:
+            if event.kind == "started" and self._cpu_since is None:
+                self._cpu_since = time.process_time()
+            if event.kind == "session-done" and self._cpu_since is not None:
+                self.session_cpu += time.process_time() - self._cpu_since
+                self._cpu_since = None
             if event.kind == "session-done":
                 result = self.conductor.results[-1]
                 journal.session_done(self.out, len(self.conductor.results) - 1, result)
