@@ -197,3 +197,13 @@ def test_a_run_sends_metrics_every_round_and_models_every_k(
         np.testing.assert_array_equal(whole[rounds], truth[label][rounds], err_msg=label)
     result = privnet.Result.load(net)
     assert {"loss_agents", "risk_agents", "msd_centroid"} <= set(result.names)
+
+
+def test_a_k_below_one_is_refused_naming_the_flag() -> None:
+    import privnet
+    from privnet.agent.spec import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--models-every \(models_every\) must be >= 1"):
+        privnet.Experiment(agents=3, iters=4, models_every=0)
+    with pytest.raises(SystemExit):
+        main(["run", "--agents", "3", "--models-every", "0"])
