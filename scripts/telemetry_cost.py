@@ -34,6 +34,7 @@ def main() -> None:
     model: dict[str, object] = {}
     if args.hidden:
         model = {"problem": "mlp", "dataset": "digits", "params": {"hidden": [args.hidden]}}
+        model["samples"] = 1347 // args.agents  # digits' training rows, dealt out
     options = {} if args.models_every is None else {"models_every": args.models_every}
     with tempfile.TemporaryDirectory() as out:
         exp = privnet.Experiment(
