@@ -154,7 +154,8 @@ def _check_outputs(out: Path) -> list[str]:
             config = json.loads((journal / "config.json").read_text())
             rows_bin = journal / "rounds-0.bin"
             size = rows_bin.stat().st_size if rows_bin.exists() else 0
-            if size != len(body) * config["agents"] * config["dim"] * 8:
+            # a record per round: its flag, the agents' metrics (2 each) and models (K = 1)
+            if size != len(body) * 8 * (1 + config["agents"] * (2 + config["dim"])):
                 problems.append(f"journal holds {size} bytes for {len(body)} rounds")
     return problems
 

@@ -292,8 +292,8 @@ def test_a_model_whose_chunks_straddle_a_view_change_is_dropped_and_counted() ->
 
 
 def test_what_the_other_planes_cannot_carry_yet_is_refused_naming_the_flag() -> None:
-    """A model one telemetry message cannot carry needs --no-telemetry; a chunked model's
-    frames are not read by the audit yet, so --audit is refused for it."""
+    """A chunked model's frames are not read by the audit yet, so --audit is refused for
+    it; a model one telemetry message cannot carry goes in Parts, every K rounds."""
     plans = session_plans(wide_mlp(), [(Strategy.ATC, Scheme.NONE, 0)])
     with pytest.raises(ConfigError, match="without --audit"):
         Network.build(plans, escrow=True)
@@ -303,14 +303,19 @@ def test_what_the_other_planes_cannot_carry_yet_is_refused_naming_the_flag() -> 
     problem = Problem.build(config)
     big = session_plans(problem, [(Strategy.ATC, Scheme.NONE, 0)])
     assert big[0].dim == 152_010 > wire.max_report_dim() and big[0].dim > wire.SETUP_FLOATS
-    with pytest.raises(ConfigError, match="run with --no-telemetry"):
-        Network.build(big)
+    assert wire.default_models_every(big[0].dim) == wire.part_count(big[0].dim) == 2
     net = Network.build(big, telemetry=False)
     net.play()
     for node in net.nodes:  # its Setup had no room for w0: each agent made the problem's own
         assert node.session is not None and node.session.core.round == 3
         assert not node.session.config.spec.w0
         assert np.array_equal(node.session.history[0], problem.w0) and problem.w0.any()
+    (told,) = Network.build(big).play()  # telemetry: metrics every round, models at 2 only
+    assert told.models_every == 2 and told.metrics is not None
+    assert np.isnan(told.models[0, :, 0]).all() and not np.isnan(told.metrics).any()
+    for node in net.nodes:
+        assert node.session is not None
+        assert np.array_equal(told.models[1, node.me], node.session.history[2])
 
 
 # ---- the broker's limits ------------------------------------------------------------------------

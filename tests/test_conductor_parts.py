@@ -270,7 +270,7 @@ def test_the_first_gap_is_the_first_round_a_member_did_not_report(
         st.lists(st.booleans(), min_size=rounds * agents, max_size=rounds * agents)
     )
     mask = np.array(reported).reshape(rounds, agents)
-    collection.models[mask] = 1.0
+    collection.done[mask] = True
     members = data.draw(st.sets(st.integers(0, agents - 1), min_size=1))
     first = data.draw(st.integers(1, rounds))
     start = data.draw(st.integers(first, rounds + 1))
@@ -285,10 +285,17 @@ def test_redo_and_restore_keep_the_counts_in_step_with_the_models() -> None:
     collection = Collection(RUN, ME)
     collection.new_session(4, 3, 2)
     collection.models[:3] = 1.0
+    collection.metrics[:3] = 0.5
+    collection.done[:3] = collection.reported[:3] = True
     collection.redo(3)
     assert collection.counts.tolist() == [2, 2, 2] and np.isnan(collection.models[2:]).all()
-    collection.restore(np.zeros((4, 3, 2)), 2)
+    assert np.isnan(collection.metrics[2:]).all() and not collection.done[2:].any()
+    collection.restore(np.zeros((4, 3, 2)), None, 2)  # a journal without metrics: the models
     assert collection.counts.tolist() == [2, 2, 2] and (collection.models[0] == 0).all()
+    metrics = np.full((4, 3, 2), np.nan)
+    metrics[:2] = 1.0
+    collection.restore(np.full((4, 3, 2), np.nan), metrics, 3)  # rounds with metrics alone
+    assert collection.counts.tolist() == [2, 2, 2] and (collection.metrics[:2] == 1.0).all()
 
 
 def test_the_outbox_numbers_signs_and_counts_what_it_sends() -> None:

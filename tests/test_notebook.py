@@ -138,7 +138,7 @@ def test_an_experiment_from_a_notebook(kernel: Kernel) -> None:
     ]
     assert seen["rows"] == seen["net_rows"] == 2 * 12 and seen["summary_rows"] == 2
     assert seen["gap"] < 1e-12  # the network computed what the memory engine did
-    assert seen["figures"] == ["msd.png", "topology.png"]
+    assert seen["figures"] == ["agents.png", "msd.png", "topology.png"]
     shown = [m for m in kernel.execute(CELLS["plot"]) if m["msg_type"] == "display_data"]
     assert len(shown) == 1 and shown[0]["content"]["data"]["image/png"]
 

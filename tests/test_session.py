@@ -109,7 +109,7 @@ def test_a_next_view_carries_what_stands_and_drops_what_it_redoes(
 def test_telemetry_is_sealed_to_the_orchestrator_for_its_place_and_empties_the_batch() -> None:
     reports = [Report(3, r, np.array([r, -r], dtype=float)) for r in (4, 5, 6)]
     held = session(number=1, view=2, reports=list(reports))
-    msg = held.telemetry(SEALING)
+    (msg,) = held.telemetry(SEALING)
     assert (msg.agent, msg.session, msg.view, msg.round) == (3, 1, 2, 6) and held.reports == []
     context = telemetry_context("unit-run", 3, 1, 2, 6)
     opened = wire.decode_reports(keys.open_sealed(ORCHESTRATOR.static, msg.sealed, context), 2)

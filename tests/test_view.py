@@ -76,17 +76,23 @@ def test_a_delta_carries_only_new_points_and_new_timeline_entries() -> None:
     state.set_edges([(1, 0), (0, 0)])  # self-loops are no links; pairs are sorted
     assert state.edges == [(0, 1)]
     cursor = Cursor()
-    state.curve("atc/none/0").add(1, -3.0, -2.0)
+    state.curve("atc/none/0").add(1, -3.0, -2.0, -1.0)
     state.note(0.5, "atc/none/0", "view", "first")
     first = state.snapshot(cursor)
     assert first["meta"] == {"run": "r"} and first["timeline"] == [
         (0.5, "atc/none/0", "view", "first")
     ]
     assert first["series"]["curve:atc/none/0"]["round"] == [1]
-    state.curve("atc/none/0").add(2, -4.0, -2.5)
+    state.curve("atc/none/0").add(2, None, None, -1.5)  # a round without models (K > 1)
     later = state.delta(cursor)
     assert later["series"] == {
-        "curve:atc/none/0": {"reset": False, "round": [2], "centroid": [-4.0], "average": [-2.5]}
+        "curve:atc/none/0": {
+            "reset": False,
+            "round": [2],
+            "centroid": [None],
+            "average": [None],
+            "agents": [-1.5],
+        }
     }
     assert later["timeline"] == []
     json.dumps(later, allow_nan=False)

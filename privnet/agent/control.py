@@ -14,7 +14,16 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from privnet.agent.problems import Share
-from privnet.agent.spec import COUNT_LIMIT, AgentId, AgentSpec, Bound, ConfigError, Count, Size
+from privnet.agent.spec import (
+    COUNT_LIMIT,
+    AgentId,
+    AgentSpec,
+    Bound,
+    ConfigError,
+    Count,
+    Positive,
+    Size,
+)
 
 Session = Count  # a run's session number
 IdentityBytes = Annotated[bytes, Size(64)]  # keys.PublicIdentity.to_bytes()
@@ -205,6 +214,7 @@ class Config:
     checkpoint_every: Count = 0  # rounds between checkpoints (0: none)
     seal_links: bool = True  # peer frames sealed (False: the paper's visible wire, MACed)
     escrow: bool = False  # send the view's link keys to the orchestrator (`--audit`)
+    models_every: Positive = 1  # telemetry: the true model every K rounds (and the last)
 
     def check(self) -> None:
         """ConfigError unless the parts fit each other (each checks itself when built)."""

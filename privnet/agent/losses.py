@@ -10,6 +10,7 @@ round's minibatch (drawn from its own key, the same in every engine).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -19,6 +20,7 @@ from privnet.agent import problems
 from privnet.agent.spec import ConfigError
 
 NEWTON_TOL = 1e-12
+SCORE_ROWS = 256  # test rows an agent scores its model on, every round
 
 
 class Loss(Protocol):
@@ -177,10 +179,12 @@ class Local:
         batch: int | None = None,
         batch_key: tuple[int, int] = (0, 0),
         initial: Callable[[], np.ndarray] | None = None,
+        score: Callable[[np.ndarray], float] | None = None,
     ) -> None:
         self.risk, self.dim, self.samples = risk, dim, samples
         self.batch, self.batch_key = batch, batch_key
         self._initial = initial
+        self._score = score
 
     def start(self) -> np.ndarray:
         """The problem's own initial model (its plug-in's `initial`, else zeros): what an
@@ -197,6 +201,21 @@ class Local:
         g: np.ndarray = self.risk.gradient(w[None], rows)[0]
         return g
 
+    def metrics(self, w: np.ndarray, round_: int) -> tuple[float, float]:
+        """What the agent says of its model w after round `round_`, every round (the
+        orchestrator sees the model itself only every K): J_p on that round's minibatch,
+        and its score: the problem's test metric on the dataset's test rows where it has
+        one, else J_p on all its samples (the regression problem's own term). NaN where the
+        risk has no `value`."""
+        value = getattr(self.risk, "value", None)
+        if value is None:
+            return math.nan, math.nan if self._score is None else self._score(w)
+        rows = problems.minibatch(self.batch, self.batch_key, self.samples, round_)
+        loss = float(value(w[None], rows)[0])
+        if self._score is not None:
+            return loss, self._score(w)
+        return loss, loss if rows is None else float(value(w[None], None)[0])
+
 
 def make_loss(share: problems.Share) -> Local:
     """The local risk an agent's Share describes (the one factory every engine uses):
@@ -212,4 +231,27 @@ def make_loss(share: problems.Share) -> Local:
     x, y = problems.samples(share.data, share.data_key)
     initial = getattr(problem, "initial", None)
     start = None if initial is None else functools.partial(initial, features, classes)
-    return Local(problem.risk(x, y, classes), dim, len(y), share.batch, share.batch_key, start)
+    risk = problem.risk(x, y, classes)
+    score = _scorer(problem, share.data, classes, share.data_key)
+    return Local(risk, dim, len(y), share.batch, share.batch_key, start, score)
+
+
+def _scorer(
+    problem: problems.Problem,
+    data: problems.Linear | problems.Rows,
+    classes: int,
+    key: tuple[int, int],
+) -> Callable[[np.ndarray], float] | None:
+    """The problem's test metric of one model on the agent's held-out rows: SCORE_ROWS of
+    the dataset's test split drawn from its data key (every round, so a few), or None: no
+    metric, or generated data."""
+    score = getattr(problem, "score", None)
+    if not callable(score) or isinstance(data, problems.Linear):
+        return None
+    from privnet.agent import datasets
+
+    test = datasets.load(data.dataset)
+    count = len(test.y_test)
+    rows = np.random.default_rng(list(key)).choice(count, min(SCORE_ROWS, count), replace=False)
+    x, y = test.x_test[np.sort(rows)], test.y_test[np.sort(rows)]
+    return lambda w: float(score(w[None], x, y, classes)[0])

@@ -16,6 +16,8 @@ import numpy as np
 from privnet.agent.spec import AgentId, Count, Distinct, Side, Size, Step
 
 ORCHESTRATOR = -1
+METRIC_COUNT = 2  # an agent's scalars each round: loss on its minibatch, score
+METRIC_BYTES = 8 * METRIC_COUNT
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +73,30 @@ class Report:
     w: np.ndarray
 
 
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    """An agent's own scalars of one round, for the orchestrator (sealed on the wire): the
+    loss on its minibatch and its score (`privnet.agent.losses.Local.metrics`), little-endian
+    float64, NaN where it has none. They travel every round; the model only every K."""
+
+    sender: AgentId
+    round: Count
+    values: Annotated[bytes, Size(METRIC_BYTES)]
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """A piece of an agent's true model too big for one telemetry message: its parameters
+    `[offset, offset + len(w))`; the orchestrator writes the pieces in place."""
+
+    sender: AgentId
+    round: Count
+    offset: Count
+    w: np.ndarray
+
+
 Message = Model | KeyPlan | KeyShare | Report
+Telemetered = Report | Metrics | Part  # what a Telemetry seals
 
 
 class Reason(StrEnum):

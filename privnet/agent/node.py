@@ -37,13 +37,22 @@ from privnet.agent.protocol import (
     Unsubscribe,
     hello_proof,
 )
-from privnet.agent.session import Early, Sealing, Session, history_for, offered, open_setup
+from privnet.agent.session import (
+    TELEMETRY_BATCH as TELEMETRY_BATCH,  # re-exported: where the tests look for it
+)
+from privnet.agent.session import (
+    Early,
+    Sealing,
+    Session,
+    history_for,
+    offered,
+    open_setup,
+)
 from privnet.agent.spec import ConfigError
 
 HELLO_EVERY = 2.0  # seconds between Hellos until Welcome: the orchestrator may subscribe late
 REGISTER_TIMEOUT = 120.0
 IDLE_TIMEOUT = 600.0  # between sessions: an orchestrator gone this long is not coming back
-TELEMETRY_BATCH = 10  # rounds per sealed telemetry message (fewer for big models)
 
 
 @dataclass(frozen=True)
@@ -264,7 +273,7 @@ class AgentNode:
                 # The reports first: the next view starts where one is missing (a broker
                 # that went down with it), so it must not start where one is still here.
                 session = self.session
-                flush = [self._telemetry(session)] if session and session.reports else []
+                flush = self._telemetry(session) if session and session.reports else []
                 return Output([*flush, self._progress(now)])
             case control.Excluded(agent=agent, session=n, view=v) if (
                 agent == self.me and self._holds(n, v) and not self._is(Phase.EXCLUDED)
@@ -514,7 +523,7 @@ class AgentNode:
             if isinstance(msg, Report):
                 session.history[msg.round] = msg.w
                 if session.config.telemetry:
-                    session.reports.append(msg)
+                    session.note(msg)
                 if every and msg.round % every == 0:
                     out.checkpoint = session.checkpoint(self._sealing, every)
                 continue
@@ -523,14 +532,13 @@ class AgentNode:
             for payload in session.links.frames(msg):
                 session.traffic.add(category, topic, payload)
                 out.publish.append(Publish(topic, payload, category))
-        batch = min(TELEMETRY_BATCH, wire.reports_per_message(session.core.spec.dim))
-        if session.reports and (len(session.reports) >= batch or session.core.held):
-            out.publish.append(self._telemetry(session))
+        if session.reports and (session.due() or session.core.held):
+            out.publish += self._telemetry(session)
         return out
 
-    def _telemetry(self, session: Session) -> Publish:
-        telemetry = session.telemetry(self._sealing)
-        return self._up(topics.telemetry(self.run, self.me), telemetry, "telemetry")
+    def _telemetry(self, session: Session) -> list[Publish]:
+        topic = topics.telemetry(self.run, self.me)
+        return [self._up(topic, t, "telemetry") for t in session.telemetry(self._sealing)]
 
     def _maybe_finish(self, now: float) -> Output:
         session = self.session

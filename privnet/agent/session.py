@@ -8,6 +8,7 @@ node's phases only call, so it lives here and the node reads as the protocol.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ import numpy as np
 from privnet.agent import control, keys, wire
 from privnet.agent.core import AgentCore
 from privnet.agent.links import Links
-from privnet.agent.messages import Reason, Rejected, Report
+from privnet.agent.messages import Metrics, Reason, Rejected, Report, Telemetered
 from privnet.agent.protocol import (
     Checkpoint,
     Traffic,
@@ -30,6 +31,7 @@ from privnet.agent.spec import AgentSpec
 EARLY_COUNT = 4096  # peer frames kept while no session is configured...
 EARLY_BYTES = 16 << 20  # ...and their bytes; beyond either, dropped as "overflow"
 RECENT = 64  # rounds a Rejoin offers (`offered`)
+TELEMETRY_BATCH = 10  # rounds per sealed telemetry message (fewer for big models)
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ class Session:
     links: Links
     history: dict[int, np.ndarray]  # round -> own model after it, on this view's branch
     started: float = 0.0
-    reports: list[Report] = field(default_factory=list)  # telemetry not yet sealed
+    reports: list[Telemetered] = field(default_factory=list)  # telemetry not yet sealed
     traffic: Traffic = field(default_factory=Traffic)
     finished: Counter[str] = field(default_factory=Counter)  # rejections in a voided Finished
 
@@ -73,16 +75,39 @@ class Session:
         kept = {r: w for r, w in self.history.items() if r % every == 0}
         return Checkpoint(sealing.run, sealing.me, self.number, kept)
 
-    def telemetry(self, sealing: Sealing) -> control.Telemetry:
-        """Seal the batch of true models to the orchestrator: no plaintext model on the wire."""
-        reports, self.reports = self.reports, []
-        last = reports[-1].round
-        sealed = keys.seal(
-            sealing.orchestrator.static,
-            wire.encode_reports(reports),
-            telemetry_context(sealing.run, sealing.me, self.number, self.view, last),
-        )
-        return control.Telemetry(sealing.me, self.number, self.view, last, sealed)
+    def note(self, report: Report) -> None:
+        """Keep a round's telemetry: the agent's own metrics every round, its true model
+        every `models_every` rounds and at the session's last (in Parts when too big for
+        one message)."""
+        metrics = getattr(self.core.loss, "metrics", None)
+        values = metrics(report.w, report.round) if metrics else (math.nan, math.nan)
+        self.reports.append(wire.metrics(report.sender, report.round, values))
+        every, last = self.config.models_every, self.core.spec.rounds
+        if report.round % every == 0 or report.round == last:
+            self.reports.extend(wire.split(report))
+
+    def due(self) -> bool:
+        """Whether the telemetry kept makes a batch: TELEMETRY_BATCH rounds, or as many
+        models as one message holds (a big model at once)."""
+        rounds = sum(isinstance(item, Metrics) for item in self.reports)
+        models = len(self.reports) - rounds
+        dim = self.core.spec.dim
+        return rounds >= TELEMETRY_BATCH or 0 < max(1, wire.reports_per_message(dim)) <= models
+
+    def telemetry(self, sealing: Sealing) -> list[control.Telemetry]:
+        """Seal the kept telemetry to the orchestrator, in as many messages as its bytes
+        take: no plaintext model on the wire."""
+        items, self.reports = self.reports, []
+        sent = []
+        for batch in wire.pack_items(items):
+            last = max(item.round for item in batch)
+            sealed = keys.seal(
+                sealing.orchestrator.static,
+                wire.encode_telemetry(batch),
+                telemetry_context(sealing.run, sealing.me, self.number, self.view, last),
+            )
+            sent.append(control.Telemetry(sealing.me, self.number, self.view, last, sealed))
+        return sent
 
     def escrow(self, sealing: Sealing) -> control.Escrow:
         """The view's link keys, sealed to the orchestrator: the audit opens the frames."""

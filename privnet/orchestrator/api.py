@@ -92,6 +92,7 @@ class Experiment(ExperimentConfig):
     resume: str | Path | None = default("resume")  # carry on a run whose orchestrator died
     faults: str | None = default("faults")  # e.g. kill:7@120,broker@300
     telemetry: bool = default("telemetry")  # agents report their models (MSD)
+    models_every: int | None = default("models_every")  # models every K rounds (None: by size)
     view: bool = default("view")  # serve the live view's page
     view_port: int = default("view_port")
     view_host: str = default("view_host")

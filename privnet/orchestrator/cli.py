@@ -251,6 +251,15 @@ def parser() -> argparse.ArgumentParser:
         help="agents send no per-round models (no MSD; bytes only)",
     )
     p.add_argument(
+        "--models-every",
+        type=integer(1),
+        default=default("models_every"),
+        metavar="K",
+        help="agents send their metrics every round and their true model every K rounds "
+        "and the last (centroid metrics at those rounds); default: 1 up to 130,804 "
+        "parameters, else the telemetry messages one model takes",
+    )
+    p.add_argument(
         "--audit",
         nargs="?",
         const=True,

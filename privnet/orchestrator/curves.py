@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from privnet.orchestrator.conductor.collection import blank_models
+
 METRICS_HEADER = ("strategy", "scheme", "repeat", "iter", "msd_centroid", "msd_avg")
 DIVERGED_GROWTH = 10.0  # a tail of MSD this many times the window before it: diverging
 DPI = 120  # every figure's
@@ -73,6 +75,30 @@ class Curve:
     @property
     def key(self) -> tuple[str, str]:
         return (self.strategy, self.scheme)
+
+
+ROUNDS_SUFFIX = "#rounds"  # models.npz: the rounds a sparse session's models are of
+
+
+def model_rounds(models: np.ndarray) -> np.ndarray:
+    """Indices of the rounds of models (T, P, M) some agent sent its model for."""
+    return np.flatnonzero((~np.isnan(models[..., 0])).any(axis=1))
+
+
+def expand_models(held: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """models.npz's arrays by session, each (T, P, M): a session saved sparse (models
+    every K rounds: its model rounds and `ROUNDS_SUFFIX`) made whole, NaN between."""
+    out = {}
+    for name, models in held.items():
+        if name.endswith(ROUNDS_SUFFIX):
+            continue
+        rounds = held.get(name + ROUNDS_SUFFIX)
+        if rounds is not None:
+            whole = blank_models(int(rounds.max(initial=0)), *models.shape[1:])
+            whole[rounds - 1] = models
+            models = whole
+        out[name] = models
+    return out
 
 
 def steady_state_db(msd: np.ndarray, tail: float = 0.2) -> float:

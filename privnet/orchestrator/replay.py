@@ -127,7 +127,11 @@ def replay(
     script = None if views is None else [replace(v, session=0) for v in views]
     # The visible wire: its frames carry what sealed ones carry under the seal (the audit
     # opens the run's own with the escrowed keys), and `wire` is read as a reader would.
-    network = Network.build([plan], core=witness, tap=tap, script=script, seal_links=False)
+    # Every model every round, whatever the run's --models-every: the ground truth of the
+    # rounds between the models a run's telemetry carried (in memory they cost no wire).
+    network = Network.build(
+        [plan], core=witness, tap=tap, script=script, seal_links=False, models_every=1
+    )
     models = network.play()[0].models
     for view in views or ():
         members = {m: cores[(view.view, m)] for m in view.members if (view.view, m) in cores}

@@ -50,12 +50,13 @@ UNIFORM_Q_RTOL = 1e-9  # q entries closer than this (relative) are drawn as unif
 ROWS = (("msd_centroid", "centroid MSD"), ("msd_avg", "avg. individual MSD"))
 SCORED = {"_centroid": "centroid", "_avg": "average individual"}  # a test metric's two series
 METRIC_FILES = {"test_error": "testing_error.png"}  # others: <metric>.png
+AGENTS = "_agents"  # the series of the agents' own metrics (every round) end so
 
 
 # Everything a command writes into its --out (`privnet run` and co. set an earlier run's
 # apart; tests check that a run writes nothing else), in the order `wrote` lists them.
 OUTPUTS = (
-    "summary.json", "metrics.csv", "msd.png", "topology.png", "testing_error.png",
+    "summary.json", "metrics.csv", "msd.png", "agents.png", "topology.png", "testing_error.png",
     "epsilon.png", "membership.json", "models.npz", "secrets.json", "wire.msgpack",
     "telemetry.npz", "link_keys.msgpack", "audit.json", "audit.png", "audit-pcap.json",
     "audit-pcap.png",
@@ -102,6 +103,8 @@ def write_outputs(
     (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     write_metrics(out / "metrics.csv", curves)
     plot_msd(curves, out / "msd.png")
+    if any(name.endswith(AGENTS) for c in curves for name in c.series):
+        plot_agents(curves, out / "agents.png")
     for metric in sorted({m for c in curves for m in metrics(c)}):
         plot_metric(curves, metric, out / METRIC_FILES.get(metric, f"{metric}.png"))
     if graph is not None:
@@ -155,11 +158,13 @@ def plot_msd(curves: list[Curve], path: Path | None, title: str | None = None) -
     fig = Figure(figsize=(5 * len(strategies), 8), dpi=DPI, layout="constrained")
     axes = fig.subplots(2, len(strategies), sharex=True, sharey="row", squeeze=False)
     lines: dict[str, Line2D] = {}
+    every = max(int(c.extra.get("models_every", 1)) for c in curves)
+    at = f", model rounds (every {every})" if every > 1 else ""  # the agents sent models
     for row, (attr, what) in enumerate(ROWS):
         for col, strategy in enumerate(strategies):
             ax = axes[row, col]
             letter = chr(ord("a") + row * len(strategies) + col)
-            ax.set_title(f"({letter}) {STRATEGY_TITLE.get(strategy, strategy)}: {what}")
+            ax.set_title(f"({letter}) {STRATEGY_TITLE.get(strategy, strategy)}: {what}{at}")
             lines.update(_plot_panel(ax, [c for c in curves if c.strategy == strategy], attr))
             ax.tick_params(labelleft=True)
         axes[row, 0].set_ylabel(f"{what} (dB)")
@@ -200,8 +205,7 @@ def plot_metric(curves: list[Curve], metric: str, path: Path | None) -> Figure:
             for z, scheme in enumerate(_ordered(by_scheme, SCHEME_ORDER)):
                 err = 100 * by_scheme[scheme].series[metric + end].mean(axis=0)
                 style = SCHEME_STYLE.get(scheme, {"label": scheme})
-                iters = np.arange(1, len(err) + 1)
-                (lines[scheme],) = ax.plot(iters, err, zorder=2 + z, **style)
+                (lines[scheme],) = ax.plot(*_held(err), zorder=2 + z, **style)
             ax.grid(True, alpha=0.3)
             ax.tick_params(labelleft=True)
         axes[row, 0].set_ylabel(f"{what} (%)")
@@ -231,9 +235,9 @@ def _plot_panel(ax: Axes, curves: list[Curve], attr: str) -> dict[str, Line2D]:
     lines = {}
     for z, scheme in enumerate(_ordered(by_scheme, SCHEME_ORDER)):
         msd = getattr(by_scheme[scheme], attr)
-        iters = np.arange(1, msd.shape[1] + 1)
         style = SCHEME_STYLE.get(scheme, {"label": scheme})
-        (lines[scheme],) = ax.plot(iters, _db(msd.mean(axis=0)), zorder=2 + z, **style)
+        iters, values = _held(_db(msd.mean(axis=0)))
+        (lines[scheme],) = ax.plot(iters, values, zorder=2 + z, **style)
         for start, why in by_scheme[scheme].extra.get("views", []):  # membership changes
             color = lines[scheme].get_color()
             ax.axvline(start, color=color, linestyle=":", linewidth=0.8, zorder=1)
@@ -362,6 +366,52 @@ def results_table(records: list[dict[str, Any]]) -> Table:
             cells.append(_fmt(r.get("peer_bytes_per_round"), ",.0f"))
         table.add_row(*cells)
     return table
+
+
+def _held(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rounds, values) of the rounds that have a value: a metric of the models, with
+    --models-every K > 1, exists every K rounds only, drawn joined across the gaps."""
+    iters = np.arange(1, len(values) + 1)
+    keep = ~np.isnan(values)
+    return iters[keep], values[keep]
+
+
+def plot_agents(curves: list[Curve], path: Path | None) -> Figure:
+    """The agents' own metrics, every round (what they send beside their models): the loss
+    on their minibatches and their score, averaged over the agents, a column each and a row
+    per strategy; on a log scale, as MSD is in dB."""
+    from matplotlib.figure import Figure
+
+    told = [c for c in curves if any(n.endswith(AGENTS) for n in c.series)]
+    names = sorted({n for c in told for n in c.series if n.endswith(AGENTS)}, key=_loss_first)
+    strategies = _ordered({c.strategy for c in told}, STRATEGY_ORDER)
+    fig = Figure(figsize=(11, 4.2 * len(strategies) + 0.6), dpi=DPI, layout="constrained")
+    axes = fig.subplots(len(strategies), len(names), sharex=True, squeeze=False)
+    lines: dict[str, Line2D] = {}
+    for row, strategy in enumerate(strategies):
+        by_scheme = {c.scheme: c for c in told if c.strategy == strategy}
+        for col, name in enumerate(names):
+            ax = axes[row, col]
+            what = name.removesuffix(AGENTS).replace("_", " ")
+            title = STRATEGY_TITLE.get(strategy, strategy)
+            ax.set_title(f"{title}: agents' own {what} (every round)")
+            for z, scheme in enumerate(_ordered(by_scheme, SCHEME_ORDER)):
+                values = by_scheme[scheme].series.get(name)
+                if values is None:
+                    continue
+                style = SCHEME_STYLE.get(scheme, {"label": scheme})
+                (lines[scheme],) = ax.plot(*_held(values.mean(axis=0)), zorder=2 + z, **style)
+            if name.startswith(("loss", "risk")):
+                ax.set_yscale("log")
+            ax.grid(True, alpha=0.3)
+    for ax in axes[-1]:
+        ax.set_xlabel("iteration $i$")
+    _legend(fig, lines)
+    return _saved(fig, path)
+
+
+def _loss_first(name: str) -> tuple[bool, str]:
+    return (not name.startswith("loss"), name)
 
 
 def _fmt(value: Any, spec: str) -> str:

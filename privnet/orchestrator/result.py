@@ -19,11 +19,19 @@ import networkx as nx
 import numpy as np
 
 from privnet.agent.spec import ConfigError
-from privnet.orchestrator.curves import METRICS_HEADER, Curve
+from privnet.orchestrator.curves import METRICS_HEADER, Curve, expand_models
 from privnet.orchestrator.experiment import config as configuration
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.problem import Problem
-from privnet.orchestrator.report import METRIC_FILES, metrics, plot_metric, plot_msd, plot_topology
+from privnet.orchestrator.report import (
+    AGENTS,
+    METRIC_FILES,
+    metrics,
+    plot_agents,
+    plot_metric,
+    plot_msd,
+    plot_topology,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -171,9 +179,12 @@ class Result:
     # ---- figures --------------------------------------------------------------------------
 
     def plot(self) -> dict[str, Figure]:
-        """The CLI's figures, by file name: msd.png (the paper's Fig. 3), the test metric's
-        (testing_error.png, ...), topology.png."""
+        """The CLI's figures, by file name: msd.png (the paper's Fig. 3), agents.png (the
+        agents' own metrics, every round), the test metric's (testing_error.png, ...),
+        topology.png."""
         figures = {"msd.png": plot_msd(self.curves, None)}
+        if any(name.endswith(AGENTS) for c in self.curves for name in c.series):
+            figures["agents.png"] = plot_agents(self.curves, None)
         for metric in sorted({m for c in self.curves for m in metrics(c)}):
             figures[METRIC_FILES.get(metric, f"{metric}.png")] = plot_metric(
                 self.curves, metric, None
@@ -199,7 +210,7 @@ class Result:
         models: dict[str, np.ndarray] = {}
         if (out / "models.npz").is_file():
             with np.load(out / "models.npz") as held:
-                models = {name: held[name] for name in held.files}
+                models = expand_models({name: held[name] for name in held.files})
         membership = []
         if (out / "membership.json").is_file():
             membership = json.loads((out / "membership.json").read_text())

@@ -8,6 +8,8 @@ size is the overhead we measure:
   keyshare s sender, r receiver, o owner, h hub, p partner, j step, e epoch, k public,
            g signature, v view
   report   s sender, i round, w vector
+  metrics  s sender, i round, m values
+  part     s sender, i round, o offset, w vector
   telemetry a agent, n session, v view, i round, x sealed
 Other messages use their field names.
 """
@@ -40,7 +42,7 @@ from privnet.agent.control import (
     Telemetry,
     Welcome,
 )
-from privnet.agent.messages import KeyPlan, KeyShare, Model, Report
+from privnet.agent.messages import KeyPlan, KeyShare, Metrics, Model, Part, Report
 from privnet.agent.problems import Linear, Rows
 from privnet.agent.spec import Count
 from privnet.agent.wire.schema import TEXT, Field, fields_of, kind_of, record
@@ -82,6 +84,8 @@ CONTROL_SCHEMAS = (
 )
 CONFIG = schema(Config, check=Config.check)
 REPORT = schema(Report, "s i w")
+METRICS = schema(Metrics, "s i m")
+PART = schema(Part, "s i o w")
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +110,7 @@ def _signed(inner: Schema) -> Schema:
 SIGNED = {s.name: _signed(s) for s in CONTROL_SCHEMAS}
 PEER = {s.name: s for s in PEER_SCHEMAS}
 CONTROL = {s.name: s for s in CONTROL_SCHEMAS}
-BY_CLASS = {s.cls: s for s in (*PEER_SCHEMAS, *CONTROL_SCHEMAS, REPORT, CONFIG)}
+BY_CLASS = {s.cls: s for s in (*PEER_SCHEMAS, *CONTROL_SCHEMAS, REPORT, METRICS, PART, CONFIG)}
 DATA = kind_of(Linear | Rows)  # a Share's data, by kind
 
 _CATEGORY = {
@@ -115,6 +119,8 @@ _CATEGORY = {
     KeyShare: "keys",
     Telemetry: "telemetry",
     Report: "telemetry",
+    Metrics: "telemetry",
+    Part: "telemetry",
     Escrow: "audit",
 }
 

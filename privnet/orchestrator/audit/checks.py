@@ -88,6 +88,9 @@ def audit_session(
         **_counts(seen, frames, checks),
         "masking_strength": _summary([x for link in frames.links.values() for x in link.strengths]),
         "truth_vs_telemetry": _truth_check(truth.models, telemetry),
+        # rounds whose true models the run's telemetry carried (--models-every K: every K
+        # and the last); between them the replay is checked against the wire alone
+        "truth_rounds": _truth_rounds(telemetry, c.iters),
         "noise": noise_report(scheme, noise, c.sigma_g),
         "max_cancellation_residual": merge(v.cancel for v in checks) if scheme.masked else None,
         "clear_links": _clear_links(scheme, frames.links),
@@ -221,6 +224,13 @@ def _summary(values: list[float]) -> dict[str, float | None]:
     return {"min": float(np.min(values)), "median": float(np.median(values))}
 
 
+def _truth_rounds(telemetry: np.ndarray | None, iters: int) -> list[int]:
+    """[rounds with the run's models, rounds]: what the truth check covered."""
+    if telemetry is None:
+        return [0, iters]
+    return [int((~np.isnan(telemetry[..., 0])).any(axis=1).sum()), iters]
+
+
 def _truth_check(models: np.ndarray, telemetry: np.ndarray | None) -> float | None:
     """Max |replay w - sealed telemetry w| over the cells the run has (NaN: a round an
     agent did not report, out of its view); AuditError beyond TRUTH_TOL."""
@@ -228,7 +238,7 @@ def _truth_check(models: np.ndarray, telemetry: np.ndarray | None) -> float | No
         return None
     if telemetry.shape != models.shape:
         raise AuditError(f"telemetry has shape {telemetry.shape}, the replay {models.shape}")
-    have = ~np.isnan(telemetry)
+    have = ~np.isnan(telemetry[..., 0])  # rows: a round an agent sent its model for
     gap = float(np.max(np.abs(models[have] - telemetry[have])))
     if not gap <= TRUTH_TOL:  # NaN too: the run reported a model the replay has not
         raise AuditError(

@@ -91,8 +91,11 @@ def _print_notes(err: Console, sessions: list[dict[str, Any]]) -> None:
         if "redo" in s:
             err.print(redo_line(s))
     gaps = [s["truth_vs_telemetry"] for s in sessions if s["truth_vs_telemetry"] is not None]
+    covered = [s["truth_rounds"] for s in sessions if "truth_rounds" in s]
+    sparse = [f"{n} of {t}" for n, t in covered if n < t]
     err.print(
         f"ground truth: memory-engine replay, max gap to the sealed telemetry {max(gaps):.3g}"
+        + (f" (at the rounds with models: {', '.join(sparse)})" if sparse else "")
         if gaps
         else "ground truth: memory-engine replay (no telemetry to validate it against)"
     )

@@ -12,10 +12,26 @@ from typing import Literal
 import numpy as np
 
 from privnet.agent import control, keys, topics, wire
-from privnet.agent.messages import Reason, Rejected
+from privnet.agent.messages import (
+    METRIC_COUNT,
+    Metrics,
+    Part,
+    Reason,
+    Rejected,
+    Report,
+    Telemetered,
+)
 from privnet.agent.protocol import Publish, Traffic, escrow_context, telemetry_context
 
 Link = tuple[int, int]  # (a, b), a < b
+
+
+@dataclass
+class Pieces:
+    """A model arriving in Parts: its buffer, and the offsets of the parts in."""
+
+    w: np.ndarray
+    offsets: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -54,69 +70,140 @@ class BeatGaps:
         self.last = now
 
 
+DENSE_BYTES = 256 << 20  # a session's models array above this is allocated page by page
+
+
+def blank_models(rounds: int, agents: int, dim: int) -> np.ndarray:
+    """(rounds, P, M) with no model in: NaN. A big one is zeros (pages the OS maps only
+    when written) with NaN in column 0, the mark of a missing model every reader uses, so a
+    session of 1M-parameter models takes memory only for the rounds whose models came."""
+    if rounds * agents * dim * 8 <= DENSE_BYTES:
+        return np.full((rounds, agents, dim), np.nan)
+    models = np.zeros((rounds, agents, dim))
+    models[..., 0] = np.nan
+    return models
+
+
+def model_round(round_: int, every: int, rounds: int) -> bool:
+    """Whether agents send their true model after `round_`: every K rounds, and the last."""
+    return round_ % every == 0 or round_ == rounds
+
+
 @dataclass
 class Collection:
-    """The current session's models as the members report them, and the run's escrow."""
+    """The current session's telemetry as the members report it (their metrics every
+    round, their models every `every` rounds), and the run's escrow."""
 
     run: str
     identity: keys.Identity
     models: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))  # (rounds, P, M)
+    metrics: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, METRIC_COUNT)))
+    reported: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=bool))  # metrics
+    done: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=bool))  # (rounds, P)
     counts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # per agent
+    every: int = 1  # models every K rounds
+    pieces: dict[tuple[int, int], Pieces] = field(default_factory=dict)  # (round, agent)
     # (session, view) -> {link: key}, as the agents escrowed them (--audit)
     link_keys: dict[tuple[int, int], dict[Link, bytes]] = field(default_factory=dict)
     left: dict[int, dict[str, int]] = field(default_factory=dict)  # dropped after the end
     left_traffic: Traffic = field(default_factory=Traffic)  # the agents' Left frames
 
-    def new_session(self, rounds: int, agents: int, dim: int) -> None:
-        self.models = np.full((rounds, agents, dim), np.nan)
+    def new_session(self, rounds: int, agents: int, dim: int, every: int = 1) -> None:
+        self.models = blank_models(rounds, agents, dim)
+        self.metrics = np.full((rounds, agents, METRIC_COUNT), np.nan)
+        self.done = np.zeros((rounds, agents), dtype=bool)
+        self.reported = np.zeros((rounds, agents), dtype=bool)
         self.counts = np.zeros(agents, dtype=np.int64)
+        self.every, self.pieces = every, {}
 
     def _recount(self) -> None:
-        self.counts = (~np.isnan(self.models[..., 0])).sum(axis=0)
+        self.counts = self.done.sum(axis=0)
 
     def redo(self, start: int) -> None:
         """Rounds from `start` on are redone (or never done) under a new view."""
-        self.models[start - 1 :] = np.nan
+        self.models[start - 1 :] = np.nan if self.models.size <= DENSE_BYTES // 8 else 0.0
+        self.models[start - 1 :, :, 0] = np.nan
+        self.metrics[start - 1 :] = np.nan
+        self.done[start - 1 :] = self.reported[start - 1 :] = False
+        self.pieces = {k: v for k, v in self.pieces.items() if k[0] < start}
         self._recount()
 
-    def restore(self, models: np.ndarray, start: int) -> None:
-        """A resumed run: the rounds before `start`, as the first run recorded them."""
+    def restore(self, models: np.ndarray, metrics: np.ndarray | None, start: int) -> None:
+        """A resumed run: the rounds before `start`, as the first run recorded them (a
+        round is in where its metrics are, or, of a journal without them, its models)."""
         self.models[: start - 1] = models[: start - 1]
+        have = ~np.isnan(models[: start - 1, :, 0])
+        if metrics is not None:
+            self.metrics[: start - 1] = metrics[: start - 1]
+            have |= ~np.isnan(metrics[: start - 1]).all(axis=2)
+        self.done[: start - 1] = self.reported[: start - 1] = have
         self._recount()
 
     def first_gap(self, first: int, start: int, members: Iterable[int]) -> int:
         """The first round from `first` on, before `start`, that lacks a report of one of
         `members` (`start` if none does)."""
-        missing = np.isnan(self.models[first - 1 : start - 1, sorted(members), 0])
+        missing = ~self.done[first - 1 : start - 1, sorted(members)]
         gaps = np.flatnonzero(missing.any(axis=1))
         return first + int(gaps[0]) if gaps.size else start
 
     def telemetry(self, msg: control.Telemetry, session: int, dim: int, end: int) -> None:
-        """Store a member's reports of rounds up to `end` (its view's last that stands);
-        all or none, each round once."""
+        """Store a member's telemetry of rounds up to `end` (its view's last that stands):
+        all of a message or none of it, each round's metrics and model (or part) once."""
         context = telemetry_context(self.run, msg.agent, session, msg.view, msg.round)
         try:
             blob = keys.open_sealed(self.identity.static, msg.sealed, context)
         except keys.BadKey as exc:
             raise Rejected(Reason.BAD_SEAL, f"telemetry of agent {msg.agent}: {exc}") from exc
-        reports = wire.decode_reports(blob, dim)
+        items = wire.decode_telemetry(blob, dim)
         rounds = self.models.shape[0]
-        for report in reports:
-            if report.sender != msg.agent or not 1 <= report.round <= rounds:
-                raise Rejected(
-                    Reason.SCHEMA,
-                    f"agent {msg.agent} reported agent {report.sender}, round {report.round}",
-                )
-            if report.round > end:
-                raise Rejected(
-                    Reason.STALE_VIEW,
-                    f"round {report.round} of view {msg.view}, which ended at {end}",
-                )
-            if not np.isnan(self.models[report.round - 1, report.sender, 0]):
-                raise Rejected(Reason.DUPLICATE, f"round {report.round} of agent {msg.agent} again")
-        for report in reports:
-            self.models[report.round - 1, report.sender] = report.w
-            self.counts[report.sender] += 1
+        for item in items:
+            self._check(item, msg, rounds, end)
+        for item in items:
+            r, m = item.round - 1, item.sender
+            if isinstance(item, Metrics):
+                self.metrics[r, m] = wire.metric_values(item)
+                self.reported[r, m] = True
+            elif isinstance(item, Report):
+                self.models[r, m] = item.w
+            else:
+                got = self.pieces.setdefault((item.round, m), Pieces(np.empty(dim)))
+                got.w[item.offset : item.offset + len(item.w)] = item.w
+                got.offsets.add(item.offset)
+                if len(got.offsets) == wire.part_count(dim):
+                    self.models[r, m] = self.pieces.pop((item.round, m)).w
+            self._complete(item.round, m)
+
+    def _check(self, item: Telemetered, msg: control.Telemetry, rounds: int, end: int) -> None:
+        if item.sender != msg.agent or not 1 <= item.round <= rounds:
+            raise Rejected(
+                Reason.SCHEMA, f"agent {msg.agent} reported agent {item.sender}, round {item.round}"
+            )
+        if item.round > end:
+            raise Rejected(
+                Reason.STALE_VIEW, f"round {item.round} of view {msg.view}, which ended at {end}"
+            )
+        r, m = item.round - 1, item.sender
+        if isinstance(item, Metrics):
+            again = bool(self.reported[r, m])
+        elif isinstance(item, Part):
+            got = self.pieces.get((item.round, m))
+            again = not np.isnan(self.models[r, m, 0]) or bool(got and item.offset in got.offsets)
+        else:
+            again = not np.isnan(self.models[r, m, 0])
+        if again:
+            raise Rejected(Reason.DUPLICATE, f"round {item.round} of agent {msg.agent} again")
+
+    def _complete(self, round_: int, agent: int) -> None:
+        """Mark a round in for an agent once its metrics and (at a model round) its model are."""
+        r = round_ - 1
+        if self.done[r, agent] or not self.reported[r, agent]:
+            return
+        if model_round(round_, self.every, self.models.shape[0]) and np.isnan(
+            self.models[r, agent, 0]
+        ):
+            return
+        self.done[r, agent] = True
+        self.counts[agent] += 1
 
     def escrowed(self, msg: control.Escrow, session: int) -> None:
         """Keep an agent's link keys of a view; both ends of a link must escrow the same."""

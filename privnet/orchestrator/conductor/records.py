@@ -113,6 +113,9 @@ class SessionResult:
     finished: dict[int, control.Finished]
     wall: float  # Go to last Finished
     views: list[View] = field(default_factory=list)  # the session's membership views
+    # the agents' own scalars every round, (rounds, P, METRIC_COUNT): loss, score (NaN: none)
+    metrics: np.ndarray | None = None
+    models_every: int = 1  # `models` holds rounds K, 2K, ... and the last (NaN between)
 
     def totals(self, field_name: str) -> dict[str, int]:
         """One of Finished's count maps (rejected, bytes, messages), summed over agents."""
@@ -129,8 +132,12 @@ class SessionResult:
 
     @property
     def missed(self) -> dict[int, int]:
-        """Rounds whose model each agent did not report (out of the view, or lost)."""
-        counts = np.isnan(self.models[..., 0]).sum(axis=0) if self.models.size else []
+        """Rounds each agent did not report (out of the view, or lost): its metrics, or
+        without them (--no-telemetry, an old journal) its model."""
+        if self.models_every > 1 and self.metrics is not None and self.metrics.size:
+            counts = np.isnan(self.metrics).all(axis=2).sum(axis=0)
+        else:
+            counts = np.isnan(self.models[..., 0]).sum(axis=0) if self.models.size else []
         return {m: int(n) for m, n in enumerate(counts) if n}
 
 
@@ -145,6 +152,7 @@ class Resume:
     session: int
     models: np.ndarray
     recorded: int
+    metrics: np.ndarray | None = None  # (rounds, P, METRIC_COUNT) as recorded (None: none)
 
 
 def view_session(session: bytes, view: int) -> bytes:

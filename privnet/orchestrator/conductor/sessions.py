@@ -144,7 +144,12 @@ class Sessions(Parts):
             self.registry.hear(m, max(heard.get(m, now), now))  # a fresh deadline to answer
         identities = {m: a.identity for m, a in self.registry.registered.items()}
         terms = Terms(
-            self.deadline, self.telemetry, self.checkpoint_every, self.seal_links, self.escrow
+            self.deadline,
+            self.telemetry,
+            self.checkpoint_every,
+            self.seal_links,
+            self.escrow,
+            self.models_every,
         )
         out = Output(events=[Event("configuring", plan.label)])
         for setup in setups(self.run, self.session, plan, view, specs, identities, terms):
@@ -195,6 +200,7 @@ class Sessions(Parts):
         views = [v for v in group.views if v.session == self.session]
         wall = now - self._go_at
         result = SessionResult(plan.label, self.models, dict(group.finished), wall, views)
+        result.metrics, result.models_every = self.collection.metrics, self.models_every
         self.results.append(result)
         out = Output(events=[Event("session-done", plan.label)])
         return out + self._next_session(now)
@@ -206,7 +212,7 @@ class Sessions(Parts):
             self.stage = Stage.CLOSING
             return Output([self._down("all", control.Close())], [Event("closing")])
         plan = self.plans[self.session]
-        self.collection.new_session(plan.rounds, self.agents, plan.dim)
+        self.collection.new_session(plan.rounds, self.agents, plan.dim, self.models_every)
         self.group.new_session()
         self.blame.parked.clear()  # a Rejoin of the last session: everyone alive is in
         self._go_at = 0.0
@@ -219,7 +225,7 @@ class Sessions(Parts):
                 self.session, plan.rounds, self.resume.recorded, self.telemetry
             )
             start, reason = point + 1, "resumed"
-            self.collection.restore(self.resume.models, start)
+            self.collection.restore(self.resume.models, self.resume.metrics, start)
             self.resume, self.group.offers = None, {}
         view = View(self.session, 0, start, members, reason, {m: start - 1 for m in members})
         out = Output(events=[Event("view", describe(view))] if start > 1 else [])

@@ -21,6 +21,7 @@ class Terms:
     checkpoint_every: int
     seal_links: bool
     escrow: bool
+    models_every: int = 1
 
 
 def setups(
@@ -55,6 +56,7 @@ def setups(
             terms.checkpoint_every,
             terms.seal_links,
             terms.escrow,
+            terms.models_every,
         )
         sealed = keys.seal(
             identities[spec.agent].static,

@@ -46,6 +46,7 @@ class Parts:
         resume: Resume | None = None,
         seal_links: bool = True,
         escrow: bool = False,
+        models_every: int | None = None,
     ) -> None:
         if not plans:
             raise ValueError("a run needs at least one session")
@@ -53,12 +54,14 @@ class Parts:
         for plan in plans:
             if sorted(s.agent for s in plan.specs) != list(range(agents)):
                 raise ValueError(f"session {plan.label}: one spec per agent 0..{agents - 1}")
-        _check_size(plans[0].dim, telemetry=telemetry, escrow=escrow)
+        _check_size(plans[0].dim, escrow=escrow)
         self.run, self.identity, self.tokens = run, identity, tokens
         self.plans, self.deadline, self.telemetry = plans, deadline, telemetry
         self.register_deadline = register_deadline
         self.checkpoint_every = checkpoint_every
         self.seal_links, self.escrow = seal_links, escrow
+        # telemetry: agents' metrics every round, their models every K (None: by the size)
+        self.models_every = models_every or wire.default_models_every(plans[0].dim)
         # A replay applies recorded views at their rounds and decides nothing itself.
         self.script = {(v.session, v.view): v for v in script} if script is not None else None
         self.agents = agents
@@ -196,15 +199,8 @@ class Parts:
         return self.outbox.down(to, msg)
 
 
-def _check_size(dim: int, *, telemetry: bool, escrow: bool) -> None:
+def _check_size(dim: int, *, escrow: bool) -> None:
     """Refuse a model the run's other planes cannot carry yet (the peer plane chunks it)."""
-    if telemetry and dim > wire.max_report_dim():
-        raise ConfigError(
-            f"a model of {dim:,} parameters does not fit one telemetry message "
-            f"({wire.MAX_CONTROL_BYTES:,} bytes: at most {wire.max_report_dim():,} float64 "
-            "parameters), and telemetry sends every agent's model every round: run with "
-            "--no-telemetry (bytes only, no MSD), or a smaller model"
-        )
     if escrow and wire.needs_chunks(dim):
         raise ConfigError(
             f"--audit reads models that travel in one peer frame (at most "

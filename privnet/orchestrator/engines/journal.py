@@ -20,8 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from privnet.agent import control
+from privnet.agent.messages import METRIC_COUNT
 from privnet.agent.private import PRIVATE, private_dir, private_file, write_private
 from privnet.orchestrator.conductor import Resume, SessionResult, View
+from privnet.orchestrator.conductor.collection import blank_models
+from privnet.orchestrator.curves import ROUNDS_SUFFIX, expand_models, model_rounds
 from privnet.orchestrator.experiment.config import ExperimentConfig, with_overrides
 
 JOURNAL = "journal"
@@ -55,31 +58,62 @@ def discard_if_empty(out: Path) -> None:
 
 def session_done(out: Path, index: int, result: SessionResult) -> None:
     where = out / JOURNAL
+    held = model_rounds(result.models)  # all rounds, or those of --models-every
+    metrics = result.metrics if result.metrics is not None else np.zeros((0,))
     with private_file(where / f"session-{index}.npz") as fh:
-        np.savez(fh, models=result.models)
+        np.savez(fh, models=result.models[held], rounds=held + 1, metrics=metrics)
     finished = {str(m): asdict(done) for m, done in result.finished.items()}
     views = [v.to_json() for v in result.views]
-    record = {"label": result.label, "wall": result.wall, "finished": finished, "views": views}
+    record = {
+        "label": result.label,
+        "wall": result.wall,
+        "finished": finished,
+        "views": views,
+        "models_every": result.models_every,
+    }
     write_private(where / f"session-{index}.json", json.dumps(record))
     (where / f"rounds-{index}.bin").unlink(missing_ok=True)
 
 
-def rounds(out: Path, index: int, models: np.ndarray) -> None:
-    """Append the next rounds of session `index` (rows of `models`, each P x M): the file
-    holds rounds 1, 2, ... in order."""
+def rounds(out: Path, index: int, models: np.ndarray, metrics: np.ndarray) -> None:
+    """Append the next rounds of session `index`: per round a record of a flag (1: its
+    models follow), the agents' metrics (P x METRIC_COUNT) and, at a model round, their
+    models (P x M), all <f8. The file holds rounds 1, 2, ... in order."""
     path = out / JOURNAL / f"rounds-{index}.bin"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE)
     with os.fdopen(fd, "ab") as fh:
-        fh.write(np.ascontiguousarray(models, dtype="<f8").tobytes())
+        for w, told in zip(models, metrics, strict=True):
+            has = bool((~np.isnan(w[:, 0])).any())
+            fh.write(np.float64(has).astype("<f8").tobytes())
+            fh.write(np.ascontiguousarray(told, dtype="<f8").tobytes())
+            if has:
+                fh.write(np.ascontiguousarray(w, dtype="<f8").tobytes())
+
+
+def _records(path: Path, agents: int, dim: int) -> list[tuple[int, bool]]:
+    """(offset, has models) of every whole round record in `path`."""
+    size, at, out = path.stat().st_size, 0, []
+    head = 8 * (1 + agents * METRIC_COUNT)
+    with open(path, "rb") as fh:
+        while at + head <= size:
+            fh.seek(at)
+            has = bool(np.frombuffer(fh.read(8), dtype="<f8")[0])
+            length = head + (8 * agents * dim if has else 0)
+            if at + length > size:
+                break  # a write the kill cut short is not a round
+            out.append((at, has))
+            at += length
+    return out
 
 
 def truncate(out: Path, index: int, keep: int, shape: tuple[int, ...]) -> None:
     """Keep the first `keep` rounds of session `index` (a resumed session redoes the rest)."""
     path = out / JOURNAL / f"rounds-{index}.bin"
     if path.exists():
-        size = keep * int(np.prod(shape)) * 8
-        with open(path, "r+b") as fh:
-            fh.truncate(min(size, path.stat().st_size))
+        records = _records(path, *shape)
+        if keep < len(records):
+            with open(path, "r+b") as fh:
+                fh.truncate(records[keep][0])
 
 
 def config(out: Path) -> ExperimentConfig:
@@ -87,19 +121,25 @@ def config(out: Path) -> ExperimentConfig:
     return with_overrides(ExperimentConfig(), json.loads(_read(out, "config.json")))
 
 
-def load(out: Path) -> tuple[str, list[SessionResult], int, np.ndarray | None]:
-    """(secrets JSON, finished sessions, index of the next, its rounds as received)."""
+def load(out: Path) -> tuple[str, list[SessionResult], int, Path | None]:
+    """(secrets JSON, finished sessions, index of the next, its rounds file if any)."""
     where = out / JOURNAL
     secrets_json = _read(out, "run.json")
     results: list[SessionResult] = []
     while (where / f"session-{len(results)}.json").exists():
         n = len(results)
         record = json.loads((where / f"session-{n}.json").read_text())
-        models = np.load(where / f"session-{n}.npz")["models"]
+        with np.load(where / f"session-{n}.npz") as saved:
+            models, held, metrics = saved["models"], saved["rounds"], saved["metrics"]
+        every = int(record.get("models_every", 1))
         finished = {int(m): control.Finished(**d) for m, d in record["finished"].items()}
         views = [View.from_json(v) for v in record.get("views", [])]
-        results.append(SessionResult(record["label"], models, finished, record["wall"], views))
-    return secrets_json, results, len(results), _rows(where / f"rounds-{len(results)}.bin")
+        whole = expand_models({"m": models, "m" + ROUNDS_SUFFIX: held})["m"]
+        told = metrics if metrics.ndim == 3 else None
+        result = SessionResult(record["label"], whole, finished, record["wall"], views, told, every)
+        results.append(result)
+    path = where / f"rounds-{len(results)}.bin"
+    return secrets_json, results, len(results), path if path.exists() else None
 
 
 def _read(out: Path, name: str) -> str:
@@ -112,22 +152,21 @@ def _read(out: Path, name: str) -> str:
         ) from None
 
 
-def resume_point(config: ExperimentConfig, session: int, got: np.ndarray | None) -> Resume:
-    """Session `session` as the first run recorded it: `got`, its rounds as received."""
+def resume_point(config: ExperimentConfig, session: int, got: Path | None) -> Resume:
+    """Session `session` as the first run recorded it: `got`, its rounds file."""
     shape = (config.iters, config.agents, config.dim)
-    models = np.full(shape, np.nan)
-    per_round = config.agents * config.dim
+    models = blank_models(*shape)
+    metrics = np.full((config.iters, config.agents, METRIC_COUNT), np.nan)
     recorded = 0
     if got is not None:  # whole rounds only: a write the kill cut short is not one
-        rows = got[: got.size - got.size % per_round].reshape(-1, config.agents, config.dim)
-        recorded = min(rows.shape[0], config.iters)
-        models[:recorded] = rows[:recorded]
-    return Resume(session, models, recorded)
-
-
-def _rows(path: Path) -> np.ndarray | None:
-    """The floats appended to `path` (None: none)."""
-    if not path.exists():
-        return None
-    raw = path.read_bytes()
-    return np.frombuffer(raw, dtype="<f8") if raw else None
+        records = _records(got, config.agents, config.dim)[: config.iters]
+        head = config.agents * METRIC_COUNT
+        with open(got, "rb") as fh:
+            for r, (at, has) in enumerate(records):
+                fh.seek(at + 8)
+                metrics[r] = np.frombuffer(fh.read(8 * head), "<f8").reshape(-1, METRIC_COUNT)
+                if has:
+                    size = config.agents * config.dim
+                    models[r] = np.frombuffer(fh.read(8 * size), "<f8").reshape(shape[1:])
+        recorded = len(records)
+    return Resume(session, models, recorded, metrics)

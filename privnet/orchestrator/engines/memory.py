@@ -181,6 +181,7 @@ class Network:
         script: Iterable[View] | None = None,
         seal_links: bool = True,
         escrow: bool = False,
+        models_every: int | None = None,
     ) -> Network:
         """Fresh identities and launch tokens for every party, as `privnet run` makes them."""
         agents = len(plans[0].specs)
@@ -196,6 +197,7 @@ class Network:
             script=script,
             seal_links=seal_links,
             escrow=escrow,
+            models_every=models_every,
         )
         nodes = [
             AgentNode(
@@ -268,8 +270,11 @@ def curve_of(
     runs: list[np.ndarray],
     rounds_per_s: float,
     extra: dict | None = None,
+    metrics: list[np.ndarray | None] | None = None,
 ) -> Curve:
-    """MSD (and testing errors, for classification) over repeats of models (T, P, M)."""
+    """MSD (and testing errors, for classification) over repeats of models (T, P, M): NaN
+    at rounds without models (--models-every); with `metrics` (T, P, 2) per repeat, the
+    agents' own every round (`Problem.agent_series`)."""
     cent = np.zeros((len(runs), problem.config.iters))
     avg = np.zeros_like(cent)
     scored = np.zeros((2, *cent.shape))
@@ -280,6 +285,10 @@ def curve_of(
         if tested is not None:
             scored[:, r] = tested
     series = {name: scored[n] for n, name in enumerate(problem.metric_series)}
+    if metrics and all(m is not None for m in metrics):
+        agents = [problem.agent_metrics(m) for m in metrics if m is not None]
+        for name in problem.agent_series:
+            series[name] = np.stack([a[name] for a in agents])
     return Curve(strategy, scheme, cent, avg, rounds_per_s, extra or {}, series)
 
 
@@ -305,9 +314,13 @@ def results_curve(
         "wall_s": wall,
         # where membership changed (a mark on the MSD plot): [round, why] per session
         "views": sorted({(v.start, v.reason) for r in results for v in r.views if v.start > 1}),
+        # the centroid metrics' rounds: every K and the last (the agents' own: every round)
+        "models_every": results[0].models_every if results else 1,
     }
     models = [res.models for res in results]
-    return curve_of(problem, strategy, scheme, models, rounds / max(wall, 1e-9), extra)
+    rate = rounds / max(wall, 1e-9)
+    told = [res.metrics for res in results]
+    return curve_of(problem, strategy, scheme, models, rate, extra, told)
 
 
 def results_curves(problem: Problem, results: list[SessionResult]) -> list[Curve]:

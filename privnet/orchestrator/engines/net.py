@@ -41,7 +41,7 @@ from privnet.orchestrator.conductor import (
     add_counts,
     describe,
 )
-from privnet.orchestrator.curves import Curve
+from privnet.orchestrator.curves import ROUNDS_SUFFIX, Curve, model_rounds
 from privnet.orchestrator.engines import journal, memory, swarm
 from privnet.orchestrator.engines.docker import (
     ContainerBroker,
@@ -226,6 +226,7 @@ def _watch(
         session_plans(problem, session_list(config)),
         deadline=options.deadline or default_deadline(config.agents),
         telemetry=options.telemetry,
+        models_every=options.models_every,
         checkpoint_every=options.checkpoint_every,
         resume=origin.resume,
         seal_links=config.seal_links,
@@ -396,7 +397,8 @@ async def _extra(run: _Run, mqtt: Connection, nic_before: Any) -> dict[str, Any]
         "runtime": _runtime_name(broker),
         "run": conductor.run,
         "seed": journal.SECRETS if journal.secret_seed(run.out) else run.problem.config.seed,
-        "orchestrator": _orchestrator(conductor),
+        "orchestrator": _orchestrator(conductor)
+        | {"session_cpu_s": round(run.watch.session_cpu, 3)},
         "broker_outages": asdict(mqtt.outages),  # as the orchestrator lived them
         "membership": _membership(run.watch),
     }
@@ -497,8 +499,14 @@ def _orchestrator(conductor: Conductor) -> dict[str, Any]:
 def save_models(path: Path, results: list[SessionResult]) -> None:
     """Every agent's true model after every round, per session (NaN: not reported): what a
     replay (`privnet simulate --membership`) is checked against. 0600: true models."""
+    arrays: dict[str, Any] = {}
+    for r in results:  # with --models-every K > 1: the rounds that have models, and which
+        held = model_rounds(r.models)
+        sparse = r.models_every > 1
+        arrays[r.label] = r.models[held] if sparse else r.models
+        if sparse:
+            arrays[f"{r.label}{ROUNDS_SUFFIX}"] = held + 1
     with private_file(path) as fh:
-        arrays: dict[str, Any] = {r.label: r.models for r in results}
         np.savez_compressed(fh, **arrays)
 
 

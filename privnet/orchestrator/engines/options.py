@@ -75,6 +75,7 @@ class RunOptions:
     resume: Path | None = None  # carry on the run in this directory
     faults: str | None = None  # faults to inject, e.g. kill:7@120,broker@300
     telemetry: bool = True  # agents report their models (MSD); False: bytes only
+    models_every: int | None = None  # telemetry's true models every K rounds (None: by size)
     view: bool = False  # serve the live view's page
     view_port: int = 0  # its TCP port (0: any free one)
     view_host: str = LOCALHOST  # the address it listens on
@@ -96,6 +97,11 @@ class RunOptions:
         if self.checkpoint_every < 0:
             raise ConfigError(
                 f"{flag('checkpoint_every')} must be >= 0 (0: never), got {self.checkpoint_every}"
+            )
+        if self.models_every is not None and self.models_every < 1:
+            raise ConfigError(
+                f"{flag('models_every')} must be >= 1 (rounds between the models agents send "
+                f"the orchestrator), got {self.models_every}"
             )
         if self.deadline is not None and not self.deadline > 0:
             raise ConfigError(f"{flag('deadline')} must be > 0 seconds, got {self.deadline}")

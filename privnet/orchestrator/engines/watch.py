@@ -15,11 +15,10 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-
-import numpy as np
 
 from privnet.agent.launch import AgentLaunch
 from privnet.agent.protocol import Output
@@ -59,6 +58,10 @@ class Watch:
         self._next_poll = 0.0
         self._later: list[tuple[float, Callable[[], None]]] = []  # (when, action)
         self._streamed = (-1, 0)  # (session, rounds written: every member reported them)
+        # this process's CPU seconds while sessions ran (Go to the session's end): what the
+        # orchestrator costs a round, in summary.json
+        self.session_cpu = 0.0
+        self._cpu_since: float | None = None
         self.insiders: list[subprocess.Popen[bytes]] = []  # --faults flap: stopped by `close`
 
     # ---- the Machine protocol (privnet.agent.driver.pump) ----------------------------------------
@@ -182,6 +185,11 @@ class Watch:
 
     def _seen(self, out: Output) -> Output:
         for event in out.events:
+            if event.kind == "started" and self._cpu_since is None:
+                self._cpu_since = time.process_time()
+            if event.kind == "session-done" and self._cpu_since is not None:
+                self.session_cpu += time.process_time() - self._cpu_since
+                self._cpu_since = None
             if event.kind == "session-done":
                 result = self.conductor.results[-1]
                 journal.session_done(self.out, len(self.conductor.results) - 1, result)
@@ -217,16 +225,19 @@ class Watch:
         done = reported(conductor, written)
         if done <= written:
             return
-        journal.rounds(self.out, session, conductor.models[written:done])
+        metrics = conductor.collection.metrics
+        journal.rounds(self.out, session, conductor.models[written:done], metrics[written:done])
         fresh = not path.exists() or (conductor.session == 0 and written == 0)
         w_opt, q = self.problem.w_opt[int(repeat)], self.problem.q
+        told = self.problem.agent_metrics(metrics[written:done])
         with path.open("w" if fresh else "a", newline="") as fh:
             writer = csv.writer(fh)
             if fresh:
-                writer.writerow(METRICS_HEADER)
+                writer.writerow((*METRICS_HEADER, *told))
             for r in range(written, done):
                 cen, avg = msd(conductor.models[r], w_opt, q)
-                writer.writerow((strategy, scheme, repeat, r + 1, repr(cen), repr(avg)))
+                mine = [repr(float(v[r - written])) for v in told.values()]
+                writer.writerow((strategy, scheme, repeat, r + 1, repr(cen), repr(avg), *mine))
         self._streamed = (session, done)
 
 
@@ -251,12 +262,14 @@ def _truncate_metrics(path: Path, series: tuple[str, str, str], keep: int) -> No
 
 
 def reported(conductor: Conductor, since: int = 0) -> int:
-    """Rounds (from the first) whose model every current member has reported, given that
+    """Rounds (from the first) every current member has reported (its metrics, and its
+    model at a model round: `Collection.done`), given that
     the first `since` are: rows are looked at from there on, one at a time, so a call on
     every delivery costs the few rows reported since the last."""
     members = conductor.member_ids
-    done, rounds = since, conductor.models.shape[0]
-    while done < rounds and not np.isnan(conductor.models[done, members, 0]).any():
+    complete = conductor.collection.done
+    done, rounds = since, complete.shape[0]
+    while done < rounds and complete[done, members].all():
         done += 1
     return done
 

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -148,14 +149,21 @@ class Problem:
     def scores(self, models: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """The test metric of the centroid and the average individual one, per round, of
         models (T, P, M); agents without a model (NaN rows) left out, q renormalized over
-        the others. None without a metric."""
+        the others; NaN for a round without any (between the models of --models-every).
+        None without a metric."""
         if self.metric is None or self.config.dataset is None:
             return None
         from privnet.agent import datasets
 
         test = datasets.load(self.config.dataset)
         score = self.plugin.score  # type: ignore[attr-defined]
-        present = ~np.isnan(models[..., 0])  # (T, P)
+        centroid_out = np.full(models.shape[0], np.nan)
+        average_out = np.full(models.shape[0], np.nan)
+        held = np.flatnonzero((~np.isnan(models[..., 0])).any(axis=1))
+        if not held.size:
+            return centroid_out, average_out
+        models = models[held]  # only the rounds with models: a copy of those alone
+        present = ~np.isnan(models[..., 0])  # (T', P)
         weights = np.where(present, self.q, 0.0)
         centroid = np.einsum(
             "tp,tpm->tm", weights / weights.sum(1, keepdims=True), np.nan_to_num(models)
@@ -167,7 +175,27 @@ class Problem:
             chunk = rows[start : start + SCORED_MODELS]
             values[chunk] = score(flat[chunk], test.x_test, test.y_test, self.classes)
         individual = values[len(centroid) :].reshape(present.shape)
-        return values[: len(centroid)], np.nanmean(individual, axis=1)
+        centroid_out[held] = values[: len(centroid)]
+        average_out[held] = np.nanmean(individual, axis=1)
+        return centroid_out, average_out
+
+    @property
+    def agent_series(self) -> tuple[str, str]:
+        """The columns of the agents' own metrics (`privnet.agent.losses.Local.metrics`),
+        every round, averaged over the agents that reported: the loss on their minibatches,
+        and their test metric on their held-out rows, or (regression) their risk on all
+        their samples."""
+        return ("loss_agents", f"{self.metric}_agents" if self.metric else "risk_agents")
+
+    def agent_metrics(self, metrics: np.ndarray) -> dict[str, np.ndarray]:
+        """The agents' metrics (T, P, 2) as those columns, (T,) each: NaN where none."""
+        out = {}
+        for n, name in enumerate(self.agent_series):
+            values = metrics[..., n]
+            seen = (~np.isnan(values)).sum(axis=1)
+            total = np.nansum(values, axis=1)
+            out[name] = np.where(seen > 0, total / np.maximum(seen, 1), np.nan)
+        return out
 
 
 def msd(w: np.ndarray, w_opt: np.ndarray, q: np.ndarray) -> tuple[float, float]:
@@ -176,6 +204,8 @@ def msd(w: np.ndarray, w_opt: np.ndarray, q: np.ndarray) -> tuple[float, float]:
     Agents without a model for the round (NaN rows: out of the membership view) are left
     out, and the centroid's weights q renormalized over those present."""
     present = ~np.isnan(w[:, 0])
+    if not present.any():  # a round whose models no agent sent (--models-every)
+        return math.nan, math.nan
     if not present.all():
         w, q = w[present], q[present] / q[present].sum()
     centroid = q @ w

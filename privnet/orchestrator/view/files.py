@@ -176,7 +176,9 @@ def _curves(state: ViewState, path: Path, problem: Problem) -> None:
                 values = [100 * float(row[k]) for k in scored]
             else:
                 values = [db(float(row[k])) or math.nan for k in METRICS_HEADER[4:]]
-            state.curve(label).add(int(row["iter"]), *values)
+            own = row.get(problem.agent_series[1]) or "nan"  # the agents' own, every round
+            mine = 100 * float(own) if scored else db(float(own))
+            state.curve(label).add(int(row["iter"]), *values, mine)
             if row.get("epsilon_network"):
                 eps[label] = {
                     "round": int(row["iter"]),

@@ -183,7 +183,9 @@ class LiveView:
         running = plan is not None and conductor.stage in IN_SESSION
         if running:
             assert plan is not None
-            self._rows = self._metric_rows(plan.label, conductor.models, self.watch.reported)
+            self._rows = self._metric_rows(
+                plan.label, conductor.models, conductor.collection.metrics, self.watch.reported
+            )
             rounds = conductor.rounds_done
         else:  # before the first session, or after the last (its rounds all done)
             rounds = self._plan.rounds if self._plan is not None else 0
@@ -215,7 +217,9 @@ class LiveView:
         array), each agent's rejections and the session's bytes as the agents counted."""
         for result in conductor.results[self._results :]:
             if self._results == self._session:
-                self._metric_rows(result.label, result.models, result.models.shape[0])
+                self._metric_rows(
+                    result.label, result.models, result.metrics, result.models.shape[0]
+                )
             rounds = max(result.models.shape[0], 1)
             for agent, done in result.finished.items():
                 row = self.state.agents[agent]
@@ -255,22 +259,36 @@ class LiveView:
         self._model_per_round = sum(sent.values())
         self.state.touch()
 
-    def _metric_rows(self, label: str, models: np.ndarray, reported: int) -> int:
+    def _metric_rows(
+        self, label: str, models: np.ndarray, metrics: np.ndarray | None, reported: int
+    ) -> int:
         """The rows every member has reported since the last sample, as the page's curve:
-        MSD in dB, or the problem's test metric in %, on at most TEST_ROWS rows."""
+        MSD in dB, or the problem's test metric in %, of the centroid and the average agent
+        at the rounds with models (at most TEST_ROWS scored), and every round the agents'
+        own score (their risk in dB, or their test metric in %)."""
         curve = self.state.curve(label)
         rows = range(self._rows, reported)
         w_opt, q = self.problem.w_opt[int(label.rsplit("/", 1)[1])], self.problem.q
+        own = np.full(len(rows), np.nan)
+        if metrics is not None:
+            told = self.problem.agent_metrics(metrics[self._rows : reported])
+            own = told[self.problem.agent_series[1]]
+        held = [r for r in rows if not np.isnan(models[r, :, 0]).all()]
+        points: dict[int, tuple[float | None, float | None]] = {}
         if self.problem.classifies:
-            step = max(1, len(rows) // TEST_ROWS)
-            for r in sorted({*rows[::step][: TEST_ROWS - 1], *rows[-1:]}):
+            step = max(1, len(held) // TEST_ROWS)
+            for r in sorted({*held[::step][: TEST_ROWS - 1], *held[-1:]}):
                 scored = self.problem.scores(models[r : r + 1])
                 assert scored is not None
-                curve.add(r + 1, 100 * scored[0][0], 100 * scored[1][0])
+                points[r] = (100 * scored[0][0], 100 * scored[1][0])
         else:
-            for r in rows:
+            for r in held:
                 cen, avg = msd(models[r], w_opt, q)
-                curve.add(r + 1, db(cen), db(avg))
+                points[r] = (db(cen), db(avg))
+        for n, r in enumerate(rows):
+            mine = 100 * own[n] if self.problem.classifies else db(own[n])
+            if metrics is not None or r in points:
+                curve.add(r + 1, *points.get(r, (None, None)), mine)
         return max(self._rows, reported)
 
     def _agents(self, conductor: Conductor) -> None:

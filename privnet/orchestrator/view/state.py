@@ -145,7 +145,8 @@ class ViewState:
 
     def curve(self, label: str) -> Series:
         if label not in self.curves:
-            self.curves[label] = Series("round", "centroid", "average")
+            # centroid, average: at the rounds with models; agents: their own, every round
+            self.curves[label] = Series("round", "centroid", "average", "agents")
         return self.curves[label]
 
     def note(self, t: float, label: str, kind: str, text: str) -> None:

@@ -318,8 +318,11 @@ function makeCharts() {
   const curves = [];
   m.sessions.forEach((label, n) => {
     const stroke = COLOURS[n % COLOURS.length];
-    curves.push({ label: `${label} centroid`, stroke, width: 1.5, spanGaps: true });
-    curves.push({ label: `${label} average`, stroke, width: 1, dash: [4, 3], spanGaps: true });
+    // centroid and average: at the rounds the agents sent models (every K); agents: their
+    // own score every round (risk in dB, or the test metric on their held-out rows)
+    curves.push({ label: `${label} centroid (model rounds)`, stroke, width: 1.5, spanGaps: true });
+    curves.push({ label: `${label} average (model rounds)`, stroke, width: 1, dash: [4, 3], spanGaps: true });
+    curves.push({ label: `${label} agents' own (every round)`, stroke, width: 1, dash: [1, 2], spanGaps: true });
   });
   const unit = m.metric === "msd" ? "dB" : "%";
   charts.msd = chart("msd", curves, { axes: [{ label: "round" }, { label: unit, size: 44 }] });
@@ -335,7 +338,7 @@ function updateCharts() {
   let points = 0;
   for (const label of store.meta.sessions) {
     const s = store.series[`curve:${label}`];
-    tables.push(s ? [s.round, s.centroid, s.average] : [[], [], []]);
+    tables.push(s ? [s.round, s.centroid, s.average, s.agents] : [[], [], [], []]);
     if (s) points += s.centroid.filter((v) => v !== null).length;
   }
   charts.msd.setData(uPlot.join(tables));

@@ -1,0 +1,209 @@
+"""Telemetry that does not need every model every round (issue 29, item 3): each agent's
+own metrics every round, its true model every K rounds and the last, a model too big for
+one message in Parts; what the orchestrator makes of them, in memory and over a broker."""
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from privnet.agent import datasets, keys, problems, wire
+from privnet.agent.control import Telemetry
+from privnet.agent.losses import SCORE_ROWS, make_loss
+from privnet.agent.messages import Metrics, Part, Reason, Rejected, Report
+from privnet.agent.protocol import telemetry_context
+from privnet.agent.spec import Scheme, Strategy
+from privnet.orchestrator.cli import main
+from privnet.orchestrator.conductor.collection import Collection, model_round
+from privnet.orchestrator.curves import ROUNDS_SUFFIX, expand_models
+from privnet.orchestrator.engines.memory import Network
+from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.specs import session_plans
+
+RUN = "telemetry-unit"
+ORCHESTRATOR = keys.Identity.generate()
+
+# ---- the wire ---------------------------------------------------------------------------------
+
+
+def test_a_batch_of_reports_alone_is_the_pinned_report_batch() -> None:
+    reports = [Report(5, r, np.array([1.0, -0.0, r])) for r in (1, 2)]
+    assert wire.encode_telemetry(list(reports)) == wire.encode_reports(reports)
+
+
+def test_metrics_carry_nan_and_inf_and_parts_lie_in_the_model() -> None:
+    told = wire.metrics(2, 7, (math.inf, math.nan))
+    big = Report(2, 7, np.arange(300_000, dtype=float))
+    parts = wire.split(big)
+    assert [p.offset for p in parts] == [0, wire.part_dim(), 2 * wire.part_dim()]
+    assert all(isinstance(p, Part) for p in parts) and len(parts) == wire.part_count(300_000)
+    back = wire.decode_telemetry(wire.encode_telemetry([told, *parts[:1]]), 300_000)
+    assert isinstance(back[0], Metrics) and back[0].round == 7
+    values = wire.metric_values(back[0])
+    assert values[0] == math.inf and math.isnan(values[1])
+    assert np.array_equal(np.concatenate([p.w for p in parts]), big.w)
+    shifted = Part(2, 7, 5, np.zeros(wire.part_dim()))  # not on a part's boundary
+    with pytest.raises(Rejected) as exc:
+        wire.decode_telemetry(wire.encode_telemetry([shifted]), 300_000)
+    assert exc.value.reason is Reason.SCHEMA
+    with pytest.raises(Rejected):  # a part of a model that travels whole
+        wire.decode_telemetry(wire.encode_telemetry([Part(2, 7, 0, np.zeros(3))]), 3)
+
+
+@pytest.mark.parametrize("dim", [10, 50_000, wire.max_report_dim(), 1_000_000])
+def test_every_telemetry_message_fits_the_control_limit(dim: int) -> None:
+    items = [wire.metrics(0, r, (1.0, 2.0)) for r in range(1, 11)]
+    items += wire.split(Report(0, 10, np.ones(dim)))
+    batches = wire.pack_items(items)
+    assert [i for b in batches for i in b] == items  # in order, each once
+    sealed_overhead = 2048  # signature, seal, envelope: TELEMETRY_OVERHEAD
+    for batch in batches:
+        assert len(wire.encode_telemetry(batch)) + sealed_overhead <= wire.MAX_CONTROL_BYTES
+    assert len(batches) == (1 if dim <= 50_000 else wire.part_count(dim) + 1)  # + the metrics
+
+
+def test_the_default_k_is_one_up_to_one_message_then_the_messages_a_model_takes() -> None:
+    assert wire.default_models_every(10) == wire.default_models_every(wire.max_report_dim()) == 1
+    assert wire.default_models_every(wire.max_report_dim() + 1) == 2
+    assert wire.default_models_every(1_000_000) == 8  # 1M float64: 8 messages of 1 MiB
+
+
+# ---- the orchestrator's collection ------------------------------------------------------------
+
+
+def _sealed(agent: int, items: list, last: int) -> Telemetry:
+    context = telemetry_context(RUN, agent, 0, 0, last)
+    blob = keys.seal(ORCHESTRATOR.public.static, wire.encode_telemetry(items), context)
+    return Telemetry(agent, 0, 0, last, blob)
+
+
+def test_a_round_is_in_with_its_metrics_and_at_a_model_round_its_whole_model() -> None:
+    dim, rounds = 300_000, 4
+    collection = Collection(RUN, ORCHESTRATOR)
+    collection.new_session(rounds, 2, dim, every=2)
+    assert [model_round(r, 2, rounds) for r in (1, 2, 3, 4)] == [False, True, False, True]
+    w = np.random.default_rng(1).standard_normal(dim)
+    parts = wire.split(Report(1, 2, w))
+    told = [wire.metrics(1, r, (0.5 * r, 0.1)) for r in (1, 2)]
+    collection.telemetry(_sealed(1, told, 2), 0, dim, rounds)
+    assert collection.done[:, 1].tolist() == [True, False, False, False]  # round 2: no model
+    collection.telemetry(_sealed(1, parts[:2], 2), 0, dim, rounds)
+    assert not collection.done[1, 1] and np.isnan(collection.models[1, 1, 0])
+    with pytest.raises(Rejected) as again:  # a part twice
+        collection.telemetry(_sealed(1, parts[1:], 2), 0, dim, rounds)
+    assert again.value.reason is Reason.DUPLICATE
+    collection.telemetry(_sealed(1, parts[2:], 2), 0, dim, rounds)
+    assert collection.done[1, 1] and collection.counts.tolist() == [0, 2]
+    assert np.array_equal(collection.models[1, 1], w)
+    assert collection.metrics[:2, 1, 0].tolist() == [0.5, 1.0]
+    with pytest.raises(Rejected) as late:  # past its view's end
+        collection.telemetry(_sealed(1, [wire.metrics(1, 3, (0.0, 0.0))], 3), 0, dim, 2)
+    assert late.value.reason is Reason.STALE_VIEW
+    collection.redo(2)
+    assert collection.counts.tolist() == [0, 1] and np.isnan(collection.models[1, 1, 0])
+
+
+def test_a_sparse_session_is_made_whole_with_nan_between_its_model_rounds() -> None:
+    held = {"a/b/0": np.ones((2, 3, 4)), "a/b/0" + ROUNDS_SUFFIX: np.array([3, 6])}
+    whole = expand_models(held)["a/b/0"]
+    assert whole.shape == (6, 3, 4)
+    assert np.isnan(whole[[0, 1, 3, 4], :, 0]).all() and (whole[[2, 5]] == 1).all()
+
+
+# ---- the agents' own metrics ------------------------------------------------------------------
+
+
+def test_an_agent_scores_its_minibatch_and_its_held_out_rows() -> None:
+    config = ExperimentConfig(agents=3, iters=5, problem="logistic", dataset="breast-cancer")
+    problem = Problem.build(config)
+    share = problem.specs(0)[1]
+    loss = make_loss(share)
+    w = np.random.default_rng(2).standard_normal(problem.config.dim) * 0.1
+    minibatch, score = loss.metrics(w, 3)
+    assert minibatch == pytest.approx(float(loss.risk.value(w[None], None)[0]))  # full batch
+    held_out = min(SCORE_ROWS, len(datasets.load("breast-cancer").y_test))
+    assert 0.0 <= score <= 1.0 and abs(score * held_out - round(score * held_out)) < 1e-9
+    regression = Problem.build(ExperimentConfig(agents=3, iters=5, batch=4))
+    local = make_loss(regression.specs(0)[0])
+    v = np.ones(regression.config.dim)
+    batch_loss, risk = local.metrics(v, 2)
+    rows = problems.minibatch(local.batch, local.batch_key, local.samples, 2)
+    assert rows is not None
+    assert batch_loss == pytest.approx(float(local.risk.value(v[None], rows)[0]))
+    assert risk == pytest.approx(float(local.risk.value(v[None], None)[0]))
+    assert batch_loss != risk
+
+
+# ---- memory engine: models every K, metrics every round ---------------------------------------
+
+
+def test_models_every_k_are_the_every_round_models_at_those_rounds() -> None:
+    problem = Problem.build(ExperimentConfig(agents=6, iters=11, seed=3))
+    plans = session_plans(problem, [(Strategy.ATC, Scheme.LOCAL_GHP, 0)])
+    (every,) = Network.build(plans).play()
+    (sparse,) = Network.build(plans, models_every=4).play()
+    assert every.models_every == 1 and sparse.models_every == 4
+    held = [r - 1 for r in range(1, 12) if r % 4 == 0 or r == 11]
+    assert held == [3, 7, 10]
+    assert np.array_equal(sparse.models[held], every.models[held])
+    others = [r for r in range(11) if r not in held]
+    assert np.isnan(sparse.models[others]).all()
+    assert every.metrics is not None and sparse.metrics is not None
+    assert np.array_equal(sparse.metrics, every.metrics) and not np.isnan(every.metrics).any()
+    assert sparse.missed == {} and every.missed == {}
+
+
+# ---- over a real broker -----------------------------------------------------------------------
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.mark.net
+def test_a_run_sends_metrics_every_round_and_models_every_k(
+    needs_mosquitto: None, tmp_path: Path
+) -> None:
+    flags = ["--agents", "6", "--iters", "14", "--seed", "9", "--strategy", "atc"]
+    flags += ["--scheme", "none,local-ghp"]
+    net, memory = tmp_path / "net", tmp_path / "memory"
+    argv = ["run", *flags, "--models-every", "5", "--broker", "mosquitto", "--out", str(net)]
+    assert main(argv) == 0
+    assert main(["simulate", "--engine", "memory", *flags, "--out", str(memory)]) == 0
+    ran, replayed = _rows(net / "metrics.csv"), _rows(memory / "metrics.csv")
+    assert len(ran) == len(replayed) == 2 * 14
+    held = {5, 10, 14}
+    for a, b in zip(ran, replayed, strict=True):
+        assert (a["scheme"], a["iter"]) == (b["scheme"], b["iter"])
+        for name in ("loss_agents", "risk_agents"):  # every round, the same as in memory
+            assert float(a[name]) == pytest.approx(float(b[name]), rel=1e-12), name
+        if int(a["iter"]) in held:
+            assert float(a["msd_centroid"]) == pytest.approx(float(b["msd_centroid"]), rel=1e-9)
+        else:
+            assert math.isnan(float(a["msd_centroid"])) and math.isnan(float(a["msd_avg"]))
+    with np.load(net / "models.npz") as saved:
+        models = expand_models({k: saved[k] for k in saved.files})
+        assert saved[f"atc/local-ghp/0{ROUNDS_SUFFIX}"].tolist() == sorted(held)
+    import privnet
+
+    exp = privnet.Experiment(agents=6, iters=14, seed=9, strategies="atc", schemes="none,local-ghp")
+    truth = privnet.simulate(exp, "memory").models
+    for label, whole in models.items():
+        rounds = [r - 1 for r in sorted(held)]
+        np.testing.assert_array_equal(whole[rounds], truth[label][rounds], err_msg=label)
+    result = privnet.Result.load(net)
+    assert {"loss_agents", "risk_agents", "msd_centroid"} <= set(result.names)
+
+
+def test_a_k_below_one_is_refused_naming_the_flag() -> None:
+    import privnet
+    from privnet.agent.spec import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--models-every \(models_every\) must be >= 1"):
+        privnet.Experiment(agents=3, iters=4, models_every=0)
+    with pytest.raises(SystemExit):
+        main(["run", "--agents", "3", "--models-every", "0"])
