@@ -164,6 +164,10 @@ class AgentSpec:
     w0: tuple[float, ...] = field(default=())  # initial model; zeros when empty
     view: Count = 0  # the membership view these weights are for (DESIGN: Membership and faults)
     start: Positive = 1  # the first round this spec runs: a later view redoes from here
+    # Issue 34: this agent's attack, NAME[:PARAMS] (privnet.agent.attacks; "": honest), and
+    # the defense its hub runs (privnet.agent.defenses; "": none). Parsed by the core.
+    attack: str = ""
+    defense: str = ""
 
     def __post_init__(self) -> None:
         # The core compares with `is`: a plain "local-ghp" string would silently run ghp.
