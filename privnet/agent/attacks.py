@@ -175,7 +175,8 @@ def normals(key: tuple[int, int], step: int, round_: int, agents: int, dim: int)
     attacker's own key in a domain of its own: the same in every engine."""
     raw = rng.raw_row(key, rng.Domain.ATTACK, step, round_, 2 * agents * dim)
     u = rng.uniforms(raw).reshape(2, agents, dim)
-    return np.sqrt(-2.0 * np.log(u[0])) * np.cos(2.0 * np.pi * u[1])  # Box-Muller
+    z: np.ndarray = np.sqrt(-2.0 * np.log(u[0])) * np.cos(2.0 * np.pi * u[1])  # Box-Muller
+    return z
 
 
 def flips(text: str) -> bool:
