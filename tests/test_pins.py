@@ -90,7 +90,7 @@ def test_control_frames_and_blobs_are_the_pinned_bytes() -> None:
         "07292ca8ce7343d00ebdf20c556b4b17788b350d9cb86a93f39fd5ce004dc62c"
     )
     assert digest(wire.encode_config(test_wire.config())) == (
-        "3fca29c5e4cc64f53fb31a1a4c22055c082cd0a3c0f56a31071477a80c13836c"
+        "b30640d15b1c3933ee12569a306800923e1909a6329b18a22e4f1b4d986d15f1"
     )
     reports = wire.encode_reports([Report(5, 3, np.array([1.0, -0.0]))])
     assert digest(reports) == "8d989ae6d75a815d176b5a1bc9434cb75575c07f4fc4317b295d3e0eb9b33e5b"

@@ -6,10 +6,12 @@ neighbours' messages only as its scheme lets it see them: what it received at th
 step of the last round (`Seen`). Under `none` those are models; under `random` and `ghp`
 models plus Laplace noise; under `local-ghp` and `masked-ghp` each message is masked, and
 only the hub's weighted sum is exact. So under the masked schemes ALIE and IPM take their
-mean from the attacker's own hub sum (exact: the masks cancel there) while ALIE's spread,
-read from the masked messages, is the masks' spread, far wider than the models': the
-attack is louder, not better informed. Label flipping changes the agent's data, not its
-messages (`flips_labels`, applied where the agent builds its loss).
+mean from the attacker's own hub sum (exact: the masks cancel there, less its own term,
+which it knows); the messages' spread is the masks' (noise from the pairs' secrets, which
+says nothing of the models), so ALIE takes its spread from the one deviation it does
+know, its own model's from that mean; dissensus, which needs each receiver's model, has
+none to use and sends the mean (harmless). Label flipping changes the agent's data, not
+its messages (`flips_labels`, applied where the agent builds its loss).
 
 Written as `NAME[:KEY=VALUE,...]`, e.g. `sign-flip`, `alie:z=1.5`, `gaussian:sigma=2`.
 """
@@ -104,9 +106,9 @@ def parse(text: str) -> Attack:
 class Seen:
     """What an attacker saw at one step of the last round, as its scheme let it see it."""
 
-    messages: dict[int, np.ndarray]  # each neighbour's message as it arrived
+    messages: dict[int, np.ndarray]  # each neighbour's message as it arrived (none if masked)
     mean: np.ndarray  # its estimate of the neighbours' weighted mean model
-    spread: np.ndarray  # coordinate-wise std of the messages as they arrived
+    spread: np.ndarray  # coordinate-wise std of the messages (masked: |own - mean|)
 
 
 def observe(
@@ -114,22 +116,23 @@ def observe(
     inbox: Mapping[int, np.ndarray],
     me: int,
     combined: np.ndarray,
-    masked: bool,
+    own: np.ndarray | None = None,
 ) -> Seen | None:
     """The attacker's view of one combine it ran as a hub: `combined` is its own sum
-    (exact under every scheme). Unmasked, the mean is the weighted mean of the messages;
-    masked, the messages hide the models, so it is the hub sum less its own term."""
+    (exact under every scheme). Unmasked (`own` None), the mean is the weighted mean of the
+    messages; masked, the messages hide the models, so it is the hub sum less its own term
+    `own` (its release to itself, before masks), and the spread |own - mean|."""
     others = [m for m in weights if m != me]
     if not others:
         return None
     messages = {m: inbox[m] for m in others}
     stacked = np.array([messages[m] for m in others])
     rest = 1.0 - weights[me]
-    if masked:
-        mean = (combined - weights[me] * inbox[me]) / rest
-    else:
-        mean = np.array([weights[m] for m in others]) @ stacked / rest
-    return Seen(messages, np.asarray(mean), stacked.std(axis=0))
+    if own is not None:
+        mean = (combined - weights[me] * own) / rest
+        return Seen({}, mean, np.abs(own - mean))
+    mean = np.array([weights[m] for m in others]) @ stacked / rest
+    return Seen(messages, mean, stacked.std(axis=0))
 
 
 def craft(

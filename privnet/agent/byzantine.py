@@ -24,6 +24,7 @@ class Attacker:
     attack: attacks.Attack
     spec: AgentSpec
     seen: dict[int, attacks.Seen] = field(default_factory=dict)  # step -> last round's view
+    own: dict[int, np.ndarray] = field(default_factory=dict)  # step -> its release to itself
 
     @classmethod
     def of(cls, spec: AgentSpec) -> Attacker | None:
@@ -41,7 +42,10 @@ class Attacker:
     ) -> None:
         """Note a combine this agent ran as a hub (what its scheme let it see)."""
         spec = self.spec
-        view = attacks.observe(plan.weights_in, inbox, spec.agent, combined, spec.scheme.masked)
+        own = self.own.get(plan.step) if spec.scheme.masked else None
+        if spec.scheme.masked and own is None:
+            return
+        view = attacks.observe(plan.weights_in, inbox, spec.agent, combined, own)
         if view is not None:
             self.seen[plan.step] = view
 
@@ -56,6 +60,14 @@ class Attacker:
             self.attack, value, self.seen.get(plan.step), plan.weights_out, me, normals
         )
         crafted[me] = value
+        released = self._release(plan, crafted, round_)
+        self.own[plan.step] = released[me]
+        return released
+
+    def _release(
+        self, plan: StepPlan, crafted: dict[int, np.ndarray], round_: int
+    ) -> dict[int, np.ndarray]:
+        spec, me = self.spec, self.spec.agent
         if spec.scheme in (Scheme.NONE, Scheme.LOCAL_GHP):
             return {k: np.array(crafted[k]) for k in plan.weights_out}
         width = spec.agents * spec.dim
