@@ -168,7 +168,10 @@ def test_crafted_messages() -> None:
     out = {0: 0.5, 1: 0.25, 2: 0.25}
     craft = attacks.craft
     assert np.array_equal(craft(attacks.parse("sign-flip"), x, seen, out, 0)[1], -x)
-    assert np.array_equal(craft(attacks.parse("large-norm"), x, seen, out, 0)[2], 100 * x)
+    assert np.allclose(craft(attacks.parse("large-norm"), x, seen, out, 0)[2], 100 * x / 5**0.5)
+    assert np.linalg.norm(craft(attacks.parse("sign-flip:scale=1e9"), x, seen, out, 0)[1]) == (
+        pytest.approx(attacks.CAP)
+    )
     alie = craft(attacks.parse("alie:z=2"), x, seen, out, 0)
     assert np.array_equal(alie[1], [2.0 - 2 * 1.0, 1.0]) and alie.keys() == {1, 2}
     assert np.array_equal(craft(attacks.parse("ipm"), x, seen, out, 0)[2], [-1.0, -0.5])

@@ -13,6 +13,10 @@ know, its own model's from that mean; dissensus, which needs each receiver's mod
 none to use and sends the mean (harmless). Label flipping changes the agent's data, not
 its messages (`flips_labels`, applied where the agent builds its loss).
 
+Every crafted message is kept within norm CAP: the wire refuses a non-finite model, and
+an attack whose messages are refused (or that makes its own model overflow through its
+neighbours) is no attack, just a crash the deadline handles.
+
 Written as `NAME[:KEY=VALUE,...]`, e.g. `sign-flip`, `alie:z=1.5`, `gaussian:sigma=2`.
 """
 
@@ -27,10 +31,12 @@ import numpy as np
 from privnet.agent import rng
 from privnet.agent.spec import ConfigError
 
+CAP = 1e4  # the largest norm of a crafted message
+
 
 class Kind(StrEnum):
     SIGN_FLIP = "sign-flip"  # -scale * x (Blanchard et al. 2017's classic)
-    LARGE_NORM = "large-norm"  # scale * x: a model blown up
+    LARGE_NORM = "large-norm"  # a model of norm `norm` in x's direction
     GAUSSIAN = "gaussian"  # x + N(0, sigma^2 I), a draw per round, step and receiver
     ALIE = "alie"  # mean - z * spread, coordinate-wise (Baruch et al. 2019)
     IPM = "ipm"  # -eps * mean (inner-product manipulation, Xie et al. 2020)
@@ -41,7 +47,7 @@ class Kind(StrEnum):
 # Each attack's parameters and their defaults (the only ones it takes).
 DEFAULTS: dict[Kind, dict[str, float]] = {
     Kind.SIGN_FLIP: {"scale": 1.0},
-    Kind.LARGE_NORM: {"scale": 100.0},
+    Kind.LARGE_NORM: {"norm": 100.0},
     Kind.GAUSSIAN: {"sigma": 10.0},
     Kind.ALIE: {"z": 1.0},
     Kind.IPM: {"eps": 0.5},
@@ -144,15 +150,33 @@ def craft(
     noise: np.ndarray | None = None,
 ) -> dict[int, np.ndarray]:
     """What the attacker releases to every out-neighbour k (its scheme then privatizes it),
-    given its own value x and what it saw. Before it has seen anything (round 1), ALIE, IPM
-    and dissensus send x. `noise` is (agents, dim) standard normals, row k for receiver k
-    (Gaussian only)."""
+    given its own value x and what it saw, each within norm CAP. Before it has seen anything
+    (round 1), ALIE, IPM and dissensus send x. `noise` is (agents, dim) standard normals,
+    row k for receiver k (Gaussian only)."""
+    out = _craft(attack, x, seen, weights_out, me, noise)
+    for k, v in out.items():
+        norm = float(np.linalg.norm(v))
+        if not norm <= CAP:  # NaN too
+            out[k] = v * (CAP / norm) if np.isfinite(norm) else np.zeros_like(x)
+    return out
+
+
+def _craft(
+    attack: Attack,
+    x: np.ndarray,
+    seen: Seen | None,
+    weights_out: Mapping[int, float],
+    me: int,
+    noise: np.ndarray | None = None,
+) -> dict[int, np.ndarray]:
     targets = [k for k in weights_out if k != me]
     kind = attack.kind
     if kind is Kind.SIGN_FLIP:
         return {k: -attack["scale"] * x for k in targets}
     if kind is Kind.LARGE_NORM:
-        return {k: attack["scale"] * x for k in targets}
+        norm = float(np.linalg.norm(x))
+        direction = x / norm if norm > 0 else np.ones_like(x) / np.sqrt(len(x))
+        return {k: attack["norm"] * direction for k in targets}
     if kind is Kind.GAUSSIAN:
         if noise is None:
             raise ValueError("the gaussian attack needs its noise rows")
