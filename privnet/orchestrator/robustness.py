@@ -81,6 +81,8 @@ def robustness(
         if not lanes:
             continue
         config = replace(base, strategies=(Strategy.ATC,), schemes=lanes, defense=defense)
+        if progress is not None:
+            progress(f"{defense} without attackers")
         clean = _measure(replace(config, byzantine=""), lanes)
         for s in lanes:
             cells.append(
