@@ -3,6 +3,8 @@ combines with, their parsing and refusals, and both inside the memory engine's r
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -234,3 +236,22 @@ def test_the_oracle_refuses_byzantine_runs() -> None:
     exp = privnet.Experiment(agents=5, iters=3, byzantine="1:ipm")
     with pytest.raises(ConfigError, match="--engine memory"):
         privnet.simulate(exp, "oracle")
+
+
+def test_the_robustness_table_measures_every_cell_it_can(tmp_path: Path) -> None:
+    from privnet.orchestrator import robustness as table
+
+    base = ExperimentConfig(iters=6, seed=2)
+    cells = table.robustness(
+        base, ["sign-flip"], [Scheme.NONE, Scheme.LOCAL_GHP], ["clip", "clip-step"], [1]
+    )
+    # clip: none only (refused under local-ghp); clip-step: both; each clean + attacked
+    assert [(c.defense, c.scheme, c.attackers) for c in cells] == [
+        ("clip", "none", 0), ("clip", "none", 1),
+        ("clip-step", "none", 0), ("clip-step", "local-ghp", 0),
+        ("clip-step", "none", 1), ("clip-step", "local-ghp", 1),
+    ]  # fmt: skip
+    assert all(np.isfinite(c.honest_db) and c.runs == 1 for c in cells)
+    table.write(cells, base, tmp_path)
+    text = (tmp_path / "robustness.md").read_text()
+    assert "| sign-flip | 1 | clip | " in text and "n/a (refused)" in text
