@@ -30,6 +30,8 @@ Written as `NAME[:KEY=VALUE,...]`, e.g. `clip`, `clip:tau=0.5`, `trim:b=1`, `cli
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -78,20 +80,18 @@ def clipped_gossip(
     """sum_m a_mp z_m with z_m = center + clip(y_m - center, tau) for every neighbour and
     the hub's own term as it is (under ghp it carries the self-term noise that cancels)."""
     others = [m for m in weights if m != me]
-    if tau <= 0:
-        tau = _adaptive_radius([float(np.linalg.norm(inbox[m] - center)) for m in others], b)
     total = weights[me] * inbox[me]
-    for m in others:
-        total = total + weights[m] * (center + clip(inbox[m] - center, tau))
-    return np.asarray(total)
-
-
-def _adaptive_radius(distances: list[float], b: int) -> float:
-    """The distance of the (b+1)-th farthest neighbour (the nearest one's with fewer)."""
-    if not distances:
-        return 0.0
-    ranked = sorted(distances, reverse=True)
-    return ranked[min(b, len(ranked) - 1)]
+    if not others:
+        return np.asarray(total)
+    diffs = np.array([inbox[m] for m in others]) - center  # (n, dim), one array op each
+    norms = np.sqrt(np.einsum("ij,ij->i", diffs, diffs))
+    if tau <= 0:  # the (b+1)-th farthest neighbour's distance (the nearest's with fewer)
+        tau = float(np.sort(norms)[::-1][min(b, len(norms) - 1)])
+    scale = np.ones_like(norms)
+    far = norms > tau
+    scale[far] = tau / norms[far]
+    a = np.array([weights[m] for m in others])
+    return np.asarray(total + a.sum() * center + (a * scale) @ diffs)
 
 
 def trimmed(
@@ -129,12 +129,14 @@ class StepClipper:
         step = total - center
         tau = self.tau
         if tau <= 0:  # adaptive: the median of the window, once it is full
-            tau = float(np.median(self.norms)) if len(self.norms) >= self.window else np.inf
-        out = center + clip(step, tau)
-        self.norms.append(float(np.linalg.norm(out - center)))
+            tau = statistics.median(self.norms) if len(self.norms) >= self.window else math.inf
+        norm = math.sqrt(float(step @ step))
+        self.norms.append(min(norm, tau))  # the step taken
         if len(self.norms) > self.window:
             self.norms.popleft()
-        return np.asarray(out)
+        if norm <= tau:
+            return total
+        return np.asarray(center + step * (tau / norm))
 
 
 @dataclass(frozen=True)
