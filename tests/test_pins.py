@@ -90,9 +90,9 @@ def test_control_frames_and_blobs_are_the_pinned_bytes() -> None:
         "07292ca8ce7343d00ebdf20c556b4b17788b350d9cb86a93f39fd5ce004dc62c"
     )
     assert digest(wire.encode_config(test_wire.config())) == (
-        # a Config carries spec.schedule (issue 31: None for a static topology) and
-        # models_every (issue 29)
-        "794403b672717e90138505d2bb9476106305dea744e78034e35baec5ec58d241"
+        # a Config carries spec.schedule (issue 31: None for a static topology),
+        # models_every (issue 29) and spec.attack and spec.defense (issue 34)
+        "b5ab4d5881ad75c542e38bfdf3d5b0a99fed1c2a0137f21eeb01269130babb87"
     )
     reports = wire.encode_reports([Report(5, 3, np.array([1.0, -0.0]))])
     assert digest(reports) == "8d989ae6d75a815d176b5a1bc9434cb75575c07f4fc4317b295d3e0eb9b33e5b"

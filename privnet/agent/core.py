@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from privnet.agent import keys, rng, schedule
+from privnet.agent import defenses, keys, rng, schedule
+from privnet.agent.byzantine import Attacker
 from privnet.agent.losses import Loss
 from privnet.agent.messages import KeyPlan, KeyShare, Message, Model, Reason, Rejected, Report
 from privnet.agent.seats import Seat, StepMasks, round_masks, split_senders, union_seats
@@ -31,16 +32,6 @@ class Counters:
 
     agreements: int = 0  # Diffie-Hellman agreements computed
     relayed: int = 0  # key shares forwarded as a hub
-
-
-def _weighted_sum(weights: Mapping[int, float], vectors: Mapping[int, np.ndarray]) -> np.ndarray:
-    """sum_m a_m v_m in the weights' order, as `sum` would add them (without its int 0
-    start, so the result is always an array); `weights` is never empty (p is in N_p)."""
-    (first, a), *rest = weights.items()
-    total = a * vectors[first]
-    for m, b in rest:
-        total = total + b * vectors[m]
-    return total
 
 
 class AgentCore:
@@ -85,6 +76,9 @@ class AgentCore:
         self._relayed: set[tuple[int, int, int, int]] = set()  # (owner, partner, step, epoch)
         self._round_plans: dict[int, schedule.Plans] = {}  # a schedule's: this round, next
         self._streams: dict[tuple[int, int, int, int], keys.PairStream] = {}  # a schedule's
+        # issue 34: the hub's defense, and what this agent sends if it is Byzantine
+        self.defense = defenses.Combiner(defenses.parse(spec.defense, spec.scheme), self.me)
+        self.attacker = Attacker.of(spec)
 
     # ---- public API -------------------------------------------------------------------
 
@@ -227,7 +221,7 @@ class AgentCore:
         if not self.spec.scheme.masked:
             return released
         masks, rows = self._masks(plan)
-        if self.spec.scheme is Scheme.LOCAL_GHP:  # one release for every target: broadcast
+        if self.spec.scheme is Scheme.LOCAL_GHP and self.attacker is None:  # broadcast
             vectors = self.value
         else:  # np.array: np.stack costs several times more at this size
             vectors = np.array([released[k] for k in masks.targets])
@@ -241,6 +235,8 @@ class AgentCore:
         one draw g per sender, -(1 - a_pp)/a_pp g on the self-term)."""
         x, me, spec = self.value, self.me, self.spec
         targets = list(plan.weights_out)
+        if self.attacker is not None:
+            return self.attacker.release(plan, x, self.round)
         if spec.scheme is Scheme.NONE:
             return {k: x.copy() for k in targets}
         if spec.scheme is Scheme.LOCAL_GHP:  # masked before it is sent: no copies
@@ -260,14 +256,19 @@ class AgentCore:
     def _combine(self, plan: StepPlan, inbox: Mapping[int, np.ndarray]) -> np.ndarray:
         """sum_m a_mp (what m sent); masked schemes take each term on the lattice, where
         the pair masks cancel exactly (rng.on_lattice)."""
-        if not self.spec.scheme.masked:
-            return _weighted_sum(plan.weights_in, inbox)
-        a = self._weights_in.get(plan.step)
-        if a is None or self.spec.schedule is not None:  # a schedule's weights change
-            a = self._weights_in[plan.step] = np.array([*plan.weights_in.values()])[:, None]
-        stacked = np.array([inbox[m] for m in plan.weights_in])
-        total: np.ndarray = rng.on_lattice(stacked, a, self._grid).sum(axis=0)
-        return total
+        if self.defense.sees_messages:  # issue 34: clip or trim each neighbour's message
+            total = self.defense.combine(plan.weights_in, inbox, self.value)
+        elif not self.spec.scheme.masked:
+            total = defenses.weighted_sum(plan.weights_in, inbox)
+        else:
+            a = self._weights_in.get(plan.step)
+            if a is None or self.spec.schedule is not None:  # a schedule's weights change
+                a = self._weights_in[plan.step] = np.array([*plan.weights_in.values()])[:, None]
+            stacked = np.array([inbox[m] for m in plan.weights_in])
+            total = rng.on_lattice(stacked, a, self._grid).sum(axis=0)
+        if self.attacker is not None:
+            self.attacker.saw(plan, inbox, total)
+        return self.defense.bound(total, self.value, plan.step)
 
     # ---- masked schemes: seats, key shares, masks -----------------------------------------
 

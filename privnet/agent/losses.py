@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from privnet.agent import problems
+from privnet.agent import attacks, problems
 from privnet.agent.spec import ConfigError
 
 NEWTON_TOL = 1e-12
@@ -217,9 +217,10 @@ class Local:
         return loss, loss if rows is None else float(value(w[None], None)[0])
 
 
-def make_loss(share: problems.Share) -> Local:
+def make_loss(share: problems.Share, flip_labels: bool = False) -> Local:
     """The local risk an agent's Share describes (the one factory every engine uses):
-    its problem, built from the Share's parameters, on the samples the Share draws."""
+    its problem, built from the Share's parameters, on the samples the Share draws
+    (`flip_labels`: a Byzantine agent's label flipping, privnet.agent.attacks)."""
     problem = problems.make(share.problem, share.params)
     features, classes = problems.shape(share.data)
     dim = problem.dim(features, classes)
@@ -229,6 +230,8 @@ def make_loss(share: problems.Share) -> Local:
             f"says {share.dim}: the orchestrator and the agent run different code"
         )
     x, y = problems.samples(share.data, share.data_key)
+    if flip_labels:
+        y = attacks.flip_labels(y, classes)
     initial = getattr(problem, "initial", None)
     start = None if initial is None else functools.partial(initial, features, classes)
     risk = problem.risk(x, y, classes)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from privnet.agent import control, keys, topics, wire
+from privnet.agent import attacks, control, keys, topics, wire
 from privnet.agent.core import AgentCore
 from privnet.agent.links import Links
 from privnet.agent.losses import make_loss
@@ -330,7 +330,7 @@ class AgentNode:
         opened = open_setup(setup, self.identity, self.run)
         config = opened.config
         try:
-            loss = make_loss(config.problem)
+            loss = make_loss(config.problem, attacks.flips(config.spec.attack))
         except ConfigError as exc:  # a problem or dataset this agent cannot build
             return self._fail(f"agent {self.me}: {exc}")
         number, spec = setup.session, config.spec

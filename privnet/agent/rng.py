@@ -24,6 +24,7 @@ class Domain(IntEnum):
 
     NOISE = 1  # `random` (off-diagonal) and `ghp` (diagonal) perturbations
     BATCH = 2  # minibatch sample indices
+    ATTACK = 3  # a Byzantine agent's own draws (privnet.agent.attacks)
 
 
 def _padded(width: int) -> int:

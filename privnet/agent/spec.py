@@ -206,6 +206,10 @@ class AgentSpec:
     # A time-varying topology: round i's plans come from it, and `steps` is then the union
     # of the view's rounds (whom this agent may meet: links and keys), its weights unused.
     schedule: Schedule | None = None
+    # Issue 34: this agent's attack, NAME[:PARAMS] (privnet.agent.attacks; "": honest), and
+    # the defense its hub runs (privnet.agent.defenses; "": none). Parsed by the core.
+    attack: str = ""
+    defense: str = ""
 
     def __post_init__(self) -> None:
         # The core compares with `is`: a plain "local-ghp" string would silently run ghp.

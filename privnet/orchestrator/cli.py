@@ -16,6 +16,7 @@ from typing import Any
 from privnet.agent.spec import Scheme, Strategy
 from privnet.broker.launcher import LOCAL_KINDS
 from privnet.orchestrator.api import VERSION
+from privnet.orchestrator.commands import robust
 from privnet.orchestrator.commands.experiment import experiment_flags
 from privnet.orchestrator.commands.hosts import lab, nothing, prepare, prepare_config, site
 from privnet.orchestrator.commands.measure import (
@@ -371,6 +372,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--image", help="--runtime docker: the agents' image (as for run)")
     p.set_defaults(func=partial(overhead, main), configure=overhead_config)
+
+    p = sub.add_parser(
+        "robustness", help="what Byzantine agents do to the honest ones, attack x scheme x defense"
+    )
+    robust.flags(p)
+    p.set_defaults(func=robust.robustness, configure=robust.robustness_config)
 
     p = sub.add_parser("bench", help="rounds/s against the transport ceiling, in one sitting")
     p.add_argument(

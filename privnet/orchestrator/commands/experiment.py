@@ -74,6 +74,20 @@ def experiment_flags(parser: argparse.ArgumentParser) -> None:
         help="seal every peer frame end to end (default on); off: the paper's visible wire",
     )
     parser.add_argument(
+        "--byzantine",
+        metavar="IDS:ATTACK",
+        help="Byzantine agents and their attack, e.g. 3,7:sign-flip or 0-2:alie:z=1.5 "
+        "(groups ;-separated): sign-flip, large-norm, gaussian, alie, ipm, dissensus, "
+        "label-flip; their models are left out of the metrics (reported apart)",
+    )
+    parser.add_argument(
+        "--defense",
+        metavar="NAME[:PARAMS]",
+        help="what every honest hub runs: none (default); clip (ClippedGossip) or trim "
+        "(coordinate-wise trimmed mean) under none/random/ghp; clip-step (bounds the hub's "
+        "own step) under every scheme, e.g. clip:b=2, trim:b=1, clip-step:tau=0.1",
+    )
+    parser.add_argument(
         "--seed",
         type=seed_or_random,
         help="data, graph and noise seed; `random` (or empty): a fresh one (`privnet run`: "
@@ -112,6 +126,8 @@ OVERRIDES = (
     "rekey",
     "seed",
     "seal_links",
+    "byzantine",
+    "defense",
 )
 
 

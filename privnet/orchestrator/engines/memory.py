@@ -272,12 +272,18 @@ def curve_of(
     extra: dict | None = None,
     metrics: list[np.ndarray | None] | None = None,
 ) -> Curve:
-    """MSD (and testing errors, for classification) over repeats of models (T, P, M): NaN
-    at rounds without models (--models-every); with `metrics` (T, P, 2) per repeat, the
-    agents' own every round (`Problem.agent_series`)."""
+    """MSD (and testing errors, for classification) over repeats of models (T, P, M), of
+    the honest agents: NaN at rounds without models (--models-every); Byzantine agents'
+    rows are left out (as absent agents are) and their own average MSD is reported apart,
+    in `extra` (issue 34); with `metrics` (T, P, 2) per repeat, the agents' own every round
+    (`Problem.agent_series`)."""
     cent = np.zeros((len(runs), problem.config.iters))
     avg = np.zeros_like(cent)
     scored = np.zeros((2, *cent.shape))
+    byzantine = sorted(problem.config.attackers())
+    if byzantine:
+        extra = {**(extra or {}), "byzantine": byzantine, **_attackers_msd(problem, runs)}
+        runs = [_honest(models, byzantine) for models in runs]
     for r, models in enumerate(runs):
         for i, w in enumerate(models):
             cent[r, i], avg[r, i] = msd(w, problem.w_opt[r], problem.q)
@@ -290,6 +296,24 @@ def curve_of(
         for name in problem.agent_series:
             series[name] = np.stack([a[name] for a in agents])
     return Curve(strategy, scheme, cent, avg, rounds_per_s, extra or {}, series)
+
+
+def _honest(models: np.ndarray, byzantine: list[int]) -> np.ndarray:
+    """Models (T, P, M) with the Byzantine agents' rows NaN (msd leaves them out)."""
+    honest = np.array(models, dtype=np.float64)
+    honest[:, byzantine] = np.nan
+    return honest
+
+
+def _attackers_msd(problem: Problem, runs: list[np.ndarray]) -> dict[str, Any]:
+    """The Byzantine agents' own average MSD over the last tenth of the rounds, in dB."""
+    byzantine = sorted(problem.config.attackers())
+    tail = max(1, problem.config.iters // 10)
+    values = [
+        np.nanmean(np.sum((models[-tail:, byzantine] - problem.w_opt[r]) ** 2, axis=-1))
+        for r, models in enumerate(runs)
+    ]
+    return {"byzantine_msd_avg_db": float(10 * np.log10(np.mean(values)))}
 
 
 def results_curve(

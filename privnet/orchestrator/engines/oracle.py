@@ -20,7 +20,7 @@ import numpy as np
 
 from privnet.agent import rng
 from privnet.agent import schedule as expand
-from privnet.agent.spec import STRATEGY_STEP, Scheme, Strategy
+from privnet.agent.spec import STRATEGY_STEP, ConfigError, Scheme, Strategy
 from privnet.orchestrator.curves import Curve
 from privnet.orchestrator.experiment import data, seeds, topology
 from privnet.orchestrator.experiment.config import parse_choices
@@ -45,6 +45,12 @@ def run_oracle(
     P, M), by its label (`atc/none/0`), as the memory engine gives them.
     """
     config = problem.config
+    if config.byzantine.strip() or config.defense.strip() not in ("", "none"):
+        raise ConfigError(
+            "the oracle runs the paper's linear recursion, without Byzantine agents or "
+            "defenses (issue 34): run them on the agents' own cores, --engine memory "
+            "(engine='memory'), which privnet run equals"
+        )
     strategies = parse_choices(config.strategies if strategies is None else strategies, Strategy)
     schemes = parse_choices(config.schemes if schemes is None else schemes, Scheme)
     lanes = tuple(schemes)

@@ -12,7 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
-from privnet.agent import datasets, plugins, problems
+from privnet.agent import attacks, datasets, defenses, plugins, problems
 from privnet.agent.spec import ConfigError, Rekey, Scheme, Strategy
 from privnet.orchestrator.experiment import partition
 
@@ -51,6 +51,10 @@ class ExperimentConfig:
     )
     feature_noise: float = 0.5  # datasets: agent p's feature noise std ~ U[0, this]
     seal_links: bool = True  # peer frames sealed end to end (False: the paper's visible wire)
+    # Issue 34: Byzantine agents, IDS:ATTACK[:PARAMS] groups `;`-separated (privnet.agent.
+    # attacks), and the defense every honest hub runs, NAME[:PARAMS] (privnet.agent.defenses)
+    byzantine: str = ""
+    defense: str = "none"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -87,6 +91,9 @@ class ExperimentConfig:
             datasets.check_name(self.dataset)
         partition.check(self.partition)
         problems.params(self.params)  # numbers, strings, booleans and lists only
+        self.attackers()
+        for scheme in self.schemes:
+            defenses.parse(self.defense, scheme)
         need, have = self.footprint(), _memory()
         if have is not None and need > have:
             raise ConfigError(
@@ -120,6 +127,13 @@ class ExperimentConfig:
             + self.iters * self.agents * self.dim
         )
         return 8 * floats
+
+    def attackers(self) -> dict[int, attacks.Attack]:
+        """The Byzantine agents and their attacks (ConfigError for a bad `byzantine`)."""
+        found = attacks.parse_byzantine(self.byzantine, self.agents)
+        if len(found) >= self.agents:
+            raise ConfigError(f"byzantine {self.byzantine!r}: leave at least one agent honest")
+        return found
 
     @property
     def sigma_g(self) -> float:

@@ -48,6 +48,8 @@ def agent_specs(
     )
     noise_keys = seeds.keys(c.seed, seeds.Purpose.NOISE, repeat, c.agents)
     w0 = problem.w0
+    attackers = {p: str(attack) for p, attack in c.attackers().items()}
+    defense = "" if c.defense.strip() in ("", "none") else c.defense.strip()
     # () is the problem's own initial model, which each agent computes (zeros, or the
     # plug-in's `initial`): in fewer bytes, and for a model over what a Setup carries
     start = tuple(w0.tolist()) if w0.any() and len(w0) <= wire.SETUP_FLOATS else ()
@@ -66,6 +68,8 @@ def agent_specs(
             rekey=c.rekey,
             w0=start,
             schedule=None if problem.schedule is None else made,
+            attack=attackers.get(p, ""),
+            defense=defense,
         )
         for p in range(c.agents)
     ]
