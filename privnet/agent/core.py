@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from privnet.agent import keys, rng
+from privnet.agent import keys, lattice, rng
 from privnet.agent.losses import Loss
 from privnet.agent.messages import KeyPlan, KeyShare, Message, Model, Reason, Rejected, Report
-from privnet.agent.spec import STEPS, AgentSpec, Rekey, Scheme, StepPlan
+from privnet.agent.spec import STEPS, AgentSpec, Rekey, Scheme, StepPlan, WireDtype
 
 Position = tuple[int, int]  # (round, index of the step in STEPS)
 
@@ -40,7 +40,7 @@ class _Masks:
 
     targets: list[int]
     weights: np.ndarray  # (targets, 1)
-    bank: keys.MaskBank
+    bank: keys.MaskBank | keys.WordBank
 
 
 @dataclass
@@ -116,7 +116,8 @@ class AgentCore:
         self._secrets: dict[tuple[int, int, bytes], bytes] = {}  # (epoch, m, public) -> secret
         self._banks: dict[tuple[int, int], _Masks] = {}  # (epoch, step)
         self._weights_in: dict[int, np.ndarray] = {}  # step -> its a_mp as a column
-        self._grid = rng.grid(spec.sigma_g)  # the lattice masked releases sit on
+        self._grid = lattice.grid(spec.sigma_g, spec.wire)  # the lattice releases sit on
+        self._u4 = spec.wire is WireDtype.U4  # releases travel as lattice words (lattice.py)
         self._relayed: set[tuple[int, int, int, int]] = set()  # (owner, partner, step, epoch)
 
     # ---- public API -------------------------------------------------------------------
@@ -253,13 +254,18 @@ class AgentCore:
         for a masked scheme, the pair masks on the lattice (rng.masked_release)."""
         released = self._release(plan)
         if not self.spec.scheme.masked:
+            if self._u4:  # on the wire as words; the self-term stays as it is
+                return lattice.sent(released, self.me, self._grid, self._where(plan))
             return released
         masks, rows = self._masks(plan)
         if self.spec.scheme is Scheme.LOCAL_GHP:  # one release for every target: broadcast
             vectors = self.value
         else:  # np.array: np.stack costs several times more at this size
             vectors = np.array([released[k] for k in masks.targets])
-        sent = rng.masked_release(vectors, rows, masks.weights, self._grid)
+        if self._u4:
+            sent = lattice.masked_words(vectors, rows, masks.weights, self._grid, self._where(plan))
+        else:
+            sent = rng.masked_release(vectors, rows, masks.weights, self._grid)
         return dict(zip(masks.targets, sent, strict=True))
 
     def _release(self, plan: StepPlan) -> dict[int, np.ndarray]:
@@ -270,10 +276,11 @@ class AgentCore:
         x, me, spec = self.value, self.me, self.spec
         targets = list(plan.weights_out)
         if spec.scheme is Scheme.NONE:
+            x = rng.on_lattice(x, 1.0, self._grid) if self._u4 else x  # u4: on the lattice
             return {k: x.copy() for k in targets}
         if spec.scheme is Scheme.LOCAL_GHP:  # masked before it is sent: no copies
             return dict.fromkeys(targets, x)
-        x = rng.snap(x, spec.sigma_g)  # released on the noise grid, own term included
+        x = rng.on_lattice(x, 1.0, self._grid)  # on the noise grid, own term included (snap)
         # The agent's own stream: one draw per agent id (row k: what receiver k gets).
         raw = rng.raw_row(
             spec.noise_key, rng.Domain.NOISE, plan.step, self.round, spec.agents * spec.dim
@@ -289,13 +296,20 @@ class AgentCore:
         """sum_m a_mp (what m sent); masked schemes take each term on the lattice, where
         the pair masks cancel exactly (rng.on_lattice)."""
         if not self.spec.scheme.masked:
+            if self._u4:  # words back to floats (the self-term is floats already)
+                inbox = lattice.floats(inbox, self._grid)
             return _weighted_sum(plan.weights_in, inbox)
+        stacked = np.array([inbox[m] for m in plan.weights_in])
+        if self._u4:  # the words added mod 2^32: the masks cancel, exactly
+            return lattice.total(stacked, self._grid, f"{self._where(plan)}: the hub's total")
         a = self._weights_in.get(plan.step)
         if a is None:
             a = self._weights_in[plan.step] = np.array([*plan.weights_in.values()])[:, None]
-        stacked = np.array([inbox[m] for m in plan.weights_in])
         total: np.ndarray = rng.on_lattice(stacked, a, self._grid).sum(axis=0)
         return total
+
+    def _where(self, plan: StepPlan) -> str:
+        return f"agent {self.me}, round {self.round} step {plan.step}"
 
     # ---- masked schemes: seats, key shares, masks -----------------------------------------
 
@@ -507,6 +521,7 @@ class AgentCore:
                 step,
                 epoch,
                 self.spec.dim,
+                4 if self._u4 else 8,
             )
             for hub, m in pairs
         ]
@@ -515,7 +530,7 @@ class AgentCore:
             for col, (at, _) in enumerate(pairs):
                 if seat is not None and at == hub:
                     coeffs[row, col] = seat.side
-        bank = keys.MaskBank(streams, coeffs, self.spec.dim, self.spec.sigma_g)
+        bank = keys.mask_bank(streams, coeffs, self.spec.dim, self.spec.sigma_g, self._u4)
         weights = np.array([plan.weights_out[k] for k in targets])[:, None]
         return _Masks(targets, weights, bank)
 
@@ -568,12 +583,12 @@ class AgentCore:
             )
         if msg.round > self.round + 1:
             raise Rejected(Reason.AHEAD, f"model for round {msg.round}, I am at round {self.round}")
-        vector = np.asarray(msg.vector, dtype=np.float64)
+        vector = lattice.received(msg.vector, self.spec.wire, f"model from {msg.sender}")
         if vector.shape != (self.spec.dim,):
             raise Rejected(
                 Reason.SHAPE, f"model of shape {vector.shape}, expected ({self.spec.dim},)"
             )
-        if not np.all(np.isfinite(vector)):
+        if not self._u4 and not np.all(np.isfinite(vector)):
             raise Rejected(Reason.NON_FINITE, f"model from {msg.sender} has NaN or inf")
         slot = self._inbox.setdefault(at, {})
         if msg.sender in slot:
