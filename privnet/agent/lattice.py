@@ -93,15 +93,17 @@ def masked_words(
     column): the masked schemes' u4 release, refused beyond a * LIMIT per term."""
     k = np.rint(a * v / step)
     _refuse(k, a * LIMIT, step, where)
-    return k.astype(np.int64).astype(np.uint32) + masks
+    sent: np.ndarray = k.astype(np.int64).astype(np.uint32) + masks
+    return sent
 
 
 def total(stacked: np.ndarray, step: float, where: str) -> np.ndarray:
     """A hub's combination: its terms' words (rows) added mod 2^32, where the masks cancel,
     read as signed and as floats; refused beyond what honest terms can sum to."""
-    summed = np.sum(stacked, axis=0, dtype=np.uint32).view(np.int32)
+    summed = np.asarray(np.sum(stacked, axis=0, dtype=np.uint32)).view(np.int32)
     _refuse(summed, LIMIT + _SLACK, step, where)
-    return summed * step
+    combined: np.ndarray = summed * step
+    return combined
 
 
 def received(vector: np.ndarray, wire: WireDtype, where: str) -> np.ndarray:

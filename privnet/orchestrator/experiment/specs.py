@@ -61,6 +61,7 @@ def agent_specs(
             session=session,
             rekey=c.rekey,
             w0=start,
+            wire=problem.wire,
         )
         for p in range(c.agents)
     ]
