@@ -48,11 +48,12 @@ def _refuse(k: np.ndarray, bound: np.ndarray | float, step: float, where: str) -
     over = np.flatnonzero(~((k >= -bound) & (k <= bound)))  # NaN is over too
     if over.size:
         i = int(over[0])
+        most = float(np.broadcast_to(bound, k.shape).flat[i]) * step
         raise OutOfRange(
-            f"{where}: entry {i} is {float(k.flat[i]) * step:.6g}, {float(k.flat[i]):.4g} "
-            f"lattice steps of {step:.3g}; the u4 wire holds {LIMIT * step:.6g} at most "
-            f"({over.size} entries over): run with --wire-dtype f8 (or keep the model "
-            "smaller, e.g. a smaller mu)"
+            f"{where}: entry {i} is {float(k.flat[i]) * step:.6g} ({float(k.flat[i]):.4g} "
+            f"lattice steps of {step:.3g}), where the u4 wire holds +-{most:.6g} "
+            f"({over.size} entries over): run with --wire-dtype f8, or keep the model "
+            "smaller (e.g. a smaller mu)"
         )
 
 

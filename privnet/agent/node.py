@@ -412,7 +412,7 @@ class AgentNode:
         """A model the u4 wire cannot carry: counted, and the agent stops with the reason
         (lattice.py: a wrapped value would be a wrong model, and a stalled round no answer)."""
         self._count(exc.reason)
-        return self._fail(f"agent {self.me}: {exc.detail}")
+        return self._fail(exc.detail)  # it names the agent, round and step
 
     def _up(self, topic: str, msg: control.Control, category: str = "control") -> Publish:
         self._seq += 1

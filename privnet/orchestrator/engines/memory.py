@@ -221,9 +221,11 @@ class Network:
         self.router.drain()
         if self.conductor.stage is not Stage.DONE:
             stuck = [n.me for n in self.nodes if n.phase.value != "finished"]
+            failed = [f"; {n.failure}" for n in self.nodes if n.failure][:3]  # e.g. wire-range
             raise RunFailed(
                 self.conductor.failure
                 or f"the run stopped in stage {self.conductor.stage}; agents {stuck} are stuck"
+                + "".join(failed)
             )
         self.router.send(CONDUCTOR, self.conductor.bye())
         self.router.drain()
