@@ -200,6 +200,7 @@ def _check_frame(config: ExperimentConfig) -> None:
             f"problem {config.problem!r} has {config.dim:,} parameters: a model crosses the wire "
             f"in at most {wire.MAX_CHUNKS:,} chunks of {wire.CHUNK_BYTES:,} bytes "
             f"(privnet.agent.wire.chunks.MAX_CHUNKS), which hold {most:,} "
-            f"{code} parameters ({width * config.dim:,} bytes needed, and as many held per "
+            f"{'float64' if width == 8 else 'u4'} parameters ({width * config.dim:,} bytes "
+            "needed, and as many held per "
             "in-link by every receiver); use a smaller model"
         )
