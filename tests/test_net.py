@@ -147,6 +147,31 @@ def test_time_varying_topologies_run_as_in_memory(
         assert resid["max"] == 0 and resid["hub_rounds_checked"] > 0
 
 
+def test_u4_wire_runs_as_in_memory_at_4_bytes_a_parameter(
+    needs_mosquitto: None, tmp_path: Path
+) -> None:
+    """--wire-dtype u4 over mosquitto, a model of 23k parameters (2 chunks): the models are
+    the memory engine's bit for bit and the oracle's (masked: bit for bit; none: to the
+    lattice's rounding), and a model frame costs at most 4.05 bytes a parameter."""
+    settings: dict[str, Any] = {
+        "agents": 6, "iters": 3, "seed": 5, "strategies": "atc",
+        "schemes": "none,local-ghp,masked-ghp", "problem": "mlp", "dataset": "digits",
+        "params": {"hidden": [300]}, "mu": 0.05, "wire_dtype": "u4", "topology": "regular:2",
+    }  # fmt: skip
+    exp = privnet.Experiment(**settings, broker="mosquitto", out=tmp_path)
+    privnet.run(exp)
+    net = np.load(tmp_path / "models.npz")
+    memory = privnet.simulate(privnet.Experiment(**settings), "memory").models
+    oracle = privnet.simulate(privnet.Experiment(**settings), "oracle").models
+    for key, models in memory.items():
+        np.testing.assert_array_equal(net[key], models, err_msg=f"memory {key}")
+        np.testing.assert_allclose(net[key], oracle[key], rtol=0, atol=1e-9, err_msg=key)
+    for record in load_summary(tmp_path / "summary.json")["results"]:
+        assert record["wire_dtype"] == "u4" and record["params"] == 22_810
+        assert record["model_frames_per_round"] == 2 * 6  # ring of 6: two out-links each
+        assert 4.0 < record["bytes_per_param_per_model_frame"] <= 4.05, record["scheme"]
+
+
 # ---- 2. what the agents count against what mosquitto counts ----------------------------------
 
 PUBACK = 4  # bytes of an MQTT 3.1.1 PUBACK: what a QoS-1 subscriber returns per delivery

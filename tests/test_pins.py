@@ -13,6 +13,7 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from privnet.agent import keys, wire
 from privnet.agent.control import Finished, Progress
 from privnet.agent.messages import KeyPlan, Model, Report
+from privnet.agent.wire import chunks
 
 A = keys.Identity.from_private_bytes(bytes(range(64)))
 B = keys.Identity.from_private_bytes(bytes(range(64, 128)))
@@ -99,3 +100,31 @@ def test_control_frames_and_blobs_are_the_pinned_bytes() -> None:
     checkpoint = wire.encode_checkpoint("run", 5, 2, {3: np.array([1.0, 2.0])})
     assert digest(checkpoint) == "5e19b0339b67869f9388a859470717df99f4d1be9ad44db93aa9e289fb884e24"
     assert wire.encode_link_keys({3: bytes(32)}) == b"\x81\x03\xc4\x20" + bytes(32)
+
+
+WORDS = Model(3, 5, 7, 0, np.array([1, 2**32 - 3], dtype=np.uint32), 1)  # k = 1, -3
+
+
+def test_u4_frames_are_the_pinned_bytes() -> None:
+    """The u4 wire form (`--wire-dtype u4`, privnet.agent.lattice), pinned when it was cut:
+    `{"dtype": "<u4", ...}` in a model frame, `d: "<u4"` in a chunk's head, and the u4 masks'
+    own pair-stream key (privnet/mask-u4/v1)."""
+    assert wire.encode_peer(WORDS, KEY).hex() == (
+        "9403a56d6f64656cc43486a17303a17205a16907a16a00a17783a56474797065a33c7534a573686170"
+        "659102a464617461c40801000000fdffffffa17601c410dc6562f55fc828e0becc713026abfd3a"
+    )
+    assert wire.seal_peer(WORDS, ChaCha20Poly1305(KEY), "run").hex() == (
+        "9403a56d6f64656cc41085a17303a17205a16907a16a00a17601c435ae444ae3c59668d2af91ae4548"
+        "2c3685ccf9ebd4a66e02db9fd82e1a2b7cf5e9801af6e65a556f51c88e3ef999675ea2836fad9076"
+    )
+    big = Model(3, 5, 7, 0, np.arange(20_000, dtype=np.uint32), 1)
+    sealed = chunks.seal_chunks(big, ChaCha20Poly1305(KEY), "run")
+    visible = chunks.mac_chunks(big, KEY)
+    assert digest(b"".join(sealed)) == (
+        "ac12e07f9c91afa182a5b82ef01df4d269aae211547446325529c4ac882297a8"
+    )
+    assert digest(b"".join(visible)) == (
+        "bdb88bb4efb2f443ea362c5519c5cb174d3b702b45211847228e8726c6d86137"
+    )
+    stream = keys.PairStream(bytes(range(32)), SESSION, 5, (3, 7), 2, 4, 2, 4).read(3)
+    assert stream.hex() == "68cf544f665db3e9"

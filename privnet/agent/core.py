@@ -12,26 +12,18 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import numpy as np
 
-from privnet.agent import defenses, keys, rng, schedule
+from privnet.agent import defenses, keys, lattice, rng, schedule
 from privnet.agent.byzantine import Attacker
 from privnet.agent.losses import Loss
 from privnet.agent.messages import KeyPlan, KeyShare, Message, Model, Reason, Rejected, Report
+from privnet.agent.protocol import Counters
 from privnet.agent.seats import Seat, StepMasks, round_masks, split_senders, union_seats
-from privnet.agent.spec import STEPS, AgentSpec, Rekey, Scheme, StepPlan
+from privnet.agent.spec import STEPS, AgentSpec, Rekey, Scheme, StepPlan, WireDtype
 
 Position = tuple[int, int]  # (round, index of the step in STEPS)
-
-
-@dataclass
-class Counters:
-    """What the core did, for metrics and the overhead report."""
-
-    agreements: int = 0  # Diffie-Hellman agreements computed
-    relayed: int = 0  # key shares forwarded as a hub
 
 
 class AgentCore:
@@ -57,26 +49,24 @@ class AgentCore:
         self.until = spec.rounds  # the last round to run before holding (Go's `until`)
         self.value = self.w.copy()  # what the current step combines (w, phi or psi)
         self.counters = Counters()
-        self.started, self._prepared = False, False
-        self._sent = False
+        self.started, self._prepared, self._sent = False, False, False
         self._inbox: dict[Position, dict[int, np.ndarray]] = {}
         # masked schemes' state: seats[(hub, step)], ephemeral keys, partners' keys per epoch
         self._seats: dict[tuple[int, int], Seat] = {}
         self._ephemeral: dict[int, keys.Ephemeral] = {}
         self._shared_sent: set[int] = set()
         self._partner_keys: dict[tuple[int, int, int, int], bytes] = {}  # (epoch, hub, step, m)
-        # Counts that tell "keys still to come" in O(1) (every key share asks): partners'
-        # keys held per (epoch, step), and partners over the seats known per step.
+        # "Keys still to come" in O(1): keys held per (epoch, step), partners per step.
         self._keys_held: Counter[tuple[int, int]] = Counter()
         self._partners: Counter[int] = Counter()
         self._secrets: dict[tuple[int, int, bytes], bytes] = {}  # (epoch, m, public) -> secret
         self._banks: dict[tuple[int, int], StepMasks] = {}  # (epoch, step)
         self._weights_in: dict[int, np.ndarray] = {}  # step -> its a_mp as a column
-        self._grid = rng.grid(spec.sigma_g)  # the lattice masked releases sit on
+        self._grid = lattice.grid(spec.sigma_g, spec.wire)  # the lattice releases sit on
+        self._u4 = spec.wire is WireDtype.U4  # releases travel as lattice words (lattice.py)
         self._relayed: set[tuple[int, int, int, int]] = set()  # (owner, partner, step, epoch)
         self._round_plans: dict[int, schedule.Plans] = {}  # a schedule's: this round, next
         self._streams: dict[tuple[int, int, int, int], keys.PairStream] = {}  # a schedule's
-        # issue 34: the hub's defense, and what this agent sends if it is Byzantine
         self.defense = defenses.Combiner(defenses.parse(spec.defense, spec.scheme), self.me)
         self.attacker = Attacker.of(spec)
 
@@ -219,13 +209,18 @@ class AgentCore:
         for a masked scheme, the pair masks on the lattice (rng.masked_release)."""
         released = self._release(plan)
         if not self.spec.scheme.masked:
+            if self._u4:  # on the wire as words; the self-term stays as it is
+                return lattice.sent(released, self.me, self._grid, self._where(plan))
             return released
         masks, rows = self._masks(plan)
         if self.spec.scheme is Scheme.LOCAL_GHP and self.attacker is None:  # broadcast
             vectors = self.value
         else:  # np.array: np.stack costs several times more at this size
             vectors = np.array([released[k] for k in masks.targets])
-        sent = rng.masked_release(vectors, rows, masks.weights, self._grid)
+        if self._u4:
+            sent = lattice.masked_words(vectors, rows, masks.weights, self._grid, self._where(plan))
+        else:
+            sent = rng.masked_release(vectors, rows, masks.weights, self._grid)
         return dict(zip(masks.targets, sent, strict=True))
 
     def _release(self, plan: StepPlan) -> dict[int, np.ndarray]:
@@ -238,10 +233,11 @@ class AgentCore:
         if self.attacker is not None:
             return self.attacker.release(plan, x, self.round)
         if spec.scheme is Scheme.NONE:
+            x = rng.on_lattice(x, 1.0, self._grid) if self._u4 else x  # u4: on the lattice
             return {k: x.copy() for k in targets}
         if spec.scheme is Scheme.LOCAL_GHP:  # masked before it is sent: no copies
             return dict.fromkeys(targets, x)
-        x = rng.snap(x, spec.sigma_g)  # released on the noise grid, own term included
+        x = rng.on_lattice(x, 1.0, self._grid)  # on the noise grid, own term included (snap)
         # The agent's own stream: one draw per agent id (row k: what receiver k gets).
         raw = rng.raw_row(
             spec.noise_key, rng.Domain.NOISE, plan.step, self.round, spec.agents * spec.dim
@@ -256,10 +252,15 @@ class AgentCore:
     def _combine(self, plan: StepPlan, inbox: Mapping[int, np.ndarray]) -> np.ndarray:
         """sum_m a_mp (what m sent); masked schemes take each term on the lattice, where
         the pair masks cancel exactly (rng.on_lattice)."""
+        if not self.spec.scheme.masked and self._u4:  # words back to floats (the
+            inbox = lattice.floats(inbox, self._grid)  # self-term is floats already)
         if self.defense.sees_messages:  # issue 34: clip or trim each neighbour's message
             total = self.defense.combine(plan.weights_in, inbox, self.value)
         elif not self.spec.scheme.masked:
             total = defenses.weighted_sum(plan.weights_in, inbox)
+        elif self._u4:  # the words added mod 2^32: the masks cancel, exactly
+            stacked = np.array([inbox[m] for m in plan.weights_in])
+            total = lattice.total(stacked, self._grid, f"{self._where(plan)}: the hub's total")
         else:
             a = self._weights_in.get(plan.step)
             if a is None or self.spec.schedule is not None:  # a schedule's weights change
@@ -269,6 +270,9 @@ class AgentCore:
         if self.attacker is not None:
             self.attacker.saw(plan, inbox, total)
         return self.defense.bound(total, self.value, plan.step)
+
+    def _where(self, plan: StepPlan) -> str:
+        return f"agent {self.me}, round {self.round} step {plan.step}"
 
     # ---- masked schemes: seats, key shares, masks -----------------------------------------
 
@@ -486,6 +490,7 @@ class AgentCore:
                 step,
                 epoch,
                 self.spec.dim,
+                4 if self._u4 else 8,
             )
             for hub, m in pairs
         ]
@@ -494,7 +499,7 @@ class AgentCore:
             for col, (at, _) in enumerate(pairs):
                 if seat is not None and at == hub:
                     coeffs[row, col] = seat.side
-        bank = keys.MaskBank(streams, coeffs, self.spec.dim, self.spec.sigma_g)
+        bank = keys.mask_bank(streams, coeffs, self.spec.dim, self.spec.sigma_g, self._u4)
         weights = np.array([plan.weights_out[k] for k in targets])[:, None]
         return StepMasks(targets, weights, bank)
 
@@ -578,12 +583,12 @@ class AgentCore:
         # a schedule's peer may be rounds ahead (it met others since): held up to the run's end
         if msg.round > (self.round + 1 if self.spec.schedule is None else self.spec.rounds):
             raise Rejected(Reason.AHEAD, f"model for round {msg.round}, I am at round {self.round}")
-        vector = np.asarray(msg.vector, dtype=np.float64)
+        vector = lattice.received(msg.vector, self.spec.wire, f"model from {msg.sender}")
         if vector.shape != (self.spec.dim,):
             raise Rejected(
                 Reason.SHAPE, f"model of shape {vector.shape}, expected ({self.spec.dim},)"
             )
-        if not np.all(np.isfinite(vector)):
+        if not self._u4 and not np.all(np.isfinite(vector)):
             raise Rejected(Reason.NON_FINITE, f"model from {msg.sender} has NaN or inf")
         slot = self._inbox.setdefault(at, {})
         if msg.sender in slot:

@@ -46,6 +46,7 @@ SEAL_OVERHEAD = KEY_BYTES + NONCE_BYTES + TAG_BYTES
 
 SHARE_TAG = b"privnet/keyshare/v1"
 MASK_TAG = b"privnet/mask/v2"
+MASK_WORDS_TAG = b"privnet/mask-u4/v1"  # the u4 wire's masks: another key for other words
 LINK_TAG = b"privnet/link/v1"
 LINK_SEAL_TAG = b"privnet/link-seal/v1"
 SEAL_TAG = b"privnet/seal/v1"
@@ -287,7 +288,10 @@ class PairStream:
         step: int,
         epoch: int,
         dim: int,
+        word: int = 8,
     ) -> None:
+        """`word`: keystream bytes a parameter, 8 (Laplace masks) or 4 (u4 words, under
+        their own tag: the two never share a key)."""
         first, second = sorted(pair)
         if first == second:
             raise ValueError(f"pair {pair} at hub {hub}: a mask needs two different agents")
@@ -295,14 +299,16 @@ class PairStream:
             raise ValueError(f"dim must be >= 1, got {dim}")
         names = "hub, min(pair), max(pair), step, epoch, dim"
         fields = _pack(_MASK_FIELDS, names, hub, first, second, step, epoch, dim)
-        self._key = _hkdf(secret, session, MASK_TAG + fields)
-        self._width = 8 * dim
+        if word not in (4, 8):
+            raise ValueError(f"a mask word is 4 or 8 bytes, got {word}")
+        self._key = _hkdf(secret, session, (MASK_TAG if word == 8 else MASK_WORDS_TAG) + fields)
+        self._width = word * dim
         self._encryptor: CipherContext | None = None
         self._at = -1  # byte offset the open encryptor reads next
         self._left = 0  # bytes it may read before the next 2^32-block boundary
 
     def read(self, round_: int, rounds: int = 1) -> bytes:
-        """The 8 * dim keystream bytes of round `round_` (of `rounds` rounds from it on)."""
+        """The word * dim keystream bytes of round `round_` (of `rounds` rounds from it on)."""
         if not (round_ >= 0 and rounds >= 1 and round_ + rounds <= 2**64):
             raise ValueError(
                 f"rounds {round_} .. {round_} + {rounds} - 1 must be non-negative and < 2**64"
@@ -399,6 +405,50 @@ class MaskBank:
             self._buffer, self._first = self._coeffs @ by_round, round_
         combined: np.ndarray = self._buffer[round_ - self._first]
         return combined
+
+
+class WordBank:
+    """MaskBank's twin for the u4 wire: row h of round i is sum_p coeffs[h, p] * u_p,i mod
+    2^32, u_p,i the 4 * dim keystream bytes of round i of `streams[p]` read as <u4: masks
+    uniform on Z_2^32, which need no mapping (one frombuffer a pair), so a 1M-parameter step
+    costs one keystream read and one vectorized add per pair. They cancel exactly in the
+    hub's sum mod 2^32 (lattice.total). A pair sits at one hub, so each column of `coeffs`
+    holds one +1 or -1 (zeros elsewhere)."""
+
+    __slots__ = ("_dim", "_places", "_rows", "_streams")
+
+    def __init__(self, streams: list[PairStream], coeffs: np.ndarray, dim: int) -> None:
+        if coeffs.ndim != 2 or coeffs.shape[1] != len(streams):
+            raise ValueError(
+                f"coeffs of shape {coeffs.shape} for {len(streams)} streams: expected "
+                "(rows, streams)"
+            )
+        if not np.isin(coeffs, (-1, 0, 1)).all():
+            raise ValueError("a word bank's coefficients are -1, 0 or +1 (a pair's side)")
+        self._streams, self._dim, self._rows = streams, dim, len(coeffs)
+        self._places = [
+            [(int(h), coeffs[h, p] > 0) for h in np.flatnonzero(coeffs[:, p])]
+            for p in range(len(streams))
+        ]
+
+    def at(self, round_: int, last: int) -> np.ndarray:
+        """Shape (rows, dim), uint32: the combinations of round `round_` (`last`, the
+        epoch's last round, as MaskBank.at)."""
+        if last < round_:
+            raise ValueError(f"round {round_} is past the epoch's last round {last}")
+        out = np.zeros((self._rows, self._dim), dtype=np.uint32)
+        for stream, places in zip(self._streams, self._places, strict=True):
+            u = np.frombuffer(stream.read(round_), dtype="<u4")
+            for h, plus in places:
+                (np.add if plus else np.subtract)(out[h], u, out=out[h])
+        return out
+
+
+def mask_bank(
+    streams: list[PairStream], coeffs: np.ndarray, dim: int, sigma_g: float, words: bool
+) -> MaskBank | WordBank:
+    """The bank of a step's masks: u4 words mod 2^32 (`words`), else Laplace on the grid."""
+    return WordBank(streams, coeffs, dim) if words else MaskBank(streams, coeffs, dim, sigma_g)
 
 
 def link_key(

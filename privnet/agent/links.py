@@ -36,14 +36,16 @@ class Links:
         link_keys: Mapping[int, bytes],
         *,
         sealed: bool = True,
+        dtype: str = wire.DTYPE,
     ) -> None:
         self.run, self.me, self.dim, self.view, self.sealed = run, me, dim, view, sealed
+        self.dtype = dtype  # a model vector's: <f8, or <u4 (lattice words)
         self.keys = dict(link_keys)  # neighbour -> key (escrowed under --audit)
         self._aead = {m: ChaCha20Poly1305(k) for m, k in self.keys.items()} if sealed else {}
         self._sent: Counter[int] = Counter()  # key frames sent to each neighbour
         self._last: dict[tuple[int, int], tuple[int, int]] = {}  # (sender, kind) -> place
-        self.chunked = chunks.needs_chunks(dim)
-        self._chunks = chunks.Reassembler(run, me, dim) if self.chunked else None
+        self.chunked = chunks.needs_chunks(dim, dtype)
+        self._chunks = chunks.Reassembler(run, me, dim, dtype) if self.chunked else None
 
     def frames(self, msg: wire.Peer) -> list[bytes]:
         """`msg` as the frames for its receiver's link: one, or a model's chunks in order."""
@@ -82,6 +84,7 @@ class Links:
                 dim=self.dim,
                 link_keys=self.keys,
                 view=self.view,
+                dtype=self.dtype,
             )
         aead = self._aead.get(sender)
         model = wire.open_model(
@@ -93,6 +96,7 @@ class Links:
             aead=aead,
             run=self.run,
             after=self._last.get((sender, wire.MODEL_KIND)),
+            dtype=self.dtype,
         )
         if model is not None:
             self._last[(sender, wire.MODEL_KIND)] = (model.round, STEPS.index(model.step))
@@ -110,7 +114,7 @@ class Links:
             raise Rejected(
                 Reason.REPLAY, f"{name} from agent {sender} at {head.at}, already past {last} there"
             )
-        msg = wire.open_head(head, aead, self.run, self.dim)
+        msg = wire.open_head(head, aead, self.run, self.dim, self.dtype)
         self._last[slot] = head.at  # only an authentic frame moves the link on
         return msg
 
@@ -134,10 +138,10 @@ class Links:
         """A frame of any of these links, in either direction, read as one of its two ends
         can: no order kept (for meters that see what this agent publishes)."""
         if not self.sealed:
-            return wire.peek_peer(data, self.dim)
+            return wire.peek_peer(data, self.dim, dtype=self.dtype)
         head = wire.read_head(data)
         other = head.receiver if head.sender == self.me else head.sender
         aead = self._aead.get(other)
         if aead is None:
             raise Rejected(Reason.UNKNOWN_SENDER, f"no link between agents {self.me} and {other}")
-        return wire.open_head(head, aead, self.run, self.dim)
+        return wire.open_head(head, aead, self.run, self.dim, self.dtype)

@@ -110,6 +110,7 @@ class Reason(StrEnum):
     SCHEMA = "schema"  # an unknown type, a field missing or of the wrong type or range
     SHAPE = "shape"  # a model vector of another dimension
     NON_FINITE = "non-finite"  # NaN or inf
+    WIRE_RANGE = "wire-range"  # a release outside the u4 wire's 2^32 lattice steps (lattice.py)
     # who sent it
     BAD_MAC = "bad-mac"  # a MACed peer frame whose MAC fails
     BAD_SEAL = "bad-seal"  # a sealed frame (peer, Setup, telemetry, escrow) that does not open

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from privnet.agent import attacks, control, keys, topics, wire
+from privnet.agent import attacks, control, keys, lattice, topics, wire
 from privnet.agent.core import AgentCore
 from privnet.agent.links import Links
 from privnet.agent.losses import make_loss
@@ -396,7 +396,10 @@ class AgentNode:
         if not self.session.started:
             self.session.started = now
         out = Output(events=[Event("started", f"session {self.session.number}")])
-        out += self._emit(self.session.core.start(until))
+        try:
+            out += self._emit(self.session.core.start(until))
+        except lattice.OutOfRange as exc:
+            return out + self._out_of_range(exc)
         return out + self._maybe_finish(now)
 
     def _extends(self, go: control.Go) -> bool:
@@ -414,6 +417,12 @@ class AgentNode:
         assert self.session is not None
         self.phase = Phase.RUNNING
         return self._emit(self.session.core.extend(until)) + self._maybe_finish(now)
+
+    def _out_of_range(self, exc: lattice.OutOfRange) -> Output:
+        """A model the u4 wire cannot carry: counted, and the agent stops with the reason
+        (lattice.py: a wrapped value would be a wrong model, and a stalled round no answer)."""
+        self._count(exc.reason)
+        return self._fail(exc.detail)  # it names the agent, round and step
 
     def _up(self, topic: str, msg: control.Control, category: str = "control") -> Publish:
         self._seq += 1
@@ -506,6 +515,8 @@ class AgentNode:
             produced = core.receive(msg)
         except keys.BadKey as exc:
             raise Rejected(Reason.BAD_KEY, str(exc)) from exc
+        except lattice.OutOfRange as exc:
+            return self._out_of_range(exc)
         out = self._emit(produced)  # a fresh Output: add to it in place
         if self.phase is Phase.CONFIGURED:
             out += self._keyed()

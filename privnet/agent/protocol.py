@@ -146,3 +146,11 @@ class Deliveries:
     received: int = 0
     used: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass
+class Counters:
+    """What the core did, for metrics and the overhead report."""
+
+    agreements: int = 0  # Diffie-Hellman agreements computed
+    relayed: int = 0  # key shares forwarded as a hub

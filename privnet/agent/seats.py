@@ -30,7 +30,9 @@ class StepMasks:
 
     targets: list[int]
     weights: np.ndarray  # (targets, 1)
-    bank: keys.MaskBank | None  # None under a schedule: its masks are made round by round
+    bank: (
+        keys.MaskBank | keys.WordBank | None
+    )  # None under a schedule: its masks are made round by round
 
 
 @dataclass(frozen=True, slots=True)

@@ -156,7 +156,9 @@ def open_setup(setup: control.Setup, identity: keys.Identity, run: str) -> Opene
         }
     except keys.BadKey as exc:
         raise Rejected(Reason.BAD_KEY, f"Config directory: {exc}") from exc
-    links = Links(run, me, spec.dim, spec.view, link_keys, sealed=config.seal_links)
+    links = Links(
+        run, me, spec.dim, spec.view, link_keys, sealed=config.seal_links, dtype=spec.wire.code
+    )
     return Opened(config, directory, links)
 
 

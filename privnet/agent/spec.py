@@ -77,6 +77,12 @@ class Nested:
     depth: int
 
 
+@dataclass(frozen=True, slots=True)
+class Elided:
+    """A field left out of its map while it holds its default: a field added to a message
+    that is pinned (tests/test_pins.py) keeps the older frames byte for byte."""
+
+
 AgentId = Annotated[int, Bound(0, ID_LIMIT, "an agent id in [0, 2**32)")]
 Count = Annotated[int, Bound(0, COUNT_LIMIT, "an integer in [0, 2**64)")]
 Positive = Annotated[int, Bound(1, ID_LIMIT, "an integer in [1, 2**32)")]
@@ -111,6 +117,19 @@ class Scheme(StrEnum):
     def homomorphic(self) -> bool:
         """One Laplace draw per sender, cancelled in the Perron-weighted network sum."""
         return self in (Scheme.GHP, Scheme.MASKED_GHP)
+
+
+class WireDtype(StrEnum):
+    """How a release travels (`--wire-dtype`): f8, the float64 itself (8 bytes a
+    parameter); u4, its integer on the noise lattice mod 2^32 (4 bytes; privnet.agent.lattice)."""
+
+    F8 = "f8"
+    U4 = "u4"
+
+    @property
+    def code(self) -> str:
+        """The numpy (and wire) dtype of a vector of this form."""
+        return "<f8" if self is WireDtype.F8 else "<u4"
 
 
 class Rekey(StrEnum):
@@ -210,10 +229,11 @@ class AgentSpec:
     # the defense its hub runs (privnet.agent.defenses; "": none). Parsed by the core.
     attack: str = ""
     defense: str = ""
+    wire: Annotated[WireDtype, Elided()] = WireDtype.F8  # how releases travel (lattice.py)
 
     def __post_init__(self) -> None:
         # The core compares with `is`: a plain "local-ghp" string would silently run ghp.
-        for name, kind in (("scheme", Scheme), ("rekey", Rekey)):
+        for name, kind in (("scheme", Scheme), ("rekey", Rekey), ("wire", WireDtype)):
             value = getattr(self, name)
             try:
                 object.__setattr__(self, name, kind(value))

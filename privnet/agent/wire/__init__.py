@@ -30,7 +30,7 @@ from privnet.agent.wire.peer import (
     model_frame_bytes,
     peek_peer,
 )
-from privnet.agent.wire.schema import DTYPE
+from privnet.agent.wire.schema import DTYPE, U4
 from privnet.agent.wire.sealed import (
     KEY_KIND,
     MODEL_KIND,
@@ -88,6 +88,7 @@ __all__ = [
     "SETUP_FLOATS",
     "SIGNATURE_BYTES",
     "SIGN_TAG",
+    "U4",
     "VERSION",
     "Head",
     "Peer",

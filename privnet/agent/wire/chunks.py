@@ -1,8 +1,9 @@
 """A model too big for one peer frame, as a sequence of chunk frames, and its reassembly.
 
 A chunk frame is `[VERSION, "chunk", head, box]`: `head` the msgpack map
-`{s, r, i, j, v, c, n}` (sender, receiver, round, step, view, the chunk's index, the count)
-in the clear; sealed, `box` is ChaCha20-Poly1305 under the link's key of the vector's bytes
+`{s, r, i, j, v, c, n}` (sender, receiver, round, step, view, the chunk's index, the count),
+with `d: "<u4"` besides for lattice words (`--wire-dtype u4`; float64 has no `d`), in the
+clear; sealed, `box` is ChaCha20-Poly1305 under the link's key of the vector's bytes
 from `c * CHUNK_BYTES`, with the nonce `(kind 3, direction, step, round, index)` and the run,
 the type and the head as associated data, so a chunk opens only at its own place (index,
 round, step, view, link, count). With `--seal-links off`, `box` is those bytes in the clear
@@ -31,8 +32,9 @@ from privnet.agent.spec import COUNT_LIMIT, ID_LIMIT, STEPS
 from privnet.agent.wire.catalog import VERSION
 from privnet.agent.wire.frames import MAX_PEER_BYTES, PEER_LIMITS, outer, pack, unpack
 from privnet.agent.wire.mac import MAC_BYTES, mac
-from privnet.agent.wire.model import F8, all_finite, bin_head
+from privnet.agent.wire.model import all_finite, bin_head
 from privnet.agent.wire.peer import model_frame_bytes
+from privnet.agent.wire.schema import DTYPE, U4, WIDTH, dtype_of
 from privnet.agent.wire.sealed import run_ad
 
 CHUNK_NAME = "chunk"
@@ -44,6 +46,7 @@ CHUNK_HEAD = b"\x94" + bytes([VERSION]) + b"\xa5" + CHUNK_NAME.encode()
 _NONCE = struct.Struct(">BBQH")  # kind << 1 | direction, step, round, index
 _AD = CHUNK_NAME.encode() + b"\0"
 _KEYS = ("s", "r", "i", "j", "v", "c", "n")
+_WORDS_KEYS = sorted((*_KEYS, "d"))  # a chunk of lattice words: its dtype in the head
 assert MAC_BYTES == TAG_BYTES
 
 
@@ -52,14 +55,14 @@ def chunk_nonce(sender: int, receiver: int, step: int, round_: int, index: int) 
     return _NONCE.pack(CHUNK_KIND << 1 | (sender > receiver), step, round_, index)
 
 
-def chunk_count(dim: int) -> int:
-    """How many chunks a model of `dim` float64 parameters travels in."""
-    return max(1, -(-8 * dim // CHUNK_BYTES))
+def chunk_count(dim: int, dtype: str = DTYPE) -> int:
+    """How many chunks a model of `dim` parameters of `dtype` travels in."""
+    return max(1, -(-WIDTH[dtype] * dim // CHUNK_BYTES))
 
 
-def max_chunked_dim() -> int:
+def max_chunked_dim(dtype: str = DTYPE) -> int:
     """The most parameters a model may have on the peer plane: MAX_CHUNKS full chunks."""
-    return MAX_CHUNKS * CHUNK_BYTES // 8
+    return MAX_CHUNKS * CHUNK_BYTES // WIDTH[dtype]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +78,7 @@ class ChunkHead:
     count: int
     raw: bytes  # the head's bytes as sent: associated data (sealed), MACed (visible)
     box: bytes
+    dtype: str = DTYPE  # the vector's: <f8, or <u4 (a `d` in the head)
 
     @property
     def place(self) -> tuple[int, int]:
@@ -97,11 +101,20 @@ def _frame(raw: bytes, box: bytes) -> bytes:
 
 def _pieces(msg: Model) -> list[tuple[bytes, memoryview]]:
     """Each chunk's head and data, in order."""
-    data = np.ascontiguousarray(msg.vector, dtype=F8).data.cast("B")
-    n = chunk_count(len(msg.vector))
+    dtype = dtype_of(msg.vector)
+    data = np.ascontiguousarray(msg.vector, dtype=dtype).data.cast("B")
+    n = chunk_count(len(msg.vector), dtype)
     if n > MAX_CHUNKS:
         raise ValueError(f"a model of {len(msg.vector):,} parameters is over {MAX_CHUNKS} chunks")
-    fixed = {"s": msg.sender, "r": msg.receiver, "i": msg.round, "j": msg.step, "v": msg.view}
+    fixed: dict[str, int | str] = {
+        "s": msg.sender,
+        "r": msg.receiver,
+        "i": msg.round,
+        "j": msg.step,
+        "v": msg.view,
+    }
+    if dtype == U4:
+        fixed["d"] = U4
     return [
         (pack({**fixed, "c": c, "n": n}), data[c * CHUNK_BYTES : (c + 1) * CHUNK_BYTES])
         for c in range(n)
@@ -138,11 +151,14 @@ def read_chunk(data: bytes) -> ChunkHead:
     if (
         name != CHUNK_NAME
         or type(head) is not dict
-        or sorted(head) != sorted(_KEYS)
+        or sorted(head) not in (sorted(_KEYS), _WORDS_KEYS)
         or any(type(head[k]) is not int for k in _KEYS)
+        or head.get("d", U4) != U4
     ):
         raise Rejected(
-            Reason.SCHEMA, f"a chunk's head is the map of ints {{{', '.join(_KEYS)}}}: {head!r}"
+            Reason.SCHEMA,
+            f"a chunk's head is the map of ints {{{', '.join(_KEYS)}}} (and d: {U4!r} for "
+            f"lattice words): {head!r}",
         )
     s, r, i, j, v, c, n = (head[k] for k in _KEYS)
     if not (
@@ -155,12 +171,12 @@ def read_chunk(data: bytes) -> ChunkHead:
         and 0 <= c < n
     ):
         raise Rejected(Reason.SCHEMA, f"a chunk's head out of range: {head!r}")
-    return ChunkHead(s, r, i, j, v, c, n, raw, box)
+    return ChunkHead(s, r, i, j, v, c, n, raw, box, U4 if "d" in head else DTYPE)
 
 
-def _span(dim: int, index: int) -> int:
+def _span(dim: int, index: int, dtype: str = DTYPE) -> int:
     """The data bytes of chunk `index` of a model of `dim` parameters."""
-    return min(CHUNK_BYTES, 8 * dim - index * CHUNK_BYTES)
+    return min(CHUNK_BYTES, WIDTH[dtype] * dim - index * CHUNK_BYTES)
 
 
 @dataclass
@@ -169,7 +185,7 @@ class Assembly:
 
     place: tuple[int, int]
     count: int
-    buffer: np.ndarray | None  # 8 * dim bytes, float64; None once the model is lost
+    buffer: np.ndarray | None  # the model's bytes (float64 or words); None once it is lost
     next: int = 0  # the index the model needs next
     high: int = -1  # the highest index seen
     seen: bytearray = field(default_factory=bytearray)
@@ -185,15 +201,15 @@ class Reassembler:
     link; an authentic chunk out of order loses its model (the round then waits for it, as
     for any lost frame: the orchestrator's deadline decides)."""
 
-    def __init__(self, run: str, me: int, dim: int) -> None:
-        self.run, self.me, self.dim = run, me, dim
-        self.count = chunk_count(dim)
+    def __init__(self, run: str, me: int, dim: int, dtype: str = DTYPE) -> None:
+        self.run, self.me, self.dim, self.dtype = run, me, dim, dtype
+        self.count = chunk_count(dim, dtype)
         self._ad = run_ad(run) + _AD
         self._held: dict[int, Assembly] = {}  # sender -> its model in flight
 
     @property
     def held_bytes(self) -> int:
-        """Buffer bytes held now: at most 8 * dim per in-link."""
+        """Buffer bytes held now: at most one model's (width * dim) per in-link."""
         return sum(a.buffer.nbytes for a in self._held.values() if a.buffer is not None)
 
     def take(
@@ -205,12 +221,13 @@ class Reassembler:
         """The model `head` completes, None while it is incomplete, or Rejected; `secret` is
         the link's AEAD (sealed) or MAC key (visible), `last` the place of the link's last
         whole model."""
-        if head.count != self.count:
+        if head.count != self.count or head.dtype != self.dtype:
             raise Rejected(
                 Reason.SHAPE,
-                f"chunk of a {head.count}-chunk model; a model here has {self.count} chunks",
+                f"chunk of a {head.count}-chunk model of {head.dtype}; a model here has "
+                f"{self.count} chunks of {self.dtype}",
             )
-        span = _span(self.dim, head.index)
+        span = _span(self.dim, head.index, self.dtype)
         if len(head.box) != span + TAG_BYTES:
             raise Rejected(Reason.SHAPE, f"chunk {head.index} of {len(head.box)} bytes")
         held = self._held.get(head.sender)
@@ -227,7 +244,9 @@ class Reassembler:
             plain = self._open(head, secret, None)
             held = self._held[head.sender] = Assembly(head.place, self.count, None)
             if head.index == 0:
-                held.buffer = np.empty(self.dim, dtype=F8)
+                held.buffer = np.empty(
+                    self.dim, dtype=np.uint32 if self.dtype == U4 else np.float64
+                )
         elif held.buffer is not None and head.index == held.next:
             plain = self._open(head, secret, held.buffer, head.index * CHUNK_BYTES)
         else:
@@ -254,7 +273,7 @@ class Reassembler:
             return None
         vector = held.buffer
         del self._held[head.sender]
-        if not all_finite(vector):
+        if self.dtype == DTYPE and not all_finite(vector):
             raise Rejected(Reason.NON_FINITE, f"model from {head.sender} has NaN or inf")
         return Model(head.sender, head.receiver, head.round, head.step, vector, head.view)
 
@@ -293,6 +312,6 @@ class Reassembler:
 
 
 @functools.cache
-def needs_chunks(dim: int) -> bool:
+def needs_chunks(dim: int, dtype: str = DTYPE) -> bool:
     """Whether a model of `dim` parameters is over one peer frame (so goes in chunks)."""
-    return model_frame_bytes(dim) > MAX_PEER_BYTES
+    return model_frame_bytes(dim, dtype) > MAX_PEER_BYTES

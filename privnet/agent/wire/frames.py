@@ -18,7 +18,14 @@ from privnet.agent.messages import KeyPlan, KeyShare, Model, Reason, Rejected
 from privnet.agent.spec import ConfigError
 from privnet.agent.wire.catalog import BY_CLASS, VERSION, Peer, Schema
 from privnet.agent.wire.mac import mac as _mac
-from privnet.agent.wire.schema import VECTOR, check_vector, decode_fields, encode_fields, show
+from privnet.agent.wire.schema import (
+    DTYPE,
+    VECTOR,
+    check_vector,
+    decode_fields,
+    encode_fields,
+    show,
+)
 
 MAX_PEER_BYTES = 64 * 1024
 MAX_CONTROL_BYTES = 1024 * 1024
@@ -131,14 +138,15 @@ def open_frame(
     return Opened(schema, body, mac, fields)
 
 
-def build(opened: Opened, kind: type[T], dim: int | None = None) -> T:
-    """The message, once its vectors (now authenticated) and cross-field checks pass;
-    `kind` is what the schemas `opened` was checked against build."""
+def build(opened: Opened, kind: type[T], dim: int | None = None, dtype: str = DTYPE) -> T:
+    """The message, once its vectors (now authenticated, of `dtype`) and cross-field
+    checks pass; `kind` is what the schemas `opened` was checked against build."""
     name, fields = opened.schema.name, dict(opened.fields)
     for field in opened.schema.fields:
         if field.kind is VECTOR:
             assert dim is not None, f"{name} carries a vector, so decoding it needs a dim"
-            fields[field.name] = check_vector(fields[field.name], dim, f"{name}.{field.key}")
+            where = f"{name}.{field.key}"
+            fields[field.name] = check_vector(fields[field.name], dim, where, dtype)
     msg = opened.schema.cls(**fields)
     try:
         opened.schema.check(msg)
@@ -149,8 +157,8 @@ def build(opened: Opened, kind: type[T], dim: int | None = None) -> T:
     return msg
 
 
-def build_peer(opened: Opened, dim: int) -> Peer:
-    msg = build(opened, object, dim)
+def build_peer(opened: Opened, dim: int, dtype: str = DTYPE) -> Peer:
+    msg = build(opened, object, dim, dtype)
     if not isinstance(msg, Model | KeyPlan | KeyShare):
         raise TypeError(f"schema {opened.schema.name} builds no peer message")
     return msg

@@ -19,9 +19,10 @@ from privnet.agent.spec import COUNT_LIMIT, STEPS
 from privnet.agent.wire.catalog import VERSION
 from privnet.agent.wire.frames import PEER_LIMITS, pack, unpack
 from privnet.agent.wire.mac import MAC_BYTES, mac
-from privnet.agent.wire.schema import DTYPE
+from privnet.agent.wire.schema import DTYPE, U4, WIDTH, dtype_of
 
 F8 = np.dtype(DTYPE)
+WORDS = np.dtype(U4)  # the u4 wire's lattice words
 MODEL_NAME = b"model"
 MODEL_HEAD = b"\x94" + bytes([VERSION]) + b"\xa5" + MODEL_NAME  # msgpack [VERSION, "model", ...
 _MAC_HEAD = b"\xc4" + bytes([MAC_BYTES])  # ... bin8 of MAC_BYTES: the MAC]
@@ -55,7 +56,7 @@ def usual(msg: Model) -> bool:
         and type(msg.step) is int
         and type(msg.view) is int
         and type(vector) is np.ndarray
-        and vector.dtype == F8
+        and (vector.dtype == F8 or vector.dtype == WORDS)
         and vector.ndim == 1
     )
 
@@ -87,7 +88,7 @@ def encode_model(msg: Model, link_key: bytes) -> bytes | None:
             "r": msg.receiver,
             "i": msg.round,
             "j": msg.step,
-            "w": {"dtype": DTYPE, "shape": [len(vector)], "data": vector.tobytes()},
+            "w": {"dtype": dtype_of(vector), "shape": [len(vector)], "data": vector.tobytes()},
             "v": msg.view,
         }
     )
@@ -95,17 +96,26 @@ def encode_model(msg: Model, link_key: bytes) -> bytes | None:
     return b"".join((MODEL_HEAD, bin_head(len(body)), body, _MAC_HEAD, tag))
 
 
-def _vector_ok(w: Any, raw: Any, dim: int) -> bool:
+def _vector_ok(w: Any, raw: Any, dim: int, dtype: str) -> bool:
     return (
         type(w) is dict
         and len(w) == 3
-        and w.get("dtype") == DTYPE
+        and w.get("dtype") == dtype
         and type(w["dtype"]) is str
         and w.get("shape") == [dim]
         and type(w["shape"][0]) is int
         and type(raw) is bytes
-        and len(raw) == 8 * dim
+        and len(raw) == WIDTH[dtype] * dim
     )
+
+
+def vector_of(data: bytes, dtype: str, offset: int = 0) -> np.ndarray | None:
+    """A received vector as the core takes it (float64, or uint32 words); None for a
+    float64 one with NaN or inf."""
+    if dtype == U4:
+        return np.frombuffer(data, dtype=WORDS, offset=offset).astype(np.uint32)
+    vector = np.frombuffer(data, dtype=F8, offset=offset).astype(np.float64)
+    return vector if all_finite(vector) else None
 
 
 def decode_model(
@@ -116,6 +126,7 @@ def decode_model(
     link_keys: Mapping[int, bytes],
     view: int,
     max_size: int,
+    dtype: str = DTYPE,
 ) -> Model | None:
     """The Model in `data` if it is a well-formed, authentic model frame for this link;
     None for anything else (the generic path then accepts it or says why not)."""
@@ -140,13 +151,11 @@ def decode_model(
         and type(fields) is dict
         and len(fields) == 6
         and routed(s, r, i, j, v, topic_sender, receiver, view)
-        and _vector_ok(w, raw, dim)
+        and _vector_ok(w, raw, dim, dtype)
     ):
         return None
     key = link_keys.get(s)
     if key is None or not hmac.compare_digest(mac(key, "model", body), tag):
         return None
-    vector = np.frombuffer(raw, dtype=F8).astype(np.float64)
-    if not all_finite(vector):
-        return None
-    return Model(s, r, i, j, vector, v)
+    vector = vector_of(raw, dtype)
+    return None if vector is None else Model(s, r, i, j, vector, v)

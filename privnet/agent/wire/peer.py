@@ -28,6 +28,7 @@ from privnet.agent.wire.frames import (
     schema_of,
 )
 from privnet.agent.wire.mac import mac
+from privnet.agent.wire.schema import DTYPE, U4, WIDTH
 from privnet.agent.wire.sealed import is_sealed, seal_peer
 
 
@@ -49,13 +50,15 @@ def decode_peer(
     link_keys: Mapping[int, bytes],
     view: int = 0,
     max_size: int = MAX_PEER_BYTES,
+    dtype: str = DTYPE,
 ) -> Peer:
     """The peer message in `data`, which arrived on the topic of `topic_sender`, or Rejected.
 
     A frame of another membership view is refused before its MAC is checked (each view has
     its own link keys): `stale-view` for an earlier one, `ahead-view` for a later one, which
-    the node keeps until its own Setup for that view arrives."""
-    fast = model.decode_model(data, receiver, topic_sender, dim, link_keys, view, max_size)
+    the node keeps until its own Setup for that view arrives. A model's vector is of
+    `dtype` (the run's wire form), anything else `shape`."""
+    fast = model.decode_model(data, receiver, topic_sender, dim, link_keys, view, max_size, dtype)
     if fast is not None:
         return fast
     opened = open_frame(data, max_size, PEER_LIMITS, PEER, "peer message")
@@ -71,10 +74,10 @@ def decode_peer(
             Reason.BAD_MAC,
             f"{name} from agent {sender}: MAC check failed (altered, or another link's key)",
         )
-    return build_peer(opened, dim)
+    return build_peer(opened, dim, dtype)
 
 
-def peek_peer(data: bytes, dim: int, max_size: int = MAX_PEER_BYTES) -> Peer:
+def peek_peer(data: bytes, dim: int, max_size: int = MAX_PEER_BYTES, dtype: str = DTYPE) -> Peer:
     """The peer message in `data` read WITHOUT its MAC check: what anyone on the wire sees
     of a MACed frame (`--seal-links off`), or Rejected("sealed") for a sealed one.
 
@@ -89,23 +92,25 @@ def peek_peer(data: bytes, dim: int, max_size: int = MAX_PEER_BYTES) -> Peer:
         raise Rejected(
             Reason.SEALED, "a sealed peer frame: only its two ends (or an escrow) hold the key"
         ) from None
-    return build_peer(opened, dim)
+    return build_peer(opened, dim, dtype)
 
 
-def model_frame_bytes(dim: int) -> int:
+def model_frame_bytes(dim: int, dtype: str = DTYPE) -> int:
     """The largest peer frame a model of `dim` parameters makes (sealed or MACed, every
     count at its widest), which must stay within MAX_PEER_BYTES."""
     big = ID_LIMIT - 1
-    msg = Model(big, big - 1, COUNT_LIMIT - 1, STEPS[0], np.zeros(dim), COUNT_LIMIT - 1)
+    zeros = np.zeros(dim, dtype=np.uint32 if dtype == U4 else np.float64)
+    msg = Model(big, big - 1, COUNT_LIMIT - 1, STEPS[0], zeros, COUNT_LIMIT - 1)
     aead = ChaCha20Poly1305(bytes(32))
     return max(len(seal_peer(msg, aead, "")), len(encode_peer(msg, bytes(32))))
 
 
 @functools.cache
-def max_model_dim() -> int:
+def max_model_dim(dtype: str = DTYPE) -> int:
     """The most parameters a model may have and still fit one peer frame."""
-    low, high = 0, MAX_PEER_BYTES // 8  # fits, does not fit
+    low, high = 0, MAX_PEER_BYTES // WIDTH[dtype]  # fits, does not fit
     while high - low > 1:
         mid = (low + high) // 2
-        low, high = (mid, high) if model_frame_bytes(mid) <= MAX_PEER_BYTES else (low, mid)
+        fits = model_frame_bytes(mid, dtype) <= MAX_PEER_BYTES
+        low, high = (mid, high) if fits else (low, mid)
     return low

@@ -23,9 +23,20 @@ import numpy as np
 
 from privnet.agent.messages import Reason, Rejected
 from privnet.agent.problems import Param, Params
-from privnet.agent.spec import COUNT_LIMIT, Bound, Choice, ConfigError, Distinct, Nested, Size
+from privnet.agent.spec import (
+    COUNT_LIMIT,
+    Bound,
+    Choice,
+    ConfigError,
+    Distinct,
+    Elided,
+    Nested,
+    Size,
+)
 
 DTYPE = "<f8"
+U4 = "<u4"  # a release on the noise lattice mod 2^32 (`--wire-dtype u4`, privnet.agent.lattice)
+WIDTH = {DTYPE: 8, U4: 4}  # bytes a parameter
 
 
 def _short_repr() -> reprlib.Repr:
@@ -192,9 +203,15 @@ class RawVector:
     data: bytes
 
 
+def dtype_of(vector: np.ndarray) -> str:
+    """The wire dtype of a vector: <u4 for lattice words (uint32), else <f8."""
+    return U4 if getattr(vector, "dtype", None) == np.uint32 else DTYPE
+
+
 def _vector_encode(vector: np.ndarray) -> dict[str, Any]:
-    arr = np.ascontiguousarray(vector, dtype=DTYPE)
-    return {"dtype": DTYPE, "shape": list(arr.shape), "data": arr.tobytes()}
+    dtype = dtype_of(vector)
+    arr = np.ascontiguousarray(vector, dtype=dtype)
+    return {"dtype": dtype, "shape": list(arr.shape), "data": arr.tobytes()}
 
 
 def _vector_decode(value: Any, where: str) -> RawVector:
@@ -204,19 +221,25 @@ def _vector_decode(value: Any, where: str) -> RawVector:
 VECTOR = Kind(_vector_encode, _vector_decode)
 
 
-def check_vector(raw: RawVector, dim: int, where: str) -> np.ndarray:
-    """The float64 array behind `raw`, if it has dtype <f8, shape [dim] and finite entries."""
-    if raw.dtype != DTYPE:
+def check_vector(raw: RawVector, dim: int, where: str, dtype: str = DTYPE) -> np.ndarray:
+    """The array behind `raw`, if it has the `dtype` expected (<f8, float64 with finite
+    entries; <u4, lattice words as uint32) and shape [dim]."""
+    if raw.dtype != dtype:
+        name = "little-endian float64" if dtype == DTYPE else "lattice words mod 2^32"
         raise Rejected(
             Reason.SHAPE,
-            f"{where}: dtype must be {DTYPE!r} (little-endian float64), got {raw.dtype!r}",
+            f"{where}: dtype must be {dtype!r} ({name}), got {raw.dtype!r}",
         )
     if raw.shape != (dim,):
         raise Rejected(Reason.SHAPE, f"{where}: shape must be [{dim}], got {list(raw.shape)}")
-    if len(raw.data) != 8 * dim:
+    width = WIDTH[dtype]
+    if len(raw.data) != width * dim:
         raise Rejected(
-            Reason.SHAPE, f"{where}: {dim} float64 take {8 * dim} bytes, data has {len(raw.data)}"
+            Reason.SHAPE,
+            f"{where}: {dim} {dtype} take {width * dim} bytes, data has {len(raw.data)}",
         )
+    if dtype == U4:
+        return np.frombuffer(raw.data, dtype=U4).astype(np.uint32)
     vector = np.frombuffer(raw.data, dtype=DTYPE).astype(np.float64)
     bad = np.flatnonzero(~np.isfinite(vector))
     if bad.size:
@@ -237,25 +260,39 @@ class Field:
     name: str
     key: str
     kind: Kind
+    elided: bool = False  # left out while it holds `default` (spec.Elided)
+    default: Any = None
 
 
 def decode_fields(value: Any, fields: tuple[Field, ...], where: str) -> dict[str, Any]:
-    """Decode a map that must hold exactly `fields`, as keyword arguments by field name."""
+    """Decode a map that must hold exactly `fields` (an elided one may be absent: its
+    default), as keyword arguments by field name."""
     if type(value) is not dict:
         raise schema_error(where, "a map", value)
     if len(value) != len(fields) or any(f.key not in value for f in fields):
         keys = [f.key for f in fields]
-        missing = [f"missing field {k!r}" for k in keys if k not in value]
+        missing = [
+            f"missing field {f.key!r}" for f in fields if f.key not in value and not f.elided
+        ]
         extra = [f"unknown field {SHOW.repr(k)}" for k in value if k not in keys]
-        raise Rejected(
-            Reason.SCHEMA,
-            f"{where}: {'; '.join(missing + extra)} (fields are {', '.join(keys) or 'none'})",
-        )
-    return {f.name: f.kind.decode(value[f.key], f"{where}.{f.key}") for f in fields}
+        if missing or extra:
+            raise Rejected(
+                Reason.SCHEMA,
+                f"{where}: {'; '.join(missing + extra)} (fields are {', '.join(keys) or 'none'})",
+            )
+    return {
+        f.name: f.kind.decode(value[f.key], f"{where}.{f.key}") if f.key in value else f.default
+        for f in fields
+    }
 
 
 def encode_fields(obj: Any, fields: tuple[Field, ...]) -> dict[str, Any]:
-    return {f.key: f.kind.encode(getattr(obj, f.name)) for f in fields}
+    out = {}
+    for f in fields:
+        value = getattr(obj, f.name)
+        if not (f.elided and value == f.default):
+            out[f.key] = f.kind.encode(value)
+    return out
 
 
 _VECTOR_FIELDS = (
@@ -367,5 +404,13 @@ def fields_of(cls: type, keys: str = "") -> tuple[Field, ...]:
     short = keys.split() or names
     if len(short) != len(names):
         raise TypeError(f"{cls.__name__} has {len(names)} fields, {len(short)} keys given")
-    pairs = zip(names, short, strict=True)
-    return tuple(Field(name, key, kind_of(hints[name])) for name, key in pairs)
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    out = []
+    for name, key in zip(names, short, strict=True):
+        hint = hints[name]
+        args = typing.get_args(hint) if typing.get_origin(hint) is typing.Annotated else ()
+        if any(isinstance(rule, Elided) for rule in args[1:]):
+            out.append(Field(name, key, kind_of(args[0]), True, defaults[name]))
+        else:
+            out.append(Field(name, key, kind_of(hint)))
+    return tuple(out)

@@ -15,7 +15,6 @@ import struct
 from dataclasses import dataclass
 from typing import Any, cast
 
-import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
@@ -33,8 +32,16 @@ from privnet.agent.wire.frames import (
     schema_of,
     unpack,
 )
-from privnet.agent.wire.model import F8, MODEL_HEAD, MODEL_NAME, all_finite, bin_head, routed, usual
-from privnet.agent.wire.schema import DTYPE, Field, decode_fields, encode_fields, kind_of
+from privnet.agent.wire.model import MODEL_HEAD, MODEL_NAME, bin_head, routed, usual, vector_of
+from privnet.agent.wire.schema import (
+    DTYPE,
+    WIDTH,
+    Field,
+    decode_fields,
+    dtype_of,
+    encode_fields,
+    kind_of,
+)
 
 SEAL_AD_TAG = b"privnet/link-frame/v1\0"
 _NONCE = struct.Struct(">BBQ2x")  # kind << 1 | direction, step, round (model) or seq (keys)
@@ -128,15 +135,16 @@ def run_ad(run: str) -> bytes:
 def _seal_model(msg: Model, aead: ChaCha20Poly1305, run_ad: bytes) -> bytes:
     s, r, i, j, v, vector = msg.sender, msg.receiver, msg.round, msg.step, msg.view, msg.vector
     raw = pack({"s": s, "r": r, "i": i, "j": j, "v": v})
-    plain = _box_prefix(len(vector)) + vector.tobytes()
+    plain = _box_prefix(len(vector), dtype_of(vector)) + vector.tobytes()
     box = aead.encrypt(link_nonce(MODEL_KIND, s, r, j, i), plain, run_ad + _MODEL_AD + raw)
     return b"".join((MODEL_HEAD, bin_head(len(raw)), raw, bin_head(len(box)), box))
 
 
 @functools.cache
-def _box_prefix(dim: int) -> bytes:
+def _box_prefix(dim: int, dtype: str = DTYPE) -> bytes:
     """A sealed model's box up to its vector's bytes: {"w": {dtype, shape, data: bin}}."""
-    return pack({"w": {"dtype": DTYPE, "shape": [dim], "data": bytes(8 * dim)}})[: -8 * dim]
+    size = WIDTH[dtype] * dim
+    return pack({"w": {"dtype": dtype, "shape": [dim], "data": bytes(size)}})[:-size]
 
 
 def open_model(
@@ -149,6 +157,7 @@ def open_model(
     aead: ChaCha20Poly1305 | None,
     run: str,
     after: tuple[int, int] | None,
+    dtype: str = DTYPE,
 ) -> Model | None:
     """The Model in `data` if it is a well-formed, authentic sealed model frame for this
     link, placed after `after`; None for anything else (`read_head`, `open_head` then
@@ -175,13 +184,11 @@ def open_model(
         plain = aead.decrypt(link_nonce(MODEL_KIND, s, r, j, i), box, run_ad(run) + _MODEL_AD + raw)
     except (InvalidTag, ValueError):
         return None
-    prefix = _box_prefix(dim)
-    if len(plain) != len(prefix) + 8 * dim or not plain.startswith(prefix):
+    prefix = _box_prefix(dim, dtype)
+    if len(plain) != len(prefix) + WIDTH[dtype] * dim or not plain.startswith(prefix):
         return None
-    vector = np.frombuffer(plain, dtype=F8, offset=len(prefix)).astype(np.float64)
-    if not all_finite(vector):
-        return None
-    return Model(s, r, i, j, vector, v)
+    vector = vector_of(plain, dtype, len(prefix))
+    return None if vector is None else Model(s, r, i, j, vector, v)
 
 
 def read_head(data: bytes, max_size: int = MAX_PEER_BYTES) -> Head:
@@ -200,7 +207,7 @@ def read_head(data: bytes, max_size: int = MAX_PEER_BYTES) -> Head:
     return Head(schema, decode_fields(got, head_fields, f"{name} head"), raw, box)
 
 
-def open_head(head: Head, aead: ChaCha20Poly1305, run: str, dim: int) -> Peer:
+def open_head(head: Head, aead: ChaCha20Poly1305, run: str, dim: int, dtype: str = DTYPE) -> Peer:
     """The message under `head`'s box, opened with the link's key, checked, or Rejected:
     `bad-seal` when the tag fails (a wrong key, or any byte of head or box altered)."""
     name = head.schema.name
@@ -216,7 +223,7 @@ def open_head(head: Head, aead: ChaCha20Poly1305, run: str, dim: int) -> Peer:
     box = unpack(plain, MAX_PEER_BYTES, PEER_LIMITS, f"{name} box")
     fields = {k: v for k, v in head.fields.items() if k != "seq"}
     fields |= decode_fields(box, secret_fields, name)
-    return build_peer(Opened(head.schema, head.raw, head.box, fields), dim)
+    return build_peer(Opened(head.schema, head.raw, head.box, fields), dim, dtype)
 
 
 def is_sealed(data: bytes, max_size: int) -> bool:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from privnet.agent.private import private_dir
-from privnet.agent.spec import ConfigError, Rekey
+from privnet.agent.spec import ConfigError, Rekey, WireDtype
 from privnet.orchestrator.experiment import config as configuration
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.topology import (
@@ -88,6 +88,14 @@ def experiment_flags(parser: argparse.ArgumentParser) -> None:
         "own step) under every scheme, e.g. clip:b=2, trim:b=1, clip-step:tau=0.1",
     )
     parser.add_argument(
+        "--wire-dtype",
+        dest="wire_dtype",
+        choices=[str(w) for w in WireDtype],
+        help="how releases travel: f8 (float64, 8 bytes a parameter) or u4 (integers on the "
+        "noise lattice mod 2^32, 4 bytes; docs/tasks/big-models.md); default: the "
+        "problem's dtype (float64: f8)",
+    )
+    parser.add_argument(
         "--seed",
         type=seed_or_random,
         help="data, graph and noise seed; `random` (or empty): a fresh one (`privnet run`: "
@@ -128,6 +136,7 @@ OVERRIDES = (
     "seal_links",
     "byzantine",
     "defense",
+    "wire_dtype",
 )
 
 

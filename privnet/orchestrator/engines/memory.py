@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from privnet.agent import keys
+from privnet.agent import keys, wire
 from privnet.agent.core import AgentCore
 from privnet.agent.node import AgentNode, Launch
 from privnet.agent.protocol import Event, Output, Publish
@@ -223,9 +223,11 @@ class Network:
         self.router.drain()
         if self.conductor.stage is not Stage.DONE:
             stuck = [n.me for n in self.nodes if n.phase.value != "finished"]
+            failed = [f"; {n.failure}" for n in self.nodes if n.failure][:3]  # e.g. wire-range
             raise RunFailed(
                 self.conductor.failure
                 or f"the run stopped in stage {self.conductor.stage}; agents {stuck} are stuck"
+                + "".join(failed)
             )
         self.router.send(CONDUCTOR, self.conductor.bye())
         self.router.drain()
@@ -326,7 +328,7 @@ def results_curve(
     rejected = add_counts(res.totals("rejected") for res in results)
     rounds = sum(res.counted for res in results)  # fewer than iters x repeats after --resume
     per_round = {k: v / rounds for k, v in traffic.items() if k != "control"}
-    extra = {
+    extra = model_frames(problem, traffic, messages, rounds) | {
         "bytes": traffic,
         "messages": messages,
         "rejected": rejected,
@@ -345,6 +347,25 @@ def results_curve(
     rate = rounds / max(wall, 1e-9)
     told = [res.metrics for res in results]
     return curve_of(problem, strategy, scheme, models, rate, extra, told)
+
+
+def model_frames(
+    problem: Problem, traffic: dict[str, int], messages: dict[str, int], rounds: int
+) -> dict[str, Any]:
+    """What a model costs on the wire: its parameters and wire form, the model bytes and
+    whole model frames (a chunked model counts once) per round, and their quotient: bytes
+    a parameter a model frame (8.0x for f8, 4.0x for u4, the rest frame and MQTT headers)."""
+    dim, code = problem.config.dim, problem.wire.code
+    per_model = wire.chunk_count(dim, code) if wire.needs_chunks(dim, code) else 1
+    frames = messages.get("model", 0) / per_model / max(rounds, 1)
+    model_bytes = traffic.get("model", 0) / max(rounds, 1)
+    return {
+        "params": dim,
+        "wire_dtype": str(problem.wire),
+        "model_bytes_per_round": model_bytes,
+        "model_frames_per_round": frames,
+        "bytes_per_param_per_model_frame": model_bytes / frames / dim if frames else None,
+    }
 
 
 def results_curves(problem: Problem, results: list[SessionResult]) -> list[Curve]:

@@ -18,9 +18,9 @@ from time import perf_counter
 
 import numpy as np
 
-from privnet.agent import rng
+from privnet.agent import lattice, rng
 from privnet.agent import schedule as expand
-from privnet.agent.spec import STRATEGY_STEP, ConfigError, Scheme, Strategy
+from privnet.agent.spec import STRATEGY_STEP, ConfigError, Scheme, Strategy, WireDtype
 from privnet.orchestrator.curves import Curve
 from privnet.orchestrator.experiment import data, seeds, topology
 from privnet.orchestrator.experiment.config import parse_choices
@@ -85,6 +85,10 @@ def run_oracle(
 #   local-ghp:  sum_m [a_mp x_m], [y] being y rounded to the noise grid (the lattice)
 #   masked-ghp: sum_{m != p} [a_mp (x_m + g_m)] + [a_pp x_p - (1 - a_pp) g_p] (x on the grid
 #               first): the pair masks of both cancel exactly on the lattice, so none is drawn.
+# With the u4 wire (privnet.agent.lattice) the lattice is lattice.grid (the noise grid, or
+# 2^-24 without noise) and none releases x on it too: on the wire every release is a
+# lattice point, so the rest is the same sums (the modular sum of words is the integer sum
+# wherever the sender's range check lets a release out).
 # An identity step adds no noise.
 @dataclass(frozen=True)
 class _Combine:
@@ -166,7 +170,7 @@ class _Edges:
         ghp = np.where(own, -((1 - weights) / weights), 1.0)
         return cls(senders, weights, ghp, np.searchsorted(receivers, np.arange(a.shape[0])))
 
-    def lattice(self, x: np.ndarray, g: np.ndarray | None, sigma_g: float) -> np.ndarray:
+    def lattice(self, x: np.ndarray, g: np.ndarray | None, step: float) -> np.ndarray:
         """sum_m [a_mp (x_m + c_mp g_m)] per receiver p, [.] rounded to the noise grid;
         x and g are (P, ..., M), sender-major; g is None for local-ghp."""
         shape = (-1, *[1] * (x.ndim - 1))
@@ -174,7 +178,6 @@ class _Edges:
         if g is not None:
             v = v + self.ghp.reshape(shape) * g[self.senders]
         terms = self.weights.reshape(shape) * v
-        step = rng.grid(sigma_g)
         if step:
             terms = step * np.rint(terms / step)
         return np.add.reduceat(terms, self.starts, axis=0)
@@ -260,7 +263,7 @@ def _run_strategy(
     names = problem.metric_series
     errors = {name: np.empty_like(centroid) for name in names}
     w = np.broadcast_to(problem.w0, (agents, repeats, len(lanes), dim)).copy()
-    side_by_side = _Lanes(lanes, config.sigma_g)
+    side_by_side = _Lanes(lanes, config.sigma_g, problem.wire)
 
     with np.errstate(over="ignore", invalid="ignore"):  # divergence is reported once, below
         for first in range(1, iters + 1, CHUNK):
@@ -351,19 +354,23 @@ class _Lanes:
 
     schemes: tuple[Scheme, ...]
     sigma_g: float
+    wire: WireDtype = WireDtype.F8
 
     def combine(self, c: _Combine, x: np.ndarray, table: np.ndarray | None) -> np.ndarray:
         """One combine of every lane; `table` is the round's noise (None without noise).
         An agent alone this round sends nothing: it keeps its value, not snapped."""
         given = x
-        if table is not None:
-            snaps = np.array([lane in _SNAPS for lane in self.schemes])[:, None]
-            x = np.where(snaps, rng.snap(x, self.sigma_g), x)
+        step = lattice.grid(self.sigma_g, self.wire)
+        if step:  # the lanes whose value is released on the lattice (u4: none's too)
+            u4 = self.wire is WireDtype.U4
+            on = [lane in _SNAPS or (u4 and lane is Scheme.NONE) for lane in self.schemes]
+            snaps = np.array(on)[:, None]
+            x = np.where(snaps, rng.on_lattice(x, 1.0, step), x)
         out = c(x, table)
         for s, lane in enumerate(self.schemes):
             if lane.masked:
                 g = table[:, :, s] if table is not None and lane is Scheme.MASKED_GHP else None
-                out[:, :, s] = c.every.lattice(x[:, :, s], g, self.sigma_g)
+                out[:, :, s] = c.every.lattice(x[:, :, s], g, step)
         out[c.alone] = given[c.alone]
         return out
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from privnet.agent import attacks, datasets, defenses, plugins, problems
-from privnet.agent.spec import ConfigError, Rekey, Scheme, Strategy
+from privnet.agent.spec import ConfigError, Rekey, Scheme, Strategy, WireDtype
 from privnet.orchestrator.experiment import partition
 
 
@@ -55,6 +55,9 @@ class ExperimentConfig:
     # attacks), and the defense every honest hub runs, NAME[:PARAMS] (privnet.agent.defenses)
     byzantine: str = ""
     defense: str = "none"
+    # How releases travel: f8 (float64) or u4 (lattice words mod 2^32, privnet.agent.lattice);
+    # None: the problem's dtype (float64 -> f8, float32 -> u4), set when the Problem is built
+    wire_dtype: WireDtype | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -111,6 +114,7 @@ class ExperimentConfig:
             "strategies": parse_choices(self.strategies, Strategy),
             "schemes": parse_choices(self.schemes, Scheme),
             "rekey": _member(self.rekey, Rekey),
+            "wire_dtype": None if self.wire_dtype is None else _member(self.wire_dtype, WireDtype),
             "problem": problems.ALIASES.get(self.problem, self.problem),
         }
         for name, value in coerced.items():
@@ -144,6 +148,7 @@ class ExperimentConfig:
         data["strategies"] = [str(s) for s in self.strategies]
         data["schemes"] = [str(s) for s in self.schemes]
         data["rekey"] = str(self.rekey)
+        data["wire_dtype"] = None if self.wire_dtype is None else str(self.wire_dtype)
         return data
 
 
@@ -200,12 +205,13 @@ def _typed(key: str, value: Any) -> Any:
         if not names_ok:
             raise ConfigError(f"{key} = {value!r}: give a name, a comma list or a list of names")
         return parse_choices(value, kind)
-    if key == "rekey":
+    if key in ("rekey", "wire_dtype"):
+        member: type[StrEnum] = Rekey if key == "rekey" else WireDtype
         try:
-            return Rekey(value)
+            return member(value)
         except (ValueError, TypeError):
-            choices = ", ".join(str(r) for r in Rekey)
-            raise ConfigError(f"rekey = {value!r}: choose {choices}") from None
+            choices = ", ".join(str(r) for r in member)
+            raise ConfigError(f"{key} = {value!r}: choose {choices}") from None
     want = _TYPES[str(_FIELD_TYPES[key]).removesuffix(" | None")]
     if want is bool:  # ExperimentConfig checks it, saying so
         return value

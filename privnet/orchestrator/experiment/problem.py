@@ -17,7 +17,7 @@ import numpy as np
 from privnet.agent import problems, wire
 from privnet.agent import schedule as expand
 from privnet.agent.problems import LINEAR, Params, Share
-from privnet.agent.spec import ConfigError, Rekey, Schedule, Scheme, Strategy
+from privnet.agent.spec import ConfigError, Rekey, Schedule, Scheme, Strategy, WireDtype
 from privnet.orchestrator.experiment import data, schedules, topology
 from privnet.orchestrator.experiment.config import ExperimentConfig
 
@@ -53,6 +53,8 @@ class Problem:
         config = replace(config, dataset=dataset)
         features, classes = (config.dim, 0) if dataset == LINEAR else _shape(dataset)
         config = replace(config, dim=plugin.dim(features, classes))
+        config = replace(config, wire_dtype=config.wire_dtype or wire_of(plugin))
+        _check_u4(config)
         _check_frame(config)
         ghp = next((s for s in map(Scheme, config.schemes) if s.homomorphic), Scheme.NONE)
         made = schedules.template(config)
@@ -71,6 +73,11 @@ class Problem:
             A = topology.combination_matrix(graph, config.rule)
         topology.validate(A, graph, scheme=ghp)
         return cls(config, graph, A, topology.perron(A), plugin, params, features, classes)
+
+    @property
+    def wire(self) -> WireDtype:
+        """How this problem's releases travel (resolved when built: never None then)."""
+        return self.config.wire_dtype or WireDtype.F8
 
     def matrices(self, strategy: Strategy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(A0, A1, A2) of the paper's general form for this strategy."""
@@ -228,14 +235,42 @@ def _with_rho(plugin_class: type, config: ExperimentConfig) -> dict[str, object]
     return params
 
 
+def wire_of(plugin: problems.Problem) -> WireDtype:
+    """The wire form a problem's models take by default: u4 (4 bytes a parameter) for a
+    float32 model, f8 otherwise (every built-in problem is float64 today)."""
+    dtype = np.dtype(getattr(plugin, "dtype", np.float64))
+    return WireDtype.U4 if dtype == np.float32 else WireDtype.F8
+
+
 def _check_frame(config: ExperimentConfig) -> None:
     """A model crosses the peer plane in one frame, or in chunks (privnet.agent.wire.chunks):
     refuse one over the most chunks a model may take, naming the limit."""
-    if config.dim > wire.max_chunked_dim():
+    code = (config.wire_dtype or WireDtype.F8).code
+    most = wire.max_chunked_dim(code)
+    if config.dim > most:
+        width = 8 if code == wire.DTYPE else 4
         raise ConfigError(
             f"problem {config.problem!r} has {config.dim:,} parameters: a model crosses the wire "
             f"in at most {wire.MAX_CHUNKS:,} chunks of {wire.CHUNK_BYTES:,} bytes "
-            f"(privnet.agent.wire.chunks.MAX_CHUNKS), which hold {wire.max_chunked_dim():,} "
-            f"float64 parameters ({8 * config.dim:,} bytes needed, and as many held per "
+            f"(privnet.agent.wire.chunks.MAX_CHUNKS), which hold {most:,} "
+            f"{'float64' if width == 8 else 'u4'} parameters ({width * config.dim:,} bytes "
+            "needed, and as many held per "
             "in-link by every receiver); use a smaller model"
+        )
+
+
+def _check_u4(config: ExperimentConfig) -> None:
+    """The u4 wire is built for a static graph and honest agents so far: a schedule's
+    round-by-round masks and an attacker's view of its inbox are float64's."""
+    if config.wire_dtype is not WireDtype.U4:
+        return
+    if schedules.template(config) is not None:
+        raise ConfigError(
+            f"topology {config.topology!r} with wire_dtype u4: a time-varying topology runs "
+            "on the f8 wire for now; use --wire-dtype f8 or a static topology"
+        )
+    if config.byzantine.strip():
+        raise ConfigError(
+            "byzantine agents with wire_dtype u4: attacks run on the f8 wire for now; "
+            "use --wire-dtype f8"
         )

@@ -70,6 +70,7 @@ def agent_specs(
             schedule=None if problem.schedule is None else made,
             attack=attackers.get(p, ""),
             defense=defense,
+            wire=problem.wire,
         )
         for p in range(c.agents)
     ]

@@ -38,10 +38,10 @@ def link_bytes(
     for spec in specs:
         if spec.agent not in inside:
             continue
-        w = np.zeros(spec.dim)
+        w = np.zeros(spec.dim, dtype=spec.wire.code)  # float64, or u4 lattice words
         receivers = sorted({k for step in spec.steps for k in step.receivers(spec.agent)})
         keys = dict.fromkeys(receivers, LINK_KEY)
-        links = Links(run, spec.agent, spec.dim, view, keys, sealed=sealed)
+        links = Links(run, spec.agent, spec.dim, view, keys, sealed=sealed, dtype=spec.wire.code)
         for step in spec.steps:
             for k in step.receivers(spec.agent):
                 model = Model(spec.agent, k, start, step.step, w, view)

@@ -1,0 +1,118 @@
+"""The compact wire form (`--wire-dtype u4`): a release as its integer on the noise lattice,
+mod 2^32, 4 bytes a parameter.
+
+A release x goes on the wire as k = rint(x / step) reduced mod 2^32 (`words`), step the
+noise grid of issue 18 (`rng.grid(sigma_g)`), or `NOISELESS_GRID` where a run adds no
+noise. Every scheme's wire value is then a lattice point by construction, so the float
+leak stays closed. A masked scheme's term is rint(a v / step) plus its pair masks, words
+drawn uniformly mod 2^32 (keys.WordBank); the hub adds the words mod 2^32, where the masks
+cancel exactly at any width, and reads the sum back as a signed integer (`total`).
+
+The range. 32 bits hold integers in [-2^31, 2^31); a sum mod 2^32 outside that wraps,
+and a hub cannot see that it did (a uniform mask hides every term). So the sender refuses:
+no release is put on the wire with |k| > LIMIT steps (`OutOfRange`, counted as
+`wire-range`; the agent stops with the reason). A hub's in-weights sum to 1
+(spec._check_plan), so honest terms sum within LIMIT + 1 < 2^31: no wrap. A hub also
+refuses a total beyond that (some wraps of a sender that did not check land there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from privnet.agent import rng
+from privnet.agent.messages import Reason, Rejected
+from privnet.agent.spec import WireDtype
+
+NOISELESS_GRID = 2.0**-24  # u4 without noise: float32's spacing at 1, a range of +-128
+LIMIT = 2**31 - 2**16  # |k| a release may have on the wire; sums stay below 2^31
+_SLACK = 2**8  # rounding and the in-weights' tolerance: an honest hub total is within this
+
+
+class OutOfRange(Rejected):
+    """A release (or a hub's total) outside the u4 wire's range: refused, never wrapped."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(Reason.WIRE_RANGE, detail)
+
+
+def grid(sigma_g: float, wire: WireDtype) -> float:
+    """The lattice a release sits on: the noise grid (0, none, for f8 without noise)."""
+    step = rng.grid(sigma_g)
+    return step if step or wire is WireDtype.F8 else NOISELESS_GRID
+
+
+def _refuse(k: np.ndarray, bound: np.ndarray | float, step: float, where: str) -> None:
+    over = np.flatnonzero(~((k >= -bound) & (k <= bound)))  # NaN is over too
+    if over.size:
+        i = int(over[0])
+        most = float(np.broadcast_to(bound, k.shape).flat[i]) * step
+        raise OutOfRange(
+            f"{where}: entry {i} is {float(k.flat[i]) * step:.6g} ({float(k.flat[i]):.4g} "
+            f"lattice steps of {step:.3g}), where the u4 wire holds +-{most:.6g} "
+            f"({over.size} entries over): run with --wire-dtype f8, or keep the model "
+            "smaller (e.g. a smaller mu)"
+        )
+
+
+def integers(v: np.ndarray, step: float, where: str) -> np.ndarray:
+    """rint(v / step) as int64, refused (OutOfRange) beyond LIMIT."""
+    k = np.rint(v / step)
+    _refuse(k, LIMIT, step, where)
+    return k.astype(np.int64)
+
+
+def words(v: np.ndarray, step: float, where: str) -> np.ndarray:
+    """v's lattice integers as the u4 wire carries them: uint32, two's complement."""
+    return integers(v, step, where).astype(np.uint32)
+
+
+def values(w: np.ndarray, step: float) -> np.ndarray:
+    """The floats a vector of words stands for: step * (w read as signed int32)."""
+    return w.view(np.int32) * step
+
+
+def sent(
+    released: Mapping[int, np.ndarray], me: int, step: float, where: str
+) -> dict[int, np.ndarray]:
+    """An unmasked scheme's releases as words for every target but `me` (the self-term
+    does not travel: it stays floats)."""
+    return {k: v if k == me else words(v, step, f"{where} to {k}") for k, v in released.items()}
+
+
+def floats(inbox: Mapping[int, np.ndarray], step: float) -> dict[int, np.ndarray]:
+    """What an unmasked scheme combines: words received back as floats, floats as they are."""
+    return {m: values(v, step) if v.dtype == np.uint32 else v for m, v in inbox.items()}
+
+
+def masked_words(
+    v: np.ndarray, masks: np.ndarray, a: np.ndarray, step: float, where: str
+) -> np.ndarray:
+    """rint(a v / step) + masks mod 2^32 per target (rows of `masks`, weights `a` as a
+    column): the masked schemes' u4 release, refused beyond a * LIMIT per term."""
+    k = np.rint(a * v / step)
+    _refuse(k, a * LIMIT, step, where)
+    sent: np.ndarray = k.astype(np.int64).astype(np.uint32) + masks
+    return sent
+
+
+def total(stacked: np.ndarray, step: float, where: str) -> np.ndarray:
+    """A hub's combination: its terms' words (rows) added mod 2^32, where the masks cancel,
+    read as signed and as floats; refused beyond what honest terms can sum to."""
+    summed = np.asarray(np.sum(stacked, axis=0, dtype=np.uint32)).view(np.int32)
+    _refuse(summed, LIMIT + _SLACK, step, where)
+    combined: np.ndarray = summed * step
+    return combined
+
+
+def received(vector: np.ndarray, wire: WireDtype, where: str) -> np.ndarray:
+    """A model vector as the core keeps it: f8, float64; u4, uint32 words, or Rejected
+    (shape) for anything else."""
+    if wire is WireDtype.F8:
+        return np.asarray(vector, dtype=np.float64)
+    if not (isinstance(vector, np.ndarray) and vector.dtype == np.uint32):
+        kind = getattr(vector, "dtype", type(vector).__name__)
+        raise Rejected(Reason.SHAPE, f"{where}: a u4 run's models are uint32 words, got {kind}")
+    return vector
