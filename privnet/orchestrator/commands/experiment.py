@@ -73,6 +73,31 @@ def experiment_flags(parser: argparse.ArgumentParser) -> None:
         metavar="on|off",
         help="seal every peer frame end to end (default on); off: the paper's visible wire",
     )
+    _wire_and_adversary_flags(parser)
+    parser.add_argument(
+        "--seed",
+        type=seed_or_random,
+        help="data, graph and noise seed; `random` (or empty): a fresh one (`privnet run`: "
+        "secret, kept in the run's secrets.json, 0600)",
+    )
+    parser.add_argument("--out", type=Path, help="output directory (default runs/<name>-<time>)")
+    parser.add_argument(
+        "--account",
+        action="store_true",
+        help="account epsilon(i) per agent from twin runs on D and D' (`privacy` in summary.json)",
+    )
+    parser.add_argument(
+        "--neighbour-agent",
+        dest="neighbour",
+        type=int,
+        default=0,
+        metavar="P",
+        help="the agent whose data D' replaces (default 0)",
+    )
+
+
+def _wire_and_adversary_flags(parser: argparse.ArgumentParser) -> None:
+    """What the agents send besides the algorithm: attackers, defenses, the wire's form."""
     parser.add_argument(
         "--byzantine",
         metavar="IDS:ATTACK",
@@ -94,26 +119,6 @@ def experiment_flags(parser: argparse.ArgumentParser) -> None:
         help="how releases travel: f8 (float64, 8 bytes a parameter) or u4 (integers on the "
         "noise lattice mod 2^32, 4 bytes; docs/tasks/big-models.md); default: the "
         "problem's dtype (float64: f8)",
-    )
-    parser.add_argument(
-        "--seed",
-        type=seed_or_random,
-        help="data, graph and noise seed; `random` (or empty): a fresh one (`privnet run`: "
-        "secret, kept in the run's secrets.json, 0600)",
-    )
-    parser.add_argument("--out", type=Path, help="output directory (default runs/<name>-<time>)")
-    parser.add_argument(
-        "--account",
-        action="store_true",
-        help="account epsilon(i) per agent from twin runs on D and D' (`privacy` in summary.json)",
-    )
-    parser.add_argument(
-        "--neighbour-agent",
-        dest="neighbour",
-        type=int,
-        default=0,
-        metavar="P",
-        help="the agent whose data D' replaces (default 0)",
     )
 
 
