@@ -107,15 +107,18 @@ def test_a_stopped_agent_drops_from_every_later_round_of_a_schedule(tmp_path: Pa
 
 
 def test_a_broker_restart_is_redone_under_a_new_view(tmp_path: Path) -> None:
-    """kill -9 the broker mid-run and start it again: everyone reconnects, the round in
-    flight stalls, and a view with the same members redoes it; no round is missed."""
+    """kill -9 the broker mid-run and start it again: everyone reconnects, a round whose
+    frames were in flight stalls, and a view with the same members redoes it; no round is
+    missed. (With the members held at the end of the conductor's grant, a busy orchestrator
+    reading behind, nothing is in flight: they go on under the same view.)"""
     views, summary = run(tmp_path, ITERS, "--faults", "broker@100")
-    assert [v.reason for v in changes(views)] == ["start"] and len(views) >= 2, views
+    assert [v.reason for v in views[1:]] == ["stalled"] * (len(views) - 1), views
     assert all(v.members == views[0].members for v in views)
     assert summary["broker_outages"]["reconnects"] == 1
     assert summary["membership"]["missed_rounds"] == {}
     pauses = summary["membership"]["pauses"]
-    assert max(p["seconds_lost"] for p in pauses) >= 3.0  # the stall deadline
+    assert len(pauses) == len(views) - 1
+    assert all(p["seconds_lost"] >= 3.0 for p in pauses)  # a stall waits its deadline
     assert_replayed(tmp_path, ITERS, views)
 
 
