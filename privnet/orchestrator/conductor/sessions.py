@@ -24,11 +24,13 @@ from privnet.orchestrator.conductor.records import (
 from privnet.orchestrator.conductor.setups import Terms, setups
 from privnet.orchestrator.conductor.state import Parts
 
-# Rounds the members may run past what the conductor has read of them. The conductor grants
+# Rounds the members may run past what the conductor has read of them (1024, not 256: a
+# broker killed while every member holds at the window's end loses queued telemetry that no
+# stall redoes, docs/tasks/liveness.md). The conductor grants
 # WINDOW more (a Go with a later `until`) each time they are halfway through: a busy
 # orchestrator slows the run, and its view of the network, its faults and its decisions stay
 # at most WINDOW rounds behind the agents, instead of a backlog without bound (issue 30).
-WINDOW = 256
+WINDOW = 1024
 
 
 class Sessions(Parts):
