@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from privnet.agent import attacks, control, keys, lattice, topics, wire
+from privnet.agent import attacks, control, keys, lattice, phases, topics, wire
 from privnet.agent.core import AgentCore
 from privnet.agent.links import Links
 from privnet.agent.losses import make_loss
 from privnet.agent.messages import Message, Reason, Rejected, Report
-from privnet.agent.phases import ACTIVE, BEATING, IDLE, PAUSED, WAITING, Phase
+from privnet.agent.phases import ACTIVE, BEATING, IDLE, PAUSED, WAITING, Phase, Trigger
 from privnet.agent.protocol import (
     BEATS,
     PATIENCE,
@@ -87,7 +87,7 @@ class AgentNode:
         self.launch, self.identity, self._core_type = launch, identity, core
         self.me, self.run = launch.agent, launch.run
         self.checkpoint = checkpoint  # what a restarted agent comes back with
-        self.phase = Phase.REGISTERING
+        self.phase = phases.INITIAL  # then only `_move` changes it
         self.deliveries = Deliveries()
         self.session: Session | None = None
         self._sealing = Sealing(launch.run, launch.agent, launch.orchestrator)
@@ -123,7 +123,7 @@ class AgentNode:
 
     @property
     def done(self) -> bool:
-        return self.phase in (Phase.CLOSED, Phase.FAILED)
+        return self.phase in phases.FINAL
 
     @property
     def view(self) -> int:
@@ -200,11 +200,11 @@ class AgentNode:
     def unsubscribed(self, topic: str, now: float) -> Output:
         """The shell has stopped the inbox (the broker acknowledged, and every frame that
         came before is delivered): report what is left, so nothing goes unreported."""
-        if self.phase is not Phase.LEAVING or topic != self.subscriptions[0]:
+        if not self._can(Trigger.UNSUBSCRIBED) or topic != self.subscriptions[0]:
             raise RuntimeError(f"unsubscribed from {topic!r} in phase {self.phase}")
         self._drop_early()
         rejected, self._unreported = self._unreported, Counter()
-        self.phase = Phase.LEFT
+        self._move(Trigger.UNSUBSCRIBED)
         left = control.Left(self.me, dict(rejected))
         return Output([self._up(topics.ctl_up(self.run, self.me), left)], [Event("left")])
 
@@ -252,23 +252,21 @@ class AgentNode:
 
     def _obey(self, msg: control.Control, now: float) -> Output:
         match msg:
-            case control.Welcome(agent=agent) if agent == self.me and self._is(Phase.REGISTERING):
-                self.phase, self._since = Phase.REGISTERED, now
+            case control.Welcome(agent=agent) if agent == self.me and self._can(Trigger.WELCOME):
+                self._move(Trigger.WELCOME)
+                self._since = now
                 out = Output(events=[Event("registered")])
                 if msg.rejoin:
                     out.publish.append(self._rejoin())
                 return out
             case control.Setup(agent=agent) if agent == self.me and self._fits(msg):
                 return self._configure(msg, now)
-            case control.Go(session=n, view=v) if self._is(Phase.KEYED) and self._at(n, v):
+            case control.Go(session=n, view=v) if self._can(Trigger.GO) and self._at(n, v):
                 return self._go(msg.until, now)
             case control.Go() if self._extends(msg):
                 return self._extend(msg.until, now)
-            case control.Hold(session=n, view=v) if self._holds(n, v) and not self._is(
-                Phase.EXCLUDED
-            ):
-                if self.phase in ACTIVE:
-                    self.phase = Phase.HELD
+            case control.Hold(session=n, view=v) if self._can(Trigger.HOLD) and self._holds(n, v):
+                self._move(Trigger.HOLD)  # HELD, or stays HELD or FINISHED
                 self._ending = True
                 # The reports first: the next view starts where one is missing (a broker
                 # that went down with it), so it must not start where one is still here.
@@ -276,28 +274,33 @@ class AgentNode:
                 flush = self._telemetry(session) if session and session.reports else []
                 return Output([*flush, self._progress(now)])
             case control.Excluded(agent=agent, session=n, view=v) if (
-                agent == self.me and self._holds(n, v) and not self._is(Phase.EXCLUDED)
+                agent == self.me and self._can(Trigger.EXCLUDED) and self._holds(n, v)
             ):
-                self.phase = Phase.EXCLUDED
+                self._move(Trigger.EXCLUDED)
                 return Output([self._rejoin()], [Event("excluded", f"view {v}")])
             case control.Abort(reason=reason):
                 return self._fail(f"aborted by the orchestrator: {reason}", tell=False)
             case control.Beat():
                 return Output()
-            case control.Close() if self._is(Phase.FINISHED, Phase.EXCLUDED, Phase.REGISTERED):
-                self.phase = Phase.LEAVING
+            case control.Close() if self._can(Trigger.CLOSE):
+                self._move(Trigger.CLOSE)
                 inbox, probe = self.subscriptions[0], topics.peer_topic(self.run, self.me, self.me)
                 return Output(unsubscribe=[Unsubscribe(inbox, probe)])
-            case control.Bye() if self._is(Phase.LEFT):
-                self.phase = Phase.CLOSED
+            case control.Bye() if self._can(Trigger.BYE):
+                self._move(Trigger.BYE)
                 return Output(events=[Event("closed")])
         raise Rejected(
             Reason.OUT_OF_PHASE,
             f"{type(msg).__name__} does not fit agent {self.me} in phase {self.phase}",
         )
 
-    def _is(self, *phases: Phase) -> bool:
-        return self.phase in phases
+    def _can(self, trigger: Trigger) -> bool:
+        """Whether the table has a move on `trigger` from this phase (a frame fits it)."""
+        return phases.allows(self.phase, trigger)
+
+    def _move(self, trigger: Trigger) -> None:
+        """Every phase change, checked against the table (IllegalTransition: a bug)."""
+        self.phase = phases.next_phase(self.phase, trigger)
 
     def _at(self, session: int, view: int) -> bool:
         return self.session is not None and (self.session.number, self.session.view) == (
@@ -306,25 +309,16 @@ class AgentNode:
         )
 
     def _holds(self, session: int, view: int) -> bool:
-        """A Hold or Excluded for a later view of this session, in a phase that can stop."""
+        """A Hold or Excluded for a later view of this session."""
         current = self.session
-        return (
-            current is not None
-            and current.number == session
-            and view > current.view
-            and self.phase in (*ACTIVE, *PAUSED)
-        )
+        return current is not None and current.number == session and view > current.view
 
     def _fits(self, setup: control.Setup) -> bool:
-        """A Setup opens a later session (when none runs) or a later view of this one."""
+        """A Setup opens a later session (the first, from REGISTERED) or a later view of
+        this one, in a phase it moves on."""
         current = self.session
-        if current is None:
-            return self.phase is Phase.REGISTERED
-        if setup.session > current.number:
-            return self.phase in PAUSED
-        return (
-            setup.session == current.number and setup.view > current.view and (self.phase in PAUSED)
-        )
+        later = current is None or (setup.session, setup.view) > (current.number, current.view)
+        return later and self._can(Trigger.SETUP)
 
     def _configure(self, setup: control.Setup, now: float) -> Output:
         opened = open_setup(setup, self.identity, self.run)
@@ -347,7 +341,8 @@ class AgentNode:
         core = self._core_type(config.spec, loss, self.identity, opened.directory)
         core.resume_from(history[config.resume])
         self.session = self._next_session(setup, config, core, opened.links, history)
-        self.phase, self._ending = Phase.CONFIGURED, False
+        self._move(Trigger.SETUP)
+        self._ending = False
         self._next_progress = now + config.deadline / BEATS
         out = Output(events=[Event("configured", f"session {setup.session} view {setup.view}")])
         if config.escrow:
@@ -384,15 +379,16 @@ class AgentNode:
 
     def _keyed(self) -> Output:
         assert self.session is not None
-        if self.phase is not Phase.CONFIGURED or not self.session.core.keyed:
+        if not self._can(Trigger.KEYED) or not self.session.core.keyed:
             return Output()
-        self.phase = Phase.KEYED
+        self._move(Trigger.KEYED)
         ready = control.Ready(self.me, self.session.number, self.session.view)
         return Output([self._up(topics.ctl_up(self.run, self.me), ready)], [Event("keyed")])
 
     def _go(self, until: int, now: float) -> Output:
         assert self.session is not None
-        self.phase, self._since = Phase.RUNNING, now
+        self._move(Trigger.GO)
+        self._since = now
         if not self.session.started:
             self.session.started = now
         out = Output(events=[Event("started", f"session {self.session.number}")])
@@ -407,7 +403,7 @@ class AgentNode:
         session = self.session
         return (
             session is not None
-            and self._is(Phase.RUNNING, Phase.HELD)
+            and self._can(Trigger.EXTEND)
             and not self._ending
             and self._at(go.session, go.view)
             and go.until > session.core.until
@@ -415,7 +411,7 @@ class AgentNode:
 
     def _extend(self, until: int, now: float) -> Output:
         assert self.session is not None
-        self.phase = Phase.RUNNING
+        self._move(Trigger.EXTEND)
         return self._emit(self.session.core.extend(until)) + self._maybe_finish(now)
 
     def _out_of_range(self, exc: lattice.OutOfRange) -> Output:
@@ -471,7 +467,8 @@ class AgentNode:
                 self._up(topics.ctl_up(self.run, self.me), control.Failed(self.me, reason[:1000]))
             )
         self._drop_early()
-        self.phase, self.failure = Phase.FAILED, reason
+        self._move(Trigger.FAILURE)
+        self.failure = reason
         return out
 
     def _drop_early(self) -> None:
@@ -554,12 +551,13 @@ class AgentNode:
     def _maybe_finish(self, now: float) -> Output:
         session = self.session
         assert session is not None
-        if self.phase is not Phase.RUNNING or not session.core.held:
+        if not self._can(Trigger.LAST_ROUND) or not session.core.held:
             return Output()
         if not session.core.done:  # Go's `until`: hold for the next view
-            self.phase = Phase.HELD
+            self._move(Trigger.UNTIL)
             return Output([self._progress(now)])
-        self.phase, self._since = Phase.FINISHED, now
+        self._move(Trigger.LAST_ROUND)
+        self._since = now
         rejected, self._unreported = self._unreported, Counter()
         session.finished = rejected
         topic = topics.ctl_up(self.run, self.me)
