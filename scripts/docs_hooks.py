@@ -4,7 +4,9 @@ their help. The site always gets the page rendered at build time; the copy kept 
 repository (so that the page reads on GitHub too) must equal it, or the strict build fails
 naming it: `python scripts/docs_hooks.py` writes it again. The layering page's table is
 rendered from `docs/design/layers.toml`, the file tests/test_layers.py checks the import
-graph against.
+graph against. The agent's life cycle in `docs/design/control-plane.md` (a mermaid diagram
+and a table) is rendered from `privnet.agent.phases.TRANSITIONS`, the table the node checks
+every move against; the page keeps a copy between two marks, which must equal it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ LOG = logging.getLogger("mkdocs.hooks.privnet")  # under "mkdocs": a warning fai
 LAYERS = ROOT / "docs" / "design" / "layers.toml"
 CLI_PAGE = "reference/cli.md"
 LAYERS_MARK = "<!-- layers.toml -->"
+PHASES_PAGE = "design/control-plane.md"
+PHASES_BEGIN = "<!-- rendered from privnet.agent.phases.TRANSITIONS (scripts/docs_hooks.py) -->"
+PHASES_END = "<!-- /phases -->"
 USAGE_WIDTH = 72  # fits the Material theme's content column
 
 
@@ -107,6 +112,16 @@ def render_cli(parser: argparse.ArgumentParser) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def this_checkout(module: Any) -> Any:
+    """`module`, once it is sure to be this checkout's (not another install's)."""
+    if not Path(module.__file__).resolve().is_relative_to(ROOT):
+        raise RuntimeError(
+            f"the docs would describe {module.__file__}, not this checkout's: build "
+            f"with PYTHONPATH={ROOT} or pip install -e {ROOT}"
+        )
+    return module
+
+
 def cli_page() -> str:
     """The page for the parser as it is now (looked up at call time, so a test's patch of
     `cli.parser` shows)."""
@@ -114,12 +129,44 @@ def cli_page() -> str:
         sys.path.insert(0, str(ROOT))
     from privnet.orchestrator import cli
 
-    if not Path(cli.__file__).resolve().is_relative_to(ROOT):
-        raise RuntimeError(
-            f"the CLI reference would describe {cli.__file__}, not this checkout's: build "
-            f"with PYTHONPATH={ROOT} or pip install -e {ROOT}"
-        )
-    return render_cli(cli.parser())
+    return render_cli(this_checkout(cli).parser())
+
+
+def render_phases() -> str:
+    """The agent's transition table as a mermaid state diagram (failure edges left out:
+    any phase but a final one can fail, which the table below it says) and a table."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from privnet.agent import phases
+
+    table = this_checkout(phases).TRANSITIONS
+    edges: dict[tuple[str, str], list[str]] = {}
+    for phase, moves in table.items():
+        for trigger, to in moves.items():
+            if trigger is not phases.Trigger.FAILURE:
+                edges.setdefault((phase.name, to.name), []).append(trigger.value)
+    out = [PHASES_BEGIN, "```mermaid", "stateDiagram-v2", f"    [*] --> {phases.INITIAL.name}"]
+    out += [f"    {a} --> {b}: {' / '.join(labels)}" for (a, b), labels in edges.items()]
+    out += [f"    {phase.name} --> [*]" for phase in phases.FINAL]
+    out += ["```", "", "| phase | moved on by |", "|---|---|"]
+    for phase, moves in table.items():
+        cells = "; ".join(f"{t.value} → `{to.name}`" for t, to in moves.items())
+        out.append(f"| `{phase.name}` | {cell(cells) or 'nothing (final)'} |")
+    return "\n".join([*out, "", PHASES_END])
+
+
+def kept_phases(markdown: str) -> str | None:
+    """The copy of `render_phases()` a page keeps (None: it keeps none)."""
+    if PHASES_BEGIN not in markdown or PHASES_END not in markdown:
+        return None
+    start = markdown.index(PHASES_BEGIN)
+    return markdown[start : markdown.index(PHASES_END, start) + len(PHASES_END)]
+
+
+def with_phases(markdown: str) -> str:
+    """`markdown` with its kept copy of the life cycle rendered again."""
+    kept = kept_phases(markdown)
+    return markdown if kept is None else markdown.replace(kept, render_phases())
 
 
 def render_layers(path: Path = LAYERS) -> str:
@@ -153,12 +200,23 @@ def on_files(files: Any, config: Any) -> Any:
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    """Put the layering table where the layering page marks it."""
+    """Put the layering table where the layering page marks it; the life cycle as the
+    transition table renders it now, and a warning if the page's copy differs."""
     if LAYERS_MARK in markdown:
-        return markdown.replace(LAYERS_MARK, render_layers())
-    return markdown
+        markdown = markdown.replace(LAYERS_MARK, render_layers())
+    kept = kept_phases(markdown)
+    if kept is not None and kept != render_phases():
+        LOG.warning(
+            "the life cycle in docs/%s is stale (privnet.agent.phases.TRANSITIONS changed): "
+            "run `python scripts/docs_hooks.py`",
+            page.file.src_uri,
+        )
+    return with_phases(markdown)
 
 
 if __name__ == "__main__":
     (ROOT / "docs" / CLI_PAGE).write_text(cli_page())
     print(f"wrote docs/{CLI_PAGE}")
+    page = ROOT / "docs" / PHASES_PAGE
+    page.write_text(with_phases(page.read_text()))
+    print(f"wrote the life cycle in docs/{PHASES_PAGE}")

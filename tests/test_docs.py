@@ -1,7 +1,8 @@
 """The documentation site (mkdocs.yml, docs/): it builds strictly, the CLI reference is the
 parser's (a flag's help changed is a page changed), the layering page shows
-docs/design/layers.toml, every command marked runnable in a page runs, and the README is a
-landing page: short, its quick start near the top, its links pointing at pages that exist."""
+docs/design/layers.toml, the control plane page the agent's transition table, every command
+marked runnable in a page runs, and the README is a landing page: short, its quick start
+near the top, its links pointing at pages that exist."""
 
 from __future__ import annotations
 
@@ -163,6 +164,35 @@ def test_the_layering_page_is_layers_toml(site: Path) -> None:
     for layer in layers:
         assert f"<td>{layer['name']}</td>" in page
         assert f"<code>{layer['modules'][0]}</code>" in page
+
+
+def test_the_life_cycle_is_the_transition_table(
+    site: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The control plane page draws privnet.agent.phases.TRANSITIONS: its kept copy is the
+    hook's rendering, the site shows it as a mermaid diagram with every move, and a stale
+    copy is a warning (a failed strict build) naming the page."""
+    from privnet.agent.phases import TRANSITIONS, Trigger
+
+    docs = hooks()
+    markdown = (DOCS / docs.PHASES_PAGE).read_text()
+    kept = docs.kept_phases(markdown)
+    assert kept is not None and kept == docs.render_phases()
+    page = (site / "design" / "control-plane" / "index.html").read_text()
+    assert '<pre class="mermaid"><code>stateDiagram-v2' in page
+    for phase, moves in TRANSITIONS.items():
+        for trigger, to in moves.items():
+            if trigger is not Trigger.FAILURE:
+                assert f"{phase.name} --&gt; {to.name}: " in page
+            assert f"{trigger.value} → <code>{to.name}</code>" in page
+
+    class Page:  # what the hook reads of mkdocs' page
+        class file:
+            src_uri = docs.PHASES_PAGE
+
+    stale = markdown.replace("KEYED --> RUNNING: Go", "KEYED --> FINISHED: Go")
+    assert docs.on_page_markdown(stale, Page, None, None) == docs.with_phases(markdown)
+    assert f"the life cycle in docs/{docs.PHASES_PAGE} is stale" in caplog.text
 
 
 def test_the_api_reference_documents_the_public_names(site: Path) -> None:
