@@ -37,8 +37,11 @@ def matches(pattern: str, topic: str) -> bool:
 
 
 def uncounted(deliveries: Deliveries) -> int:
-    """Deliveries neither used nor rejected: every one must be one or the other."""
-    return deliveries.received - deliveries.used - sum(deliveries.rejected.values())
+    """Deliveries neither used, kept for later nor rejected: every one must be one of them
+    (and a kept one, used or rejected in the end)."""
+    return (
+        deliveries.received - deliveries.used - deliveries.kept - sum(deliveries.rejected.values())
+    )
 
 
 def inject(router: Router, topic: str, payload: bytes, publisher: str = "outsider") -> None:

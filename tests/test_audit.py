@@ -497,7 +497,7 @@ def test_pcap_shows_what_the_live_tap_saw(tmp_path: Path) -> None:
         scheme = Scheme(record["scheme"])
         measured = overhead.measure(problem, Strategy.ATC, scheme)
         for category in ("model", "keys", "telemetry"):
-            want = measured.setup.bytes[category] + measured.rounds.bytes[category]
+            want = measured.setup.octets[category] + measured.rounds.octets[category]
             assert record["bytes"].get(category, 0) == want, (scheme, category)
 
 

@@ -124,7 +124,7 @@ def test_a_whole_run_counts_every_delivery_and_leaves_nothing_behind(
         assert result.totals("messages")["model"] > 0 and result.wall == 0.0  # fake clock
     mine = [f for p, f in h.sent if p == CONDUCTOR]
     assert h.conductor.traffic.messages == Counter(control=len(mine))
-    assert h.conductor.traffic.bytes == Counter(
+    assert h.conductor.traffic.octets == Counter(
         control=sum(topics.mqtt_publish_size(f.topic, len(f.payload), 1) for f in mine)
     )
     broadcast = topics.ctl_down(RUN, "all")

@@ -97,10 +97,10 @@ def test_a_next_view_carries_what_stands_and_drops_what_it_redoes(
     traffic = Traffic()
     traffic.add("model", "t", b"payload")
     reports = [Report(3, r, np.zeros(2)) for r in sorted(rounds)]
-    old = session(number=1, view=2, reports=reports, started=7.5, traffic=traffic)
+    old = session(number=1, view=2, reports=reports, began=7.5, traffic=traffic)
     config: Any = SimpleNamespace(resume=resume)
     new = old.next_view(5, config, None, None, {0: np.zeros(2)})
-    assert (new.number, new.view, new.started) == (1, 5, 7.5)
+    assert (new.number, new.view, new.began) == (1, 5, 7.5)
     assert new.traffic is traffic and new.finished == {}
     assert [r.round for r in new.reports] == [r for r in sorted(rounds) if r <= resume]
     assert len(old.reports) == len(rounds)  # the old view's list is left alone

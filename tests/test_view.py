@@ -168,7 +168,7 @@ def test_link_bytes_are_what_the_agents_send(sealed: bool) -> None:
     (plan,) = session_plans(problem, session_list(problem.config))
     per_link = link_bytes(overhead.RUN, plan.specs, range(8), 1, 0, sealed)
     assert set(per_link) == {tuple(sorted(e)) for e in problem.graph.edges if e[0] != e[1]}
-    measured = overhead.measure(problem, Strategy.ATC, Scheme.LOCAL_GHP).rounds.bytes["model"]
+    measured = overhead.measure(problem, Strategy.ATC, Scheme.LOCAL_GHP).rounds.octets["model"]
     assert sum(per_link.values()) == measured / 20
 
 

@@ -174,7 +174,8 @@ class AgentNode:
         return self._since + IDLE_TIMEOUT
 
     def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output:
-        """One delivery: used, or dropped and counted under exactly one reason.
+        """One delivery: used, kept for the next view (then used or counted), or dropped
+        and counted under exactly one reason.
 
         privnet publishes nothing retained, so a retained frame is someone else's."""
         self.deliveries.received += 1
@@ -186,11 +187,10 @@ class AgentNode:
                 raise Rejected(Reason.RETAINED, f"a retained frame on {topic!r}")
             peer = topics.parse_peer_topic(topic)
             if peer is not None:
-                out = self._on_peer(peer, payload, now)
-            elif topic in self.subscriptions[1:]:
-                out = self._on_control(payload, now)
-            else:
+                return self._on_peer(peer, payload, now)  # counts it used or kept
+            if topic not in self.subscriptions[1:]:
                 raise Rejected(Reason.WRONG_TOPIC, f"agent {self.me} does not read {topic!r}")
+            out = self._on_control(payload, now)
         except Rejected as exc:
             self._count(exc.reason)
             return Output()
@@ -350,7 +350,7 @@ class AgentNode:
             out.publish.append(self._up(topics.telemetry(self.run, self.me), escrow, "audit"))
         out += self._emit(core.prepare())
         for early in self._early.take():  # now they can be authenticated, or counted
-            self.deliveries.received += 1
+            self.deliveries.kept -= 1
             try:
                 out += self._peer(early.sender, early.payload, now)
             except Rejected as exc:
@@ -389,8 +389,8 @@ class AgentNode:
         assert self.session is not None
         self._move(Trigger.GO)
         self._since = now
-        if not self.session.started:
-            self.session.started = now
+        if self.session.began is None:  # the session's first Go (not a later view's)
+            self.session.began = now
         out = Output(events=[Event("started", f"session {self.session.number}")])
         try:
             out += self._emit(self.session.core.start(until))
@@ -474,7 +474,7 @@ class AgentNode:
     def _drop_early(self) -> None:
         """Peer frames still waiting for a view that will not come: counted, unused."""
         dropped = len(self._early.take())
-        self.deliveries.received += dropped
+        self.deliveries.kept -= dropped
         self._count_n(Reason.NO_SESSION, dropped)
 
     # ---- data plane -------------------------------------------------------------------
@@ -484,21 +484,22 @@ class AgentNode:
         if run != self.run or receiver != self.me:
             raise Rejected(Reason.WRONG_TOPIC, f"peer topic for run {run!r}, agent {receiver}")
         if self.phase in WAITING:
-            self._keep(sender, payload)
-            return Output()
+            return self._keep(sender, payload)
         try:
-            return self._peer(sender, payload, now)
+            out = self._peer(sender, payload, now)
         except Rejected as exc:
             if exc.reason is not Reason.AHEAD_VIEW:
                 raise
-            self._keep(sender, payload)  # a neighbour has its Setup for the next view first
-            return Output()
+            return self._keep(sender, payload)  # a neighbour has the next view's Setup first
+        self.deliveries.used += 1
+        return out
 
-    def _keep(self, sender: int, payload: bytes) -> None:
-        """Keep a frame until the next Setup can authenticate it (bounded)."""
+    def _keep(self, sender: int, payload: bytes) -> Output:
+        """Keep a frame until the next Setup can authenticate it (bounded): used or
+        counted then."""
         self._early.keep(sender, payload)
-        self.deliveries.used -= 1  # counted when it is replayed into the session
-        self.deliveries.received -= 1
+        self.deliveries.kept += 1
+        return Output()
 
     def _peer(self, sender: int, payload: bytes, now: float) -> Output:
         session = self.session
@@ -564,7 +565,7 @@ class AgentNode:
         own, size = -1, 0  # Finished counts its own PUBLISH, whose size depends on that count:
         while size != own:  # iterate to the fixed point (sizes only grow, so it comes fast)
             own = size
-            sent = session.traffic.bytes + Counter(control=own)
+            sent = session.traffic.octets + Counter(control=own)
             messages = session.traffic.messages + Counter(control=1)
             finished = control.Finished(
                 self.me,
@@ -573,7 +574,7 @@ class AgentNode:
                 dict(rejected),
                 dict(sent),
                 dict(messages),
-                float(now - session.started),
+                session.wall(now),
             )
             payload = wire.encode_signed(finished, self.run, self._seq + 1, self.identity)
             size = topics.mqtt_publish_size(topic, len(payload), QOS)

@@ -10,7 +10,6 @@ the conductor reads what the node writes, so both take them from here.
 
 from __future__ import annotations
 
-import builtins
 import hmac
 from collections import Counter
 from dataclasses import dataclass, field
@@ -127,13 +126,14 @@ class Output:
 
 @dataclass
 class Traffic:
-    """MQTT bytes and messages this agent published, by category (PUBLISH packet sizes)."""
+    """MQTT bytes (`octets`: PUBLISH packet sizes) and messages published, by category. The
+    results and summary.json still call the octets "bytes"."""
 
-    bytes: Counter[str] = field(default_factory=Counter)
+    octets: Counter[str] = field(default_factory=Counter)
     messages: Counter[str] = field(default_factory=Counter)
 
-    def add(self, category: str, topic: str, payload: builtins.bytes) -> None:  # not the field
-        self.bytes[category] += topics.mqtt_publish_size(
+    def add(self, category: str, topic: str, payload: bytes) -> None:
+        self.octets[category] += topics.mqtt_publish_size(
             topic, len(payload), QOS_OF.get(category, QOS)
         )
         self.messages[category] += 1
@@ -141,10 +141,12 @@ class Traffic:
 
 @dataclass
 class Deliveries:
-    """Every delivery is either used or rejected under exactly one reason."""
+    """Every delivery is either used or rejected under exactly one reason; `kept` are
+    those waiting (an agent's peer frames early for their view) to be one or the other."""
 
     received: int = 0
     used: int = 0
+    kept: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
 
 

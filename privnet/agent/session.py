@@ -51,7 +51,7 @@ class Session:
     core: AgentCore
     links: Links
     history: dict[int, np.ndarray]  # round -> own model after it, on this view's branch
-    started: float = 0.0
+    began: float | None = None  # when its first Go came: Finished's wall time is since
     reports: list[Telemetered] = field(default_factory=list)  # telemetry not yet sealed
     traffic: Traffic = field(default_factory=Traffic)
     finished: Counter[str] = field(default_factory=Counter)  # rejections in a voided Finished
@@ -64,12 +64,16 @@ class Session:
         links: Links,
         history: dict[int, np.ndarray],
     ) -> Session:
-        """The next view of this session: traffic, started time and the unsent telemetry
+        """The next view of this session: traffic, the time it began and the unsent telemetry
         of rounds that stand (up to the one resumed from) carry over."""
         stand = [r for r in self.reports if r.round <= config.resume]
         return Session(
-            self.number, view, config, core, links, history, self.started, stand, self.traffic
+            self.number, view, config, core, links, history, self.began, stand, self.traffic
         )
+
+    def wall(self, now: float) -> float:
+        """Seconds since the session's first Go (0 before it): what Finished reports."""
+        return 0.0 if self.began is None else float(now - self.began)
 
     def checkpoint(self, sealing: Sealing, every: int) -> Checkpoint:
         kept = {r: w for r, w in self.history.items() if r % every == 0}

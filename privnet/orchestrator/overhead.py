@@ -45,7 +45,7 @@ class Tally(Traffic):
             by = {c: counts[c] / per for c in CATEGORIES}
             return {**by, "total": sum(by.values())}
 
-        return {"bytes": split(self.bytes), "messages": split(self.messages)}
+        return {"bytes": split(self.octets), "messages": split(self.messages)}
 
 
 @dataclass

@@ -482,13 +482,13 @@ def _orchestrator(conductor: Conductor) -> dict[str, Any]:
         "received": d.received,
         "used": d.used,
         "rejected": dict(d.rejected),
-        "published_bytes": conductor.traffic.bytes["control"],
+        "published_bytes": conductor.traffic.octets["control"],
         "published_messages": conductor.traffic.messages["control"],
         "deliveries_of_published": conductor.recipients,
         # what agents dropped after their last Finished, reported when they left
         "agents_rejected_after_finish": add_counts(conductor.left.values()),
         "agents_not_left": sorted(set(range(conductor.agents)) - conductor.left.keys()),
-        "agents_left_bytes": conductor.left_traffic.bytes["control"],
+        "agents_left_bytes": conductor.left_traffic.octets["control"],
         "agents_left_messages": conductor.left_traffic.messages["control"],
         # the longest wait between two frames to every agent (Beats among them), s
         "longest_beat_gap": round(conductor.beats.longest, 3),

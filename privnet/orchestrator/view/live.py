@@ -312,7 +312,7 @@ class LiveView:
         totals = {
             "model": self._totals["model"],
             "telemetry": float(self.received_bytes["telemetry"]),
-            "control": float(self.received_bytes["control"] + conductor.traffic.bytes["control"]),
+            "control": float(self.received_bytes["control"] + conductor.traffic.octets["control"]),
         }
         if self._last is not None and self._last[1] < rounds:
             made = rounds - self._last[1]
