@@ -13,7 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from privnet.agent.spec import Scheme, Strategy
+from privnet.agent.spec import Scheme, Strategy, WireDtype
 from privnet.broker.launcher import LOCAL_KINDS
 from privnet.orchestrator.api import VERSION
 from privnet.orchestrator.commands import robust
@@ -399,6 +399,16 @@ def parser() -> argparse.ArgumentParser:
         "--against",
         default="",
         help="`privnet run` flags to compare with, quoted: each repeat runs without, then with",
+    )
+    p.add_argument(
+        "--params",
+        type=integer(100),
+        help="a model of about this many parameters (mlp on digits) instead of the paper's",
+    )
+    p.add_argument(
+        "--wire-dtype",
+        choices=[str(w) for w in WireDtype],
+        help="how releases travel (default: the problem's dtype); applied to every measurement",
     )
     p.add_argument("--out", type=Path, help="output directory (default runs/bench-<time>)")
     p.set_defaults(func=bench, configure=partial(bench_config, parser))

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from privnet.agent.spec import ConfigError, Rekey, Scheme, Strategy
+from privnet.agent.spec import ConfigError, Rekey, Scheme, Strategy, WireDtype
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.topology import TOPOLOGIES, parse_topology, written
 from privnet.orchestrator.terminal import console, progress_bar, table_console
@@ -114,6 +114,8 @@ def bench(args: argparse.Namespace, _: None) -> int:
         extra=args.extra,
         against=args.against,
         out=args.out,
+        params=args.params,
+        wire_dtype=None if args.wire_dtype is None else WireDtype(args.wire_dtype),
     )
     return bench(sitting)
 
