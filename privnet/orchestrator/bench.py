@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +45,7 @@ from privnet.agent import topics
 from privnet.agent.access import BrokerAddress
 from privnet.agent.loop import run_loop
 from privnet.agent.protocol import PEER_QOS, Publish
-from privnet.agent.spec import Scheme, Strategy, WireDtype
+from privnet.agent.spec import Scheme, Strategy
 from privnet.agent.transport import Connection
 from privnet.broker.credentials import Credentials
 from privnet.broker.launcher import has_mosquitto, launch
@@ -313,11 +313,11 @@ class Sitting:
     repeats: int  # the median of this many
     seed: int
     workers: int  # the ceiling's client processes
-    extra: str  # more `privnet run` flags (not applied to the memory engine's config)
+    extra: str  # more `privnet run` flags (`base` holds them for the memory engine)
     against: str  # `privnet run` flags every repeat also runs with, right after
     out: Path | None  # default runs/bench-<time>
     params: int | None = None  # a model of about this many parameters (mlp on digits)
-    wire_dtype: WireDtype | None = None  # None: the problem's own
+    base: ExperimentConfig = field(default_factory=ExperimentConfig)  # the `extra` flags
 
 
 DIGITS_ROWS = 1347  # digits' training rows, dealt out among the agents
@@ -373,7 +373,6 @@ def bench(sitting: Sitting) -> int:
         "extra": sitting.extra,
         "against": sitting.against,
         "params": sitting.params,
-        "wire_dtype": None if sitting.wire_dtype is None else str(sitting.wire_dtype),
     }
     with progress_bar() as bar, tempfile.TemporaryDirectory() as tmp:
         task = bar.add_task("bench", total=steps, status="")
@@ -433,10 +432,9 @@ class _Measure:
     def _config(self, agents: int) -> ExperimentConfig:
         s = self.sitting
         model = model_fields(s.params, agents) if s.params else {}
-        return ExperimentConfig(
-            agents=agents, iters=s.iters, strategies=(s.strategy,), seed=s.seed,
-            wire_dtype=s.wire_dtype, **model,
-        )  # fmt: skip
+        return replace(
+            s.base, agents=agents, iters=s.iters, strategies=(s.strategy,), seed=s.seed, **model
+        )
 
     def _memory(self, problem: Problem, agents: int, links: int) -> tuple[dict[str, Row], int, int]:
         """The memory engine's row of every scheme, the model frame's mean bytes and the
@@ -484,8 +482,6 @@ class _Measure:
             model = self.tmp / f"model-{agents}.toml"
             model.write_text(model_toml(model_fields(s.params, agents)))
             config_args += ["--config", str(model)]
-        if s.wire_dtype is not None:
-            config_args += ["--wire-dtype", str(s.wire_dtype)]
         runs: Runs = {}
         for rep in range(s.repeats):
             for n, variant in enumerate(self.variants):  # interleaved: one sitting

@@ -13,7 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from privnet.agent.spec import Scheme, Strategy, WireDtype
+from privnet.agent.spec import Scheme, Strategy
 from privnet.broker.launcher import LOCAL_KINDS
 from privnet.orchestrator.api import VERSION
 from privnet.orchestrator.commands import robust
@@ -394,7 +394,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--workers", type=integer(1), default=os.cpu_count() or 2, help="ceiling processes"
     )
-    p.add_argument("--extra", default="", help="more `privnet run` flags, quoted")
+    p.add_argument(
+        "--extra",
+        default="",
+        help="more `privnet run` flags, quoted: the memory engine and the ceiling get them too",
+    )
     p.add_argument(
         "--against",
         default="",
@@ -404,11 +408,6 @@ def parser() -> argparse.ArgumentParser:
         "--params",
         type=integer(100),
         help="a model of about this many parameters (mlp on digits) instead of the paper's",
-    )
-    p.add_argument(
-        "--wire-dtype",
-        choices=[str(w) for w in WireDtype],
-        help="how releases travel (default: the problem's dtype); applied to every measurement",
     )
     p.add_argument("--out", type=Path, help="output directory (default runs/bench-<time>)")
     p.set_defaults(func=bench, configure=partial(bench_config, parser))

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from privnet.agent.spec import ConfigError, Rekey, Scheme, Strategy, WireDtype
+from privnet.agent.spec import ConfigError, Rekey, Scheme, Strategy
+from privnet.orchestrator.commands.experiment import experiment
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.topology import TOPOLOGIES, parse_topology, written
 from privnet.orchestrator.terminal import console, progress_bar, table_console
@@ -115,7 +116,7 @@ def bench(args: argparse.Namespace, _: None) -> int:
         against=args.against,
         out=args.out,
         params=args.params,
-        wire_dtype=None if args.wire_dtype is None else WireDtype(args.wire_dtype),
+        base=args.base,
     )
     return bench(sitting)
 
@@ -124,5 +125,6 @@ def bench_config(parser: Callable[[], argparse.ArgumentParser], args: argparse.N
     """--extra and --against hold `privnet run` flags: checked as that command checks them
     (`parser` builds the whole command line's parser)."""
     parser().parse_args(["run", *args.extra.split(), *args.against.split()])
+    args.base = experiment(parser().parse_args(["run", *args.extra.split()]))
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out {args.out} is a file: give a directory (made if missing)")
