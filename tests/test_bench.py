@@ -27,3 +27,33 @@ def test_watch_charges_each_process_to_its_role() -> None:
     for role in ("orchestrator", "broker", "agents"):
         assert sample.cpu[role] >= 0.3, sample.cpu
     assert sample.peak_agent_rss > 0
+
+
+def test_a_model_of_about_n_parameters_is_the_nearest_width() -> None:
+    """`--params N` builds mlp on digits at the hidden width whose size is nearest N: one
+    width more or less is further from it."""
+    from privnet.orchestrator.bench import model_fields
+    from privnet.orchestrator.experiment.config import ExperimentConfig
+    from privnet.orchestrator.experiment.problem import Problem
+
+    def dim(width: int) -> int:
+        fields = model_fields(10, 4) | {"params": {"hidden": [width]}}
+        return Problem.build(ExperimentConfig(agents=4, iters=2, **fields)).config.dim
+
+    for target in (5_000, 100_000):
+        fields = model_fields(target, 4)
+        (width,) = fields["params"]["hidden"]
+        near = abs(dim(width) - target)
+        assert near <= abs(dim(width - 1) - target) and near <= abs(dim(width + 1) - target)
+        assert fields["samples"] == 1347 // 4
+
+
+def test_the_ceiling_moves_every_frame_of_a_chunked_model() -> None:
+    """Raw clients on a real broker send `frames` frames a link a round and wait for all of
+    their in-neighbours' before the next round: messages = rounds x links x frames."""
+    from privnet.orchestrator.bench import ceiling
+
+    out = {0: [1, 2], 1: [0], 2: [0]}
+    rate, messages_per_s, _ = ceiling("embedded", out, rounds=6, size=2000, workers=1, frames=3)
+    assert rate > 0
+    assert abs(messages_per_s / rate - 4 * 3) < 1e-6

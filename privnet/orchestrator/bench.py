@@ -2,15 +2,19 @@
 
 For every broker x agent count asked for, in this order:
 1. the transport ceiling: raw MQTT clients (the agents' own `privnet.agent.transport.Connection`,
-with the run's credentials and ACL) publish, round after round, the same messages per round
-   (one per directed edge of the graph) with the same payload size as privnet's models, and
-   wait for their in-neighbours' messages before the next round: no privnet logic at all.
-   The clients live in one process per core.
+   with the run's credentials and ACL) publish, round after round, the same frames per round
+   as privnet's models (per directed edge of the graph, as many frames as a model takes in
+   chunks, each of privnet's mean model frame size: the same bytes), and wait for their
+   in-neighbours' frames before the next round: no privnet logic at all. The clients live
+   in one process per core.
 2. privnet itself (`privnet run` as a subprocess) for every scheme, its processes sampled
    for CPU (agents, broker, orchestrator) and peak RSS; with `--against FLAGS`, each repeat
    also runs with those flags added, right after, so the two are compared in one sitting
    (`--against "--seal-links off"`: what sealing costs).
 3. the memory engine on the same config (the same nodes, signed and MACed bytes, no sockets).
+With `--params N` every measurement carries a model of about N parameters (`mlp` on digits,
+one hidden layer sized to N) instead of the paper's, and the rows say the model bytes a
+second moved: privnet's against the raw clients' for the same bytes.
 Each measurement is repeated `--repeats` times, the median kept. The machine may be shared:
 compare the ratios within one sitting, not absolute numbers across sittings.
 
@@ -29,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +78,8 @@ class Row:
     x_memory: float | None = None
     variant: str = ""  # the --against flags this privnet row ran with ("": the baseline)
     x_baseline: float | None = None  # a variant's rounds/s over the baseline's
+    params: int = 0  # the model's parameters
+    model_mb_per_s: float | None = None  # model bytes a second (1e6), rounds/s x bytes a round
 
 
 # ---- 1. the transport ceiling ---------------------------------------------------------------
@@ -98,6 +104,7 @@ async def _ceiling_clients(
     out: dict[int, list[int]],
     rounds: int,
     size: int,
+    frames: int,
     ready: Any,
     go: Any,
     result: Any,
@@ -106,7 +113,7 @@ async def _ceiling_clients(
     for targets in out.values():
         for k in targets:
             if k in expected:
-                expected[k] += 1
+                expected[k] += frames
     conns = {}
     for p in ids:
         conn = Connection(address, credentials.access(str(p)))
@@ -123,7 +130,8 @@ async def _ceiling_clients(
         for r in range(rounds):
             head = r.to_bytes(4, "big")
             for k in out[p]:
-                conn.publish(topics.peer_topic(RUN, k, p), head + payload, PEER_QOS)
+                for _ in range(frames):
+                    conn.publish(topics.peer_topic(RUN, k, p), head + payload, PEER_QOS)
             while got[r] < expected[p]:
                 _, data, _ = await conn.get(60.0)
                 got[int.from_bytes(data[:4], "big")] += 1
@@ -139,9 +147,15 @@ def _ceiling_worker(*args: Any) -> None:
 
 
 def ceiling(
-    broker_kind: str, out: dict[int, list[int]], rounds: int, size: int, workers: int
+    broker_kind: str,
+    out: dict[int, list[int]],
+    rounds: int,
+    size: int,
+    workers: int,
+    frames: int = 1,
 ) -> tuple[float, float, float]:
-    """(rounds/s, messages/s, broker CPU s) of the raw load on a fresh broker."""
+    """(rounds/s, messages/s, broker CPU s) of the raw load on a fresh broker: `frames`
+    frames of `size` bytes a directed edge a round."""
     agents = len(out)
     credentials = Credentials.generate(RUN, agents)
     broker = launch(broker_kind, credentials=credentials)
@@ -153,7 +167,7 @@ def ceiling(
         for w in range(workers):
             ready = ctx.Event()
             ids = list(range(w, agents, workers))
-            args = (broker.address, credentials, ids, out, rounds, size, ready, go, result)
+            args = (broker.address, credentials, ids, out, rounds, size, frames, ready, go, result)
             proc = ctx.Process(target=_ceiling_worker, args=args, daemon=True)
             proc.start()
             procs.append(proc)
@@ -169,7 +183,7 @@ def ceiling(
             proc.join(10)
     finally:
         broker.stop()
-    messages = sum(len(v) for v in out.values())
+    messages = sum(len(v) for v in out.values()) * frames
     return rounds / took, rounds * messages / took, cpu
 
 
@@ -299,9 +313,43 @@ class Sitting:
     repeats: int  # the median of this many
     seed: int
     workers: int  # the ceiling's client processes
-    extra: str  # more `privnet run` flags
+    extra: str  # more `privnet run` flags (`base` holds them for the memory engine)
     against: str  # `privnet run` flags every repeat also runs with, right after
     out: Path | None  # default runs/bench-<time>
+    params: int | None = None  # a model of about this many parameters (mlp on digits)
+    base: ExperimentConfig = field(default_factory=ExperimentConfig)  # the `extra` flags
+
+
+DIGITS_ROWS = 1347  # digits' training rows, dealt out among the agents
+
+
+def model_fields(params: int, agents: int) -> dict[str, Any]:
+    """The experiment fields of `mlp` on digits with one hidden layer as wide as brings it
+    nearest `params` parameters (its size is affine in the width: measured at 1 and 2)."""
+
+    def fields(width: int) -> dict[str, Any]:
+        return {
+            "problem": "mlp",
+            "dataset": "digits",
+            "params": {"hidden": [width]},
+            "samples": max(DIGITS_ROWS // agents, 1),
+        }
+
+    def dim(width: int) -> int:
+        return Problem.build(ExperimentConfig(agents=agents, **fields(width))).config.dim
+
+    one, two = dim(1), dim(2)
+    width = max(1, round((params - (one - (two - one))) / (two - one)))
+    return fields(width)
+
+
+def model_toml(fields: dict[str, Any]) -> str:
+    """`model_fields` as a `privnet run --config` file."""
+    (width,) = fields["params"]["hidden"]
+    return (
+        f'problem = "{fields["problem"]}"\ndataset = "{fields["dataset"]}"\n'
+        f"samples = {fields['samples']}\nparams = {{ hidden = [{width}] }}\n"
+    )
 
 
 def bench(sitting: Sitting) -> int:
@@ -324,6 +372,7 @@ def bench(sitting: Sitting) -> int:
         "repeats": sitting.repeats,
         "extra": sitting.extra,
         "against": sitting.against,
+        "params": sitting.params,
     }
     with progress_bar() as bar, tempfile.TemporaryDirectory() as tmp:
         task = bar.add_task("bench", total=steps, status="")
@@ -364,25 +413,32 @@ class _Measure:
 
     def count(self, agents: int, brokers: list[str]) -> list[Row]:
         """The memory engine's rows, then each broker's ceiling and privnet rows."""
-        s = self.sitting
-        config = ExperimentConfig(
-            agents=agents, iters=s.iters, strategies=(s.strategy,), seed=s.seed
-        )
-        problem = Problem.build(config)
-        memory, size = self._memory(problem, agents)
+        problem = Problem.build(self._config(agents))
+        edges = _edges(problem, self.sitting.strategy)
+        links = sum(map(len, edges.values()))
+        memory, size, frames = self._memory(problem, agents, links)
         rows = list(memory.values())
-        edges = _edges(problem, s.strategy)
         for broker_kind in brokers:
-            top = self._ceiling(broker_kind, agents, edges, size)
+            top = self._ceiling(broker_kind, agents, edges, size, frames)
             rows.append(top)
             rows += self._privnet(broker_kind, agents, top, memory)
         for row in rows:
+            row.params = problem.config.dim
             if row.kind == "ceiling":
                 row.x_memory = row.rounds_per_s / max(m.rounds_per_s for m in memory.values())
+                row.model_mb_per_s = row.rounds_per_s * frames * size * links / 1e6
         return rows
 
-    def _memory(self, problem: Problem, agents: int) -> tuple[dict[str, Row], int]:
-        """The memory engine's row of every scheme, and the model payload's bytes."""
+    def _config(self, agents: int) -> ExperimentConfig:
+        s = self.sitting
+        model = model_fields(s.params, agents) if s.params else {}
+        return replace(
+            s.base, agents=agents, iters=s.iters, strategies=(s.strategy,), seed=s.seed, **model
+        )
+
+    def _memory(self, problem: Problem, agents: int, links: int) -> tuple[dict[str, Row], int, int]:
+        """The memory engine's row of every scheme, the model frame's mean bytes and the
+        frames a link carries a round (more than one: a model in chunks)."""
         memory: dict[str, Row] = {}
         size, per_round = 0, 0
         for scheme in self.schemes:
@@ -393,15 +449,16 @@ class _Measure:
                 self.step(f"memory {scheme} {agents}: {rate:.0f} rounds/s")
             median = statistics.median(rates)
             memory[scheme] = Row("memory", "-", scheme, agents, median, median * per_round, rates)
-        return memory, size
+            memory[scheme].model_mb_per_s = median * per_round * size / 1e6
+        return memory, size, max(per_round // max(links, 1), 1)
 
     def _ceiling(
-        self, broker_kind: str, agents: int, edges: dict[int, list[int]], size: int
+        self, broker_kind: str, agents: int, edges: dict[int, list[int]], size: int, frames: int
     ) -> Row:
         s = self.sitting
         rates, msgs, cpus = [], [], []
         for _ in range(s.repeats):
-            r, m, c = ceiling(broker_kind, edges, s.iters, size, s.workers)
+            r, m, c = ceiling(broker_kind, edges, s.iters, size, s.workers, frames)
             rates.append(r)
             msgs.append(m)
             cpus.append(c)
@@ -421,6 +478,10 @@ class _Measure:
             "--agents", str(agents), "--iters", str(s.iters), "--strategy", str(s.strategy),
             "--repeats", "1", "--seed", str(s.seed),
         ]  # fmt: skip
+        if s.params:
+            model = self.tmp / f"model-{agents}.toml"
+            model.write_text(model_toml(model_fields(s.params, agents)))
+            config_args += ["--config", str(model)]
         runs: Runs = {}
         for rep in range(s.repeats):
             for n, variant in enumerate(self.variants):  # interleaved: one sitting
@@ -451,6 +512,7 @@ class _Measure:
         got = runs[(variant, scheme)]
         rates = [r["rounds_per_s"] for r, _, _ in got]
         model = got[0][0]["messages"].get("model", 0) / self.sitting.iters
+        model_bytes = got[0][0].get("model_bytes_per_round") or 0.0
         median = statistics.median(rates)
         samples = [s for _, s, _ in got]
         return Row(
@@ -466,6 +528,7 @@ class _Measure:
             x_ceiling=median / top.rounds_per_s,
             x_memory=median / memory[scheme].rounds_per_s,
             variant=variant,
+            model_mb_per_s=median * model_bytes / 1e6,
             x_baseline=median / statistics.median(
                 r["rounds_per_s"] for r, _, _ in runs[("", scheme)]
             ) if variant else None,
@@ -479,7 +542,8 @@ def table(rows: list[Row], meta: dict[str, Any]) -> Table:
         f"{meta['load_before'][0]:.1f} -> {meta['load_after'][0]:.1f}"
     )
     columns = [
-        "what", "broker", "scheme", "agents", "rounds/s", "messages/s", "x ceiling", "x memory",
+        "what", "broker", "scheme", "agents", "params", "rounds/s", "model MB/s", "messages/s",
+        "x ceiling", "x memory",
         "CPU agents s", "CPU broker s", "CPU orch s", "peak agent MB", "peak total MB",
     ]  # fmt: skip
     if meta.get("against"):
@@ -492,8 +556,8 @@ def table(rows: list[Row], meta: dict[str, Any]) -> Table:
 
     for r in rows:
         what = f"{r.kind} {r.variant}" if r.variant else r.kind
-        cells = [what, r.broker, r.scheme, str(r.agents), f(r.rounds_per_s)]
-        cells += [f(r.messages_per_s, ",.0f"), f(r.x_ceiling, ".2f")]
+        cells = [what, r.broker, r.scheme, str(r.agents), f"{r.params:,}", f(r.rounds_per_s)]
+        cells += [f(r.model_mb_per_s, ".1f"), f(r.messages_per_s, ",.0f"), f(r.x_ceiling, ".2f")]
         cells += [f(r.x_baseline, ".3f")] if meta.get("against") else []
         cells += [f(r.x_memory, ".3f")]
         cells += [f(r.cpu_agents_s), f(r.cpu_broker_s), f(r.cpu_orchestrator_s)]

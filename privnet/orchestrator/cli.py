@@ -394,11 +394,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--workers", type=integer(1), default=os.cpu_count() or 2, help="ceiling processes"
     )
-    p.add_argument("--extra", default="", help="more `privnet run` flags, quoted")
+    p.add_argument(
+        "--extra",
+        default="",
+        help="more `privnet run` flags, quoted: the memory engine and the ceiling get them too",
+    )
     p.add_argument(
         "--against",
         default="",
         help="`privnet run` flags to compare with, quoted: each repeat runs without, then with",
+    )
+    p.add_argument(
+        "--params",
+        type=integer(100),
+        help="a model of about this many parameters (mlp on digits) instead of the paper's",
     )
     p.add_argument("--out", type=Path, help="output directory (default runs/bench-<time>)")
     p.set_defaults(func=bench, configure=partial(bench_config, parser))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from privnet.agent.spec import ConfigError, Rekey, Scheme, Strategy
+from privnet.orchestrator.commands.experiment import experiment
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.topology import TOPOLOGIES, parse_topology, written
 from privnet.orchestrator.terminal import console, progress_bar, table_console
@@ -114,6 +115,8 @@ def bench(args: argparse.Namespace, _: None) -> int:
         extra=args.extra,
         against=args.against,
         out=args.out,
+        params=args.params,
+        base=args.base,
     )
     return bench(sitting)
 
@@ -122,5 +125,6 @@ def bench_config(parser: Callable[[], argparse.ArgumentParser], args: argparse.N
     """--extra and --against hold `privnet run` flags: checked as that command checks them
     (`parser` builds the whole command line's parser)."""
     parser().parse_args(["run", *args.extra.split(), *args.against.split()])
+    args.base = experiment(parser().parse_args(["run", *args.extra.split()]))
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out {args.out} is a file: give a directory (made if missing)")
