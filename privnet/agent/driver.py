@@ -1,6 +1,7 @@
 """The driver: `pump` runs a sans-IO machine (the agent's node, the orchestrator's
-conductor) on a `Connection`. It only delivers what arrives, calls `tick` when the machine
-asks, and publishes what it returns; every rule lives in the machine."""
+conductor) on a `Link` to the others: the MQTT `Connection` (`privnet.agent.transport`) or
+the in-memory one (`privnet.agent.inmemory`). It only delivers what arrives, calls `tick`
+when the machine asks, and publishes what it returns; every rule lives in the machine."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Protocol
 
-from privnet.agent.protocol import PEER_QOS, Output, Unsubscribe
-from privnet.agent.transport import Connection
+from privnet.agent.protocol import PEER_QOS, QOS, Output, Unsubscribe
+from privnet.agent.transport import Outages, Taker
 
 log = logging.getLogger("privnet.agent")
 OVERRAN = 1.0  # seconds a wait overran by: this process itself was not running
@@ -31,7 +33,29 @@ class Machine(Protocol):
     def deaf(self, now: float) -> Output: ...
 
 
-def publish(client: Connection, out: Output) -> None:
+class Link(Protocol):
+    """What the pump needs of its way to the others (the router interface): deliveries in
+    order (`get`, or straight to a `taking` callback while it waits), publishes, and
+    subscriptions acknowledged. `outages.reconnects` and `generation` change when a
+    reconnect may have lost frames; `up`: deliveries can flow."""
+
+    outages: Outages
+    generation: int
+
+    @property
+    def queued(self) -> int: ...
+    @property
+    def up(self) -> bool: ...
+    async def get(self, timeout: float | None = None) -> tuple[str, bytes, bool]: ...
+    def taking(self, taker: Taker) -> AbstractContextManager[None]: ...
+    def interrupt(self) -> None: ...
+    def publish(self, topic: str, payload: bytes, qos: int = QOS) -> None: ...
+    def corked(self) -> AbstractContextManager[None]: ...
+    async def subscribe(self, topic: str, qos: int = QOS, timeout: float = 10.0) -> None: ...
+    async def unsubscribe(self, topic: str, timeout: float = 10.0) -> None: ...
+
+
+def publish(client: Link, out: Output) -> None:
     """Everything a machine returned, each at its category's QoS (`QOS_OF`), in one write."""
     if not out.publish:
         return
@@ -41,7 +65,7 @@ def publish(client: Connection, out: Output) -> None:
 
 
 async def pump(
-    client: Connection,
+    client: Link,
     machine: Machine,
     until: Callable[[], bool],
     on_output: Callable[[Output], None] | None = None,
@@ -69,7 +93,7 @@ class _Pump:
 
     def __init__(
         self,
-        client: Connection,
+        client: Link,
         machine: Machine,
         until: Callable[[], bool],
         on_output: Callable[[Output], None] | None,
@@ -161,7 +185,7 @@ class _Pump:
 
 
 async def _backlog(
-    client: Connection, machine: Machine, on_output: Callable[[Output], None] | None
+    client: Link, machine: Machine, on_output: Callable[[Output], None] | None
 ) -> Output:
     """This process did not run for a while (SIGSTOP, a suspended host, a machine too busy
     to schedule it): what arrived meanwhile is delivered before time is, so a deadline
@@ -197,7 +221,7 @@ async def _backlog(
 
 
 async def _apply(
-    client: Connection,
+    client: Link,
     machine: Machine,
     out: Output,
     on_output: Callable[[Output], None] | None,
@@ -208,7 +232,7 @@ async def _apply(
         await _drain_and_stop(client, machine, stop, on_output)
 
 
-def _report(client: Connection, out: Output, on_output: Callable[[Output], None] | None) -> None:
+def _report(client: Link, out: Output, on_output: Callable[[Output], None] | None) -> None:
     """Publish and report what a machine returned."""
     publish(client, out)
     if on_output is not None:
@@ -216,7 +240,7 @@ def _report(client: Connection, out: Output, on_output: Callable[[Output], None]
 
 
 async def _drain_and_stop(
-    client: Connection,
+    client: Link,
     machine: Machine,
     stop: Unsubscribe,
     on_output: Callable[[Output], None] | None,

@@ -4,7 +4,7 @@ broker): uvloop where it is installed, for less CPU per message."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -18,3 +18,22 @@ def run_loop(main: Coroutine[Any, Any, T]) -> T:
     except ImportError:
         return asyncio.run(main)
     return uvloop.run(main)
+
+
+async def beside(main: Awaitable[T], *background: Coroutine[Any, Any, object]) -> T:
+    """`main`, with `background` work as its sibling tasks in one `asyncio.TaskGroup`: they
+    are cancelled when `main` ends, however it ends, and one that fails ends `main` (no run
+    waits on work that died). The error comes out as it was raised, not wrapped in an
+    ExceptionGroup, when it is the only one, so callers catch it as they would main's."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(work) for work in background]
+            try:
+                return await main
+            finally:
+                for task in tasks:
+                    task.cancel()
+    except BaseExceptionGroup as errors:
+        if len(errors.exceptions) == 1:
+            raise errors.exceptions[0] from None
+        raise

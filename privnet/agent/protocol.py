@@ -107,12 +107,17 @@ class Output:
     events: list[Event] = field(default_factory=list)
     unsubscribe: list[Unsubscribe] = field(default_factory=list)  # then `unsubscribed`
     checkpoint: Checkpoint | None = None  # for the shell to save (the latest wins)
+    # What else the shell is to do, as data (the orchestrator's `Watch`: write a file, signal
+    # a process): the machine decides, its shell does. A tuple: most outputs have none.
+    effects: tuple[object, ...] = ()
 
     def __iadd__(self, other: Output) -> Output:
         self.publish += other.publish
         self.events += other.events
         self.unsubscribe += other.unsubscribe
         self.checkpoint = other.checkpoint or self.checkpoint
+        if other.effects:
+            self.effects += other.effects
         return self
 
     def __add__(self, other: Output) -> Output:
@@ -121,6 +126,7 @@ class Output:
             self.events + other.events,
             self.unsubscribe + other.unsubscribe,
             other.checkpoint or self.checkpoint,
+            self.effects + other.effects,
         )
 
 

@@ -10,19 +10,23 @@ sees every publish, and anything `send` queues is delivered, an attacker's frame
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from privnet.agent import keys, wire
 from privnet.agent.core import AgentCore
+from privnet.agent.driver import Machine, publish, pump
+from privnet.agent.inmemory import Filters, MemoryBroker
+from privnet.agent.inmemory import Filters as _Filters  # noqa: F401 (tests/test_memory)
 from privnet.agent.node import AgentNode, Launch
-from privnet.agent.protocol import Event, Output, Publish
+from privnet.agent.protocol import QOS, Event, Output, Publish
 from privnet.agent.spec import Scheme, Strategy
 from privnet.orchestrator.conductor import (
     Conductor,
@@ -42,9 +46,7 @@ Tap = Callable[[str, Publish], None]  # (publisher, frame)
 Edit = Callable[[str, Publish], Publish | None]  # a frame in flight: replaced, or lost (None)
 
 
-class Endpoint(Protocol):
-    def receive(self, topic: str, payload: bytes, now: float) -> Output: ...
-    def unsubscribed(self, topic: str, now: float) -> Output: ...
+Endpoint = Machine  # what the router delivers to: a party, as the driver pumps it
 
 
 @dataclass(frozen=True)
@@ -52,58 +54,6 @@ class _Unsubscribe:
     """Queued like a frame: what was published before it still reaches the subscriber."""
 
     topic: str
-
-
-class _Filters:
-    """MQTT topic filters indexed by level, so matching a topic costs its depth, not the
-    number of subscriptions (10,000 agents hold 30,000 of them). Matches come back in
-    subscription order, once per subscriber, as a broker delivers them."""
-
-    def __init__(self) -> None:
-        self._root: dict[str, Any] = {}
-        self._seq = 0
-
-    def add(self, pattern: str, name: str, endpoint: Endpoint) -> None:
-        node = self._root
-        for level in pattern.split("/"):
-            node = node.setdefault(level, {})
-        self._seq += 1
-        node.setdefault(_HERE, {}).setdefault(name, (self._seq, endpoint))
-
-    def remove(self, pattern: str, name: str) -> Endpoint:
-        node = self._root
-        for level in pattern.split("/"):
-            node = node[level]
-        return node[_HERE].pop(name)[1]
-
-    def match(self, topic: str) -> list[tuple[str, Endpoint]]:
-        found: dict[str, tuple[int, Endpoint]] = {}
-        levels = topic.split("/")
-        nodes = [self._root]
-        for level in levels:
-            below = []
-            for node in nodes:
-                if "#" in node:
-                    self._take(node["#"], found)
-                if level in node:
-                    below.append(node[level])
-                if "+" in node:
-                    below.append(node["+"])
-            nodes = below
-        for node in nodes:
-            self._take(node, found)
-            if "#" in node:  # "a/#" matches "a" too
-                self._take(node["#"], found)
-        return [(name, ep) for name, (_, ep) in sorted(found.items(), key=lambda x: x[1][0])]
-
-    @staticmethod
-    def _take(node: dict[str, Any], found: dict[str, tuple[int, Endpoint]]) -> None:
-        for name, entry in node.get(_HERE, {}).items():
-            if name not in found or entry[0] < found[name][0]:
-                found[name] = entry
-
-
-_HERE = "\0subscribers"  # no topic level contains a NUL
 
 
 @dataclass
@@ -114,7 +64,7 @@ class Router:
     edit: Edit | None = None  # tests: lose or tamper with frames in flight
     clock: Callable[[], float] = time.perf_counter
     events: list[tuple[str, Event]] = field(default_factory=list)
-    _filters: _Filters = field(default_factory=_Filters)
+    _filters: Filters[Endpoint] = field(default_factory=Filters)
     _routes: dict[str, tuple[int, list[tuple[str, Endpoint]]]] = field(default_factory=dict)
     _generation: int = 0  # bumped by every (un)subscription: cached routes go stale
     _queue: deque[tuple[str, Publish | _Unsubscribe]] = field(default_factory=deque)
@@ -221,6 +171,51 @@ class Network:
         """Every session to the end, then Bye; RunFailed if the conductor gave up."""
         self.start()
         self.router.drain()
+        self._check()
+        self.router.send(CONDUCTOR, self.conductor.bye())
+        self.router.drain()
+        return self.conductor.results
+
+    async def drive(
+        self, close: float = 30.0, tap: Callable[[str, str, bytes], None] | None = None
+    ) -> list[SessionResult]:
+        """`play`, but every party pumped by the driver (`privnet.agent.driver.pump`, as
+        `privnet run` pumps them over MQTT) on a link to an in-memory broker: the driver's
+        ticks, backlog and unsubscribe probes run too. Real time: a party's deadlines count
+        as they would on a network. After Bye the agents have `close` s to leave. `tap`
+        sees every publish: (publisher, topic, payload)."""
+        broker = MemoryBroker(tap)
+        conducting = broker.connect(CONDUCTOR)
+        for topic in self.conductor.subscriptions:
+            await conducting.subscribe(topic, QOS)
+        links = [broker.connect(f"agent-{node.me}") for node in self.nodes]
+        for node, link in zip(self.nodes, links, strict=True):
+            for topic, qos in node.subscription_qos.items():
+                await link.subscribe(topic, qos)
+        publish(conducting, self.conductor.start(time.monotonic()))
+        for node, link in zip(self.nodes, links, strict=True):
+            publish(link, node.start(time.monotonic()))
+        conductor = self.conductor
+        async with asyncio.TaskGroup() as group:
+            serving = group.create_task(broker.serve())
+            agents = [
+                group.create_task(pump(link, node, _done(node)))
+                for node, link in zip(self.nodes, links, strict=True)
+            ]
+            ended = (Stage.DONE, Stage.FAILED)
+            await pump(conducting, conductor, lambda: conductor.stage in ended)
+            done = conductor.stage is Stage.DONE
+            if done:
+                publish(conducting, conductor.bye())
+                await asyncio.wait(agents, timeout=close)
+            for task in (*agents, serving):
+                task.cancel()
+        if not done:
+            self._check()
+        return conductor.results
+
+    def _check(self) -> None:
+        """RunFailed, saying why, unless the conductor got to the end."""
         if self.conductor.stage is not Stage.DONE:
             stuck = [n.me for n in self.nodes if n.phase.value != "finished"]
             failed = [f"; {n.failure}" for n in self.nodes if n.failure][:3]  # e.g. wire-range
@@ -229,9 +224,11 @@ class Network:
                 or f"the run stopped in stage {self.conductor.stage}; agents {stuck} are stuck"
                 + "".join(failed)
             )
-        self.router.send(CONDUCTOR, self.conductor.bye())
-        self.router.drain()
-        return self.conductor.results
+
+
+def _done(node: AgentNode) -> Callable[[], bool]:
+    """Whether `node` is done (its pump's `until`)."""
+    return lambda: node.done
 
 
 def run_session(problem: Problem, strategy: Strategy, scheme: Scheme, repeat: int) -> SessionResult:

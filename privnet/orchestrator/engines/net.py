@@ -25,6 +25,7 @@ import aiomqtt
 import numpy as np
 
 from privnet.agent.driver import Machine, publish, pump
+from privnet.agent.loop import beside
 from privnet.agent.private import private_file
 from privnet.agent.protocol import QOS, Output
 from privnet.agent.spec import ConfigError
@@ -54,6 +55,7 @@ from privnet.orchestrator.engines.lifetime import RunSecrets, Stop
 from privnet.orchestrator.engines.options import Restart, RunOptions, Runtime
 from privnet.orchestrator.engines.prepare import write_launches
 from privnet.orchestrator.engines.progress import ProgressLines
+from privnet.orchestrator.engines.shell import WatchShell
 from privnet.orchestrator.engines.watch import POLL, Watch, write_membership
 from privnet.orchestrator.errors import RunFailed
 from privnet.orchestrator.experiment.problem import Problem
@@ -136,7 +138,7 @@ class _Run:
 
     problem: Problem
     broker: Broker | ContainerBroker
-    watch: Watch
+    shell: WatchShell
     out: Path
     began: float
     stop: Stop
@@ -150,13 +152,15 @@ async def _run_network(problem: Problem, options: RunOptions, out: Path, stop: S
     origin = _origin(problem, options, out)
     faults = parse_faults(options.faults or "", problem.config.agents)
     broker, pool = _runtime(options, faults, origin.secrets, out / "logs")
-    code, watch = 1, None
+    code, shell = 1, None
     try:
         if origin.resume is None:
             journal.begin(out, problem.config, origin.secrets.to_json(), options.secret_seed)
         await _start(broker)
-        watch = _watch(problem, options, out, origin, broker, pool, faults)
-        code = await _watched(problem, options, watch, out, began, stop)
+        shell = WatchShell(
+            _watch(problem, options, out, origin, broker, pool, faults), pool, broker, out
+        )
+        code = await _watched(problem, options, shell, out, began, stop)
         return code
     except RunFailed as exc:
         console.print(f"[red]run failed:[/red] {exc}")
@@ -177,8 +181,8 @@ async def _run_network(problem: Problem, options: RunOptions, out: Path, stop: S
         console.print(f"[red]run failed:[/red] {said}{hint}")  # ours name the broker
         return 1
     finally:
-        if watch is not None:
-            watch.close()  # the insiders of --faults flap
+        if shell is not None:
+            shell.close()  # the insiders of --faults flap
         if pool is not None:
             pool.stop(STOP_GRACE if stop.stopping else None)
         broker.stop()
@@ -243,26 +247,28 @@ def _watch(
     if options.external_agents and options.prepared is None:
         write_launches(options.launch_dir or out / "launch", launches)
     restart = options.restart is Restart.ON_FAILURE
-    return Watch(conductor, pool, broker, launches, problem, out, faults, restart)
+    return Watch(conductor, launches, problem, faults, restart)
 
 
 async def _watched(
-    problem: Problem, options: RunOptions, watch: Watch, out: Path, began: float, stop: Stop
+    problem: Problem, options: RunOptions, shell: WatchShell, out: Path, began: float, stop: Stop
 ) -> int:
-    """The run driven, tapped with --audit and watched in a page with --view; the exit code."""
+    """The run driven, tapped with --audit and watched in a page with --view (its sampler
+    beside the run); the exit code."""
     tap = None
+    broker = shell.broker
     if options.audit:
         from privnet.orchestrator.audit import WireTap  # scipy & co. only when auditing
 
-        broker = watch.broker
-        tap = WireTap(broker.address, watch.conductor.run, broker.access(INSPECTOR))
-    view = await _view(options, watch, problem, out, tap)
-    run = _Run(problem, watch.broker, watch, out, began, stop, tap, options.neighbour, view)
-    try:
+        tap = WireTap(broker.address, shell.watch.conductor.run, broker.access(INSPECTOR))
+    view = await _view(options, shell, problem, out, tap)
+    run = _Run(problem, broker, shell, out, began, stop, tap, options.neighbour, view)
+    if view is None:
         return await _drive(run)
+    try:
+        return await beside(_drive(run), view.sampling())
     finally:
-        if view is not None:
-            await view.close()
+        await view.close()
 
 
 async def _start(broker: Broker | ContainerBroker) -> None:
@@ -278,14 +284,14 @@ async def _start(broker: Broker | ContainerBroker) -> None:
 
 
 async def _view(
-    options: RunOptions, watch: Watch, problem: Problem, out: Path, tap: WireTap | None
+    options: RunOptions, shell: WatchShell, problem: Problem, out: Path, tap: WireTap | None
 ) -> LiveView | None:
     """With --view, the page of this run, served from this event loop (its URL printed)."""
     if not options.view:
         return None
     from privnet.orchestrator.view.live import LiveView  # aiohttp: only when watched
 
-    view = LiveView(watch, problem, out, neighbour=options.neighbour, tap=tap)
+    view = LiveView(shell, problem, out, neighbour=options.neighbour, tap=tap)
     url = await view.start(options.view_host, options.view_port)  # ConfigError: cannot listen
     console.print(f"view: {url}", soft_wrap=True)
     return view
@@ -326,7 +332,7 @@ async def _drive(run: _Run) -> int:
     --exit-code-from orchestrator` the first agent to exit stops every container and ends
     the log stream, and the operator must still see the results).
     """
-    broker, conductor = run.broker, run.watch.conductor
+    broker, conductor = run.broker, run.shell.watch.conductor
     docker = broker if isinstance(broker, DockerBroker) else None  # NIC counters: one engine
     nic_before = await asyncio.to_thread(docker.nic) if docker is not None else None
     # A broker restart is ridden out as the agents ride it out
@@ -339,7 +345,7 @@ async def _drive(run: _Run) -> int:
         try:
             await _sessions(run, mqtt)
             extra = await _extra(run, mqtt, nic_before)
-            ours = isinstance(run.watch.pool, LocalLauncher)  # processes here; containers as before
+            ours = isinstance(run.shell.pool, LocalLauncher)  # processes here; containers as before
             if ours:
                 publish(mqtt, conductor.bye())
             code = await _written(run, extra)
@@ -356,7 +362,7 @@ async def _drive(run: _Run) -> int:
 def _connected(run: _Run) -> None:
     """The console's line once the orchestrator is connected: the broker, the run, where
     the agents are."""
-    broker, pool, conductor = run.broker, run.watch.pool, run.watch.conductor
+    broker, pool, conductor = run.broker, run.shell.pool, run.shell.watch.conductor
     where = "external agents" if pool is None else f"agent logs in {run.out}/logs"
     if isinstance(broker, CoreBroker):
         where = "agents on " + ", ".join(f"{b.host} ({len(b.agents)})" for b in broker.bridges)
@@ -370,17 +376,16 @@ def _connected(run: _Run) -> None:
 async def _sessions(run: _Run, mqtt: Connection) -> None:
     """Subscribe, start the conductor and the agents, and pump every session to its end;
     then the membership is written and the audit's tap given what checks it."""
-    watch, conductor, tap = run.watch, run.watch.conductor, run.tap
+    shell, conductor, tap = run.shell, run.shell.watch.conductor, run.tap
     async with tap or contextlib.nullcontext():  # the audit's tap, before any agent
         for topic in conductor.subscriptions:
             await mqtt.subscribe(topic, qos=QOS)
         publish(mqtt, conductor.start(time.monotonic()))
-        if isinstance(watch.pool, LocalLauncher):
-            await watch.pool.zygote.started()  # its imports: spawns are quick from then on
-        if watch.pool is not None:
-            watch.pool.start(watch.launches)
-        machine = run.view.machine() if run.view else watch
-        await _conduct(mqtt, watch, run.problem, machine, run.began)
+        if isinstance(shell.pool, LocalLauncher):
+            await shell.pool.zygote.started()  # its imports: spawns are quick from then on
+        if shell.pool is not None:
+            shell.pool.start(shell.watch.launches)
+        await _conduct(mqtt, shell, run.problem, run.view, run.began)
         run.stop.finishing = True  # complete: a signal from here on waits for the outputs
         write_membership(run.out / "membership.json", conductor.membership)
         if tap is not None:  # the sealed telemetry validates the audit's truth
@@ -391,16 +396,16 @@ async def _sessions(run: _Run, mqtt: Connection) -> None:
 async def _extra(run: _Run, mqtt: Connection, nic_before: Any) -> dict[str, Any]:
     """summary.json's run figures beyond the curves: broker, runtime, the orchestrator's
     deliveries, outages, membership, and the counters of the broker and the NICs."""
-    broker, conductor, pool = run.broker, run.watch.conductor, run.watch.pool
+    broker, conductor, pool = run.broker, run.shell.watch.conductor, run.shell.pool
     extra: dict[str, Any] = {
         "broker": broker.kind,
         "runtime": _runtime_name(broker),
         "run": conductor.run,
         "seed": journal.SECRETS if journal.secret_seed(run.out) else run.problem.config.seed,
         "orchestrator": _orchestrator(conductor)
-        | {"session_cpu_s": round(run.watch.session_cpu, 3)},
+        | {"session_cpu_s": round(run.shell.session_cpu, 3)},
         "broker_outages": asdict(mqtt.outages),  # as the orchestrator lived them
-        "membership": _membership(run.watch),
+        "membership": _membership(run.shell.watch),
     }
     # $SYS and NIC counters over the same window: from before the agents start to
     # the last session's end (registration and every session's setup included).
@@ -421,7 +426,7 @@ async def _extra(run: _Run, mqtt: Connection, nic_before: Any) -> dict[str, Any]
 
 async def _written(run: _Run, extra: dict[str, Any]) -> int:
     """The curves, models and outputs written (and the wire audited); the exit code."""
-    conductor = run.watch.conductor
+    conductor = run.shell.watch.conductor
     # After the Bye: nothing beats any more, and a session whose membership changed
     # is replayed here (its MSD per round), which outlasts a short --deadline.
     curves = await asyncio.to_thread(memory.results_curves, run.problem, conductor.results)
@@ -443,12 +448,15 @@ async def _written(run: _Run, extra: dict[str, Any]) -> int:
 
 
 async def _conduct(
-    mqtt: Connection, watch: Watch, problem: Problem, machine: Machine, began: float
+    mqtt: Connection, shell: WatchShell, problem: Problem, view: LiveView | None, began: float
 ) -> None:
-    """Pump `machine` (the watch, or a view's lookout on it) until every session is done;
-    RunFailed when the conductor fails. `began`: when the run began (perf_counter), which
-    the set-up times on the console count from."""
+    """Pump the watch (or a view's lookout on it) until every session is done, its shell
+    doing what it asks and sampling the agents' processes beside the pump; RunFailed when
+    the conductor fails. `began`: when the run began (perf_counter), which the set-up
+    times on the console count from."""
+    watch = shell.watch
     conductor = watch.conductor
+    machine: Machine = view.machine() if view is not None else watch
     with progress_bar() as bar:
         show = ProgressLines(bar, problem, watch)
 
@@ -456,6 +464,9 @@ async def _conduct(
             return conductor.stage in (Stage.DONE, Stage.FAILED)
 
         def on_output(out: Output) -> None:
+            shell.react(out)
+            if view is not None:
+                view.seen(out)
             for event in out.events:
                 if event.kind == "registered":
                     took = time.perf_counter() - began
@@ -463,8 +474,15 @@ async def _conduct(
                 show.event(event)
             show.update()
 
+        def feed(out: Output) -> None:
+            """What the watch made of a sample of the processes: out as the pump's is."""
+            if out.publish or out.events or out.effects:
+                publish(mqtt, out)
+                on_output(out)
+                mqtt.interrupt()  # the pump looks at the watch's next tick again
+
         try:
-            await pump(mqtt, machine, until, on_output, every=POLL)
+            await beside(pump(mqtt, machine, until, on_output, every=POLL), shell.watching(feed))
         except RunFailed as exc:
             publish(mqtt, conductor.abort(str(exc)))
             raise

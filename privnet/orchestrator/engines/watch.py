@@ -1,39 +1,140 @@
 """What only the orchestrator's shell can see, fed to the conductor as it happens.
 
-`Watch` is the machine `privnet run` pumps: the conductor, plus the agents' processes (one
-that ends is an agent lost; with `--restart on-failure` it is started again, to rejoin),
-`--faults` injected at their rounds, and the run's files written as the run goes:
-`metrics.csv` gains every round once every member has completed it, `membership.json`
-every view, and the console a line per view. An orchestrator that dies mid-run leaves
-both files holding everything completed.
+`Watch` is the machine `privnet run` pumps: the conductor, plus what the shell tells it of
+the agents' processes (one that ends is an agent lost; with `--restart on-failure` it is
+started again, to rejoin), `--faults` to inject at their rounds, and the run's files as the
+run goes: `metrics.csv` gains every round once every member has completed it,
+`membership.json` every view, and the console a line per view. An orchestrator that dies
+mid-run leaves both files holding everything completed.
+
+`Watch` is sans-IO, as the conductor is: what it wants done beside publishing it returns as
+effects (`Output.effects`: the dataclasses below), and the shell (`engines.shell`) writes
+the files, signals the processes and samples them.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import signal
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+import numpy as np
 
 from privnet.agent.launch import AgentLaunch
 from privnet.agent.protocol import Output
-from privnet.broker.launcher import Broker
-from privnet.orchestrator.conductor import IN_SESSION, Conductor, Stage, View
+from privnet.orchestrator.conductor import IN_SESSION, Conductor, SessionResult, Stage, View
 from privnet.orchestrator.curves import METRICS_HEADER
-from privnet.orchestrator.engines import journal
-from privnet.orchestrator.engines.docker import ContainerBroker
-from privnet.orchestrator.engines.launch import Launcher
 from privnet.orchestrator.experiment.problem import Problem, msd
 from privnet.orchestrator.faults import Fault
-from privnet.orchestrator.insider import environment
-from privnet.orchestrator.terminal import console
 
-POLL = 0.5  # how often child processes are checked
+POLL = 0.5  # how often the shell samples the agents' processes
+
+
+# ---- effects: what the shell does for the watch ---------------------------------------
+
+
+@dataclass(frozen=True)
+class Say:
+    """A line on the console."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class WriteMembership:
+    """membership.json, whole: every view so far."""
+
+    views: tuple[View, ...]
+
+
+@dataclass(frozen=True)
+class SessionDone:
+    """A session's result into the journal (`journal.session_done`)."""
+
+    index: int
+    result: SessionResult
+
+
+@dataclass(frozen=True)
+class Redo:
+    """A session (re)started from round `keep`: the journal's rounds after it dropped, and
+    with `series` (strategy, scheme, repeat: a resumed session) metrics.csv's rows too."""
+
+    session: int
+    keep: int
+    shape: tuple[int, ...]
+    series: tuple[str, str, str] | None
+
+
+@dataclass(frozen=True)
+class WriteRows:
+    """Rounds every member completed: into the journal (`models`, `metrics`) and as rows of
+    metrics.csv (`fresh`: the file starts again with `header`, else it is appended to;
+    one that does not exist yet starts with it too)."""
+
+    session: int
+    models: np.ndarray
+    metrics: np.ndarray
+    header: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    fresh: bool
+
+
+@dataclass(frozen=True)
+class Signal:
+    """A signal to an agent's process (SIGKILL, SIGSTOP, SIGCONT)."""
+
+    agent: int
+    signum: int
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Start these agents' processes again, with these launches (to rejoin)."""
+
+    launches: Mapping[int, AgentLaunch]
+
+
+@dataclass(frozen=True)
+class KillBroker:
+    """Kill the broker this run started (`--faults broker@ROUND`)."""
+
+
+@dataclass(frozen=True)
+class RestartBroker:
+    """Start the killed broker again."""
+
+
+@dataclass(frozen=True)
+class StartInsider:
+    """An insider with `agent`'s broker credentials (`--faults flap`), known by `key`."""
+
+    agent: int
+    key: int
+
+
+@dataclass(frozen=True)
+class StopInsider:
+    """Stop the insider started as `key`."""
+
+    key: int
+
+
+Effect = (
+    Say
+    | WriteMembership
+    | SessionDone
+    | Redo
+    | WriteRows
+    | Signal
+    | Restart
+    | KillBroker
+    | RestartBroker
+    | StartInsider
+    | StopInsider
+)
 
 
 class Watch:
@@ -42,34 +143,24 @@ class Watch:
     def __init__(
         self,
         conductor: Conductor,
-        pool: Launcher | None,
-        broker: Broker | ContainerBroker,
         launches: Mapping[int, AgentLaunch],
         problem: Problem,
-        out: Path,
         faults: list[Fault] | None = None,
         restart: bool = False,
     ) -> None:
-        self.conductor, self.pool, self.broker = conductor, pool, broker
-        self.launches, self.problem, self.out = dict(launches), problem, out
+        self.conductor, self.launches, self.problem = conductor, dict(launches), problem
         self.faults, self.restart = list(faults or []), restart
         self.restarts: dict[int, int] = {}  # agent -> times started again
         self.injected: list[str] = []  # faults applied, with the round they hit
-        self._next_poll = 0.0
-        self._later: list[tuple[float, Callable[[], None]]] = []  # (when, action)
+        self._later: list[tuple[float, Effect]] = []  # (when, what then)
         self._streamed = (-1, 0)  # (session, rounds written: every member reported them)
-        # this process's CPU seconds while sessions ran (Go to the session's end): what the
-        # orchestrator costs a round, in summary.json
-        self.session_cpu = 0.0
-        self._cpu_since: float | None = None
-        self.insiders: list[subprocess.Popen[bytes]] = []  # --faults flap: stopped by `close`
+        self._redone: Redo | None = None  # asked for since the last rows were written
 
     # ---- the Machine protocol (privnet.agent.driver.pump) ----------------------------------------
 
     def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output:
         out = self._seen(self.conductor.receive(topic, payload, now, retained))
-        self._inject(now)  # as soon as the round is known done, not at the next poll
-        return out
+        return self._inject(out, now)  # as soon as the round is known done, not at the next poll
 
     def unsubscribed(self, topic: str, now: float) -> Output:
         return self.conductor.unsubscribed(topic, now)
@@ -78,23 +169,15 @@ class Watch:
         return self.conductor.deaf(now)
 
     def next_tick(self) -> float | None:
-        times = [self.conductor.next_tick()]
-        if self.conductor.stage in (*IN_SESSION, Stage.REGISTERING):
-            times.append(self._next_poll)
-        times += [when for when, _ in self._later]
+        times = [self.conductor.next_tick(), *(when for when, _ in self._later)]
         known = [t for t in times if t is not None]
         return min(known) if known else None
 
     def tick(self, now: float) -> Output:
         out = Output()
-        if now >= self._next_poll and self.conductor.stage in (*IN_SESSION, Stage.REGISTERING):
-            self._next_poll = now + POLL
-            out += self._poll(now)
-            self._inject(now)
-        due = [action for when, action in self._later if when <= now]
-        self._later = [(when, action) for when, action in self._later if when > now]
-        for action in due:
-            action()
+        due = tuple(effect for when, effect in self._later if when <= now)
+        self._later = [(when, effect) for when, effect in self._later if when > now]
+        out.effects += due
         wake = self.conductor.next_tick()
         if wake is not None and now >= wake:
             out += self.conductor.tick(now)
@@ -102,12 +185,15 @@ class Watch:
 
     # ---- processes and faults ----------------------------------------------------------
 
-    def _poll(self, now: float) -> Output:
-        """Agents whose process ended are lost; with --restart on-failure, started again."""
-        if self.pool is None:
-            return Output()
+    @property
+    def polling(self) -> bool:
+        """Whether the agents' processes are to be sampled now (`polled`)."""
+        return self.conductor.stage in (*IN_SESSION, Stage.REGISTERING)
+
+    def polled(self, ended: Mapping[int, str], now: float) -> Output:
+        """The shell sampled the agents' processes: those in `ended` (agent -> how) ended.
+        They are lost; with --restart on-failure, started again. Faults now due are injected."""
         out = Output()
-        ended = self.pool.exited()
         for agent, how in sorted(ended.items()):
             out += self.conductor.lost(agent, how, now)
         if ended and self.restart and self.conductor.stage in IN_SESSION:
@@ -115,90 +201,54 @@ class Watch:
             for agent in again:
                 self.restarts[agent] = self.restarts.get(agent, 0) + 1
             rejoin = {p: replace(self.launches[p], rejoin=True) for p in again}
-            self.pool.restart(again, rejoin)
-            console.print(f"restarted agents {again}")
-        return out
+            out.effects += (Restart(rejoin), Say(f"restarted agents {again}"))
+        return self._inject(self._seen(out), now)
 
-    def _inject(self, now: float) -> None:
+    def _inject(self, out: Output, now: float) -> Output:
+        """`out`, with the effects of the faults due at the rounds done."""
         if not self.faults:
-            return
+            return out
         done = self.conductor.rounds_done
         while self.faults and self.faults[0].round <= done and self.conductor.stage in IN_SESSION:
             fault = self.faults.pop(0)
             self.injected.append(f"{fault} (at round {done})")
-            console.print(f"[yellow]fault:[/yellow] {fault} at round {done}")
-            if fault.kind == "broker":
-                self._broker_down(now, fault.seconds)
-            elif fault.kind == "flap" and fault.agent is not None:
-                self._insider(now, fault.agent, fault.seconds)
-            elif self.pool is not None and fault.agent is not None:
-                agent = fault.agent
-                if fault.kind == "kill":
-                    self.pool.signal(agent, signal.SIGKILL)
-                else:
-                    self.pool.signal(agent, signal.SIGSTOP)
-                    wake = (now + fault.seconds, lambda a=agent: self._cont(a))
-                    self._later.append(wake)
+            out.effects += (Say(f"[yellow]fault:[/yellow] {fault} at round {done}"),)
+            out.effects += self._fault(fault, now)
+        return out
 
-    def _insider(self, now: float, agent: int, seconds: float) -> None:
-        """An insider with `agent`'s broker credentials, connecting in a loop (its output
-        in logs/insider-AGENT.log); stopped after `seconds` (0: by `close`)."""
-        launch = self.launches[agent]
-        _, _, access = launch.parts()
-        env = environment(str(self.broker.address), launch.run, agent, access)
-        logs = self.out / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        with (logs / f"insider-{agent}.log").open("ab") as log:
-            insider = subprocess.Popen(
-                [sys.executable, "-m", "privnet.orchestrator.insider"],
-                env={**_inherited(), **env},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        self.insiders.append(insider)
-        if seconds:
-            self._later.append((now + seconds, insider.terminate))
-
-    def close(self) -> None:
-        """Stop the insiders `--faults flap` started (the run's end, however it ends)."""
-        for insider in self.insiders:
-            if insider.poll() is None:
-                insider.terminate()
-        for insider in self.insiders:
-            try:
-                insider.wait(5)
-            except subprocess.TimeoutExpired:
-                insider.kill()
-                insider.wait()
-
-    def _cont(self, agent: int) -> None:
-        if self.pool is not None:
-            self.pool.signal(agent, signal.SIGCONT)
-
-    def _broker_down(self, now: float, seconds: float) -> None:
-        if not isinstance(self.broker, Broker):
-            raise RuntimeError("--faults broker@ROUND needs a broker this run started")
-        self.broker.kill()
-        self._later.append((now + seconds, self.broker.restart))
+    def _fault(self, fault: Fault, now: float) -> tuple[Effect, ...]:
+        """What a fault does now; what it undoes later goes to `_later`."""
+        agent = fault.agent
+        if fault.kind == "broker":
+            self._later.append((now + fault.seconds, RestartBroker()))
+            return (KillBroker(),)
+        if agent is None:
+            return ()
+        if fault.kind == "flap":
+            key = len(self.injected)
+            if fault.seconds:  # else stopped at the run's end
+                self._later.append((now + fault.seconds, StopInsider(key)))
+            return (StartInsider(agent, key),)
+        if fault.kind == "kill":
+            return (Signal(agent, signal.SIGKILL),)
+        self._later.append((now + fault.seconds, Signal(agent, signal.SIGCONT)))
+        return (Signal(agent, signal.SIGSTOP),)
 
     # ---- files as the run goes ---------------------------------------------------------
 
     def _seen(self, out: Output) -> Output:
         for event in out.events:
-            if event.kind == "started" and self._cpu_since is None:
-                self._cpu_since = time.process_time()
-            if event.kind == "session-done" and self._cpu_since is not None:
-                self.session_cpu += time.process_time() - self._cpu_since
-                self._cpu_since = None
             if event.kind == "session-done":
                 result = self.conductor.results[-1]
-                journal.session_done(self.out, len(self.conductor.results) - 1, result)
+                out.effects += (SessionDone(len(self.conductor.results) - 1, result),)
             elif event.kind == "view":
-                console.print(f"[cyan]membership:[/cyan] {event.detail}")
-                write_membership(self.out / "membership.json", self.conductor.membership)
+                out.effects += (
+                    Say(f"[cyan]membership:[/cyan] {event.detail}"),
+                    WriteMembership(tuple(self.conductor.membership)),
+                )
             elif event.kind in ("lost", "restarted"):
-                console.print(f"[yellow]{event.kind}:[/yellow] {event.detail}")
-        self._stream()
+                out.effects += (Say(f"[yellow]{event.kind}:[/yellow] {event.detail}"),)
+        out.effects += self._stream()
         return out
 
     @property
@@ -207,58 +257,39 @@ class Watch:
         session, written = self._streamed
         return written if session == self.conductor.session else 0
 
-    def _stream(self) -> None:
-        """Append the rounds every member has now completed to metrics.csv (the final
-        outputs rewrite it whole, with every series)."""
+    def _stream(self) -> tuple[Effect, ...]:
+        """The rounds every member has now completed, for the journal and metrics.csv (the
+        final outputs rewrite it whole, with every series)."""
         conductor = self.conductor
         plan = conductor.current
         if plan is None or conductor.stage not in IN_SESSION:
-            return
+            return ()
         session, written = self._streamed
-        path = self.out / "metrics.csv"
         strategy, scheme, repeat = plan.label.split("/")
+        effects: tuple[Effect, ...] = ()
         if session != conductor.session:  # from its first view's start (a resumed session)
             session, written = conductor.session, conductor.membership[-1].start - 1
-            journal.truncate(self.out, session, written, conductor.models.shape[1:])
-            if conductor.membership[-1].reason == "resumed" and path.exists():
-                _truncate_metrics(path, (strategy, scheme, repeat), written)  # it redoes them
+            resumed = conductor.membership[-1].reason == "resumed"  # it redoes them
+            series = (strategy, scheme, repeat) if resumed else None
+            redo = Redo(session, written, conductor.models.shape[1:], series)
+            if redo != self._redone:  # once: the rows stay dropped until rows come
+                effects, self._redone = (redo,), redo
         done = reported(conductor, written)
         if done <= written:
-            return
+            return effects
         metrics = conductor.collection.metrics
-        journal.rounds(self.out, session, conductor.models[written:done], metrics[written:done])
-        fresh = not path.exists() or (conductor.session == 0 and written == 0)
         w_opt, q = self.problem.w_opt[int(repeat)], self.problem.q
         told = self.problem.agent_metrics(metrics[written:done])
-        with path.open("w" if fresh else "a", newline="") as fh:
-            writer = csv.writer(fh)
-            if fresh:
-                writer.writerow((*METRICS_HEADER, *told))
-            for r in range(written, done):
-                cen, avg = msd(conductor.models[r], w_opt, q)
-                mine = [repr(float(v[r - written])) for v in told.values()]
-                writer.writerow((strategy, scheme, repeat, r + 1, repr(cen), repr(avg), *mine))
-        self._streamed = (session, done)
-
-
-def _inherited() -> dict[str, str]:
-    """The environment a child needs to import privnet as this process does, no secrets."""
-    import os
-
-    keep = ("PATH", "PYTHONPATH", "HOME", "LANG", "VIRTUAL_ENV", "SYSTEMROOT")
-    return {k: v for k, v in os.environ.items() if k in keep}
-
-
-def _truncate_metrics(path: Path, series: tuple[str, str, str], keep: int) -> None:
-    """Drop the rows of `series` (strategy, scheme, repeat) after round `keep`."""
-    with path.open(newline="") as fh:
-        rows = list(csv.reader(fh))
-    whole = [row for row in rows[1:] if len(row) == len(rows[0])]  # a kill cuts a write short
-    kept = [row for row in whole if tuple(row[:3]) != series or int(row[3]) <= keep]
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w", newline="") as fh:
-        csv.writer(fh).writerows([rows[0], *kept])
-    tmp.replace(path)
+        rows = []
+        for r in range(written, done):
+            cen, avg = msd(conductor.models[r], w_opt, q)
+            mine = [repr(float(v[r - written])) for v in told.values()]
+            rows.append((strategy, scheme, repeat, str(r + 1), repr(cen), repr(avg), *mine))
+        fresh = conductor.session == 0 and written == 0
+        header = (*METRICS_HEADER, *told)
+        models, held = conductor.models[written:done].copy(), metrics[written:done].copy()
+        self._streamed, self._redone = (session, done), None
+        return (*effects, WriteRows(session, models, held, header, tuple(rows), fresh))
 
 
 def reported(conductor: Conductor, since: int = 0) -> int:

@@ -3,10 +3,11 @@ knows, pushed into a `ViewState` that the server streams to the page.
 
 Nothing here adds a byte to the broker or the agents' wire. `Lookout`, pumped by the net
 engine in place of its `Watch`, passes everything through, counting what the orchestrator
-receives and noting the conductor's events on the timeline; a sampler, twice a second on
-the same loop, reads the conductor's stage and views, the reported models' scalars (never
-the models), the agents' processes, the sessions' Finished frames and, with `--account`,
-the accountant's twin runs in a low-priority worker process.
+receives; the view notes the conductor's events on the timeline as the pump reports them
+(`seen`); a sampler, twice a second beside the run (a sibling task), reads the conductor's
+stage and views, the reported models' scalars (never the models), the agents' processes,
+the sessions' Finished frames and, with `--account`, the accountant's twin runs in a
+low-priority worker process.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from privnet.agent.protocol import QOS, Output
 from privnet.agent.spec import Scheme, Strategy
 from privnet.orchestrator.conductor import IN_SESSION, Conductor, SessionPlan, Stage, View, describe
 from privnet.orchestrator.engines.launch import LocalLauncher
+from privnet.orchestrator.engines.shell import WatchShell
 from privnet.orchestrator.engines.watch import Watch
 from privnet.orchestrator.experiment.problem import Problem, msd
 from privnet.orchestrator.privacy import accountant
@@ -53,26 +55,29 @@ NOTED = {"registered", "lost", "restarted", "failed", "closing"}
 
 
 class Lookout:
-    """The net engine's `Watch` as the pump drives it, seen by the view (module docstring)."""
+    """The net engine's `Watch` as the pump drives it, counting the bytes the orchestrator
+    receives by category (`received_bytes`, MQTT PUBLISH sizes); sans-IO, as the watch is."""
 
-    def __init__(self, watch: Watch, view: LiveView) -> None:
-        self.watch, self.view = watch, view
+    def __init__(self, watch: Watch) -> None:
+        self.watch = watch
+        self.received_bytes = {"telemetry": 0, "control": 0}
 
     def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output:
-        self.view.received(topic, len(payload))
-        return self.view.seen(self.watch.receive(topic, payload, now, retained))
+        category = "telemetry" if "/telemetry/" in topic else "control"
+        self.received_bytes[category] += topics.mqtt_publish_size(topic, len(payload), QOS)
+        return self.watch.receive(topic, payload, now, retained)
 
     def tick(self, now: float) -> Output:
-        return self.view.seen(self.watch.tick(now))
+        return self.watch.tick(now)
 
     def next_tick(self) -> float | None:
         return self.watch.next_tick()
 
     def unsubscribed(self, topic: str, now: float) -> Output:
-        return self.view.seen(self.watch.unsubscribed(topic, now))
+        return self.watch.unsubscribed(topic, now)
 
     def deaf(self, now: float) -> Output:
-        return self.view.seen(self.watch.deaf(now))
+        return self.watch.deaf(now)
 
 
 class LiveView:
@@ -80,26 +85,26 @@ class LiveView:
 
     def __init__(
         self,
-        watch: Watch,
+        shell: WatchShell,
         problem: Problem,
         out: Path,
         *,
         neighbour: int | None = None,
         tap: WireTap | None = None,
     ) -> None:
-        self.watch, self.problem, self.out, self.tap = watch, problem, out, tap
-        conductor = watch.conductor
+        self.shell, self.watch = shell, shell.watch
+        self.problem, self.out, self.tap = problem, out, tap
+        conductor = self.watch.conductor
         c = problem.config
         meta = run_meta(problem, conductor.run, [p.label for p in conductor.plans], live=True)
         meta |= {"deadline": conductor.deadline, "account": neighbour, "audit": tap is not None}
-        meta["broker"] = watch.broker.kind
+        meta["broker"] = shell.broker.kind
         nodes = [problem.graph.nodes[p]["pos"] for p in range(c.agents)]
         self.state = ViewState(meta, nodes)
         self.state.set_edges(problem.graph.edges)
         self.server = ServerThread(ViewServer(self.state, out / "logs"))
         self.t0 = time.monotonic()
-        self.received_bytes = {"telemetry": 0, "control": 0}
-        self._task: asyncio.Task[None] | None = None
+        self.lookout = Lookout(self.watch)
         self._views = self._faults = self._results = 0
         self._session, self._rows = -1, 0
         self._plan: SessionPlan | None = None  # the session shown (the last, once all are done)
@@ -119,20 +124,15 @@ class LiveView:
     # ---- life ------------------------------------------------------------------------
 
     async def start(self, host: str, port: int) -> str:
-        url = await asyncio.to_thread(self.server.start, host, port)
-        self._task = asyncio.create_task(self._sampling())
-        return url
+        """Serve the page; its URL. The sampler is the caller's to run (`sampling`)."""
+        return await asyncio.to_thread(self.server.start, host, port)
 
     def machine(self) -> Machine:
-        return Lookout(self.watch, self)
+        return self.lookout
 
     async def close(self) -> None:
-        """The run is over (its outputs written, or it failed): a last sample, the page's
-        state kept as view.json beside the outputs, and the server stopped."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        """The run is over (its outputs written, or it failed; the sampler stopped): a last
+        sample, the page's state kept as view.json beside the outputs, the server stopped."""
         with contextlib.suppress(Exception), self.state.lock:  # the view never fails a run
             self.sample(time.monotonic())
             self.state.update(stage="ended")
@@ -141,23 +141,20 @@ class LiveView:
             self._pool.terminate()
         await asyncio.to_thread(self.server.stop)
 
-    async def _sampling(self) -> None:
+    async def sampling(self) -> None:
+        """Sample the run every SAMPLE s, forever: a task beside the run's."""
         while True:
             with self.state.lock:  # the server's thread reads it
                 self.sample(time.monotonic())
             await asyncio.sleep(SAMPLE)
 
-    # ---- pushed by the Lookout ---------------------------------------------------------
+    # ---- reported by the pump ----------------------------------------------------------
 
-    def received(self, topic: str, size: int) -> None:
-        category = "telemetry" if "/telemetry/" in topic else "control"
-        self.received_bytes[category] += topics.mqtt_publish_size(topic, size, QOS)
-
-    def seen(self, out: Output) -> Output:
+    def seen(self, out: Output) -> None:
+        """An output of the watch: its events noted on the timeline."""
         for event in out.events:
             if event.kind in NOTED:
                 self._note(event.kind, event.detail)
-        return out
 
     def _note(self, kind: str, text: str, label: str | None = None) -> None:
         if label is None:
@@ -308,11 +305,11 @@ class LiveView:
     def _traffic(self, now: float, rounds: int) -> None:
         """Bytes per round by category over the last interval in which rounds were made:
         model frames by their size, what the orchestrator received and published."""
-        conductor = self.watch.conductor
+        conductor, received = self.watch.conductor, self.lookout.received_bytes
         totals = {
             "model": self._totals["model"],
-            "telemetry": float(self.received_bytes["telemetry"]),
-            "control": float(self.received_bytes["control"] + conductor.traffic.octets["control"]),
+            "telemetry": float(received["telemetry"]),
+            "control": float(received["control"] + conductor.traffic.octets["control"]),
         }
         if self._last is not None and self._last[1] < rounds:
             made = rounds - self._last[1]
@@ -340,7 +337,7 @@ class LiveView:
         return rate
 
     def _processes(self, now: float) -> None:
-        pool = self.watch.pool
+        pool = self.shell.pool
         if not isinstance(pool, LocalLauncher):
             return  # containers: `docker stats` is the place
         sampled = self._procs.sample(pool.pids(), now)
