@@ -51,7 +51,7 @@ def test_a_model_of_about_n_parameters_is_the_nearest_width() -> None:
 def test_the_ceiling_moves_every_frame_of_a_chunked_model() -> None:
     """Raw clients on a real broker send `frames` frames a link a round and wait for all of
     their in-neighbours' before the next round: messages = rounds x links x frames."""
-    from privnet.orchestrator.bench import ceiling
+    from privnet.orchestrator.ceiling import ceiling
 
     out = {0: [1, 2], 1: [0], 2: [0]}
     rate, messages_per_s, _ = ceiling("embedded", out, rounds=6, size=2000, workers=1, frames=3)

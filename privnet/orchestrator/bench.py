@@ -23,9 +23,7 @@ Writes bench.json and bench.png to --out and prints the table.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import multiprocessing as mp
 import os
 import statistics
 import subprocess
@@ -41,22 +39,17 @@ import numpy as np
 import psutil
 from rich.table import Table
 
-from privnet.agent import topics
-from privnet.agent.access import BrokerAddress
-from privnet.agent.loop import run_loop
-from privnet.agent.protocol import PEER_QOS, Publish
+from privnet.agent.protocol import Publish
 from privnet.agent.spec import Scheme, Strategy
-from privnet.agent.transport import Connection
-from privnet.broker.credentials import Credentials
-from privnet.broker.launcher import has_mosquitto, launch
+from privnet.broker.launcher import has_mosquitto
+from privnet.orchestrator.ceiling import ceiling
+from privnet.orchestrator.ceiling import edges as ceiling_edges
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.problem import Problem
 from privnet.orchestrator.terminal import console, progress_bar, table_console
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
-
-RUN = "bench"
 
 
 @dataclass
@@ -80,121 +73,6 @@ class Row:
     x_baseline: float | None = None  # a variant's rounds/s over the baseline's
     params: int = 0  # the model's parameters
     model_mb_per_s: float | None = None  # model bytes a second (1e6), rounds/s x bytes a round
-
-
-# ---- 1. the transport ceiling ---------------------------------------------------------------
-
-
-def _edges(problem: Problem, strategy: Strategy) -> dict[int, list[int]]:
-    """Out-neighbours (self excluded) at every communicating step of a round (a
-    schedule's: round 1's)."""
-    out: dict[int, list[int]] = {p: [] for p in range(problem.config.agents)}
-    for a in problem.round_matrices(strategy, 1):
-        if np.array_equal(a, np.eye(len(a))):
-            continue  # a step with A = I sends nothing
-        for m in range(len(a)):
-            out[m] += [p for p in range(len(a)) if p != m and a[m, p] > 0]
-    return out
-
-
-async def _ceiling_clients(
-    address: BrokerAddress,
-    credentials: Credentials,
-    ids: list[int],
-    out: dict[int, list[int]],
-    rounds: int,
-    size: int,
-    frames: int,
-    ready: Any,
-    go: Any,
-    result: Any,
-) -> None:
-    expected = {p: 0 for p in ids}
-    for targets in out.values():
-        for k in targets:
-            if k in expected:
-                expected[k] += frames
-    conns = {}
-    for p in ids:
-        conn = Connection(address, credentials.access(str(p)))
-        await conn.__aenter__()
-        await conn.subscribe(topics.inbox_filter(RUN, p), PEER_QOS)
-        conns[p] = conn
-    ready.set()
-    await asyncio.to_thread(go.wait)
-    payload = bytes(size)
-    start = time.perf_counter()
-
-    async def agent(p: int) -> None:
-        conn, got = conns[p], [0] * (rounds + 2)
-        for r in range(rounds):
-            head = r.to_bytes(4, "big")
-            for k in out[p]:
-                for _ in range(frames):
-                    conn.publish(topics.peer_topic(RUN, k, p), head + payload, PEER_QOS)
-            while got[r] < expected[p]:
-                _, data, _ = await conn.get(60.0)
-                got[int.from_bytes(data[:4], "big")] += 1
-
-    await asyncio.gather(*(agent(p) for p in ids))
-    result.put(time.perf_counter() - start)
-    for conn in conns.values():
-        await conn.__aexit__(None, None, None)
-
-
-def _ceiling_worker(*args: Any) -> None:
-    run_loop(_ceiling_clients(*args))
-
-
-def ceiling(
-    broker_kind: str,
-    out: dict[int, list[int]],
-    rounds: int,
-    size: int,
-    workers: int,
-    frames: int = 1,
-) -> tuple[float, float, float]:
-    """(rounds/s, messages/s, broker CPU s) of the raw load on a fresh broker: `frames`
-    frames of `size` bytes a directed edge a round."""
-    agents = len(out)
-    credentials = Credentials.generate(RUN, agents)
-    broker = launch(broker_kind, credentials=credentials)
-    broker.start()
-    try:
-        ctx = mp.get_context("fork")  # no event loop runs here yet; children start their own
-        go, result = ctx.Event(), ctx.Queue()
-        procs, readies = [], []
-        for w in range(workers):
-            ready = ctx.Event()
-            ids = list(range(w, agents, workers))
-            args = (broker.address, credentials, ids, out, rounds, size, frames, ready, go, result)
-            proc = ctx.Process(target=_ceiling_worker, args=args, daemon=True)
-            proc.start()
-            procs.append(proc)
-            readies.append(ready)
-        for ready in readies:
-            if not ready.wait(120):
-                raise RuntimeError("ceiling clients did not connect within 120 s")
-        cpu0 = _cpu(broker.pid)
-        go.set()
-        took = max(result.get(timeout=600) for _ in procs)
-        cpu = _cpu(broker.pid) - cpu0
-        for proc in procs:
-            proc.join(10)
-    finally:
-        broker.stop()
-    messages = sum(len(v) for v in out.values()) * frames
-    return rounds / took, rounds * messages / took, cpu
-
-
-def _cpu(pid: int | None) -> float:
-    if pid is None:
-        return 0.0
-    try:
-        t = psutil.Process(pid).cpu_times()
-    except psutil.Error:
-        return 0.0
-    return float(t.user + t.system)
 
 
 # ---- 2. privnet ----------------------------------------------------------------------------
@@ -414,7 +292,7 @@ class _Measure:
     def count(self, agents: int, brokers: list[str]) -> list[Row]:
         """The memory engine's rows, then each broker's ceiling and privnet rows."""
         problem = Problem.build(self._config(agents))
-        edges = _edges(problem, self.sitting.strategy)
+        edges = ceiling_edges(problem, self.sitting.strategy)
         links = sum(map(len, edges.values()))
         memory, size, frames = self._memory(problem, agents, links)
         rows = list(memory.values())
