@@ -309,8 +309,8 @@ def test_run_across_two_sites_equals_the_memory_engine(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("flags", "says"),
     [
-        ([], "--hosts needs the run's secrets"),
-        (["--tls"], "--hosts: drop --tls"),
+        ([], "--hosts (hosts) needs the run's secrets"),
+        (["--tls"], "--hosts (hosts): drop --tls (tls)"),
         (["--faults", "kill:1@5"], "kill and stop faults need the agents here"),
     ],
 )

@@ -11,12 +11,14 @@ import sys
 from pathlib import Path
 
 from privnet.broker.credentials import Credentials
-from privnet.broker.launcher import KINDS, launch, write_compose_files
+from privnet.broker.launcher import KINDS, BrokerKind, launch, write_compose_files
 
 
 def serve(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m privnet.broker", description=__doc__)
-    parser.add_argument("--kind", choices=KINDS, default="auto", help="which broker (auto)")
+    parser.add_argument(
+        "--kind", choices=KINDS, default=BrokerKind.AUTO, help="which broker (auto)"
+    )
     parser.add_argument(
         "--credentials",
         type=Path,

@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from importlib.resources import files
 from pathlib import Path
 from types import TracebackType
@@ -38,9 +39,20 @@ from privnet.agent.topics import MAX_PACKET_SIZE
 from privnet.broker.credentials import ORCHESTRATOR, Credentials, Users, write_private
 from privnet.broker.tls import TLSFiles, make_tls
 
-Kind = Literal["mosquitto", "embedded", "external"]
-LOCAL_KINDS = ("mosquitto", "embedded")  # the brokers a run (or bench) starts here
-KINDS = ("auto", *LOCAL_KINDS)
+Kind = Literal["mosquitto", "embedded", "external"]  # a running broker's
+
+
+class BrokerKind(StrEnum):
+    """The brokers a run starts here, as users name them (`--broker`, `broker=`, `--kind`);
+    any other broker is named by its HOST:PORT."""
+
+    AUTO = "auto"  # mosquitto if installed, else embedded
+    MOSQUITTO = "mosquitto"
+    EMBEDDED = "embedded"
+
+
+LOCAL_KINDS = (BrokerKind.MOSQUITTO, BrokerKind.EMBEDDED)  # what a run (or bench) starts
+KINDS = tuple(BrokerKind)
 BASE_CONFIG = files("privnet.broker") / "mosquitto.conf"
 SYS_PREFIX = "$SYS/broker/"
 SYS_COUNTERS = {  # topic under SYS_PREFIX -> key
@@ -434,9 +446,7 @@ def launch(
     """
     if choice not in KINDS:
         if ":" not in choice:
-            raise ConfigError(
-                f"unknown broker {choice!r}: use auto, mosquitto, embedded or HOST:PORT"
-            )
+            raise ConfigError(f"unknown broker {choice!r}: use {', '.join(KINDS)} or HOST:PORT")
         if hostnames:
             raise ValueError("an external broker's certificate is made by whoever runs it")
         ca = Path(ca_file) if ca_file is not None else None
@@ -446,9 +456,9 @@ def launch(
         return Broker("external", address, credentials, tls or ca is not None, ca_file=ca)
     if ca_file is not None:
         raise ValueError("a local broker makes its own CA: use tls=True, not ca_file")
-    if choice == "embedded":
+    if choice == BrokerKind.EMBEDDED:
         kind: Kind = "embedded"
-    elif choice == "mosquitto":
+    elif choice == BrokerKind.MOSQUITTO:
         _mosquitto_path()
         kind = "mosquitto"
     else:

@@ -12,13 +12,15 @@ import asyncio
 import concurrent.futures
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
+from enum import StrEnum
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from privnet.agent.private import private_dir
 from privnet.agent.spec import ConfigError
+from privnet.broker.launcher import BrokerKind
 from privnet.orchestrator.conductor import View
 from privnet.orchestrator.curves import Curve
 from privnet.orchestrator.engines.options import (
@@ -26,13 +28,16 @@ from privnet.orchestrator.engines.options import (
     Restart,
     RunOptions,
     Runtime,
+    check_neighbour,
+    choice,
     default,
+    flag,
 )
 from privnet.orchestrator.engines.watch import read_membership
 from privnet.orchestrator.errors import RunFailed
 from privnet.orchestrator.experiment import config as configuration
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.problem import Problem, check_wire
 from privnet.orchestrator.report import finish, result_record, settings
 from privnet.orchestrator.result import Result
 from privnet.orchestrator.terminal import console, progress_bar
@@ -47,7 +52,15 @@ def _version() -> str:
 
 
 VERSION = _version()  # privnet.__version__, `privnet --version`
-ENGINES = ("oracle", "memory")
+
+
+class Engine(StrEnum):
+    """Where `simulate` (`privnet simulate --engine`) runs an experiment."""
+
+    ORACLE = "oracle"  # vectorized
+    MEMORY = "memory"  # the agents' own cores, every message through the wire codec
+
+
 CONFIG_FIELDS = tuple(f.name for f in fields(ExperimentConfig))
 # RunOptions' fields an Experiment has by the same name, meaning and default (its neighbour
 # counts only with account; secret_seed is the run's own), and those of them that are paths
@@ -70,11 +83,11 @@ class Experiment(ExperimentConfig):
     mlflow: bool = False  # and to MLflow: <out>/mlflow.db unless mlflow_uri names a store
     mlflow_uri: str | None = None  # an MLflow tracking URI (implies mlflow)
     # privnet simulate
-    engine: str = "oracle"  # oracle (vectorized) | memory (the agents' cores)
+    engine: Engine | str = Engine.ORACLE  # oracle (vectorized) | memory (the agents' cores)
     membership: str | Path | None = None  # replay a run's membership.json (memory engine)
     # privnet run
     # privnet run: RunOptions' fields, with its defaults (paths may be given as text)
-    broker: str = default("broker")  # auto | mosquitto | embedded | HOST:PORT
+    broker: BrokerKind | str = default("broker")  # auto | mosquitto | embedded | HOST:PORT
     tls: bool = default("tls")
     ca_file: str | Path | None = default("ca_file")
     prepared: str | Path | None = default("prepared")  # secrets from `privnet prepare`
@@ -98,10 +111,21 @@ class Experiment(ExperimentConfig):
     view_host: str = default("view_host")
 
     def __post_init__(self) -> None:
+        """Every check that relates one option to another, here or in RunOptions: the CLI
+        builds its commands' Experiment from its flags, so both refuse alike."""
         super().__post_init__()
-        if self.engine not in ENGINES:
-            raise ConfigError(f"engine {self.engine!r}: choose one of {', '.join(ENGINES)}")
-        self.run_options()  # the run options' own checks, the CLI's words
+        object.__setattr__(self, "engine", choice(Engine, "engine", self.engine))
+        if self.membership is not None and self.engine is not Engine.MEMORY:
+            raise ConfigError(
+                f"{flag('membership')} replays on the memory engine: add {flag('engine')} memory"
+            )
+        if self.account:
+            check_neighbour(self.neighbour, self.agents)
+        if self.wire_dtype is not None:  # else the problem's dtype decides, when built
+            check_wire(self)
+        options = self.run_options()  # the run options' own checks
+        if self.resume is None:  # a resumed run's agents are its journal's
+            options.faults_for(self.agents)
 
     @classmethod
     def load(cls, source: str | Path, **changes: Any) -> Experiment:
@@ -134,18 +158,19 @@ class Experiment(ExperimentConfig):
         return RunOptions(**(given | paths), neighbour=neighbour, secret_seed=secret_seed)
 
 
+def experiment_default(name: str) -> Any:
+    """The one default of an Experiment's setting (the CLI's flags take it too)."""
+    return Experiment.__dataclass_fields__[name].default
+
+
 def simulate(experiment: ExperimentConfig, engine: str | None = None) -> Result:
     """The experiment in this process: on the vectorized oracle, or on the memory engine
     (the agents' own cores, every message through the wire codec). Writes the CLI's files
     only when the experiment names an `out` directory (`privnet simulate` is this)."""
     exp = _experiment(experiment)
-    engine = engine or exp.engine
-    if engine not in ENGINES:
-        raise ConfigError(f"engine {engine!r}: choose one of {', '.join(ENGINES)}")
-    if engine == "oracle" and exp.membership is not None:
-        raise ConfigError(
-            "membership replays on the memory engine: set engine='memory' (--engine memory)"
-        )
+    if engine is not None:
+        exp = replace(exp, engine=engine)  # checked as the field is
+    engine = str(exp.engine)
     views = None if exp.membership is None else _views(Path(exp.membership))
     out = None if exp.out is None else Path(exp.out)
     trackers = exp.trackers(out)
@@ -269,6 +294,7 @@ def _network(exp: Experiment) -> tuple[Problem, RunOptions, Path]:
         secret = False  # the Experiment's seed is the caller's: summary.json records it
     options = exp.run_options(secret)
     options.check_here()  # before anything is made
+    options.faults_for(config.agents)
     problem = Problem.build(config)
     return problem, options, out if exp.resume is not None else private_dir(out)
 

@@ -14,11 +14,19 @@ from pathlib import Path
 from typing import Any
 
 from privnet.agent.spec import Scheme, Strategy
-from privnet.broker.launcher import LOCAL_KINDS
-from privnet.orchestrator.api import VERSION
+from privnet.broker.launcher import LOCAL_KINDS, BrokerKind
+from privnet.orchestrator.api import VERSION, Engine, experiment_default
 from privnet.orchestrator.commands import robust
 from privnet.orchestrator.commands.experiment import experiment_flags
-from privnet.orchestrator.commands.hosts import lab, nothing, prepare, prepare_config, site
+from privnet.orchestrator.commands.hosts import (
+    COMPOSE_BROKER,
+    COMPOSE_MOUNT,
+    lab,
+    nothing,
+    prepare,
+    prepare_config,
+    site,
+)
 from privnet.orchestrator.commands.measure import (
     bench,
     bench_config,
@@ -133,7 +141,11 @@ def parser() -> argparse.ArgumentParser:
         "simulate", help="in-process engines (oracle: vectorized; memory: agent cores)"
     )
     experiment_flags(p)
-    p.add_argument("--engine", choices=("oracle", "memory"), default="oracle")
+    p.add_argument(
+        "--engine",
+        choices=[e.value for e in Engine],
+        default=experiment_default("engine").value,
+    )
     p.add_argument(
         "--membership",
         type=Path,
@@ -147,14 +159,15 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("reproduce", help="the paper's Fig. 3 preset on the oracle engine")
     experiment_flags(p)
     _tracker_flags(p)
-    p.set_defaults(func=simulate, configure=reproduce_config, engine="oracle", membership=None)
+    p.set_defaults(func=simulate, configure=reproduce_config, engine=Engine.ORACLE, membership=None)
 
     p = sub.add_parser("run", help="agents as real processes over an MQTT broker")
     experiment_flags(p)
     p.add_argument(
         "--broker",
         default=default("broker"),
-        help="auto (mosquitto if installed, else embedded) | mosquitto | embedded | HOST:PORT",
+        help=f"{' | '.join(BrokerKind)} | HOST:PORT ({BrokerKind.AUTO}: "
+        f"{BrokerKind.MOSQUITTO} if installed, else {BrokerKind.EMBEDDED})",
     )
     p.add_argument(
         "--external-agents",
@@ -264,7 +277,7 @@ def parser() -> argparse.ArgumentParser:
         "--audit",
         nargs="?",
         const=True,
-        default=False,
+        default=default("audit"),
         type=yes_no,
         metavar="yes|no",
         help="record and audit the wire (`privnet inspect`); a value, for docker-compose's env",
@@ -299,7 +312,7 @@ def parser() -> argparse.ArgumentParser:
         "--neighbour-agent",
         dest="neighbour",
         type=integer(0),
-        default=0,
+        default=experiment_default("neighbour"),
         metavar="P",
         help="--attack: the agent whose data the epsilons are for, whose link and hub are "
         "attacked (default 0)",
@@ -324,10 +337,10 @@ def parser() -> argparse.ArgumentParser:
         metavar="HOSTS_TOML",
         help="a run across hosts: one bundle per host (its agents, its bridge) and the core's",
     )
-    p.add_argument("--broker", default="broker:1883", help="HOST:PORT agents connect to")
+    p.add_argument("--broker", default=COMPOSE_BROKER, help="HOST:PORT agents connect to")
     p.add_argument("--tls", action="store_true", help="a per-run CA and a broker certificate")
     p.add_argument("--hostname", action="append", default=[], help="the broker's name (TLS)")
-    p.add_argument("--mount", type=Path, default=Path("/privnet"), help="where --out is mounted")
+    p.add_argument("--mount", type=Path, default=COMPOSE_MOUNT, help="where --out is mounted")
     p.add_argument(
         "--broker-uid", type=int, help="owner of privnet/broker/ (1883 in eclipse-mosquitto)"
     )
@@ -381,7 +394,9 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="rounds/s against the transport ceiling, in one sitting")
     p.add_argument(
-        "--brokers", type=comma_list(one_of(LOCAL_KINDS), "a broker"), default="mosquitto,embedded"
+        "--brokers",
+        type=comma_list(one_of(LOCAL_KINDS), "a broker"),
+        default=",".join(LOCAL_KINDS),
     )
     p.add_argument("--schemes", type=comma_list(Scheme, "a scheme"), default="none,local-ghp")
     p.add_argument(
@@ -426,7 +441,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--agents-per-process",
         type=integer(1),
-        default=1,
+        default=default("agents_per_process"),
         metavar="K",
         help="run K agents in each agent process (as for run)",
     )

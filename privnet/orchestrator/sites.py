@@ -43,8 +43,6 @@ from privnet.broker.relay import Relay
 from privnet.broker.tls import make_tls
 from privnet.orchestrator.engines.launch import LocalLauncher
 from privnet.orchestrator.engines.lifetime import RunSecrets, Stop
-from privnet.orchestrator.engines.options import Restart, RunOptions, Runtime
-from privnet.orchestrator.faults import Fault
 from privnet.orchestrator.terminal import console
 
 CORE = "core"  # the core bundle's directory; no host may have this name
@@ -360,15 +358,11 @@ def _address(text: str, flag: str) -> BrokerAddress:
 # ---- privnet run --hosts: the core broker, and what every broker counted -----------------
 
 
-def core_broker(hosts_file: Path, prepared: Path | None, run_secrets: RunSecrets) -> CoreBroker:
+def core_broker(hosts_file: Path, prepared: Path, run_secrets: RunSecrets) -> CoreBroker:
     """The core broker of a run across hosts, from hosts.toml and the core bundle beside
-    `prepared` (run.json); ConfigError where they do not belong together."""
+    `prepared` (run.json); ConfigError where they do not belong together (the options'
+    own checks, `RunOptions._check_hosts`, come before)."""
     hosts = Hosts.load(hosts_file)
-    if prepared is None:
-        raise ConfigError(
-            "--hosts needs the run's secrets: add --prepared DIR/core/run.json, written by "
-            f"`privnet prepare --hosts {hosts_file} --out DIR`"
-        )
     path = prepared.parent / SITES_JSON
     try:
         layout = json.loads(path.read_text())
@@ -400,31 +394,6 @@ def core_broker(hosts_file: Path, prepared: Path | None, run_secrets: RunSecrets
         bind="" if hosts.listen in _EVERY_ADDRESS else hosts.listen,
         tls_dir=prepared.parent / "tls" if tls else None,
     )
-
-
-def check_run_flags(options: RunOptions, faults: list[Fault]) -> None:
-    """What `privnet run --hosts` cannot do, said before anything starts."""
-    given = {
-        "--broker": options.broker != "auto",
-        f"--runtime {options.runtime}": options.runtime is not Runtime.LOCAL,
-        "--external-agents": options.external_agents,
-        "--tls": options.tls,
-        "--ca-file": options.ca_file is not None,
-        "--agents-per-process": options.agents_per_process != 1,
-        "--restart on-failure": options.restart is Restart.ON_FAILURE,
-        "--audit": options.audit,
-        "--resume": options.resume is not None,
-    }
-    if any(given.values()):
-        flags = ", ".join(flag for flag, on in given.items() if on)
-        raise ConfigError(
-            f"--hosts: drop {flags}. The core broker comes from hosts.toml and TLS from "
-            "`prepare --hosts --tls`; agents run on their hosts (`privnet site`, with "
-            "--agents-per-process there); the audit's tap on the core does not see frames "
-            "between two agents of one host"
-        )
-    if any(fault.kind != "broker" for fault in faults):
-        raise ConfigError("--hosts: kill and stop faults need the agents here; broker@R works")
 
 
 async def counters(broker: CoreBroker) -> dict[str, Any]:

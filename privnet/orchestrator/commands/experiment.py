@@ -10,6 +10,8 @@ from pathlib import Path
 
 from privnet.agent.private import private_dir
 from privnet.agent.spec import ConfigError, Rekey, WireDtype
+from privnet.orchestrator.api import experiment_default
+from privnet.orchestrator.engines.options import check_neighbour
 from privnet.orchestrator.experiment import config as configuration
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.topology import (
@@ -90,7 +92,7 @@ def experiment_flags(parser: argparse.ArgumentParser) -> None:
         "--neighbour-agent",
         dest="neighbour",
         type=int,
-        default=0,
+        default=experiment_default("neighbour"),
         metavar="P",
         help="the agent whose data D' replaces (default 0)",
     )
@@ -156,13 +158,8 @@ def experiment(
         flags["seed"] = secrets.randbits(63) if drawn is None else drawn
     config = configuration.with_overrides(config, flags)
     if getattr(args, "account", False) or args.command == "dp-audit":
-        _check_agent("--neighbour-agent", args.neighbour, config)
+        check_neighbour(args.neighbour, config.agents)  # the library's words
     return config
-
-
-def _check_agent(flag: str, agent: int, config: ExperimentConfig) -> None:
-    if not 0 <= agent < config.agents:
-        raise ConfigError(f"{flag} {agent}: give an agent of 0..{config.agents - 1}")
 
 
 PREVIOUS = "previous-"  # where an earlier run's files in a reused --out go

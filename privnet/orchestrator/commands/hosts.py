@@ -12,6 +12,9 @@ from privnet.orchestrator.commands.experiment import experiment, experiment_flag
 from privnet.orchestrator.flags import integer
 from privnet.orchestrator.terminal import console
 
+COMPOSE_BROKER = "broker:1883"  # `prepare --broker`: the compose file's broker service
+COMPOSE_MOUNT = Path("/privnet")  # `prepare --mount`: where its containers mount --out
+
 
 def prepare(args: argparse.Namespace, _: None) -> int:
     """Secrets for a compose run: broker users and ACL, the orchestrator's key, agent launches;
@@ -22,8 +25,8 @@ def prepare(args: argparse.Namespace, _: None) -> int:
         from privnet.orchestrator import sites
 
         compose = {
-            "--broker": args.broker != "broker:1883",
-            "--mount": args.mount != Path("/privnet"),
+            "--broker": args.broker != COMPOSE_BROKER,
+            "--mount": args.mount != COMPOSE_MOUNT,
             "--broker-uid": args.broker_uid is not None,
             "--client-uid": args.client_uid is not None,
         }

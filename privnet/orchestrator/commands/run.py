@@ -1,4 +1,5 @@
-"""`privnet run` (a real network: its flags checked, and made the engine's `RunOptions`)
+"""`privnet run` (a real network: its flags made the library's `Experiment`, whose checks
+and `RunOptions` the run takes)
 and `privnet view` (a run's directory in the live view's page)."""
 
 from __future__ import annotations
@@ -8,8 +9,9 @@ import secrets
 from typing import Any
 
 from privnet.agent.spec import ConfigError, Scheme, Strategy
-from privnet.orchestrator.commands.experiment import experiment, out_dir, trackers
-from privnet.orchestrator.engines.options import USER_FIELDS, RunOptions
+from privnet.orchestrator import api
+from privnet.orchestrator.commands.experiment import experiment, out_dir
+from privnet.orchestrator.engines.options import USER_FIELDS
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.problem import Problem
 from privnet.orchestrator.terminal import console
@@ -20,7 +22,8 @@ def run(args: argparse.Namespace, config: ExperimentConfig) -> int:
     from privnet.agent.loop import run_loop
     from privnet.orchestrator.engines.net import run_network
 
-    options = run_options(args)
+    exp = run_experiment(args, config)
+    options = exp.run_options(args.secret_seed)
     if options.view:
         check_view_host(options.view_host)  # a warning: once every check has passed
     out = options.resume
@@ -29,7 +32,7 @@ def run(args: argparse.Namespace, config: ExperimentConfig) -> int:
     # Built before the event loop, where a stop signal ends it at once: nothing has started.
     problem = Problem.build(config)
     code: int = run_loop(run_network(problem, options, out))
-    asked = trackers(args, out)
+    asked = exp.trackers(out)
     if (asked.tensorboard or asked.mlflow) and (out / "metrics.csv").is_file():
         from privnet.orchestrator.api import track  # what the run wrote, even if it failed
         from privnet.orchestrator.result import Result
@@ -38,19 +41,22 @@ def run(args: argparse.Namespace, config: ExperimentConfig) -> int:
     return code
 
 
-def run_options(args: argparse.Namespace) -> RunOptions:
-    """The engine's options from `privnet run`'s flags: the one place a flag becomes one.
-    Each flag's dest is its option's name, but for the two the CLI spells as a switch
-    (`--audit yes|no`, `--no-telemetry`) and the two the engine derives (`args.secret_seed`
-    is `run_config`'s)."""
+def run_experiment(args: argparse.Namespace, config: ExperimentConfig) -> api.Experiment:
+    """`privnet run`'s flags as the library's Experiment, the one place a flag becomes an
+    option: every check the library makes, in its words. Each flag's dest is its option's
+    name, but for the two the CLI spells as a switch (`--audit yes|no`, `--no-telemetry`)."""
     switches = ("audit", "telemetry")
     given: dict[str, Any] = {n: getattr(args, n) for n in USER_FIELDS if n not in switches}
-    return RunOptions(
+    return api.Experiment.of(
+        config,
         **given,
         audit=bool(args.audit),
         telemetry=not args.no_telemetry,
-        neighbour=args.neighbour if args.account else None,
-        secret_seed=args.secret_seed,
+        account=args.account,
+        neighbour=args.neighbour,
+        tensorboard=args.tensorboard,
+        mlflow=args.mlflow,
+        mlflow_uri=args.mlflow_uri,
     )
 
 
@@ -75,12 +81,11 @@ def run_config(args: argparse.Namespace) -> ExperimentConfig:
         )
         config = experiment(args, base, drawn)
         args.secret_seed = config.seed == drawn
-    options = run_options(args)  # refuses what RunOptions refuses, as the library does
+    exp = run_experiment(args, config)  # refuses what the library refuses, in its words
+    options = exp.run_options(args.secret_seed)
     options.check_here()
-    from privnet.orchestrator.faults import parse_faults
-
-    parse_faults(options.faults or "", config.agents)
-    trackers(args, None).check()
+    options.faults_for(config.agents)  # a resumed run's: its journal's agents
+    exp.trackers(None).check()
     return config
 
 

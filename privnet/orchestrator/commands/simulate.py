@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
-from privnet.agent.spec import ConfigError, Strategy
+from privnet.agent.spec import Strategy
 from privnet.orchestrator import api
 from privnet.orchestrator.commands.experiment import experiment, out_dir, trackers
 from privnet.orchestrator.experiment import config as configuration
@@ -17,9 +18,16 @@ from privnet.orchestrator.terminal import console, table_console
 
 def simulate(args: argparse.Namespace, config: ExperimentConfig) -> int:
     """`privnet.simulate` on the experiment the flags make; exit 1 when a curve diverged."""
-    experiment = api.Experiment.of(
+    exp = replace(simulation(args, config), out=out_dir(args, config, "simulate"))
+    result = api.simulate(exp)
+    return 1 if any(record["diverged"] for record in result.records) else 0
+
+
+def simulation(args: argparse.Namespace, config: ExperimentConfig) -> api.Experiment:
+    """`privnet simulate`'s flags as the library's Experiment, checked as the library
+    checks one."""
+    return api.Experiment.of(
         config,
-        out=out_dir(args, config, "simulate"),
         engine=args.engine,
         membership=args.membership,
         account=args.account,
@@ -28,15 +36,12 @@ def simulate(args: argparse.Namespace, config: ExperimentConfig) -> int:
         mlflow=args.mlflow,
         mlflow_uri=args.mlflow_uri,
     )
-    result = api.simulate(experiment)
-    return 1 if any(record["diverged"] for record in result.records) else 0
 
 
 def simulate_config(args: argparse.Namespace) -> ExperimentConfig:
-    if args.membership is not None and args.engine != "memory":
-        raise ConfigError("--membership replays on the memory engine: add --engine memory")
-    trackers(args, None).check()
-    return experiment(args)
+    config = experiment(args)
+    simulation(args, config).trackers(None).check()
+    return config
 
 
 def reproduce_config(args: argparse.Namespace) -> ExperimentConfig:

@@ -60,7 +60,7 @@ from privnet.orchestrator.engines.watch import POLL, Watch, write_membership
 from privnet.orchestrator.errors import RunFailed
 from privnet.orchestrator.experiment.problem import Problem
 from privnet.orchestrator.experiment.specs import session_list, session_plans
-from privnet.orchestrator.faults import Fault, parse_faults
+from privnet.orchestrator.faults import Fault
 from privnet.orchestrator.report import finish, load_plotting
 from privnet.orchestrator.terminal import console, progress_bar
 
@@ -150,7 +150,7 @@ class _Run:
 async def _run_network(problem: Problem, options: RunOptions, out: Path, stop: Stop) -> int:
     began = time.perf_counter()
     origin = _origin(problem, options, out)
-    faults = parse_faults(options.faults or "", problem.config.agents)
+    faults = options.faults_for(problem.config.agents)
     broker, pool = _runtime(options, faults, origin.secrets, out / "logs")
     code, shell = 1, None
     try:
@@ -303,12 +303,12 @@ def _runtime(
     """The broker, and the launcher of the agents (None: external agents register by
     themselves, or agents across hosts run there): on this machine, in containers (--runtime
     docker), as services of a swarm (--runtime swarm) or across hosts (--hosts); the flags
-    they cannot honour are refused before (`privnet.orchestrator.commands.run`, `sites`)."""
+    they cannot honour are refused before, by `RunOptions`)."""
     credentials = run_secrets.credentials
     if options.hosts is not None:  # across hosts: the agents run there
         from privnet.orchestrator import sites  # only across hosts: a local run's start-up skips it
 
-        sites.check_run_flags(options, faults)
+        assert options.prepared is not None  # RunOptions refuses --hosts without it
         return sites.core_broker(options.hosts, options.prepared, run_secrets), None
     if options.runtime is Runtime.LOCAL:
         local = launch(

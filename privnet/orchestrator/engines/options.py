@@ -1,7 +1,7 @@
 """How `privnet run` runs an experiment: every option the net engine reads beside the problem.
 
-The CLI builds one from its flags (`privnet.orchestrator.commands.run.run_options`), the library
-from an `Experiment` (`Experiment.run_options`); the engines read nothing else, so a
+The CLI and the library both build one from an `Experiment` (`Experiment.run_options`; the
+CLI makes its flags one first); the engines read nothing else, so a
 setting has one name, one type and one default from the flag to the engine. The checks that
 relate one option to another live here too, so the CLI and the library refuse the same
 combinations with the same words.
@@ -12,12 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from privnet.agent.access import BrokerAddress
 from privnet.agent.spec import ConfigError
+from privnet.broker.launcher import KINDS, BrokerKind
+
+if TYPE_CHECKING:
+    from privnet.orchestrator.faults import Fault
 
 LOCALHOST = "127.0.0.1"  # where the live view listens unless told
-BROKERS = ("auto", "mosquitto", "embedded")  # the brokers a run starts itself (else HOST:PORT)
+CONTAINED = "docker or swarm"  # the runtimes that start broker and agents in containers
 
 
 class Runtime(StrEnum):
@@ -38,18 +43,40 @@ class Restart(StrEnum):
 E = TypeVar("E", bound=StrEnum)
 
 
-def choice(kind: type[E], name: str, value: str | E) -> E:
+def choice(kind: type[E], name: str, value: str | E, spelled: str | None = None) -> E:
     """`value` as one of `kind`'s members, or a ConfigError that lists them."""
     try:
         return kind(value)
     except ValueError:
         allowed = ", ".join(m.value for m in kind)
-        raise ConfigError(f"{flag(name)} {value!r}: choose one of {allowed}") from None
+        raise ConfigError(f"{flag(name, spelled)} {value!r}: choose one of {allowed}") from None
 
 
-def flag(name: str) -> str:
-    """An option as both its users know it: `--view-port (view_port)`."""
-    return f"--{name.replace('_', '-')} ({name})"
+def broker_choice(value: str) -> BrokerKind | str:
+    """A broker as a run takes it: one it starts (BrokerKind), else another's HOST:PORT."""
+    if value in KINDS:
+        return BrokerKind(value)
+    if ":" not in value:
+        raise ConfigError(
+            f"{flag('broker')} {value!r}: choose one of {', '.join(KINDS)}, or give the "
+            "HOST:PORT of a running broker"
+        )
+    BrokerAddress.parse(value)  # a ConfigError that shows how to write one
+    return value
+
+
+def flag(name: str, spelled: str | None = None) -> str:
+    """An option as both its users know it: `--view-port (view_port)`; `spelled`: the
+    flag's own name where it differs from the field's (`--neighbour-agent (neighbour)`)."""
+    return f"--{spelled or name.replace('_', '-')} ({name})"
+
+
+def check_neighbour(agent: int, agents: int) -> None:
+    """The agent whose data D' replaces is one of the network's."""
+    if not 0 <= agent < agents:
+        raise ConfigError(
+            f"{flag('neighbour', 'neighbour-agent')} {agent}: give an agent of 0..{agents - 1}"
+        )
 
 
 @dataclass(frozen=True)
@@ -57,7 +84,7 @@ class RunOptions:
     """A run's options (the flags of `privnet run` beyond the experiment's). The defaults
     here are the only ones: the CLI's flags and `Experiment`'s fields read them."""
 
-    broker: str = "auto"  # auto | mosquitto | embedded | HOST:PORT
+    broker: BrokerKind | str = BrokerKind.AUTO  # auto | mosquitto | embedded | HOST:PORT
     tls: bool = False  # TLS to the broker (a per-run CA for a local one)
     ca_file: Path | None = None  # the CA certificate of an external broker
     prepared: Path | None = None  # the run's secrets from `privnet prepare`
@@ -83,10 +110,13 @@ class RunOptions:
     secret_seed: bool = False  # the seed was drawn here: summary.json does not show it
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "broker", broker_choice(self.broker))
         object.__setattr__(self, "runtime", choice(Runtime, "runtime", self.runtime))
         object.__setattr__(self, "restart", choice(Restart, "restart", self.restart))
         self._check_ranges()
         self._check_runtime()
+        self._check_hosts()
+        self._check_telemetry()
         self._check_view()
 
     def _check_ranges(self) -> None:
@@ -114,6 +144,11 @@ class RunOptions:
         """--runtime docker and swarm start their own broker and agents: they take only the
         options they can honour."""
         if self.runtime is Runtime.LOCAL:
+            if self.image is not None:
+                raise ConfigError(
+                    f"{flag('image')} without {flag('runtime')} {CONTAINED}: the image is "
+                    "what their containers run; add one, or drop the image"
+                )
             return
         given = {
             "broker": self.broker != default("broker"),
@@ -128,6 +163,56 @@ class RunOptions:
                 f"{flag('runtime')} {self.runtime} starts its own broker (plain TCP on the "
                 f"run's network) and agents: drop {drop}"
             )
+
+    def _check_hosts(self) -> None:
+        """--hosts: the core broker comes from hosts.toml and the run's secrets from
+        `privnet prepare --hosts`; the agents run on their hosts."""
+        if self.hosts is None:
+            return
+        given = {
+            "broker": self.broker != default("broker"),
+            "runtime": self.runtime is not Runtime.LOCAL,
+            "external_agents": self.external_agents,
+            "tls": self.tls,
+            "ca_file": self.ca_file is not None,
+            "agents_per_process": self.agents_per_process != 1,
+            "restart": self.restart is Restart.ON_FAILURE,
+            "audit": self.audit,
+            "resume": self.resume is not None,
+        }
+        if any(given.values()):
+            drop = ", ".join(flag(name) for name, on in given.items() if on)
+            raise ConfigError(
+                f"{flag('hosts')}: drop {drop}. The core broker comes from hosts.toml and TLS "
+                "from `prepare --hosts --tls`; agents run on their hosts (`privnet site`, with "
+                "--agents-per-process there); the audit's tap on the core does not see frames "
+                "between two agents of one host"
+            )
+        if self.prepared is None:
+            raise ConfigError(
+                f"{flag('hosts')} needs the run's secrets: add {flag('prepared')} "
+                f"DIR/core/run.json, written by `privnet prepare --hosts {self.hosts} --out DIR`"
+            )
+
+    def _check_telemetry(self) -> None:
+        """The true models travel in the telemetry: without it there is nothing to space."""
+        if not self.telemetry and self.models_every is not None:
+            raise ConfigError(
+                f"{flag('models_every')} with --no-telemetry (telemetry=False): agents then "
+                "send no models at all; drop one of the two"
+            )
+
+    def faults_for(self, agents: int) -> list[Fault]:
+        """The faults to inject into a run of `agents` agents (ConfigError for a bad one,
+        or one a run across hosts cannot make)."""
+        from privnet.orchestrator.faults import parse_faults
+
+        faults = parse_faults(self.faults or "", agents)
+        if self.hosts is not None and any(fault.kind != "broker" for fault in faults):
+            raise ConfigError(
+                f"{flag('hosts')}: kill and stop faults need the agents here; broker@R works"
+            )
+        return faults
 
     def _check_view(self) -> None:
         """The view's address and port only mean something with the view."""
@@ -147,16 +232,13 @@ class RunOptions:
     def check_here(self) -> None:
         """What this machine must have for these options: the broker asked for, the files
         named. Run before anything starts, by the CLI and the library alike."""
-        from privnet.agent.access import BrokerAddress
         from privnet.broker.launcher import has_mosquitto
 
-        if self.broker == "mosquitto" and not has_mosquitto():
+        if self.broker is BrokerKind.MOSQUITTO and not has_mosquitto():
             raise ConfigError(
                 "mosquitto is not installed: install it (apt-get install mosquitto) or use "
                 f"{flag('broker')} embedded"
             )
-        if self.broker not in BROKERS:
-            BrokerAddress.parse(self.broker)
         for name in ("ca_file", "prepared"):
             path = getattr(self, name)
             if path is not None and not Path(path).is_file():

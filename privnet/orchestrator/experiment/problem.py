@@ -54,7 +54,7 @@ class Problem:
         features, classes = (config.dim, 0) if dataset == LINEAR else _shape(dataset)
         config = replace(config, dim=plugin.dim(features, classes))
         config = replace(config, wire_dtype=config.wire_dtype or wire_of(plugin))
-        _check_u4(config)
+        check_wire(config)
         _check_frame(config)
         ghp = next((s for s in map(Scheme, config.schemes) if s.homomorphic), Scheme.NONE)
         made = schedules.template(config)
@@ -259,9 +259,10 @@ def _check_frame(config: ExperimentConfig) -> None:
         )
 
 
-def _check_u4(config: ExperimentConfig) -> None:
+def check_wire(config: ExperimentConfig) -> None:
     """The u4 wire is built for a static graph and honest agents so far: a schedule's
-    round-by-round masks and an attacker's view of its inbox are float64's."""
+    round-by-round masks and an attacker's view of its inbox are float64's. Checked when an
+    Experiment names the wire, and when the problem resolves it from its model's dtype."""
     if config.wire_dtype is not WireDtype.U4:
         return
     if schedules.template(config) is not None:
