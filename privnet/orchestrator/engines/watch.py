@@ -195,7 +195,7 @@ class Watch:
                 journal.session_done(self.out, len(self.conductor.results) - 1, result)
             elif event.kind == "view":
                 console.print(f"[cyan]membership:[/cyan] {event.detail}")
-                write_membership(self.out / "membership.json", self.conductor.membership)
+                write_membership(self.out / "membership.json", self.conductor.membership.views)
             elif event.kind in ("lost", "restarted"):
                 console.print(f"[yellow]{event.kind}:[/yellow] {event.detail}")
         self._stream()
@@ -216,17 +216,19 @@ class Watch:
             return
         session, written = self._streamed
         path = self.out / "metrics.csv"
-        strategy, scheme, repeat = plan.label.split("/")
+        strategy, scheme, repeat = str(plan.strategy), str(plan.scheme), str(plan.repeat)
         if session != conductor.session:  # from its first view's start (a resumed session)
-            session, written = conductor.session, conductor.membership[-1].start - 1
-            journal.truncate(self.out, session, written, conductor.models.shape[1:])
-            if conductor.membership[-1].reason == "resumed" and path.exists():
+            session, written = conductor.session, conductor.membership.views[-1].start - 1
+            journal.truncate(self.out, session, written, conductor.collection.models.shape[1:])
+            if conductor.membership.views[-1].reason == "resumed" and path.exists():
                 _truncate_metrics(path, (strategy, scheme, repeat), written)  # it redoes them
         done = reported(conductor, written)
         if done <= written:
             return
         metrics = conductor.collection.metrics
-        journal.rounds(self.out, session, conductor.models[written:done], metrics[written:done])
+        journal.rounds(
+            self.out, session, conductor.collection.models[written:done], metrics[written:done]
+        )
         fresh = not path.exists() or (conductor.session == 0 and written == 0)
         w_opt, q = self.problem.w_opt[int(repeat)], self.problem.q
         told = self.problem.agent_metrics(metrics[written:done])
@@ -235,7 +237,7 @@ class Watch:
             if fresh:
                 writer.writerow((*METRICS_HEADER, *told))
             for r in range(written, done):
-                cen, avg = msd(conductor.models[r], w_opt, q)
+                cen, avg = msd(conductor.collection.models[r], w_opt, q)
                 mine = [repr(float(v[r - written])) for v in told.values()]
                 writer.writerow((strategy, scheme, repeat, r + 1, repr(cen), repr(avg), *mine))
         self._streamed = (session, done)
@@ -266,7 +268,7 @@ def reported(conductor: Conductor, since: int = 0) -> int:
     model at a model round: `Collection.done`), given that
     the first `since` are: rows are looked at from there on, one at a time, so a call on
     every delivery costs the few rows reported since the last."""
-    members = conductor.member_ids
+    members = conductor.membership.ids
     complete = conductor.collection.done
     done, rounds = since, complete.shape[0]
     while done < rounds and complete[done, members].all():
