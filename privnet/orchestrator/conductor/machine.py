@@ -149,8 +149,7 @@ class Conductor:
         self.since = now
         return Output()
 
-    def tick(self, now: float) -> Output:
-        """Deadlines and Beats: the `liveness` part's."""
+    def tick(self, now: float) -> Output:  # deadlines and Beats: the `liveness` part's
         return self.liveness.tick(now)
 
     def next_tick(self) -> float | None:
