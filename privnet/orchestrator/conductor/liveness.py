@@ -7,23 +7,20 @@ pacing's; it decides on them when `Conductor.tick` hands it the time.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from privnet.agent import control
 from privnet.agent.protocol import Output
 from privnet.orchestrator.conductor.blame import suspects
 from privnet.orchestrator.conductor.membership import splits
+from privnet.orchestrator.conductor.owner import Owner
 from privnet.orchestrator.conductor.records import BEAT_STAGES, IN_SESSION, Stage
-
-if TYPE_CHECKING:
-    from privnet.orchestrator.conductor.machine import Conductor
+from privnet.orchestrator.conductor.steward import Steward
 
 
 class Liveness:
     """The conductor's deadlines and Beats, on the parts of the conductor it serves."""
 
-    def __init__(self, conductor: Conductor) -> None:
-        self.c = conductor
+    def __init__(self, conductor: Owner, steward: Steward) -> None:
+        self.c, self.steward = conductor, steward
 
     def tick(self, now: float) -> Output:
         """Deadlines (registration, an agent's silence, a stalled network) and Beats."""
@@ -45,9 +42,9 @@ class Liveness:
             )
         out = self._waits(now) if c.stage in IN_SESSION else Output()
         if c.stage is Stage.CLOSING and now - c.since >= c.deadline:
-            return out + c.steward.done()  # results are complete; a silent agent costs its Left
+            return out + self.steward.done()  # results are complete; a silent agent costs its Left
         if c.stage in BEAT_STAGES and c.pacing.beat_due(now):
-            beat = control.Beat() if c.stage is not Stage.HOLDING else c.steward.hold()
+            beat = control.Beat() if c.stage is not Stage.HOLDING else self.steward.hold()
             out.publish.append(c.down("all", beat))
         return out
 
@@ -97,9 +94,9 @@ class Liveness:
         if self.may_stall and now - membership.moved.since >= deadline:
             out += self._stall(now)
         for rejoin in c.blame.due(now):  # out of quarantine: back in as any Rejoin
-            if c.steward.can_join(rejoin.agent):
+            if self.steward.can_join(rejoin.agent):
                 membership.joining[rejoin.agent] = rejoin
-                out += c.steward.change(now, "returned")
+                out += self.steward.change(now, "returned")
         due = membership.split_due
         if c.stage is Stage.HOLDING and due is not None and now >= due:
             membership.split_due = None
@@ -111,7 +108,7 @@ class Liveness:
                     out += c.lost(m, why, now)
             elif unheld:  # most of them are slow (a busy machine): wait on, and look again
                 membership.split_due = now + deadline
-            out += c.steward.maybe_switch(now)  # nobody came back to join a split network
+            out += self.steward.maybe_switch(now)  # nobody came back to join a split network
         return out
 
     def _stall(self, now: float) -> Output:
@@ -130,6 +127,6 @@ class Liveness:
         }
         agent = c.blame.stall(named, now)
         if agent is None:
-            return c.steward.change(now, "stalled")
+            return self.steward.change(now, "stalled")
         why = f"stalled the network (left out {c.blame.outs[agent]} time(s) for it)"
         return c.lost(agent, why, now)

@@ -98,7 +98,7 @@ class Conductor:
         self.outbox = Outbox(run, identity, agents)
         self.pacing = Pacing(deadline)
         self.steward = Steward(self)
-        self.liveness = Liveness(self)
+        self.liveness = Liveness(self, self.steward)
 
     # ---- the stage --------------------------------------------------------------------
 

@@ -9,13 +9,13 @@ parts and changes its stage through `Conductor.to`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from privnet.agent import control
 from privnet.agent.messages import Reason, Rejected
 from privnet.agent.protocol import Event, Output
 from privnet.agent.spec import ConfigError
 from privnet.orchestrator.conductor.membership import specs_of, splits
+from privnet.orchestrator.conductor.owner import Owner
 from privnet.orchestrator.conductor.records import (
     IN_SESSION,
     STALLS,
@@ -26,14 +26,11 @@ from privnet.orchestrator.conductor.records import (
 )
 from privnet.orchestrator.conductor.setups import setups
 
-if TYPE_CHECKING:
-    from privnet.orchestrator.conductor.machine import Conductor
-
 
 class Steward:
     """The decisions that move a session, on the parts of the conductor it serves."""
 
-    def __init__(self, conductor: Conductor) -> None:
+    def __init__(self, conductor: Owner) -> None:
         self.c = conductor
 
     # ---- what the conductor asks ------------------------------------------------------
