@@ -317,7 +317,7 @@ class Harness:
     def beat(self) -> tuple[str, bytes]:
         """A genuine Beat, next in the conductor's own sequence (so its later frames stay
         fresh), for a node that should hear from a live orchestrator."""
-        frame = self.conductor._down("all", control.Beat())
+        frame = self.conductor.down("all", control.Beat())
         return frame.topic, frame.payload
 
     def up(

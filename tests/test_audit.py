@@ -91,7 +91,7 @@ def recorded(
         plans, core=core, tap=tap, run=RUN, escrow=True, seal_links=problem.config.seal_links
     )
     telemetry = [result.models for result in network.play()]
-    return records, telemetry, network.conductor.link_keys
+    return records, telemetry, network.conductor.collection.link_keys
 
 
 def memory_recording(c: ExperimentConfig) -> tuple[audit.Recording, list[np.ndarray]]:

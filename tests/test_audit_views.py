@@ -102,8 +102,10 @@ def play(c: ExperimentConfig, edit: Edit, seen_before_edit: bool = False) -> Fau
     net.router.send(CONDUCTOR, net.conductor.bye())
     net.router.drain()
     telemetry = [result.models for result in net.conductor.results]
-    recording = audit.Recording(RUN, "127.0.0.1:1883", c, records, net.conductor.link_keys)
-    return Faulty(recording, telemetry, list(net.conductor.membership))
+    recording = audit.Recording(
+        RUN, "127.0.0.1:1883", c, records, net.conductor.collection.link_keys
+    )
+    return Faulty(recording, telemetry, list(net.conductor.membership.views))
 
 
 def killing(victim: int, after: int) -> Edit:

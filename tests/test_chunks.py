@@ -284,7 +284,7 @@ def test_a_model_whose_chunks_straddle_a_view_change_is_dropped_and_counted() ->
     h.when(lambda: all(n.view >= 1 and n.phase is Phase.RUNNING for n in nodes), late)
     h.advance(60.0)
     results = h.finish()
-    assert h.fired == 1 and h.conductor.membership[1].reason == "stalled"
+    assert h.fired == 1 and h.conductor.membership.views[1].reason == "stalled"
     assert h.rejected() == Counter({"stale-view": len(held)})
     h.assert_all_counted()
     clean = harness(problem).play()

@@ -59,7 +59,7 @@ from privnet.orchestrator.conductor import (
     View,
     describe,
 )
-from privnet.orchestrator.conductor.sessions import WINDOW
+from privnet.orchestrator.conductor.pacing import WINDOW
 from privnet.orchestrator.engines import journal
 from privnet.orchestrator.engines.memory import CONDUCTOR, Network, results_curve
 from privnet.orchestrator.engines.oracle import run_oracle
@@ -123,12 +123,12 @@ def test_a_whole_run_counts_every_delivery_and_leaves_nothing_behind(
         assert sorted(result.finished) == list(range(AGENTS))
         assert result.totals("messages")["model"] > 0 and result.wall == 0.0  # fake clock
     mine = [f for p, f in h.sent if p == CONDUCTOR]
-    assert h.conductor.traffic.messages == Counter(control=len(mine))
-    assert h.conductor.traffic.octets == Counter(
+    assert h.conductor.outbox.traffic.messages == Counter(control=len(mine))
+    assert h.conductor.outbox.traffic.octets == Counter(
         control=sum(topics.mqtt_publish_size(f.topic, len(f.payload), 1) for f in mine)
     )
     broadcast = topics.ctl_down(RUN, "all")
-    assert h.conductor.recipients == sum(AGENTS if f.topic == broadcast else 1 for f in mine)
+    assert h.conductor.outbox.recipients == sum(AGENTS if f.topic == broadcast else 1 for f in mine)
 
 
 def test_the_members_run_a_window_ahead_of_what_the_conductor_has_read() -> None:
@@ -177,11 +177,11 @@ def sent_by_target(kind: type, stage: Stage) -> Predicate:
 
 
 def before_hello(h: Harness) -> bool:
-    return h.conductor.stage is Stage.REGISTERING and TARGET not in h.conductor.registered
+    return h.conductor.stage is Stage.REGISTERING and TARGET not in h.conductor.registry.registered
 
 
 def registered(h: Harness) -> bool:
-    return h.conductor.stage is Stage.REGISTERING and TARGET in h.conductor.registered
+    return h.conductor.stage is Stage.REGISTERING and TARGET in h.conductor.registry.registered
 
 
 def up(make: Callable[[Harness], control.Control], **options: object) -> Callable[..., Frame]:
@@ -464,7 +464,7 @@ def test_an_audited_run_escrows_every_link_key_of_every_view_and_they_open_its_f
     and the run is a clean run's."""
     h = Harness.build(escrow=True)
     results = h.play()
-    (keys_of_view,) = h.conductor.link_keys.values()
+    (keys_of_view,) = h.conductor.collection.link_keys.values()
     A = problem().A
     links = {(a, b) for a in range(AGENTS) for b in range(a + 1, AGENTS) if A[a, b] or A[b, a]}
     assert set(keys_of_view) == links
@@ -578,7 +578,7 @@ def holding(kind: type | tuple[type, ...], agent: int) -> Callable[[str, Publish
 
 def views(h: Harness) -> list[tuple[int, int, tuple[int, ...], str]]:
     """(view, start, members, reason) of every view recorded."""
-    return [(v.view, v.start, v.members, v.reason) for v in h.conductor.membership]
+    return [(v.view, v.start, v.members, v.reason) for v in h.conductor.membership.views]
 
 
 EVERYONE = tuple(range(AGENTS))
@@ -620,12 +620,12 @@ def test_keying_that_stalls_is_redone_under_a_new_view_then_fails_naming_the_mem
     h.start()
     c = h.conductor
     assert c.stage is Stage.CONFIGURING and len(h.held) == 1
-    deadline = c.deadline_at
+    deadline = c.liveness.deadline_at()
     assert deadline == h.clock.now + 30.0
     assert c.next_tick() == h.clock.now + 10.0  # a Beat first: every deadline / 3
     assert c.receive(topics.ctl_up(RUN, 3), b"junk", h.clock.now) == Output()
     h.advance(29.5)
-    assert c.deadline_at == deadline and c.stage is Stage.CONFIGURING
+    assert c.liveness.deadline_at() == deadline and c.stage is Stage.CONFIGURING
     h.advance(0.5)
     assert views(h)[1] == (1, 1, EVERYONE, "stalled")
     h.advance(30.0 * STALLS)
@@ -683,7 +683,7 @@ def test_without_telemetry_a_long_silent_session_is_not_a_failure() -> None:
     c = h.conductor
     assert c.stage is Stage.RUNNING
     h.advance(600.0)
-    assert c.stage is Stage.RUNNING and len(c.membership) == 1
+    assert c.stage is Stage.RUNNING and len(c.membership.views) == 1
     h.release()
     h.finish()
     assert c.stage is Stage.CLOSED
@@ -785,7 +785,7 @@ def test_a_retained_frame_is_counted_never_used() -> None:
     h = Harness.build()
     topic, payload = h.up(hello()(h), TARGET)
     assert h.conductor.receive(topic, payload, 0.0, retained=True) == Output()
-    assert h.conductor.registered == {}
+    assert h.conductor.registry.registered == {}
     assert h.conductor.deliveries.rejected == Counter({"retained": 1})
 
 
@@ -800,8 +800,12 @@ def test_an_agent_silent_after_its_last_finished_costs_only_its_left() -> None:
     )
     h.start()
     c = h.conductor
-    assert c.stage is Stage.CLOSING and TARGET not in c.left and len(c.left) == c.agents - 1
-    wake = c.deadline_at
+    assert (
+        c.stage is Stage.CLOSING
+        and TARGET not in c.collection.farewells
+        and len(c.collection.farewells) == c.agents - 1
+    )
+    wake = c.liveness.deadline_at()
     assert c.tick(wake - 1).events == [] and c.stage is Stage.CLOSING  # only a Beat
     assert c.tick(wake).events == [Event("done")]
     assert c.stage is Stage.DONE and len(c.results) == 1
@@ -841,7 +845,7 @@ def held_rounds(h: Harness, view: int) -> dict[int, int]:
 
 def replayed(h: Harness) -> list:
     """The same plans played in memory, applying the run's recorded views."""
-    return Network.build(h.conductor.plans, script=h.conductor.membership).play()
+    return Network.build(h.conductor.plans, script=h.conductor.membership.views).play()
 
 
 def assert_replay_matches(h: Harness, got: list, agents: list[int] | None = None) -> None:
@@ -872,7 +876,7 @@ def test_a_crashed_agent_is_left_out_and_the_replay_reproduces_the_run(
     h.when(at_round(h, VICTIM, 13), lambda: h.crash(VICTIM))
     (result,) = h.play()
     c = h.conductor
-    first, second = c.membership
+    first, second = c.membership.views
     assert (first.view, first.members, first.reason) == (0, EVERYONE, "start")
     assert (second.view, second.members, second.reason) == (1, tuple(survivors()), "lost")
     assert second.left == {VICTIM: "crashed"}
@@ -880,7 +884,7 @@ def test_a_crashed_agent_is_left_out_and_the_replay_reproduces_the_run(
     assert second.resume == {m: second.start - 1 for m in survivors()}
     assert not np.isnan(result.models[:, survivors()]).any()
     assert result.missed == {VICTIM: LATE - TELEMETRY_BATCH}  # its last batch never left it
-    assert_whole_rounds(result.models, c.membership)
+    assert_whole_rounds(result.models, c.membership.views)
     assert sorted(result.finished) == survivors()
     assert all(result.finished[m].view == 1 for m in survivors())
     assert_replay_matches(h, [result])
@@ -900,11 +904,11 @@ def test_a_lost_members_unsealed_rounds_are_redone_without_it(stop: bool) -> Non
     h.advance(h.conductor.deadline)
     (result,) = h.finish()
     c = h.conductor
-    assert [(v.start, v.reason) for v in c.membership] == [(1, "start"), (11, "lost")]
-    assert_whole_rounds(result.models, c.membership)
+    assert [(v.start, v.reason) for v in c.membership.views] == [(1, "start"), (11, "lost")]
+    assert_whole_rounds(result.models, c.membership.views)
     assert np.isnan(result.models[TELEMETRY_BATCH:, VICTIM]).all()
     assert not np.isnan(result.models[:TELEMETRY_BATCH, VICTIM]).any()
-    assert c.pauses[0]["rounds_redone"] >= 16 - TELEMETRY_BATCH
+    assert c.membership.pauses[0]["rounds_redone"] >= 16 - TELEMETRY_BATCH
     assert_replay_matches(h, [result])
 
 
@@ -913,7 +917,7 @@ def test_without_telemetry_a_loss_redoes_no_round_that_every_member_completed() 
     h = Harness.build(rounds=LONG, telemetry=False)
     h.when(at_round(h, VICTIM, 5), lambda: h.crash(VICTIM))
     h.play()
-    (_, second) = h.conductor.membership
+    (_, second) = h.conductor.membership.views
     assert second.start == min(held_rounds(h, 0).values()) + 1 > 5
 
 
@@ -926,12 +930,12 @@ def test_a_silent_agent_is_excluded_by_the_silence_rule() -> None:
     c = h.conductor
     assert c.stage is Stage.RUNNING and f"agent-{VICTIM}" in h.stopped
     last = h.clock.now  # nothing was ticked yet: its last frame came now
-    assert c.deadline_at == last + 30.0  # its silence is the oldest (`_oldest_heard`)
+    assert c.liveness.deadline_at() == last + 30.0  # its silence is the oldest (`_oldest_heard`)
     h.advance(29.0)
-    assert len(c.membership) == 1
+    assert len(c.membership.views) == 1
     h.advance(1.0)
     assert c.stage is Stage.DONE and h.clock.now == last + 30.0
-    (_, view) = c.membership
+    (_, view) = c.membership.views
     assert view.members == tuple(survivors()) and view.left == {VICTIM: "silent for 30 s"}
     assert not np.isnan(c.results[0].models[:, survivors()]).any()
     assert_replay_matches(h, c.results, survivors())
@@ -949,11 +953,11 @@ def test_a_conductor_that_could_not_hear_gives_the_agents_a_fresh_deadline() -> 
     c = h.conductor
     h.advance(25.0)
     assert c.deaf(h.clock.now) == Output()
-    assert c.deadline_at == h.clock.now + 30.0  # every silence starts again now
+    assert c.liveness.deadline_at() == h.clock.now + 30.0  # every silence starts again now
     h.advance(29.0)
-    assert len(c.membership) == 1
+    assert len(c.membership.views) == 1
     h.advance(1.0)
-    assert [v.reason for v in c.membership] == ["start", "lost"]
+    assert [v.reason for v in c.membership.views] == ["start", "lost"]
     failed = h.up(control.Failed(VICTIM, "the orchestrator has been silent"), VICTIM)
     c.receive(*failed, h.clock.now)
     assert c.stage is not Stage.FAILED
@@ -986,14 +990,14 @@ def test_an_excluded_agent_that_comes_back_rejoins_at_a_later_view() -> None:
     the last round before its exclusion whose model it holds. The replay agrees."""
     h = excluded_while_stopped()
     c = h.conductor
-    assert [v.reason for v in c.membership] == ["start", "lost"] and c.stage is Stage.RUNNING
-    excluded_at = c.membership[1].start
+    assert [v.reason for v in c.membership.views] == ["start", "lost"] and c.stage is Stage.RUNNING
+    excluded_at = c.membership.views[1].start
     h.resume(VICTIM)
     # told once, and again if a heartbeat of its old view crossed the first
     excluded = {m for _, m in h.decoded if isinstance(m, control.Excluded)}
     (rejoin,) = [m for _, m in h.decoded if isinstance(m, control.Rejoin)]
     assert excluded == {control.Excluded(VICTIM, 0, 1)} and rejoin.session == 0
-    back = c.membership[2]
+    back = c.membership.views[2]
     assert (back.view, back.reason, back.members, back.start) == (2, "returned", EVERYONE, 6)
     # it ran on past its exclusion (the frames that waited for it): that branch is void
     assert max(rejoin.rounds) >= excluded_at
@@ -1021,14 +1025,14 @@ def test_an_excluded_agent_that_missed_its_excluded_is_told_again() -> None:
     rejoins as if the first had arrived."""
     h = excluded_while_stopped()
     c = h.conductor
-    assert [v.reason for v in c.membership] == ["start", "lost"]
+    assert [v.reason for v in c.membership.views] == ["start", "lost"]
     waiting = h.stopped[f"agent-{VICTIM}"]
     kept = [(t, p) for t, p in waiting if not is_excluded(t, p)]
     assert len(kept) < len(waiting)  # the Excluded is gone
     waiting[:] = kept
     h.resume(VICTIM)
     h.advance(c.deadline / 3 + 1.0)  # a heartbeat of view 0
-    assert [v.reason for v in c.membership] == ["start", "lost", "returned"]
+    assert [v.reason for v in c.membership.views] == ["start", "lost", "returned"]
     h.release()
     (result,) = h.finish()
     assert_replay_matches(h, [result])
@@ -1054,13 +1058,15 @@ def test_a_restarted_agent_registers_again_and_rejoins(checkpoint: bool) -> None
     pause_from(h, 1, 7)
     h.start()
     c = h.conductor
-    assert [v.reason for v in c.membership] == ["start", "lost"]
-    excluded_at = c.membership[1].start
+    assert [v.reason for v in c.membership.views] == ["start", "lost"]
+    excluded_at = c.membership.views[1].start
     node = h.restart(VICTIM, saved[0] if checkpoint else None)
-    assert node is not h.retired[0] and c.registered[VICTIM].identity == node.identity.public
+    assert (
+        node is not h.retired[0] and c.registry.registered[VICTIM].identity == node.identity.public
+    )
     (welcome,) = [m for _, m in h.decoded if isinstance(m, control.Welcome) and m.rejoin]
     assert welcome.agent == VICTIM
-    back = c.membership[2]
+    back = c.membership.views[2]
     assert (back.reason, back.members, back.start) == ("returned", EVERYONE, 7)
     want = max(r for r in saved[0].models if r < excluded_at) if checkpoint else 0
     assert back.resume[VICTIM] == want
@@ -1093,7 +1099,7 @@ def test_a_stalled_round_is_redone_under_a_new_view_and_equals_a_clean_run(
     h.start()
     assert h.conductor.stage is Stage.RUNNING and h.lost
     h.advance(10.0)  # heartbeats: agent 8 completed round 1, the slowest moved
-    assert len(h.conductor.membership) == 1
+    assert len(h.conductor.membership.views) == 1
     h.advance(30.0)
     assert views(h) == [(0, 1, EVERYONE, "start"), (1, 2, EVERYONE, "stalled")]
     assert_same_models(h.finish(), clean([(Strategy.ATC, scheme)]))
@@ -1171,7 +1177,7 @@ def test_progress_and_rejoin_of_an_unregistered_agent_are_refused() -> None:
     c = h.conductor
     for msg in (control.Progress(TARGET, 0, 0, 0, False, ()), control.Rejoin(TARGET, -1, ())):
         assert c.receive(*h.up(msg, TARGET), 0.0) == Output()
-    assert c.deliveries.rejected == Counter({"unregistered": 2}) and not c.registered
+    assert c.deliveries.rejected == Counter({"unregistered": 2}) and not c.registry.registered
 
 
 def test_a_view_roundtrips_through_json_and_describes_itself() -> None:
@@ -1203,7 +1209,11 @@ def test_a_member_lost_after_the_last_round_leaves_nothing_to_redo() -> None:
     assert c.stage is Stage.RUNNING and c.rounds_done == ROUNDS
     h.crash(VICTIM)
     h.net.router.drain()
-    assert c.stage is Stage.RUNNING and len(c.membership) == 1 and VICTIM not in c.members
+    assert (
+        c.stage is Stage.RUNNING
+        and len(c.membership.views) == 1
+        and VICTIM not in c.membership.members
+    )
     (result,) = h.finish()
     assert sorted(result.finished) == list(EVERYONE) and not np.isnan(result.models).any()
 

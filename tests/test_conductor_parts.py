@@ -93,17 +93,17 @@ def test_a_resumed_run_goes_on_after_the_latest_round_every_agent_holds_and_was_
     last = AGENTS - 1
     out = feed(c, [agents.up(last, control.Rejoin(last, 0, holds[last]))])
     assert c.stage is Stage.CONFIGURING and c.session == 0
-    (view,) = c.membership
+    (view,) = c.membership.views
     assert (view.reason, view.start, view.members) == ("resumed", 2, tuple(range(AGENTS)))
     assert view.resume == dict.fromkeys(range(AGENTS), 1)
-    np.testing.assert_array_equal(c.models[0], recorded[0])
-    assert np.isnan(c.models[1:]).all() and c.counts.tolist() == [1] * AGENTS
+    np.testing.assert_array_equal(c.collection.models[0], recorded[0])
+    assert np.isnan(c.collection.models[1:]).all() and c.collection.counts.tolist() == [1] * AGENTS
     assert (
         out.events[0] == Event("view", out.events[0].detail) and "resumed" in out.events[0].detail
     )
     setups = [m for m in downs(out) if isinstance(m, control.Setup)]
     assert sorted(s.agent for s in setups) == list(range(AGENTS))
-    assert c.resume is None and c.group.offers == {}
+    assert c.resume is None and c.membership.offers == {}
 
 
 def test_an_agent_of_another_session_rewinds_a_resumed_run_to_the_start() -> None:
@@ -113,8 +113,11 @@ def test_an_agent_of_another_session_rewinds_a_resumed_run_to_the_start() -> Non
     feed(c, [agents.up(a, agents.hello(a)) for a in range(AGENTS)])
     offers = [control.Rejoin(a, -1 if a == 2 else 0, (0, 1, 2)) for a in range(AGENTS)]
     feed(c, [agents.up(a, offers[a]) for a in range(AGENTS)])
-    assert c.view is not None and (c.view.start, c.view.reason) == (1, "resumed")
-    assert np.isnan(c.models).all() and not c.counts.any()
+    assert c.membership.view is not None and (
+        c.membership.view.start,
+        c.membership.view.reason,
+    ) == (1, "resumed")
+    assert np.isnan(c.collection.models).all() and not c.collection.counts.any()
 
 
 # ---- registration ---------------------------------------------------------------------------
@@ -146,12 +149,14 @@ def test_a_replay_leaves_a_lost_member_to_its_script() -> None:
     members = tuple(a for a in range(AGENTS) if a != leaf)  # the recorded view left it out
     c = conductor(agents, script=[View(0, 0, 1, members, "start")])
     feed(c, [agents.up(a, agents.hello(a)) for a in range(AGENTS)])
-    assert c.stage is Stage.CONFIGURING and c.membership[0].members == members
-    assert c.lost(leaf, "exited 1", 2.0) == Output() and leaf not in c.alive  # not a member
+    assert c.stage is Stage.CONFIGURING and c.membership.views[0].members == members
+    assert (
+        c.lost(leaf, "exited 1", 2.0) == Output() and leaf not in c.membership.alive
+    )  # not a member
     lost = members[0]
     out = c.lost(lost, "exited 1", 2.0)
     assert out.events == [Event("lost", f"agent {lost}: exited 1")] and not out.publish
-    assert c.stage is Stage.CONFIGURING and c.group.lost == {lost: "exited 1"}
+    assert c.stage is Stage.CONFIGURING and c.membership.lost == {lost: "exited 1"}
 
 
 def test_what_each_member_completed_counts_heartbeats_and_reports() -> None:
@@ -167,13 +172,21 @@ def test_what_each_member_completed_counts_heartbeats_and_reports() -> None:
 
 def test_the_read_only_face_before_any_session() -> None:
     c = conductor(Agents())
-    assert c.next_tick() == c.deadline_at == c.register_deadline
-    assert c.view is None and c.current is None and c.rounds_done == 0
-    assert c.member_ids.size == 0 and c.counts.size == 0 and c.models.size == 0
+    assert c.next_tick() == c.liveness.deadline_at() == c.register_deadline
+    assert c.membership.view is None and c.current is None and c.rounds_done == 0
+    assert (
+        c.membership.ids.size == 0
+        and c.collection.counts.size == 0
+        and c.collection.models.size == 0
+    )
     completed = c.completed
     completed[0] = 5  # a copy: the conductor's own stays
     assert not c.completed.any() and len(c.completed) == AGENTS
-    assert not c.left_traffic.messages and not c.traffic.messages and c.recipients == 0
+    assert (
+        not c.collection.farewell_traffic.messages
+        and not c.outbox.traffic.messages
+        and c.outbox.recipients == 0
+    )
     assert c.subscriptions == topics.up_filters(RUN)
 
 
@@ -202,7 +215,7 @@ def test_the_registry_checks_a_frame_in_order_and_names_one_reason() -> None:
     assert reason(lambda: registry.verified(0, frame)) == "unregistered"
     identity = registry.introduced(frame, frame.msg, False)
     registry.pin(0, identity, frame.seq, 5.0)
-    assert registry.alive == {0} and registry.heard == {0: 5.0} and not registry.complete
+    assert registry.heard == {0: 5.0} and not registry.complete
     assert registry.missing() == [1, 2]
     assert reason(lambda: registry.introduced(frame, frame.msg, True)) == "duplicate"
     assert reason(lambda: registry.verified(0, frame)) == "replay"
@@ -308,6 +321,21 @@ def test_the_outbox_numbers_signs_and_counts_what_it_sends() -> None:
         signed = wire.decode_signed(frame.payload)
         signed.verify(ME.public, "the orchestrator")
         assert (signed.run, signed.seq) == (RUN, seq)
+
+
+def test_membership_owns_who_is_alive_and_a_lost_member_is_out_of_the_next_view() -> None:
+    membership = Membership(4, alive={0, 1, 2, 3})
+    membership.members = frozenset({0, 1, 2})
+    membership.joining[3] = control.Rejoin(3, 0, (1,))
+    assert membership.expected() == {0, 1, 2} and membership.expects(2)
+    assert not membership.may_join(3)  # asked already
+    assert not membership.lose(3, "exited 1")  # not a member: just gone
+    assert membership.alive == {0, 1, 2} and 3 not in membership.joining
+    assert membership.lose(2, "silent") and membership.lost == {2: "silent"}
+    assert membership.expected() == {0, 1} and not membership.expects(2)
+    assert not membership.may_join(2)  # not alive
+    membership.alive.add(2)  # a valid frame again
+    assert membership.may_join(2) and membership.expected() == {0, 1}
 
 
 def test_membership_stalls_count_up_to_the_limit_and_progress_resets_them() -> None:

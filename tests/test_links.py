@@ -225,7 +225,7 @@ def recorded_run(rekey: Rekey) -> tuple[list[Publish], dict[tuple[int, int], byt
     plans = session_plans(Problem.build(c), [(Strategy.ATC, Scheme.LOCAL_GHP, 0)])
     network = Network.build(plans, tap=tap, escrow=True)
     network.play()
-    (escrowed,) = network.conductor.link_keys.values()
+    (escrowed,) = network.conductor.collection.link_keys.values()
     return frames, escrowed
 
 

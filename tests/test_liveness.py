@@ -61,8 +61,8 @@ def losing(places: dict[int, tuple[int, int]]) -> object:
 
 def next_view(h: Harness) -> None:
     """Advance until the next view is recorded (a stall: within a deadline and a beat)."""
-    seen, end = len(h.conductor.membership), h.clock.now + 2 * DEADLINE
-    while len(h.conductor.membership) == seen:
+    seen, end = len(h.conductor.membership.views), h.clock.now + 2 * DEADLINE
+    while len(h.conductor.membership.views) == seen:
         assert h.clock.now < end, "no new view"
         h.advance(1.0)
 
@@ -79,7 +79,7 @@ def test_a_member_that_keeps_stalling_the_network_is_left_out_then_let_back() ->
     next_view(h)
     assert views(h)[1] == (1, 2, EVERYONE, "stalled")
     next_view(h)
-    (*_, out) = h.conductor.membership
+    (*_, out) = h.conductor.membership.views
     assert (out.view, out.members, out.reason) == (2, OTHERS, "lost")
     assert out.left == {FLAPPER: "stalled the network (left out 1 time(s) for it)"}
     assert h.nodes[FLAPPER].phase is Phase.EXCLUDED
@@ -87,14 +87,14 @@ def test_a_member_that_keeps_stalling_the_network_is_left_out_then_let_back() ->
     parked_at = h.clock.now
     next_view(h)
     assert h.clock.now - parked_at <= DEADLINE + 1.0
-    (*_, back) = h.conductor.membership
+    (*_, back) = h.conductor.membership.views
     assert (back.view, back.members, back.reason) == (3, EVERYONE, "returned")
     assert 0 < back.resume[FLAPPER] < back.start - 1  # from its own last model that stands
     (result,) = got = h.finish()
-    assert_whole_rounds(result.models, h.conductor.membership)
+    assert_whole_rounds(result.models, h.conductor.membership.views)
     assert_replay_matches(h, got)
     assert result.missed[FLAPPER] > 0 and not h.conductor.blame.parked
-    assert h.conductor.beats.longest <= DEADLINE / 3 + 1e-9  # Beats every deadline / 3
+    assert h.conductor.pacing.beats.longest <= DEADLINE / 3 + 1e-9  # Beats every deadline / 3
 
 
 @pytest.mark.parametrize("rounds", [ROUNDS])

@@ -1,16 +1,19 @@
-"""The orchestrator's side of a run's life cycle, as a sans-IO state machine (`Conductor`),
-in parts: `registry` (registration and pinned identities, who is alive), `membership`
-(views, stalls, splits, resume points), `collection` (telemetry, escrow, what is sent and
-counted), `setups` (each member's sealed Setup). `state` composes them and reads them out,
-`sessions` moves a session through its views, `machine` reads deliveries and time;
-`records` holds the plain data they share with the engines and the views."""
+"""The orchestrator's side of a run's life cycle, as a sans-IO state machine (`Conductor`,
+in `machine`), composed of parts that each own their state: `registry` (registration,
+pinned identities, silences), `membership` (who is alive, views, stalls, splits, resume
+points), `collection` (telemetry, escrow, the agents' Left; the `Outbox` of what is sent),
+`blame` (who stalls the network), `pacing` (grants and Beats), `setups` (each member's
+sealed Setup) and `steward` (the decisions that move a session through its views).
+`records` holds the plain data they share with the engines and the views, the stage
+transition table among it."""
 
 from privnet.orchestrator.conductor.machine import Conductor
 from privnet.orchestrator.conductor.records import (
-    BEATING,
+    BEAT_STAGES,
     IN_SESSION,
     REGISTER_DEADLINE,
     STALLS,
+    TRANSITIONS,
     Resume,
     SessionPlan,
     SessionResult,
@@ -19,14 +22,16 @@ from privnet.orchestrator.conductor.records import (
     ViewSpecs,
     add_counts,
     describe,
+    session_label,
     view_session,
 )
 
 __all__ = [
-    "BEATING",
+    "BEAT_STAGES",
     "IN_SESSION",
     "REGISTER_DEADLINE",
     "STALLS",
+    "TRANSITIONS",
     "Conductor",
     "Resume",
     "SessionPlan",
@@ -36,5 +41,6 @@ __all__ = [
     "ViewSpecs",
     "add_counts",
     "describe",
+    "session_label",
     "view_session",
 ]

@@ -56,20 +56,6 @@ class Outbox:
         return Publish(topic, payload, "control")
 
 
-@dataclass
-class BeatGaps:
-    """The longest time between two frames the orchestrator sent to every agent (the
-    agents' evidence that it lives) while a session ran: what `--deadline` must cover."""
-
-    last: float | None = None
-    longest: float = 0.0
-
-    def note(self, now: float) -> None:
-        if self.last is not None:
-            self.longest = max(self.longest, now - self.last)
-        self.last = now
-
-
 DENSE_BYTES = 256 << 20  # a session's models array above this is allocated page by page
 
 
@@ -105,8 +91,9 @@ class Collection:
     pieces: dict[tuple[int, int], Pieces] = field(default_factory=dict)  # (round, agent)
     # (session, view) -> {link: key}, as the agents escrowed them (--audit)
     link_keys: dict[tuple[int, int], dict[Link, bytes]] = field(default_factory=dict)
-    left: dict[int, dict[str, int]] = field(default_factory=dict)  # dropped after the end
-    left_traffic: Traffic = field(default_factory=Traffic)  # the agents' Left frames
+    # the agents' answers to Close (their Left): what each dropped after its last Finished
+    farewells: dict[int, dict[str, int]] = field(default_factory=dict)
+    farewell_traffic: Traffic = field(default_factory=Traffic)  # their Left frames
 
     def new_session(self, rounds: int, agents: int, dim: int, every: int = 1) -> None:
         self.models = blank_models(rounds, agents, dim)
@@ -204,6 +191,14 @@ class Collection:
             return
         self.done[r, agent] = True
         self.counts[agent] += 1
+
+    def farewell(self, msg: control.Left) -> dict[int, dict[str, int]]:
+        """An agent's answer to Close: what it dropped since its last Finished (every
+        answer so far returned)."""
+        if msg.agent in self.farewells:
+            raise Rejected(Reason.DUPLICATE, f"second Left of agent {msg.agent}")
+        self.farewells[msg.agent] = msg.rejected
+        return self.farewells
 
     def escrowed(self, msg: control.Escrow, session: int) -> None:
         """Keep an agent's link keys of a view; both ends of a link must escrow the same."""

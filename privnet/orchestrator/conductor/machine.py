@@ -1,120 +1,215 @@
 """The orchestrator's side of a run's life cycle, as a sans-IO state machine.
 
-Like the agent node (`privnet.agent.node`), it is fed deliveries (`receive`) and time (`tick`) and
-returns what to publish and what happened; process launching, the broker and the console
-stay outside. Phases: REGISTERING (a Hello from every agent, each proving its launch
-token) -> per session CONFIGURING (sealed Setup out, Ready back) -> RUNNING (Go out,
-sealed telemetry and Finished back) -> CLOSING (Close out, each agent stops reading peers
-and answers Left with what it dropped since) -> DONE (the caller writes its outputs, then
-`bye`) -> CLOSED, or FAILED from anywhere (an agent failed, or a deadline
-passed: registration has a fixed deadline, a session one of silence).
-
-Identities are pinned at registration (`registry`): every later upward frame must be
-signed by the identity the agent registered, carry a sequence number it has not used, and
-fit the phase. Anything else is dropped and counted under exactly one reason. Views are
-kept by `membership`, models and escrow by `collection`; this module reads deliveries and
-time, and `sessions` moves a session through its views.
+Like the agent node (`privnet.agent.node`), it is fed deliveries (`receive`) and time
+(`tick`) and returns what to publish and what happened; launching, the broker and the
+console stay outside. Its stages and the moves between them are `records.TRANSITIONS`; the
+stage changes only through `Conductor.to`. Every upward frame must be signed by the
+identity its agent registered with, carry a new sequence number and fit the stage; anything
+else is dropped and counted under exactly one reason. The conductor holds its parts, each
+owning its state: `registry` (identities, silences), `membership` (who is alive, views),
+`collection` (telemetry, escrow, the agents' Left), `outbox` (what it sends), `blame` (who
+stalls the network), `pacing` (grants, Beats); `steward` (a session's course through its
+views) and `liveness` (deadlines, Beats) decide on them. This class reads deliveries and
+hands each to the part it concerns.
 """
 
 from __future__ import annotations
 
-from privnet.agent import control, wire
+from collections import Counter
+from collections.abc import Iterable
+from typing import Literal
+
+import numpy as np
+
+from privnet.agent import control, keys, topics, wire
 from privnet.agent.messages import Reason, Rejected
-from privnet.agent.protocol import BEATS, Event, Output
-from privnet.orchestrator.conductor.blame import suspects
-from privnet.orchestrator.conductor.membership import splits
-from privnet.orchestrator.conductor.records import BEATING, IN_SESSION, Stage
-from privnet.orchestrator.conductor.sessions import Sessions
+from privnet.agent.protocol import Deliveries, Event, Output, Publish
+from privnet.orchestrator.conductor.blame import Blame
+from privnet.orchestrator.conductor.collection import Collection, Outbox
+from privnet.orchestrator.conductor.liveness import Liveness
+from privnet.orchestrator.conductor.membership import Membership
+from privnet.orchestrator.conductor.pacing import Pacing
+from privnet.orchestrator.conductor.records import (
+    BEAT_STAGES,
+    IN_SESSION,
+    REGISTER_DEADLINE,
+    TRANSITIONS,
+    Resume,
+    SessionPlan,
+    SessionResult,
+    Stage,
+    View,
+)
+from privnet.orchestrator.conductor.registry import Registry
+from privnet.orchestrator.conductor.setups import Terms, check_size
+from privnet.orchestrator.conductor.steward import Steward
 
 
-class Conductor(Sessions):
+class Conductor:
     """Drives every session of a run; see the module docstring."""
 
-    def start(self, now: float) -> Output:
-        self._since = now
-        return Output()
+    def __init__(
+        self,
+        run: str,
+        identity: keys.Identity,
+        tokens: dict[int, bytes],
+        plans: list[SessionPlan],
+        *,
+        deadline: float = 30.0,
+        telemetry: bool = True,
+        register_deadline: float = REGISTER_DEADLINE,
+        checkpoint_every: int = 0,
+        script: Iterable[View] | None = None,
+        resume: Resume | None = None,
+        seal_links: bool = True,
+        escrow: bool = False,
+        models_every: int | None = None,
+    ) -> None:
+        if not plans:
+            raise ValueError("a run needs at least one session")
+        agents = len(tokens)
+        for plan in plans:
+            if sorted(s.agent for s in plan.specs) != list(range(agents)):
+                raise ValueError(f"session {plan.label}: one spec per agent 0..{agents - 1}")
+        check_size(plans[0].dim, escrow=escrow)
+        self.run, self.identity, self.tokens, self.agents = run, identity, tokens, agents
+        self.plans, self.deadline, self.telemetry = plans, deadline, telemetry
+        self.register_deadline, self.checkpoint_every = register_deadline, checkpoint_every
+        self.seal_links, self.escrow = seal_links, escrow
+        # telemetry: agents' metrics every round, their models every K (None: by the size)
+        self.models_every = models_every or wire.default_models_every(plans[0].dim)
+        self.terms = Terms(
+            deadline, telemetry, checkpoint_every, seal_links, escrow, self.models_every
+        )
+        # A replay applies recorded views at their rounds and decides nothing itself.
+        self.script = {(v.session, v.view): v for v in script} if script is not None else None
+        self.resume = resume  # a run started again (`privnet run --resume`)
+        self.session = (resume.session if resume is not None else 0) - 1  # index into plans
+        self.results: list[SessionResult] = []
+        self.failure = ""
+        self.deliveries = Deliveries()
+        self._stage = Stage.REGISTERING
+        self.moves: Counter[tuple[Stage, Stage]] = Counter()  # every stage change made
+        self.since = 0.0  # start of the current stage's wait (registration: of the run)
+        self.registry = Registry(run, tokens)
+        self.membership = Membership(agents)
+        self.blame = Blame(deadline)
+        self.collection = Collection(run, identity)
+        self.outbox = Outbox(run, identity, agents)
+        self.pacing = Pacing(deadline)
+        self.steward = Steward(self)
+        self.liveness = Liveness(self, self.steward)
 
-    def tick(self, now: float) -> Output:
-        """Deadlines (registration, an agent's silence, a stalled network) and Beats."""
-        sent, beating = self.outbox.broadcasts, self.stage in BEATING
-        out = self._tick(now)
-        if beating and self.outbox.broadcasts != sent:
-            self.beats.note(now)
-        return out
-
-    def _tick(self, now: float) -> Output:
-        if self.stage is Stage.REGISTERING and now - self._since >= self.register_deadline:
-            missing = self.registry.missing()
-            return self._fail(
-                f"registration closed after {self.register_deadline:.0f} s; agents "
-                f"{missing[:20]} never registered (not started, or launched with another "
-                "run's token?)"
-            )
-        out = self._waits(now) if self.stage in IN_SESSION else Output()
-        if self.stage is Stage.CLOSING and now - self._since >= self.deadline:
-            return out + self._done()  # results are complete; a silent agent costs its Left
-        if self.stage in BEATING and now >= self._next_beat:
-            self._next_beat = now + self.deadline / BEATS
-            beat = control.Beat() if self.stage is not Stage.HOLDING else self._hold()
-            out.publish.append(self._down("all", beat))
-        return out
-
-    def _waits(self, now: float) -> Output:
-        """In a session: a member silent for a deadline, a stall, a quarantine's end, a
-        hold a member did not answer within a deadline (or a split view waited out)."""
-        out = Output()
-        heard, expected = self.registry.heard, self.group.expected(self.alive)
-        for m in [m for m in expected if now - heard.get(m, 0.0) >= self.deadline]:
-            out += self.lost(m, f"silent for {self.deadline:.0f} s", now)
-        if self._stalled(now):
-            out += self._stall(now)
-        for rejoin in self.blame.due(now):  # out of quarantine: back in as any Rejoin
-            if self._can_join(rejoin.agent):
-                self.group.joining[rejoin.agent] = rejoin
-                out += self._change(now, "returned")
-        due = self.group.split_due
-        if self.stage is Stage.HOLDING and due is not None and now >= due:
-            self.group.split_due = None
-            staying = self.group.expected(self.alive)
-            unheld = staying - self.group.held.keys()
-            if 2 * len(unheld) < len(staying):  # a few hold the others up: a deadline at most
-                why = f"did not stop for a view change in {self.deadline:g} s"
-                for m in sorted(unheld):
-                    out += self.lost(m, why, now)
-            elif unheld:  # most of them are slow (a busy machine): wait on, and look again
-                self.group.split_due = now + self.deadline
-            out += self._maybe_switch(now)  # nobody came back to join a split network
-        return out
-
-    def next_tick(self) -> float | None:
-        if self.stage is Stage.REGISTERING:
-            return self._since + self.register_deadline
-        if self.stage in BEATING:
-            return min(self.deadline_at, self._next_beat)
-        return None
+    # ---- the stage --------------------------------------------------------------------
 
     @property
-    def deadline_at(self) -> float:
-        """When the next wait runs out: registration, the oldest silence, a stall, Lefts."""
+    def stage(self) -> Stage:
+        return self._stage
+
+    def to(self, stage: Stage, now: float | None = None) -> None:
+        """The one way the stage changes: a move `TRANSITIONS` allows (anything else is
+        a bug, raised), from `now` on (the start of the new stage's wait)."""
+        if stage not in TRANSITIONS[self._stage]:
+            raise RuntimeError(f"the conductor cannot go from {self._stage} to {stage}")
+        self.moves[self._stage, stage] += 1
+        self._stage = stage
+        if now is not None:
+            self.since = now
+
+    # ---- what the engines, the live view and the tests read -----------------------------
+
+    @property
+    def subscriptions(self) -> list[str]:
+        return topics.up_filters(self.run)
+
+    @property
+    def current(self) -> SessionPlan | None:
+        return self.plans[self.session] if 0 <= self.session < len(self.plans) else None
+
+    @property
+    def label(self) -> str:
+        plan = self.current
+        return plan.label if plan is not None else ""
+
+    @property
+    def rounds_done(self) -> int:
+        """Rounds every member has completed in the current session (by its heartbeats,
+        or by its telemetry, which comes more often)."""
+        return self.membership.rounds_done(self.collection.counts)
+
+    @property
+    def completed(self) -> np.ndarray:
+        """Rounds each agent has completed in the current session as far as the conductor
+        knows (heartbeats or telemetry, whichever says more): read-only, for the live view."""
+        return self.membership.known(self.collection.counts)
+
+    # ---- time -------------------------------------------------------------------------
+
+    def start(self, now: float) -> Output:
+        self.since = now
+        return Output()
+
+    def tick(self, now: float) -> Output:  # deadlines and Beats: the `liveness` part's
+        return self.liveness.tick(now)
+
+    def next_tick(self) -> float | None:
+        return self.liveness.next_tick()
+
+    def deaf(self, now: float) -> Output:
+        """The orchestrator could not hear until now (its broker connection was down, or
+        its process was stopped): every silence and stall deadline starts again now."""
+        self.registry.deaf(now)
+        moved = self.membership.moved
+        moved.since = max(moved.since, now)
+        return Output()
+
+    # ---- what the shell tells it ------------------------------------------------------
+
+    def lost(self, agent: int, reason: str, now: float) -> Output:
+        """`agent` is gone (its process ended, it went silent, it failed): leave it out of
+        the next view. The shell calls this when it sees a process end."""
+        membership = self.membership
+        if agent not in membership.alive or self.stage not in (*IN_SESSION, Stage.REGISTERING):
+            return Output()
         if self.stage is Stage.REGISTERING:
-            return self._since + self.register_deadline
-        if self.stage is Stage.CLOSING:
-            return self._since + self.deadline
-        oldest = self.registry.oldest(self._expects)
-        waits = [oldest + self.deadline] if oldest is not None else []
-        if self._may_stall:  # else a past stall time would be due for ever (a busy loop)
-            waits.append(self.group.moved.since + self.deadline)
-        if self.stage is Stage.HOLDING and self.group.split_due is not None:
-            waits.append(self.group.split_due)  # a split view waits this long at most
-        if (parked := self.blame.next_due()) is not None:
-            waits.append(parked)  # a member in quarantine asked back in
-        return min(waits) if waits else self._next_beat
+            membership.lose(agent, reason)
+            return self.fail(f"agent {agent} lost during registration: {reason}")
+        if not membership.lose(agent, reason):
+            return Output()
+        out = Output(events=[Event("lost", f"agent {agent}: {reason}")])
+        return out + self.steward.change(now, "lost")
+
+    def bye(self) -> Output:
+        """Dismiss the agents once the caller has what it needs."""
+        if self.stage is not Stage.DONE:
+            raise RuntimeError(f"bye in stage {self.stage}: only once every session is done")
+        self.to(Stage.CLOSED)
+        return Output([self.down("all", control.Bye())], [Event("closed")])
+
+    def unsubscribed(self, topic: str, now: float) -> Output:
+        raise RuntimeError(f"the conductor never unsubscribes (from {topic!r})")
+
+    def abort(self, reason: str) -> Output:
+        """Stop every agent now (Ctrl-C, a failure the caller noticed)."""
+        return self.fail(reason)
+
+    def fail(self, reason: str) -> Output:
+        if self.stage in (Stage.FAILED, Stage.CLOSED):
+            return Output()
+        self.to(Stage.FAILED)
+        self.failure = reason
+        return Output([self.down("all", control.Abort(reason[:1000]))], [Event("failed", reason)])
+
+    def down(self, to: int | Literal["all"], msg: control.Control) -> Publish:
+        return self.outbox.down(to, msg)
+
+    # ---- deliveries -------------------------------------------------------------------
 
     def receive(self, topic: str, payload: bytes, now: float, retained: bool = False) -> Output:
         """One delivery: used, or dropped and counted under exactly one reason (a retained
         frame is nobody's of this run: privnet publishes nothing retained)."""
         self.deliveries.received += 1
-        sent, beating = self.outbox.broadcasts, self.stage in BEATING
+        sent, beating = self.outbox.broadcasts, self.stage in BEAT_STAGES
         try:
             if retained:
                 raise Rejected(Reason.RETAINED, f"a retained frame on {topic!r}")
@@ -124,65 +219,8 @@ class Conductor(Sessions):
             return Output()
         self.deliveries.used += 1
         if beating and self.outbox.broadcasts != sent:
-            self.beats.note(now)
+            self.pacing.beats.note(now)
         return out
-
-    def lost(self, agent: int, reason: str, now: float) -> Output:
-        """`agent` is gone (its process ended, it went silent, it failed): leave it out of
-        the next view. The shell calls this when it sees a process end."""
-        if agent not in self.alive or self.stage not in (*IN_SESSION, Stage.REGISTERING):
-            return Output()
-        self.alive.discard(agent)
-        self.group.joining.pop(agent, None)
-        if self.stage is Stage.REGISTERING:
-            return self._fail(f"agent {agent} lost during registration: {reason}")
-        if agent not in self.group.members:
-            return Output()
-        self.group.lost[agent] = reason
-        out = Output(events=[Event("lost", f"agent {agent}: {reason}")])
-        return out + self._change(now, "lost")
-
-    def _stall(self, now: float) -> Output:
-        """A stall: the round (or the keying) is redone under a new view; a member the
-        held-back members' waits keep naming (`blame`) is left out instead, unless the
-        others' graph would split without it."""
-        group = self.group
-        held_back = group.slowest(self.collection.counts, self.stage is Stage.CONFIGURING)
-        members, plan = group.members, self.plans[self.session]
-        named = {
-            m
-            for m in suspects(group.waiting, held_back)
-            if m in members and not splits(plan, members - {m}, self.agents)
-        }
-        agent = self.blame.stall(named, now)
-        if agent is None:
-            return self._change(now, "stalled")
-        why = f"stalled the network (left out {self.blame.outs[agent]} time(s) for it)"
-        return self.lost(agent, why, now)
-
-    def deaf(self, now: float) -> Output:
-        """The orchestrator could not hear until now (its broker connection was down, or
-        its process was stopped): every silence and stall deadline starts again now."""
-        self.registry.deaf(now)
-        moved = self.group.moved
-        moved.since = max(moved.since, now)
-        return Output()
-
-    def bye(self) -> Output:
-        """Dismiss the agents once the caller has what it needs."""
-        if self.stage is not Stage.DONE:
-            raise RuntimeError(f"bye in stage {self.stage}: only once every session is done")
-        self.stage = Stage.CLOSED
-        return Output([self._down("all", control.Bye())], [Event("closed")])
-
-    def unsubscribed(self, topic: str, now: float) -> Output:
-        raise RuntimeError(f"the conductor never unsubscribes (from {topic!r})")
-
-    def abort(self, reason: str) -> Output:
-        """Stop every agent now (Ctrl-C, a failure the caller noticed)."""
-        return self._fail(reason)
-
-    # ---- deliveries -------------------------------------------------------------------
 
     def _receive(self, topic: str, payload: bytes, now: float) -> Output:
         registry = self.registry
@@ -195,12 +233,12 @@ class Conductor(Sessions):
             return self._hello(frame, msg, now)
         pinned = registry.verified(agent, frame)
         if not isinstance(msg, control.Failed):  # a valid frame: it is alive (again)
-            registry.alive.add(agent)
+            self.membership.alive.add(agent)
             registry.hear(agent, now)
         out = self._obey(msg, now)
         pinned.seen.add(frame.seq)
         if isinstance(msg, control.Left):  # sent after its last Finished: tallied here
-            self.collection.left_traffic.add("control", topic, payload)
+            self.collection.farewell_traffic.add("control", topic, payload)
         return out
 
     def _hello(self, frame: wire.SignedFrame, hello: control.Hello, now: float) -> Output:
@@ -212,109 +250,50 @@ class Conductor(Sessions):
             out += self.lost(agent, "restarted", now)
             out.events.append(Event("restarted", f"agent {agent}"))
         self.registry.pin(agent, identity, frame.seq, now)
+        self.membership.alive.add(agent)
         late = self.stage is not Stage.REGISTERING or self.resume is not None
-        out.publish.append(self._down(agent, control.Welcome(agent, late)))  # late: Rejoin
+        out.publish.append(self.down(agent, control.Welcome(agent, late)))  # late: Rejoin
         if self.stage is Stage.REGISTERING and self.registry.complete:
             out.events.append(Event("registered", f"{self.agents} agents"))
-            self._next_beat = now + self.deadline / BEATS
+            self.pacing.schedule(now)
             if self.resume is None:
-                out += self._next_session(now)
+                out += self.steward.next_session(now)
         return out
 
     def _obey(self, msg: control.Control, now: float) -> Output:
-        group = self.group
+        steward, in_session = self.steward, self.stage in IN_SESSION
         match msg:
             case control.Failed(agent=agent, reason=reason):
-                if agent not in self.alive:  # out already: its last words change nothing
+                if agent not in self.membership.alive:  # out already: its last words change nothing
                     return Output()
-                if self.stage in IN_SESSION:  # left out of the next view: the run goes on
+                if in_session:  # left out of the next view: the run goes on
                     return self.lost(agent, f"failed: {reason}", now)
-                return self._fail(f"agent {agent} failed: {reason}")
-            case control.Progress(session=n) if n == self.session and self.stage in IN_SESSION:
-                return self._progress(msg, now) + self._pace()
-            case control.Rejoin(agent=agent) if self._can_join(agent):
-                if self.blame.park(msg, now):  # left out for stalling: back once it ends
-                    return Output()
-                group.joining[agent] = msg
-                return self._change(now, "returned")
-            case control.Rejoin(agent=agent) if (
-                self.resume is not None and self.stage is Stage.REGISTERING
-            ):
-                return self._offer(msg, now)
+                return self.fail(f"agent {agent} failed: {reason}")
+            case control.Progress(session=n) if n == self.session and in_session:
+                return steward.progress(msg, now) + steward.pace()
+            case control.Rejoin(agent=agent) if steward.can_join(agent):
+                return steward.rejoin(msg, now)
+            case control.Rejoin() if self.resume is not None and self.stage is Stage.REGISTERING:
+                return steward.offer(msg, now)
             case control.Ready(agent=agent, session=n, view=v) if (
-                self._at(Stage.CONFIGURING, n, v) and agent in group.members
+                steward.at(Stage.CONFIGURING, n, v) and agent in self.membership.members
             ):
-                if agent in group.ready:
-                    raise Rejected(Reason.DUPLICATE, f"second Ready of agent {agent}")
-                group.ready.add(agent)
-                return self._maybe_go(now)
-            case control.Telemetry(session=n) if n == self.session and self.stage in IN_SESSION:
+                return steward.ready(msg, now)
+            case control.Telemetry(session=n) if n == self.session and in_session:
                 plan = self.plans[n]
-                end = group.view_end(msg.view, n, plan.rounds)
+                end = self.membership.view_end(msg.view, n, plan.rounds)
                 self.collection.telemetry(msg, n, plan.dim, end)
-                return self._pace()
-            case control.Escrow(session=n) if (
-                self.escrow and n == self.session and self.stage in IN_SESSION
-            ):
+                return steward.pace()
+            case control.Escrow(session=n) if self.escrow and n == self.session and in_session:
                 self.collection.escrowed(msg, n)
                 return Output()
-            case control.Left() if self.stage is Stage.CLOSING:
-                return self._left(msg)
+            case control.Left() if self.stage is Stage.CLOSING:  # its answer to Close
+                farewells = self.collection.farewell(msg)
+                return steward.done() if self.membership.alive <= farewells.keys() else Output()
             case control.Finished(agent=agent, session=n) if (
                 self.stage in (Stage.RUNNING, Stage.HOLDING)
                 and n == self.session
-                and agent in group.members
+                and agent in self.membership.members
             ):
-                return self._finished(msg, now)
+                return steward.finished(msg, now)
         raise Rejected(Reason.OUT_OF_PHASE, f"{type(msg).__name__} in stage {self.stage}")
-
-    def _offer(self, rejoin: control.Rejoin, now: float) -> Output:
-        """Resuming: what an agent holds; the session goes on once every agent said."""
-        offers = self.group.offers
-        if rejoin.agent in offers:
-            raise Rejected(Reason.DUPLICATE, f"second Rejoin of agent {rejoin.agent}")
-        offers[rejoin.agent] = rejoin
-        if len(offers) < self.agents or not self.registry.complete:
-            return Output()
-        return self._next_session(now)
-
-    def _left(self, msg: control.Left) -> Output:
-        left = self.collection.left
-        if msg.agent in left:
-            raise Rejected(Reason.DUPLICATE, f"second Left of agent {msg.agent}")
-        left[msg.agent] = msg.rejected
-        return self._done() if self.alive <= left.keys() else Output()
-
-    def _finished(self, msg: control.Finished, now: float) -> Output:
-        if msg.view != self._view_number:
-            raise Rejected(
-                Reason.STALE_VIEW, f"Finished of view {msg.view}, now {self._view_number}"
-            )
-        if msg.agent in self.group.finished:
-            raise Rejected(Reason.DUPLICATE, f"second Finished of agent {msg.agent}")
-        self.group.finished[msg.agent] = msg
-        self.group.completed[msg.agent] = self.plans[self.session].rounds
-        return self._maybe_done(now)
-
-    def _can_join(self, agent: int) -> bool:
-        return (
-            self.stage in IN_SESSION
-            and self.script is None
-            and self.group.may_join(agent, self.alive)
-        )
-
-    def _progress(self, msg: control.Progress, now: float) -> Output:
-        agent, group = msg.agent, self.group
-        number = self._view_number
-        if agent not in group.members and agent not in group.joining and msg.view < number:
-            # left out, and still at it: its Excluded was lost (a broker restart, say)
-            return Output([self._down(agent, control.Excluded(agent, self.session, msg.view + 1))])
-        if agent not in group.members or msg.view != number:
-            return Output()  # a late heartbeat of an earlier view
-        group.progress(agent, msg.round, self.collection.counts, now)
-        if msg.waiting:
-            group.waiting[agent] = msg.waiting
-        if not msg.held:
-            return Output()
-        group.held[agent] = msg.round
-        return self._maybe_switch(now)

@@ -1,5 +1,5 @@
-"""Membership: who runs the current session's view, who is held, lost or asking back in,
-how far each has come, and where a new view (or a resumed run) starts.
+"""Membership: who is alive, who runs the current session's view, who is held, lost or
+asking back in, how far each has come, and where a new view (or a resumed run) starts.
 
 The conductor decides when a view changes; this part keeps the state the decision reads
 and the bookkeeping a change does, so the decision stays short.
@@ -66,9 +66,10 @@ def splits(plan: SessionPlan, members: Iterable[int], agents: int) -> bool:
 
 @dataclass
 class Membership:
-    """The views of a run and the state of the current one."""
+    """Who is alive, the views of a run and the state of the current one."""
 
     agents: int
+    alive: set[int] = field(default_factory=set)  # registered and not lost since
     views: list[View] = field(default_factory=list)  # every view of every session, in order
     members: frozenset[int] = frozenset()  # of the current view
     completed: np.ndarray = field(init=False)  # rounds each completed, this view
@@ -111,18 +112,36 @@ class Membership:
         ids = self.ids
         return int(np.maximum(self.completed[ids], counts[ids]).min()) if ids.size else 0
 
-    def expected(self, alive: set[int]) -> frozenset[int]:
+    def lose(self, agent: int, reason: str) -> bool:
+        """`agent` is gone: not alive, not asking back in, and, a member, to be left out
+        of the next view (True)."""
+        self.alive.discard(agent)
+        self.joining.pop(agent, None)
+        if agent not in self.members:
+            return False
+        self.lost[agent] = reason
+        return True
+
+    def known(self, counts: np.ndarray) -> np.ndarray:
+        """Rounds each agent has completed by its heartbeats or its telemetry (`counts`),
+        whichever says more: a copy."""
+        if counts.size != self.completed.size:  # no session yet
+            return self.completed.copy()
+        most: np.ndarray = np.maximum(self.completed, counts)
+        return most
+
+    def expected(self) -> frozenset[int]:
         """Whose silence counts: the members (and those about to be, while holding)."""
-        return (self.members - self.lost.keys()) & alive
+        return (self.members - self.lost.keys()) & self.alive
 
-    def expects(self, agent: int, alive: set[int]) -> bool:
-        """`agent in self.expected(alive)`, without building the set."""
-        return agent in self.members and agent not in self.lost and agent in alive
+    def expects(self, agent: int) -> bool:
+        """`agent in self.expected()`, without building the set."""
+        return agent in self.members and agent not in self.lost and agent in self.alive
 
-    def may_join(self, agent: int, alive: set[int]) -> bool:
+    def may_join(self, agent: int) -> bool:
         """An alive agent out of the view (or about to be) that has not asked yet."""
         return (
-            agent in alive
+            agent in self.alive
             and (agent not in self.members or agent in self.lost)
             and agent not in self.joining
         )

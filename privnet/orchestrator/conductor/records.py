@@ -1,6 +1,6 @@
-"""What the conductor is given and what it records: stages, session plans, membership
-views, session results, a resume point. Plain data, shared by the conductor's parts and
-read by the engines, the live view, the audit and the journal."""
+"""What the conductor is given and what it records: stages and the moves between them,
+session plans, membership views, session results, a resume point. Plain data, shared by
+the conductor's parts and read by the engines, the live view, the audit and the journal."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 
 from privnet.agent import control
 from privnet.agent.problems import Share
-from privnet.agent.spec import AgentSpec
+from privnet.agent.spec import AgentSpec, Scheme, Strategy
 
 REGISTER_DEADLINE = 120.0  # seconds from start for every agent to register
 
@@ -31,7 +31,24 @@ class Stage(StrEnum):
     CLOSED = "closed"
 
 
-BEATING = (Stage.CONFIGURING, Stage.RUNNING, Stage.HOLDING, Stage.CLOSING)
+# Every stage change the conductor may make (`Conductor.to` refuses any other): a run
+# registers, then per session configures, runs and holds (a view change: configured again,
+# or, every member finished, running on to the next session), closes, is done and closed;
+# it fails from any stage before it is closed. A replay switches views from RUNNING at the
+# recorded rounds, without holding.
+TRANSITIONS: Mapping[Stage, frozenset[Stage]] = {
+    Stage.REGISTERING: frozenset({Stage.CONFIGURING, Stage.FAILED}),
+    Stage.CONFIGURING: frozenset({Stage.RUNNING, Stage.HOLDING, Stage.FAILED}),
+    Stage.RUNNING: frozenset({Stage.HOLDING, Stage.CONFIGURING, Stage.CLOSING, Stage.FAILED}),
+    Stage.HOLDING: frozenset({Stage.CONFIGURING, Stage.RUNNING, Stage.FAILED}),
+    Stage.CLOSING: frozenset({Stage.DONE, Stage.FAILED}),
+    Stage.DONE: frozenset({Stage.CLOSED, Stage.FAILED}),
+    Stage.FAILED: frozenset(),
+    Stage.CLOSED: frozenset(),
+}
+# The stages the conductor sends Beats in (the agents' proof it lives); not the node's
+# `privnet.agent.phases.BEATING`, which are phases an agent sends heartbeats in.
+BEAT_STAGES = (Stage.CONFIGURING, Stage.RUNNING, Stage.HOLDING, Stage.CLOSING)
 IN_SESSION = (Stage.CONFIGURING, Stage.RUNNING, Stage.HOLDING)
 STALLS = 3  # views in a row that bring no round forward: then the run fails, saying why
 
@@ -39,16 +56,28 @@ STALLS = 3  # views in a row that bring no round forward: then the run fails, sa
 ViewSpecs = Callable[[frozenset[int]], list[AgentSpec]]
 
 
+def session_label(strategy: Strategy, scheme: Scheme, repeat: int) -> str:
+    """A session's name in every output (`strategy/scheme/repeat`): the key of its models
+    and curves, its row in metrics.csv, its line in the journal."""
+    return f"{strategy}/{scheme}/{repeat}"
+
+
 @dataclass(frozen=True)
 class SessionPlan:
-    """One session: every agent's spec and its own problem spec (by agent id: the data
-    model and that agent's keys); `view_specs` gives the specs of a membership view
-    (weights on its graph)."""
+    """One session: its strategy, scheme and repeat, every agent's spec and its own
+    problem spec (by agent id: the data model and that agent's keys); `view_specs` gives
+    the specs of a membership view (weights on its graph)."""
 
-    label: str
+    strategy: Strategy
+    scheme: Scheme
+    repeat: int
     specs: list[AgentSpec]
     problems: tuple[Share, ...]
     view_specs: ViewSpecs | None = None
+
+    @property
+    def label(self) -> str:
+        return session_label(self.strategy, self.scheme, self.repeat)
 
     @property
     def rounds(self) -> int:
@@ -155,12 +184,13 @@ class Resume:
     metrics: np.ndarray | None = None  # (rounds, P, METRIC_COUNT) as recorded (None: none)
 
 
-def view_session(session: bytes, view: int) -> bytes:
-    """The session id of a view: every key, MAC and mask of the view is bound to it, so
-    nothing of an earlier view is ever reused. View 0 keeps the session's own."""
+def view_session(token: bytes, view: int) -> bytes:
+    """The 16-byte session token of a view (`AgentSpec.session`) from the session's own:
+    every key, MAC and mask of the view is bound to it, so nothing of an earlier view is
+    ever reused. View 0 keeps the session's own."""
     if view == 0:
-        return session
-    return hashlib.sha256(b"privnet/view\0" + session + view.to_bytes(8, "big")).digest()[:16]
+        return token
+    return hashlib.sha256(b"privnet/view\0" + token + view.to_bytes(8, "big")).digest()[:16]
 
 
 def describe(view: View) -> str:

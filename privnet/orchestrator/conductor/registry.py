@@ -36,12 +36,12 @@ class Heard(NamedTuple):
 
 @dataclass
 class Registry:
-    """Every agent's pinned identity, who is alive, and when each was last heard."""
+    """Every agent's pinned identity, and when each was last heard (who is alive is the
+    membership's)."""
 
     run: str
     tokens: dict[int, bytes]  # agent -> its launch token
     registered: dict[int, Pinned] = field(default_factory=dict)
-    alive: set[int] = field(default_factory=set)  # registered and not lost
     heard: dict[int, float] = field(default_factory=dict)  # last valid frame of each agent
     # every `heard` update, a heap: the oldest silence without a walk over every agent per
     # delivery; an entry a later one superseded is dropped as it surfaces
@@ -97,7 +97,6 @@ class Registry:
 
     def pin(self, agent: int, identity: keys.PublicIdentity, seq: int, now: float) -> None:
         self.registered[agent] = Pinned(identity, {seq})
-        self.alive.add(agent)
         self.hear(agent, now)
 
     def verified(self, agent: int, frame: wire.SignedFrame) -> Pinned:

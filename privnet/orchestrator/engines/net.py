@@ -387,10 +387,10 @@ async def _sessions(run: _Run, mqtt: Connection) -> None:
             shell.pool.start(shell.watch.launches)
         await _conduct(mqtt, shell, run.problem, run.view, run.began)
         run.stop.finishing = True  # complete: a signal from here on waits for the outputs
-        write_membership(run.out / "membership.json", conductor.membership)
+        write_membership(run.out / "membership.json", conductor.membership.views)
         if tap is not None:  # the sealed telemetry validates the audit's truth
             tap.telemetry += [r.models for r in conductor.results]
-            tap.link_keys = conductor.link_keys  # to open the sealed frames
+            tap.link_keys = conductor.collection.link_keys  # to open the sealed frames
 
 
 async def _extra(run: _Run, mqtt: Connection, nic_before: Any) -> dict[str, Any]:
@@ -443,7 +443,7 @@ async def _written(run: _Run, extra: dict[str, Any]) -> int:
         run.tap,
         run.neighbour,
         accounts,
-        conductor.membership,
+        conductor.membership.views,
     )
 
 
@@ -500,16 +500,18 @@ def _orchestrator(conductor: Conductor) -> dict[str, Any]:
         "received": d.received,
         "used": d.used,
         "rejected": dict(d.rejected),
-        "published_bytes": conductor.traffic.octets["control"],
-        "published_messages": conductor.traffic.messages["control"],
-        "deliveries_of_published": conductor.recipients,
+        "published_bytes": conductor.outbox.traffic.octets["control"],
+        "published_messages": conductor.outbox.traffic.messages["control"],
+        "deliveries_of_published": conductor.outbox.recipients,
         # what agents dropped after their last Finished, reported when they left
-        "agents_rejected_after_finish": add_counts(conductor.left.values()),
-        "agents_not_left": sorted(set(range(conductor.agents)) - conductor.left.keys()),
-        "agents_left_bytes": conductor.left_traffic.octets["control"],
-        "agents_left_messages": conductor.left_traffic.messages["control"],
+        "agents_rejected_after_finish": add_counts(conductor.collection.farewells.values()),
+        "agents_not_left": sorted(
+            set(range(conductor.agents)) - conductor.collection.farewells.keys()
+        ),
+        "agents_left_bytes": conductor.collection.farewell_traffic.octets["control"],
+        "agents_left_messages": conductor.collection.farewell_traffic.messages["control"],
         # the longest wait between two frames to every agent (Beats among them), s
-        "longest_beat_gap": round(conductor.beats.longest, 3),
+        "longest_beat_gap": round(conductor.pacing.beats.longest, 3),
         "deadline": conductor.deadline,
     }
 
@@ -532,9 +534,9 @@ def _membership(watch: Watch) -> dict[str, Any]:
     """Views, rounds each agent missed per session, restarts and faults: for summary.json."""
     conductor = watch.conductor
     return {
-        "views": len(conductor.membership),
-        "changes": [describe(v) for v in conductor.membership if v.view > 0],
-        "pauses": conductor.pauses,  # per change: rounds redone, seconds the network stood
+        "views": len(conductor.membership.views),
+        "changes": [describe(v) for v in conductor.membership.views if v.view > 0],
+        "pauses": conductor.membership.pauses,  # per change: rounds redone, seconds stood
         "missed_rounds": {r.label: r.missed for r in conductor.results if r.missed},
         "restarts": watch.restarts,
         "faults": watch.injected,

@@ -9,6 +9,7 @@ import numpy as np
 from rich.progress import Progress, TaskID
 
 from privnet.agent.protocol import Event
+from privnet.orchestrator.conductor import SessionPlan
 from privnet.orchestrator.engines.watch import Watch
 from privnet.orchestrator.experiment.problem import Problem, msd
 
@@ -34,7 +35,8 @@ class ProgressLines:
         if event.kind == "configuring":
             self.began = now
         elif event.kind == "started" and self.began is not None:
-            name, _ = _progress_line(event.detail)
+            plan = self.watch.conductor.current  # the session just started
+            name = _progress_line(plan)[0] if plan is not None else event.detail
             self.setup[name] = self.setup.get(name, 0.0) + now - self.began
             self.began, self.t0, self.first = None, now, self.watch.conductor.rounds_done
 
@@ -51,20 +53,23 @@ class ProgressLines:
         if now == self.shown:
             return
         self.shown = now
-        name, repeat = _progress_line(plan.label)
+        name, repeat = _progress_line(plan)
         rate = (rounds - self.first) / max(time.perf_counter() - self.t0, 1e-9)
         rate = 0.0 if self.began is not None else rate
         cent = None
         if shown:  # the rows Watch streamed: complete, never redone
-            cent = msd(conductor.models[shown - 1], self.problem.w_opt[repeat], self.problem.q)[0]
+            cent = msd(
+                conductor.collection.models[shown - 1], self.problem.w_opt[repeat], self.problem.q
+            )[0]
         self._show(name, repeat * c.iters + rounds, rate, cent)
 
     def settle(self) -> None:
         """Every session done since: its line at all its rounds, its rate (the rounds it
         ran, over Go to the last Finished) and its last centroid MSD."""
-        results, c = self.watch.conductor.results, self.problem.config
-        for result in results[self.settled :]:
-            name, repeat = _progress_line(result.label)
+        conductor, c = self.watch.conductor, self.problem.config
+        results = conductor.results
+        for index, result in enumerate(results[self.settled :], self.settled):
+            name, repeat = _progress_line(conductor.plans[index])  # its plan: in order
             rate = result.counted / result.wall if result.wall > 0 else 0.0
             w_opt, q = self.problem.w_opt[repeat], self.problem.q
             self._show(name, (repeat + 1) * c.iters, rate, msd(result.models[-1], w_opt, q)[0])
@@ -82,7 +87,6 @@ class ProgressLines:
         self.bar.update(self.tasks[name], completed=done, status=status)
 
 
-def _progress_line(label: str) -> tuple[str, int]:
-    """A session label `strategy/scheme/repeat` as its progress line and repeat."""
-    name, repeat = label.rsplit("/", 1)
-    return name, int(repeat)
+def _progress_line(plan: SessionPlan) -> tuple[str, int]:
+    """A session's progress line (one per strategy and scheme) and its repeat."""
+    return f"{plan.strategy}/{plan.scheme}", plan.repeat

@@ -244,7 +244,7 @@ class Watch:
             elif event.kind == "view":
                 out.effects += (
                     Say(f"[cyan]membership:[/cyan] {event.detail}"),
-                    WriteMembership(tuple(self.conductor.membership)),
+                    WriteMembership(tuple(self.conductor.membership.views)),
                 )
             elif event.kind in ("lost", "restarted"):
                 out.effects += (Say(f"[yellow]{event.kind}:[/yellow] {event.detail}"),)
@@ -265,13 +265,13 @@ class Watch:
         if plan is None or conductor.stage not in IN_SESSION:
             return ()
         session, written = self._streamed
-        strategy, scheme, repeat = plan.label.split("/")
+        strategy, scheme, repeat = str(plan.strategy), str(plan.scheme), str(plan.repeat)
         effects: tuple[Effect, ...] = ()
         if session != conductor.session:  # from its first view's start (a resumed session)
-            session, written = conductor.session, conductor.membership[-1].start - 1
-            resumed = conductor.membership[-1].reason == "resumed"  # it redoes them
+            session, written = conductor.session, conductor.membership.views[-1].start - 1
+            resumed = conductor.membership.views[-1].reason == "resumed"  # it redoes them
             series = (strategy, scheme, repeat) if resumed else None
-            redo = Redo(session, written, conductor.models.shape[1:], series)
+            redo = Redo(session, written, conductor.collection.models.shape[1:], series)
             if redo != self._redone:  # once: the rows stay dropped until rows come
                 effects, self._redone = (redo,), redo
         done = reported(conductor, written)
@@ -282,12 +282,13 @@ class Watch:
         told = self.problem.agent_metrics(metrics[written:done])
         rows = []
         for r in range(written, done):
-            cen, avg = msd(conductor.models[r], w_opt, q)
+            cen, avg = msd(conductor.collection.models[r], w_opt, q)
             mine = [repr(float(v[r - written])) for v in told.values()]
             rows.append((strategy, scheme, repeat, str(r + 1), repr(cen), repr(avg), *mine))
         fresh = conductor.session == 0 and written == 0
         header = (*METRICS_HEADER, *told)
-        models, held = conductor.models[written:done].copy(), metrics[written:done].copy()
+        models = conductor.collection.models[written:done].copy()
+        held = metrics[written:done].copy()
         self._streamed, self._redone = (session, done), None
         return (*effects, WriteRows(session, models, held, header, tuple(rows), fresh))
 
@@ -297,7 +298,7 @@ def reported(conductor: Conductor, since: int = 0) -> int:
     model at a model round: `Collection.done`), given that
     the first `since` are: rows are looked at from there on, one at a time, so a call on
     every delivery costs the few rows reported since the last."""
-    members = conductor.member_ids
+    members = conductor.membership.ids
     complete = conductor.collection.done
     done, rounds = since, complete.shape[0]
     while done < rounds and complete[done, members].all():

@@ -159,7 +159,9 @@ def session_plans(
         )
         plans.append(
             SessionPlan(
-                f"{strategy}/{scheme}/{repeat}",
+                strategy,
+                scheme,
+                repeat,
                 agent_specs(problem, strategy, scheme, repeat=repeat, session=session),
                 problem.specs(repeat),
                 view_specs,

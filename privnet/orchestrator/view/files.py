@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from privnet.agent.spec import ConfigError
-from privnet.orchestrator.conductor import View, describe
+from privnet.orchestrator.conductor import View, describe, session_label
 from privnet.orchestrator.curves import METRICS_HEADER
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.problem import Problem
@@ -98,7 +98,7 @@ def load_run(run_dir: Path) -> ViewState:
         ExperimentConfig(), {k: v for k, v in settings.items() if k in names}
     )
     problem = Problem.build(config)
-    labels = [f"{st}/{sc}/{r}" for st, sc, r in session_list(config)]
+    labels = [session_label(*session) for session in session_list(config)]
     run = str(settings.get("run", run_dir.name))
     state = ViewState(
         run_meta(problem, run, labels, live=False),

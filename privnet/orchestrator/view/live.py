@@ -181,7 +181,10 @@ class LiveView:
         if running:
             assert plan is not None
             self._rows = self._metric_rows(
-                plan.label, conductor.models, conductor.collection.metrics, self.watch.reported
+                plan.label,
+                conductor.collection.models,
+                conductor.collection.metrics,
+                self.watch.reported,
             )
             rounds = conductor.rounds_done
         else:  # before the first session, or after the last (its rounds all done)
@@ -194,7 +197,7 @@ class LiveView:
         self._epsilon(rounds)
         if self.tap is not None:
             self._audit()
-        view = conductor.view
+        view = conductor.membership.view
         self.state.update(
             stage=str(conductor.stage),
             label=self._plan.label if self._plan is not None else "",
@@ -202,7 +205,7 @@ class LiveView:
             round=rounds,
             rounds=self._plan.rounds if self._plan is not None else 0,
             view=view.view if view is not None else None,
-            members=len(conductor.members),
+            members=len(conductor.membership.members),
             elapsed=round(now - self.t0, 1),
             rate=self._rate(now, rounds) if running else None,
             failure=conductor.failure,
@@ -236,11 +239,11 @@ class LiveView:
             self._results += 1
 
     def _new_views(self, conductor: Conductor) -> None:
-        for view in conductor.membership[self._views :]:
+        for view in conductor.membership.views[self._views :]:
             if view.view > 0 or view.start > 1:
                 self._note("view", describe(view))
             self._edges(conductor.plans[view.session], view)
-        self._views = len(conductor.membership)
+        self._views = len(conductor.membership.views)
 
     def _edges(self, plan: SessionPlan, view: View) -> None:
         """Model bytes per round on each link of the graph under `view` (0: not in it)."""
@@ -292,7 +295,7 @@ class LiveView:
         rounds = conductor.completed
         if rounds.size:
             np.maximum(self._reached, rounds, out=self._reached)
-        view = conductor.view
+        view = conductor.membership.view
         left = {} if view is None else view.left
         for agent, row in enumerate(self.state.agents):
             row.round = int(self._reached[agent])
@@ -309,7 +312,7 @@ class LiveView:
         totals = {
             "model": self._totals["model"],
             "telemetry": float(received["telemetry"]),
-            "control": float(received["control"] + conductor.traffic.octets["control"]),
+            "control": float(received["control"] + conductor.outbox.traffic.octets["control"]),
         }
         if self._last is not None and self._last[1] < rounds:
             made = rounds - self._last[1]
@@ -425,14 +428,14 @@ def jsonable(value: float) -> float | str:
 
 def phase(conductor: Conductor, agent: int, rounds: np.ndarray) -> str:
     """What the page colours an agent by (state.PHASES); `rounds`: `conductor.completed`."""
-    if agent in conductor.left:
+    if agent in conductor.collection.farewells:
         return "left"
-    if agent not in conductor.registered:
+    if agent not in conductor.registry.registered:
         return "failed" if conductor.stage is Stage.FAILED else "registering"
     if conductor.stage is Stage.FAILED:
         return "failed"
-    if agent not in conductor.alive or agent not in conductor.members:
-        view = conductor.view
+    if agent not in conductor.membership.alive or agent not in conductor.membership.members:
+        view = conductor.membership.view
         why = view.left.get(agent, "") if view is not None else ""
         return "failed" if why.startswith("failed") else "excluded"
     plan = conductor.current
