@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from privnet.agent import attacks, rng
-from privnet.agent.spec import AgentSpec, Scheme, StepPlan
+from privnet.agent.schemes.base import Source
+from privnet.agent.spec import AgentSpec, StepPlan, WireDtype
 
 
 @dataclass
@@ -67,14 +68,7 @@ class Attacker:
     def _release(
         self, plan: StepPlan, crafted: dict[int, np.ndarray], round_: int
     ) -> dict[int, np.ndarray]:
-        spec, me = self.spec, self.spec.agent
-        if spec.scheme in (Scheme.NONE, Scheme.LOCAL_GHP):
-            return {k: np.array(crafted[k]) for k in plan.weights_out}
-        width = spec.agents * spec.dim
-        raw = rng.raw_row(spec.noise_key, rng.Domain.NOISE, plan.step, round_, width)
-        table = rng.laplace(rng.uniforms(raw), spec.sigma_g).reshape(spec.agents, spec.dim)
-        snapped = {k: rng.snap(crafted[k], spec.sigma_g) for k in plan.weights_out}
-        if spec.scheme is Scheme.RANDOM:
-            return {k: v if k == me else v + table[k] for k, v in snapped.items()}
-        g, a_mm = table[me], plan.weights_out[me]
-        return {k: v - (1 - a_mm) / a_mm * g if k == me else v + g for k, v in snapped.items()}
+        spec = self.spec
+        source = Source(spec.noise_key, plan.step, round_, spec.agents, spec.dim, spec.sigma_g,
+            rng.grid(spec.sigma_g), spec.wire is WireDtype.U4)  # fmt: skip
+        return spec.scheme.part.release_each(crafted, plan.weights_out, spec.agent, source)

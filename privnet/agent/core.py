@@ -20,8 +20,9 @@ from privnet.agent.byzantine import Attacker
 from privnet.agent.losses import Loss
 from privnet.agent.messages import KeyPlan, KeyShare, Message, Model, Reason, Rejected, Report
 from privnet.agent.protocol import Counters
+from privnet.agent.schemes.base import Source
 from privnet.agent.seats import Seat, StepMasks, round_masks, split_senders, union_seats
-from privnet.agent.spec import STEPS, AgentSpec, Rekey, Scheme, StepPlan, WireDtype
+from privnet.agent.spec import STEPS, AgentSpec, Rekey, StepPlan, WireDtype
 
 Position = tuple[int, int]  # (round, index of the step in STEPS)
 
@@ -41,6 +42,7 @@ class AgentCore:
         if spec.scheme.masked and (identity is None or directory is None):
             raise ValueError(f"{spec.scheme} needs the agent's identity and its neighbours' keys")
         self.spec, self.loss = spec, loss
+        self.scheme_part = spec.scheme.part  # what the releases add and what must be agreed
         self.me = spec.agent
         self.identity = identity
         self.directory = dict(directory or {})
@@ -88,13 +90,13 @@ class AgentCore:
     @property
     def keyed(self) -> bool:
         """Whether round 1 can run without waiting for any key (always, but when masked)."""
-        return not self.spec.scheme.masked or all(
+        return not self.scheme_part.masked or all(
             self._keys_ready(plan) for plan in self.spec.steps if plan.communicates
         )
 
     def prepare(self) -> list[Message]:
         """Before the rounds: masked schemes' hubs announce their splits, agents share keys."""
-        if not self.spec.scheme.masked or self._prepared:
+        if not self.scheme_part.masked or self._prepared:
             return []
         self._prepared = True
         return self._announce_seats() + self._share_keys()
@@ -137,7 +139,7 @@ class AgentCore:
         if self.started:
             return self._advance()
         out = self._share_keys()
-        if self.spec.scheme.masked and self.keyed:
+        if self.scheme_part.masked and self.keyed:
             self._open_banks()
         return out
 
@@ -147,11 +149,11 @@ class AgentCore:
             return []
         if not self.started:  # before round 1, only key shares can be missing (masked)
             plans = [p for p in self.spec.steps if p.communicates]
-            if not self.spec.scheme.masked or not plans:
+            if not self.scheme_part.masked or not plans:
                 return []
             return sorted(set().union(*(self._missing_keys(p) for p in plans)))
         plan = self._plans(self.round)[self.stage]
-        if self.spec.scheme.masked and not self._keys_ready(plan):
+        if self.scheme_part.masked and not self._keys_ready(plan):
             return sorted(self._missing_keys(plan))
         have = self._inbox.get(self.position, {})
         return [m for m in plan.senders(self.me) if m not in have]
@@ -164,7 +166,7 @@ class AgentCore:
             plan = self._plans(self.round)[self.stage]
             if plan.communicates:
                 if not self._sent:
-                    if self.spec.scheme.masked:
+                    if self.scheme_part.masked:
                         out += self._share_keys()
                         if not self._keys_ready(plan):
                             break
@@ -208,12 +210,12 @@ class AgentCore:
         """What goes to every out-neighbour (and the self-term): the scheme's release, then,
         for a masked scheme, the pair masks on the lattice (rng.masked_release)."""
         released = self._release(plan)
-        if not self.spec.scheme.masked:
+        if not self.scheme_part.masked:
             if self._u4:  # on the wire as words; the self-term stays as it is
                 return lattice.sent(released, self.me, self._grid, self._where(plan))
             return released
         masks, rows = self._masks(plan)
-        if self.spec.scheme is Scheme.LOCAL_GHP and self.attacker is None:  # broadcast
+        if self.scheme_part.broadcast and self.attacker is None:  # x itself to all: mask it once
             vectors = self.value
         else:  # np.array: np.stack costs several times more at this size
             vectors = np.array([released[k] for k in masks.targets])
@@ -224,39 +226,23 @@ class AgentCore:
         return dict(zip(masks.targets, sent, strict=True))
 
     def _release(self, plan: StepPlan) -> dict[int, np.ndarray]:
-        """The scheme's release of the current value to every target, before any mask:
-        none and local-ghp the value itself; random, ghp and masked-ghp the value rounded
-        to the noise grid plus Laplace noise (random: a draw per link; ghp and masked-ghp:
-        one draw g per sender, -(1 - a_pp)/a_pp g on the self-term)."""
-        x, me, spec = self.value, self.me, self.spec
-        targets = list(plan.weights_out)
+        """The scheme's release of the current value to every target, before any mask
+        (privnet.agent.schemes), or a Byzantine agent's."""
         if self.attacker is not None:
-            return self.attacker.release(plan, x, self.round)
-        if spec.scheme is Scheme.NONE:
-            x = rng.on_lattice(x, 1.0, self._grid) if self._u4 else x  # u4: on the lattice
-            return {k: x.copy() for k in targets}
-        if spec.scheme is Scheme.LOCAL_GHP:  # masked before it is sent: no copies
-            return dict.fromkeys(targets, x)
-        x = rng.on_lattice(x, 1.0, self._grid)  # on the noise grid, own term included (snap)
-        # The agent's own stream: one draw per agent id (row k: what receiver k gets).
-        raw = rng.raw_row(
-            spec.noise_key, rng.Domain.NOISE, plan.step, self.round, spec.agents * spec.dim
-        )
-        table = rng.laplace(rng.uniforms(raw), spec.sigma_g).reshape(spec.agents, spec.dim)
-        if spec.scheme is Scheme.RANDOM:
-            return {k: x.copy() if k == me else x + table[k] for k in targets}
-        g = table[me]  # one draw per sender, cancelled in the q-weighted network sum
-        a_mm = plan.weights_out[me]
-        return {k: x - (1 - a_mm) / a_mm * g if k == me else x + g for k in targets}
+            return self.attacker.release(plan, self.value, self.round)
+        spec = self.spec
+        source = Source(spec.noise_key, plan.step, self.round, spec.agents, spec.dim,
+            spec.sigma_g, self._grid, self._u4)  # fmt: skip
+        return self.scheme_part.release(self.value, plan.weights_out, self.me, source)
 
     def _combine(self, plan: StepPlan, inbox: Mapping[int, np.ndarray]) -> np.ndarray:
         """sum_m a_mp (what m sent); masked schemes take each term on the lattice, where
         the pair masks cancel exactly (rng.on_lattice)."""
-        if not self.spec.scheme.masked and self._u4:  # words back to floats (the
+        if not self.scheme_part.masked and self._u4:  # words back to floats (the
             inbox = lattice.floats(inbox, self._grid)  # self-term is floats already)
         if self.defense.sees_messages:  # issue 34: clip or trim each neighbour's message
             total = self.defense.combine(plan.weights_in, inbox, self.value)
-        elif not self.spec.scheme.masked:
+        elif not self.scheme_part.masked:
             total = defenses.weighted_sum(plan.weights_in, inbox)
         elif self._u4:  # the words added mod 2^32: the masks cancel, exactly
             stacked = np.array([inbox[m] for m in plan.weights_in])
@@ -328,7 +314,7 @@ class AgentCore:
     def _share_keys(self) -> list[Message]:
         """Send this epoch's signed ephemeral key to every partner, via the hub."""
         epoch = self._epoch(self.round)
-        if not self.spec.scheme.masked or epoch in self._shared_sent:
+        if not self.scheme_part.masked or epoch in self._shared_sent:
             return []
         needed = {(k, p.step) for p in self.spec.steps for k in p.receivers(self.me)}
         if not needed <= self._seats.keys():

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Annotated
 
+from privnet.agent.errors import ConfigError as ConfigError
+from privnet.agent.schemes.registry import Scheme as Scheme
+
 STEPS = (1, 0, 2)  # the paper's combine steps in the order a round runs them
 WEIGHT_TOL = 1e-9
 ID_LIMIT = 2**32  # agent ids are packed as uint32 in key derivations
@@ -91,32 +94,10 @@ Side = Annotated[int, Choice((1, -1), "a side, +1 or -1")]
 RngKey = tuple[Count, Count]  # a 128-bit Philox key (privnet.agent.rng), as two 64-bit words
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message says what is wrong and how to fix it."""
-
-
 class Strategy(StrEnum):
     CONSENSUS = "consensus"
     CTA = "cta"
     ATC = "atc"
-
-
-class Scheme(StrEnum):
-    NONE = "none"
-    RANDOM = "random"
-    GHP = "ghp"
-    LOCAL_GHP = "local-ghp"
-    MASKED_GHP = "masked-ghp"
-
-    @property
-    def masked(self) -> bool:
-        """Pairwise masks from key agreements, cancelling at each hub (released on the grid)."""
-        return self in (Scheme.LOCAL_GHP, Scheme.MASKED_GHP)
-
-    @property
-    def homomorphic(self) -> bool:
-        """One Laplace draw per sender, cancelled in the Perron-weighted network sum."""
-        return self in (Scheme.GHP, Scheme.MASKED_GHP)
 
 
 class WireDtype(StrEnum):
@@ -232,8 +213,9 @@ class AgentSpec:
     wire: Annotated[WireDtype, Elided()] = WireDtype.F8  # how releases travel (lattice.py)
 
     def __post_init__(self) -> None:
-        # The core compares with `is`: a plain "local-ghp" string would silently run ghp.
-        for name, kind in (("scheme", Scheme), ("rekey", Rekey), ("wire", WireDtype)):
+        # The registered name (ConfigError listing them else): its part is what runs.
+        object.__setattr__(self, "scheme", Scheme(self.scheme))
+        for name, kind in (("rekey", Rekey), ("wire", WireDtype)):
             value = getattr(self, name)
             try:
                 object.__setattr__(self, name, kind(value))

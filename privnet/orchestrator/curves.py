@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from privnet.agent.spec import ConfigError, Scheme
 from privnet.orchestrator.conductor.collection import blank_models
 
 METRICS_HEADER = ("strategy", "scheme", "repeat", "iter", "msd_centroid", "msd_avg")
@@ -21,24 +22,22 @@ DPI = 120  # every figure's
 # and masked-ghp.
 STRATEGY_ORDER = ("consensus", "atc", "cta")
 STRATEGY_TITLE = {"consensus": "Consensus", "atc": "ATC", "cta": "CTA"}
-SCHEME_ORDER = ("none", "random", "ghp", "local-ghp", "masked-ghp")
-SCHEME_STYLE: dict[str, dict[str, Any]] = {
-    "none": {"label": "no privacy", "color": "tab:blue", "linestyle": "-", "linewidth": 1.6},
-    "random": {"label": "random (Laplace)", "color": "orange", "linestyle": "-", "linewidth": 1.4},
-    "ghp": {"label": "graph-homomorphic", "color": "tab:red", "linestyle": "-", "linewidth": 1.4},
-    "local-ghp": {
-        "label": "local graph-homomorphic",
-        "color": "tab:green",
-        "linestyle": (0, (5, 3)),
-        "linewidth": 1.8,
-    },
-    "masked-ghp": {
-        "label": "masked graph-homomorphic",
-        "color": "tab:purple",
-        "linestyle": (0, (1, 2)),
-        "linewidth": 1.8,
-    },
-}
+
+
+def scheme_order() -> tuple[str, ...]:
+    """Every registered scheme in registration order: the paper's three, then local-ghp and
+    masked-ghp, then any registered since (privnet.agent.schemes.registry)."""
+    return tuple(str(s) for s in Scheme)
+
+
+def scheme_style(name: str) -> dict[str, Any]:
+    """The line style of a scheme's curves (its part's `style`); a name not registered (a
+    result read back) gets its name as its label."""
+    try:
+        style = Scheme(name).part.style
+    except ConfigError:
+        style = {}
+    return {"label": name, **style}
 
 
 @dataclass

@@ -213,7 +213,7 @@ def overhead(
                 per = {k: v / base.iters for k, v in real["broker_sys"].items()}
                 result["broker_sys_per_round"] = per
                 figures["sys"] = per["bytes_received"]
-            if scheme is Scheme.NONE:
+            if not scheme.part.hides:  # the baseline: ratio_to_none
                 none = figures
             result["ratio_to_none"] = {
                 k: v / none[k] if none.get(k) else None for k, v in figures.items()

@@ -25,12 +25,12 @@ from privnet.agent.spec import Scheme, Strategy
 from privnet.orchestrator.curves import (
     DPI,
     METRICS_HEADER,
-    SCHEME_ORDER,
-    SCHEME_STYLE,
     STRATEGY_ORDER,
     STRATEGY_TITLE,
     Curve,
     diverged,
+    scheme_order,
+    scheme_style,
     steady_state,
     steady_state_db,
 )
@@ -202,9 +202,9 @@ def plot_metric(curves: list[Curve], metric: str, path: Path | None) -> Figure:
             ax = axes[row, col]
             letter = chr(ord("a") + 2 * row + col)
             ax.set_title(f"({letter}) {STRATEGY_TITLE.get(strategy, strategy)}: {whose} {what}")
-            for z, scheme in enumerate(_ordered(by_scheme, SCHEME_ORDER)):
+            for z, scheme in enumerate(_ordered(by_scheme, scheme_order())):
                 err = 100 * by_scheme[scheme].series[metric + end].mean(axis=0)
-                style = SCHEME_STYLE.get(scheme, {"label": scheme})
+                style = scheme_style(scheme)
                 (lines[scheme],) = ax.plot(*_held(err), zorder=2 + z, **style)
             ax.grid(True, alpha=0.3)
             ax.tick_params(labelleft=True)
@@ -218,7 +218,7 @@ def plot_metric(curves: list[Curve], metric: str, path: Path | None) -> Figure:
 
 def _legend(fig: Figure, lines: dict[str, Line2D], **style: Any) -> None:
     """One legend for all panels, below them, so it can never hide a curve."""
-    order = _ordered(lines, SCHEME_ORDER)
+    order = _ordered(lines, scheme_order())
     fig.legend(
         [lines[s] for s in order],
         [str(lines[s].get_label()) for s in order],
@@ -233,9 +233,9 @@ def _plot_panel(ax: Axes, curves: list[Curve], attr: str) -> dict[str, Line2D]:
     """One strategy's schemes, MSD averaged over repeats then in dB; later schemes on top."""
     by_scheme = {c.scheme: c for c in curves}
     lines = {}
-    for z, scheme in enumerate(_ordered(by_scheme, SCHEME_ORDER)):
+    for z, scheme in enumerate(_ordered(by_scheme, scheme_order())):
         msd = getattr(by_scheme[scheme], attr)
-        style = SCHEME_STYLE.get(scheme, {"label": scheme})
+        style = scheme_style(scheme)
         iters, values = _held(_db(msd.mean(axis=0)))
         (lines[scheme],) = ax.plot(iters, values, zorder=2 + z, **style)
         for start, why in by_scheme[scheme].extra.get("views", []):  # membership changes
@@ -395,11 +395,11 @@ def plot_agents(curves: list[Curve], path: Path | None) -> Figure:
             what = name.removesuffix(AGENTS).replace("_", " ")
             title = STRATEGY_TITLE.get(strategy, strategy)
             ax.set_title(f"{title}: agents' own {what} (every round)")
-            for z, scheme in enumerate(_ordered(by_scheme, SCHEME_ORDER)):
+            for z, scheme in enumerate(_ordered(by_scheme, scheme_order())):
                 values = by_scheme[scheme].series.get(name)
                 if values is None:
                     continue
-                style = SCHEME_STYLE.get(scheme, {"label": scheme})
+                style = scheme_style(scheme)
                 (lines[scheme],) = ax.plot(*_held(values.mean(axis=0)), zorder=2 + z, **style)
             if name.startswith(("loss", "risk")):
                 ax.set_yscale("log")

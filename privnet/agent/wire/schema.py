@@ -31,6 +31,7 @@ from privnet.agent.spec import (
     Distinct,
     Elided,
     Nested,
+    Scheme,
     Size,
 )
 
@@ -166,6 +167,20 @@ def _enum(cls: type[StrEnum]) -> Kind:
         return cls(value)
 
     return Kind(lambda e: e.value, decode)
+
+
+def _scheme() -> Kind:
+    """A scheme's name: the plain string, one of those registered when it is decoded."""
+
+    def decode(value: Any, where: str) -> Scheme:
+        try:
+            if type(value) is str:
+                return Scheme(value)
+        except ConfigError:
+            pass
+        raise schema_error(where, f"one of {', '.join(Scheme)}", value)
+
+    return Kind(str, decode)
 
 
 def _params(depth: int) -> Kind:
@@ -390,6 +405,8 @@ def kind_of(hint: Any) -> Kind:
         return _PLAIN[hint]
     if isinstance(hint, type) and issubclass(hint, StrEnum):
         return _enum(hint)
+    if hint is Scheme:
+        return _scheme()
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
         return record(hint, fields_of(hint))
     raise TypeError(f"no wire form for {hint!r} (an int needs its range: privnet.agent.spec.Bound)")

@@ -250,8 +250,8 @@ def _truth_check(models: np.ndarray, telemetry: np.ndarray | None) -> float | No
 
 def _clear_links(scheme: Scheme, links: dict[tuple[int, int], Link]) -> list[dict[str, Any]]:
     why = (
-        "scheme none sends models unmasked"
-        if scheme is Scheme.NONE
+        f"scheme {scheme} sends models unmasked"
+        if not scheme.part.hides
         else "the wire vector equals the sender's true value (mask zero: is sigma_g 0?)"
     )
     return [
@@ -261,26 +261,14 @@ def _clear_links(scheme: Scheme, links: dict[tuple[int, int], Link]) -> list[dic
     ]
 
 
-_EVERYONE = {
-    Scheme.NONE: "every neighbour's model, in the clear",
-    Scheme.RANDOM: "each neighbour's model plus independent Laplace noise (per link)",
-    Scheme.GHP: "each neighbour's model plus that neighbour's g_m (the same on all its links)",
-    Scheme.LOCAL_GHP: "only its weighted aggregate sum_m a_mk w_m: single masks do not cancel",
-    Scheme.MASKED_GHP: (
-        "only its weighted aggregate of its neighbours' ghp releases, sum_m a_mk (w_m + g_m):"
-        " single masks do not cancel, and each w_m carries its own Laplace draw (a hub "
-        "with one other neighbour pairs with it and learns that neighbour's w_m + g_m)"
-    ),
-}
-
-
 def _hub_learns(scheme: Scheme, A: np.ndarray) -> dict[str, Any]:
-    """What a hub learns of its neighbours' models under `scheme`, and under local-ghp the
-    hubs with a single other neighbour, which pair with it and learn its model."""
+    """What a hub learns of its neighbours' models under `scheme`, and under a masked
+    scheme without noise of its own (local-ghp) the hubs with a single other neighbour,
+    which pair with it and learn its model."""
     fallback = []
-    if scheme is Scheme.LOCAL_GHP:
+    if scheme.masked and not scheme.part.perturbs:
         for hub in range(A.shape[0]):
             sending = senders(A, hub)
             if len(sending) == 1:
                 fallback.append({"hub": hub, "learns_model_of": sending[0]})
-    return {"everyone": _EVERYONE[scheme], "fallback_hubs": fallback}
+    return {"everyone": scheme.part.hub_sees, "fallback_hubs": fallback}

@@ -17,21 +17,11 @@ import numpy as np
 from scipy import stats
 
 from privnet.agent import rng
+from privnet.agent.schemes.base import Draws
 from privnet.agent.seats import Seat, split_senders
 from privnet.agent.spec import Scheme
 from privnet.orchestrator.audit.views import Part, senders
 from privnet.orchestrator.replay import Replay, SessionWire
-
-LAW = {
-    Scheme.NONE: "no noise",
-    Scheme.RANDOM: "Laplace(0, b) per coordinate, every directed link",
-    Scheme.GHP: "Laplace(0, b) per coordinate, one g_m per sender and round",
-    Scheme.LOCAL_GHP: "(wire - true) * a_mk ~ Laplace(0, b) for N+ senders with one partner",
-    Scheme.MASKED_GHP: (
-        "(wire - release) * a_mk ~ Laplace(0, b) for N+ senders with one partner, and "
-        "release - true ~ Laplace(0, b), one g_m per sender and round"
-    ),
-}
 
 
 @dataclass
@@ -57,17 +47,17 @@ def noise_samples(
     redone round counts once more only for the masks: random and ghp draw the same seeded
     noise again, masks are fresh in every view."""
     samples: list[np.ndarray] = []
-    noise = Noise(np.zeros(0))
+    noise, scheme_part = Noise(np.zeros(0)), scheme.part
     once: set[tuple[int, ...]] = set()
     by_view = {part.view.view: part for part in parts}
     seats: dict[tuple[int, int], tuple[np.ndarray, dict[int, dict[int, Seat]]]] = {}
     for (v, s, r, i, j), vector in sorted(seen.views.items()):
         true = truth.views.get((v, s, i, j))
-        if true is None or scheme is Scheme.NONE or v not in by_view:
+        if true is None or not scheme_part.hides or v not in by_view:
             continue
         release = truth.released[(v, s, r, i, j)] if scheme.masked else vector
-        if scheme is not Scheme.LOCAL_GHP:
-            draw = (s, r, i, j) if scheme is Scheme.RANDOM else (s, i)
+        if scheme_part.perturbs:
+            draw = (s, r, i, j) if scheme_part.draws is Draws.PER_LINK else (s, i)
             if draw not in once:
                 once.add(draw)
                 samples.append(release - rng.snap(true, sigma_g))
@@ -94,7 +84,7 @@ def noise_report(scheme: Scheme, noise: Noise, sigma_g: float) -> dict[str, Any]
     """KS test of the samples against Laplace(0, b), b = sigma_g / sqrt(2)."""
     b = sigma_g / math.sqrt(2)
     result: dict[str, Any] = {
-        "expected": f"{LAW[scheme]}; b = sigma_g/sqrt(2) = {b:.6g}",
+        "expected": f"{scheme.part.law}; b = sigma_g/sqrt(2) = {b:.6g}",
         "samples": int(noise.samples.size),
         "ks_statistic": None,
         "p_value": None,

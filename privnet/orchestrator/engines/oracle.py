@@ -20,6 +20,7 @@ import numpy as np
 
 from privnet.agent import lattice, rng
 from privnet.agent import schedule as expand
+from privnet.agent.schemes.base import Draws
 from privnet.agent.spec import STRATEGY_STEP, ConfigError, Scheme, Strategy, WireDtype
 from privnet.orchestrator.curves import Curve
 from privnet.orchestrator.experiment import data, seeds, topology
@@ -53,6 +54,13 @@ def run_oracle(
         )
     strategies = parse_choices(config.strategies if strategies is None else strategies, Strategy)
     schemes = parse_choices(config.schemes if schemes is None else schemes, Scheme)
+    unmodelled = [str(s) for s in schemes if not s.part.oracle]
+    if unmodelled:
+        raise ConfigError(
+            f"the oracle's recursion does not model scheme {', '.join(unmodelled)} (a scheme "
+            "registered outside privnet): run it on the agents' own cores, --engine memory "
+            "(engine='memory')"
+        )
     lanes = tuple(schemes)
     grads = _Gradients(problem)
     curves: list[Curve] = []
@@ -135,7 +143,7 @@ class _Combine:
         """
         agents = len(self.a_t)
         by_pair = np.moveaxis(table, (-3, -2), (0, 1))
-        if lane is Scheme.RANDOM:
+        if lane.part.draws is Draws.PER_LINK:
             edge = draw(by_pair[self.senders, self.receivers])  # (E, ..., M)
             weighted = edge * self.weights.reshape(-1, *[1] * (edge.ndim - 1))
             out = np.zeros((agents, *edge.shape[1:]))
@@ -143,7 +151,7 @@ class _Combine:
             return out
         own = np.arange(agents)
         g = draw(by_pair[own, own])  # (P, ..., M): g_m = G[m, m]
-        if lane is Scheme.MASKED_GHP:
+        if lane.masked:
             return g
         return (self.spread_ghp @ g.reshape(agents, -1)).reshape(g.shape)
 
@@ -252,7 +260,7 @@ def _run_strategy(
     agents, repeats, dim, iters = config.agents, config.repeats, config.dim, config.iters
     combines_at = _Rounds(problem, strategy)
     combines = combines_at(1)
-    noisy = config.sigma_g > 0 and any(lane in _DRAWS for lane in lanes)
+    noisy = config.sigma_g > 0 and any(lane.part.perturbs for lane in lanes)
     keys = [seeds.keys(config.seed, seeds.Purpose.NOISE, r, agents) for r in range(repeats)]
     streams = {  # streams[j][r][m]: sender m's noise rows of step j in repeat r
         j: [[rng.Rows(key, rng.Domain.NOISE, j, agents * dim) for key in ks] for ks in keys]
@@ -343,10 +351,6 @@ def _msd(history: np.ndarray, q: np.ndarray, w_opt: np.ndarray) -> tuple[np.ndar
     return centroid.transpose(2, 1, 0), avg.transpose(2, 1, 0)
 
 
-_DRAWS = (Scheme.RANDOM, Scheme.GHP, Scheme.MASKED_GHP)  # the lanes that draw noise ...
-_SNAPS = _DRAWS  # ... and release their value rounded to the noise grid (rng.snap)
-
-
 @dataclass(frozen=True)
 class _Lanes:
     """The schemes side by side on axis 2 of the state (P, R, S, M): how a combine treats
@@ -363,13 +367,13 @@ class _Lanes:
         step = lattice.grid(self.sigma_g, self.wire)
         if step:  # the lanes whose value is released on the lattice (u4: none's too)
             u4 = self.wire is WireDtype.U4
-            on = [lane in _SNAPS or (u4 and lane is Scheme.NONE) for lane in self.schemes]
+            on = [lane.part.perturbs or (u4 and not lane.masked) for lane in self.schemes]
             snaps = np.array(on)[:, None]
             x = np.where(snaps, rng.on_lattice(x, 1.0, step), x)
         out = c(x, table)
         for s, lane in enumerate(self.schemes):
             if lane.masked:
-                g = table[:, :, s] if table is not None and lane is Scheme.MASKED_GHP else None
+                g = table[:, :, s] if table is not None and lane.part.perturbs else None
                 out[:, :, s] = c.every.lattice(x[:, :, s], g, step)
         out[c.alone] = given[c.alone]
         return out
@@ -412,6 +416,6 @@ def _noise(
         table = np.stack([rows.block(first_round, rounds) for rows in senders], axis=1)
         by_sender = table.reshape(rounds, agents, agents, dim)
         for s, lane in enumerate(lanes):
-            if lane in _DRAWS:
+            if lane.part.perturbs:
                 out[:, :, r, s] = combine.noise(lane, by_sender, draw).swapaxes(0, 1)
     return out

@@ -152,7 +152,8 @@ class ExperimentConfig:
         return data
 
 
-E = TypeVar("E", bound=StrEnum)
+E = TypeVar("E", Strategy, Scheme)  # the choices a config lists by name
+M = TypeVar("M", bound=StrEnum)
 _FIELDS = {f.name for f in fields(ExperimentConfig)}
 _FIELD_TYPES = {f.name: f.type for f in fields(ExperimentConfig)}
 
@@ -173,7 +174,7 @@ def parse_choices(value: str | Iterable[str], kind: type[E]) -> tuple[E, ...]:
     return chosen
 
 
-def _member(value: str, kind: type[E]) -> E:
+def _member(value: str, kind: type[M]) -> M:
     try:
         return kind(value)
     except ValueError:

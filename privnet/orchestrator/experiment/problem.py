@@ -56,7 +56,8 @@ class Problem:
         config = replace(config, wire_dtype=config.wire_dtype or wire_of(plugin))
         check_wire(config)
         _check_frame(config)
-        ghp = next((s for s in map(Scheme, config.schemes) if s.homomorphic), Scheme.NONE)
+        schemes = [Scheme(s) for s in config.schemes]
+        ghp = next((s for s in schemes if s.homomorphic), schemes[0])
         made = schedules.template(config)
         if made is not None:
             graph = schedules.check(made, config.iters, ghp, Rekey(config.rekey))

@@ -25,8 +25,9 @@ from rich.table import Table
 from privnet.agent import schedule as expand
 from privnet.agent.losses import Loss
 from privnet.agent.problems import LINEAR
+from privnet.agent.schemes.base import Draws
 from privnet.agent.spec import Schedule, Scheme, Strategy
-from privnet.orchestrator.curves import DPI, SCHEME_ORDER, SCHEME_STYLE, Curve
+from privnet.orchestrator.curves import DPI, Curve, scheme_order, scheme_style
 from privnet.orchestrator.experiment import schedules, topology
 from privnet.orchestrator.experiment.problem import Problem
 from privnet.orchestrator.experiment.specs import view_matrix
@@ -162,20 +163,24 @@ class Charges:
         return np.cumsum(per_round, axis=0)
 
     def charge(self, m: int, i: int, j: int, read: list[tuple[int, int]], strips: bool) -> float:
-        """What the frames `read` of sender m's value of round i, step j cost together."""
-        if self.scheme is Scheme.NONE:
-            return self._leak(m, i, j, sorted({v for v, _ in read}))
-        if self.scheme is Scheme.RANDOM:  # a draw per link, the same in every view
-            links = {k for _, k in read}
-            return sum(self._shared(m, i, j, sorted(v for v, k in read if k == to)) for to in links)
+        """What the frames `read` of sender m's value of round i, step j cost together:
+        what the release under the masks costs (the value in the clear, a draw per link,
+        or one draw per sender, the same in every view), and, to an adversary who cannot
+        strip a masked scheme's masks, at most what the masks hide."""
+        part = self.scheme.part
         views = sorted({v for v, _ in read})
-        if self.scheme is Scheme.GHP:
-            return self._shared(m, i, j, views)
+        if part.draws is Draws.PER_LINK:  # a draw per link, the same in every view
+            links = {k for _, k in read}
+            on = [sorted(v for v, k in read if k == to) for to in links]
+            clear = sum(self._shared(m, i, j, views) for views in on)
+        elif part.draws is Draws.PER_SENDER:
+            clear = self._shared(m, i, j, views)
+        else:
+            clear = self._leak(m, i, j, views)
+        if not part.masked or strips:
+            return clear
         masks = sum(self.weights.at(v, i, j)[m, k] * self._cost(m, i, j, v) for v, k in read)
-        if self.scheme is Scheme.LOCAL_GHP:
-            return self._leak(m, i, j, views) if strips else masks
-        ghp = self._shared(m, i, j, views)  # masked-ghp
-        return ghp if strips else min(ghp, masks)
+        return masks if part.draws is Draws.NONE else min(clear, masks)
 
     def _difference(self, m: int, i: int, j: int, v: int) -> np.ndarray:
         return self.ours.views[(v, m, i, j)] - self.theirs.views[(v, m, i, j)]
@@ -270,7 +275,7 @@ def account(
     epsilon = charges.per_sender(strips=False)
     network = charges.epsilon(Adversary("wire"))
     delta = np.linalg.norm(np.nan_to_num(ours.models - theirs.models).reshape(c.iters, -1), axis=1)
-    noisy = c.sigma_g > 0 and scheme is not Scheme.NONE
+    noisy = c.sigma_g > 0 and scheme.part.hides
     scale = math.sqrt(2.0) * c.agents / c.sigma_g if noisy else math.inf
     before = np.concatenate([[0.0], np.cumsum(delta)[:-1]])
     paper = np.where(before > 0, scale * np.where(before > 0, before, 1.0), 0.0)
@@ -338,7 +343,7 @@ def attach(
         "epsilon_paper": finite(first.epsilon_paper[-1]),
         "paper_bound_slope_per_round": finite(first.bound_slope),
         "final_delta": float(first.delta[-1]),
-        "holds_against": HOLDS_AGAINST[scheme],
+        "holds_against": scheme.part.holds_against,
         "redone_rounds": redone,
         "what_this_is": (
             "epsilon(i) for this neighbouring pair (D, D'), this noise level and this noise "
@@ -346,29 +351,6 @@ def attach(
         ),
     }
     return accounts
-
-
-HOLDS_AGAINST = {
-    Scheme.NONE: "no one: every model crosses the wire in the clear (epsilon is infinite)",
-    Scheme.RANDOM: (
-        "an eavesdropper on the links out of the agent, a hub (it sees one of those links), "
-        "the whole wire (epsilon_network); colluders pool their links' releases"
-    ),
-    Scheme.GHP: (
-        "an eavesdropper on the links out of the agent, a hub, the whole wire "
-        "(epsilon_network); the sender's one draw per round is the same on all its links"
-    ),
-    Scheme.LOCAL_GHP: (
-        "an eavesdropper on the links out of the agent only; not a hub (it learns its "
-        "weighted sum exactly), not the whole wire (it can form the hub sums), not two "
-        "colluding partners (they know the pair's mask)"
-    ),
-    Scheme.MASKED_GHP: (
-        "an eavesdropper on the links out of the agent, a hub, colluders and the whole wire "
-        "(epsilon_network): under the masks, which cancel at each hub, is ghp's release, "
-        "one draw per sender and round"
-    ),
-}
 
 
 def _changed(problem: Problem, neighbour: int) -> str:
@@ -391,14 +373,14 @@ def plot_epsilon(curves: list[Curve], path: Path, neighbour: int) -> None:
     from matplotlib.figure import Figure  # as the report's plots: only when drawing
 
     accounted = [c for c in curves if "epsilon_network" in c.series]
-    order = sorted(accounted, key=lambda c: (c.strategy, SCHEME_ORDER.index(c.scheme)))
+    order = sorted(accounted, key=lambda c: (c.strategy, scheme_order().index(c.scheme)))
     fig = Figure(figsize=(4.4 * len(order), 4.4), dpi=DPI, layout="constrained")
     axes = fig.subplots(1, len(order), squeeze=False)[0]
     for ax, curve in zip(axes, order, strict=True):
         ax.set_title(f"{curve.strategy}/{curve.scheme}")
         ax.set_xlabel("iteration $i$")
         ax.grid(True, alpha=0.3)
-        if curve.scheme == Scheme.NONE:
+        if not Scheme(curve.scheme).part.hides:
             ax.text(
                 0.5,
                 0.5,
@@ -409,7 +391,7 @@ def plot_epsilon(curves: list[Curve], path: Path, neighbour: int) -> None:
             )
             continue
         iters = np.arange(1, curve.msd_centroid.shape[1] + 1)
-        color = SCHEME_STYLE[curve.scheme]["color"]
+        color = scheme_style(curve.scheme)["color"]
         for p in range(len(curve.extra["privacy"]["epsilon_per_agent"])):
             ax.plot(iters, curve.series[f"epsilon_{p}"][0], color=color, alpha=0.3, linewidth=0.7)
         ax.plot(

@@ -56,13 +56,14 @@ class View:
 
 
 def views_for(problem: Problem, scheme: Scheme, strategy: Strategy, agent: int) -> list[View]:
-    """The attackers each scheme claims a finite epsilon against, and local-ghp's hub."""
+    """The attackers each scheme claims a finite epsilon against: an unmasked one the
+    links out of the agent; a masked one a link and the hub that weighs the agent most,
+    and with noise of its own under the masks (masked-ghp) the whole wire too."""
     if not scheme.masked:
         return [View("links-out")]
     hub = _largest_hub(problem, strategy, agent)
-    if scheme is Scheme.LOCAL_GHP:
-        return [View("one-link", hub), View("hub", hub)]
-    return [View("one-link", hub), View("hub", hub), View("wire")]
+    views = [View("one-link", hub), View("hub", hub)]
+    return [*views, View("wire")] if scheme.part.perturbs else views
 
 
 def _largest_hub(problem: Problem, strategy: Strategy, agent: int) -> int:
