@@ -20,7 +20,7 @@ import contextlib
 import itertools
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -50,11 +50,12 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 def _dtype(name: object) -> np.dtype[Any]:
     """float32 or float64 (what the module computes in); ConfigError for anything else."""
+    known = {np.dtype(n): np.dtype(n) for n in DTYPES}
     try:
-        dtype = np.dtype(name)  # type: ignore[call-overload]
+        dtype: np.dtype[Any] | None = known.get(np.dtype(cast(Any, name)))
     except TypeError:
         dtype = None
-    if dtype is None or dtype.name not in DTYPES:
+    if dtype is None:
         raise ConfigError(f"dtype {name!r}: a torch problem runs in one of {', '.join(DTYPES)}")
     return dtype
 
@@ -193,6 +194,7 @@ class TorchRisk:
                 values[k] = float(self.problem.loss(self.net(x), y))
         values += self.problem.rho * np.sum(w**2, axis=-1)
         return values
+
 
 class MLP(TorchProblem):
     """A multilayer perceptron: `hidden` layer widths, ReLU (or tanh) between them, one
