@@ -5,9 +5,11 @@ train the built-in `cnn` problem (privnet.agent.torchnet.CNN: 8x8 images -> 3x3 
 channels -> pool -> 3x3 conv, 64 channels -> pool -> 384 ReLU -> 10 classes) with ATC, once
 in the clear (`none`) and once with local graph-homomorphic masks (`local-ghp`). The module
 runs in float32, so its releases take the u4 wire (4 bytes a parameter, on the noise
-lattice; docs/tasks/big-models.md): the two runs' models agree up to the lattice rounding of
-`none`'s releases (2^-24), and their test accuracies to the printed digit. A model of
-121,354 parameters is 8 chunks on the peer plane. Prints the test accuracy every tenth of
+lattice; docs/tasks/big-models.md). The two runs differ only by the lattice rounding of
+`none`'s releases (2^-24; local-ghp's sums are on the lattice already), which training
+carries forward: measured, 16 agents x 150 rounds, the models within 2e-3 of each other and
+the test accuracies within one test image (both 0.962 at the end). A model of 121,354
+parameters is 8 chunks on the peer plane. Prints the test accuracy every tenth of
 the run, the model's size, the largest gap between the two runs' models, and per scheme
 rounds/s and bytes per round.
 
