@@ -143,7 +143,7 @@ def test_module_colon_class_in_the_config_runs_too(registered: Path) -> None:
 
 def test_what_cannot_be_a_problem_is_refused_clearly(tmp_path: Path) -> None:
     for problem, words in (
-        ("no-such-problem", "unknown problem 'no-such-problem'; known: least-squares"),
+        ("no-such-problem", "unknown problem 'no-such-problem'; known: cnn, least-squares"),
         ("os:system;rm", "is not a plug-in name"),
         ("no_such_module:Thing", "cannot import 'no_such_module'"),
         ("json:nothing", "module 'json' has no 'nothing'"),
