@@ -25,7 +25,15 @@ from privnet.agent.links import Links
 from privnet.agent.messages import Model, Rejected
 from privnet.agent.phases import Phase
 from privnet.agent.protocol import Publish
-from privnet.agent.spec import COUNT_LIMIT, ID_LIMIT, STEPS, ConfigError, Scheme, Strategy
+from privnet.agent.spec import (
+    COUNT_LIMIT,
+    ID_LIMIT,
+    STEPS,
+    ConfigError,
+    Scheme,
+    Strategy,
+    WireDtype,
+)
 from privnet.agent.wire import chunks
 from privnet.broker.launcher import accepts, free_port, launch
 from privnet.orchestrator.cli import main
@@ -237,10 +245,11 @@ def test_what_a_receiver_holds_is_one_model_per_in_link() -> None:
 
 
 def wide_mlp() -> Problem:
-    """An mlp on digits of 9,890 parameters: two chunks a model."""
+    """An mlp on digits of 9,890 parameters: two chunks a model on the f8 wire (the float32
+    mlp's default, u4, carries it in one frame)."""
     config = ExperimentConfig(
         agents=4, iters=3, repeats=1, seed=2, samples=20, problem="mlp", dataset="digits",
-        params={"hidden": [130]},
+        params={"hidden": [130]}, wire_dtype=WireDtype.F8,
     )  # fmt: skip
     return Problem.build(config)
 
@@ -389,6 +398,7 @@ mu = 0.1
 seed = 3
 strategies = ["atc"]
 schemes = ["none", "local-ghp"]
+wire_dtype = "f8"
 
 [experiment.params]
 hidden = [320]
@@ -399,8 +409,8 @@ hidden = [320]
 def test_a_run_on_mosquitto_carries_models_over_one_frame_as_memory_computes_them(
     tmp_path: Path,
 ) -> None:
-    """`privnet run` of an mlp of 24,330 parameters (three chunks a model; one frame held
-    8,179) on mosquitto: no frame refused, every model frame a whole model's chunks, and
+    """`privnet run` of an mlp of 24,330 parameters (three chunks a model on the f8 wire; one
+    frame held 8,179) on mosquitto: no frame refused, every model frame a whole model's chunks, and
     every agent's model after every round the memory engine's."""
     toml = tmp_path / "wide.toml"
     toml.write_text(WIDE)

@@ -40,6 +40,7 @@ def test_every_example_is_tested() -> None:
         "custom_dataset.py",
         "custom_partition.py",
         "torch_mlp.py",
+        "torch_cnn.py",
     }
 
 
@@ -68,3 +69,17 @@ def test_torch_mlp(tmp_path: Path) -> None:
     assert [int(r) for r, _, _ in rows] == [1, 2, 3]
     assert all(a == b for _, a, b in rows)  # the same accuracy, to the printed digit
     assert re.search(r"none: [0-9.]+ rounds/s, [0-9,]+ bytes/round", out)
+
+
+def test_torch_cnn(tmp_path: Path) -> None:
+    """The CNN of over 100k parameters, float32 on the u4 wire: none and local-ghp agree to
+    the lattice's rounding (measured, 150 rounds: docs/tasks/big-models.md)."""
+    need_torch()
+    out = run("torch_cnn.py", "--agents", "4", "--iters", "3", cwd=tmp_path)
+    assert "model: 121354 parameters" in out
+    gap = float(re.search(rf"w\(none\)\| .*: {FLOAT}", out).group(1))  # type: ignore[union-attr]
+    assert 0 < gap < 1e-5
+    rows = re.findall(rf"^\s+(\d+)\s+{FLOAT}\s+{FLOAT}$", out, re.M)
+    assert [int(r) for r, _, _ in rows] == [1, 2, 3]
+    assert all(a == b for _, a, b in rows)
+    assert len(re.findall(r"rounds/s, [0-9,]+ bytes/round \(u4 wire, 4\.0\d+ bytes", out)) == 2

@@ -143,7 +143,7 @@ def test_module_colon_class_in_the_config_runs_too(registered: Path) -> None:
 
 def test_what_cannot_be_a_problem_is_refused_clearly(tmp_path: Path) -> None:
     for problem, words in (
-        ("no-such-problem", "unknown problem 'no-such-problem'; known: least-squares"),
+        ("no-such-problem", "unknown problem 'no-such-problem'; known: cnn, least-squares"),
         ("os:system;rm", "is not a plug-in name"),
         ("no_such_module:Thing", "cannot import 'no_such_module'"),
         ("json:nothing", "module 'json' has no 'nothing'"),
@@ -190,10 +190,9 @@ def test_a_model_over_the_most_chunks_is_refused_naming_the_limit() -> None:
     limit = wire.max_chunked_dim()
     assert wire.chunk_count(limit) == wire.MAX_CHUNKS < wire.chunk_count(limit + 1)
     wide = {"hidden": [460_000]}  # digits: 65 x 460,000 + 460,000 + 460,000 x 10 + 10
+    mlp = {"agents": 3, "iters": 2, "problem": "mlp", "dataset": "digits", "params": wide}
     with pytest.raises(ConfigError, match=f"at most {wire.MAX_CHUNKS:,} chunks") as caught:
-        Problem.build(
-            privnet.Experiment(agents=3, iters=2, problem="mlp", dataset="digits", params=wide)
-        )
+        Problem.build(privnet.Experiment(**mlp, wire_dtype="f8"))  # float32 mlp: u4 by default
     assert "privnet.agent.wire.chunks.MAX_CHUNKS" in str(caught.value)
     assert f"{limit:,} float64" in str(caught.value) and "34,960,010 parameters" in str(
         caught.value

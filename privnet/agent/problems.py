@@ -74,6 +74,7 @@ BUILTIN = {
     "least-squares": "privnet.agent.losses:LeastSquares",
     "logistic": "privnet.agent.losses:Logistic",
     "mlp": "privnet.agent.torchnet:MLP",
+    "cnn": "privnet.agent.torchnet:CNN",
 }
 ALIASES = {"regression": "least-squares", "classification": "logistic"}  # the paper's sections
 

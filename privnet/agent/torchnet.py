@@ -1,20 +1,26 @@
 """The PyTorch adapter (the `torch` extra): an nn.Module and a loss become a Problem.
 
 privnet's models are flat float64 vectors, and so are the adapter's (the module's
-parameters in `parameters()` order, the module run in float64), so masks, sealing,
-accounting and the audit work unchanged. The initial model is the module's own
+parameters in `parameters()` order), so masks, sealing, accounting and the audit work
+unchanged. The module itself runs in its own `dtype`, float32 unless a subclass or the
+`dtype` parameter says float64: its parameters and their gradients are views into two flat
+buffers of that dtype, so a model goes in with one cast-copy and a gradient comes out with
+one (no per-parameter copies). A float32 problem's models take the u4 wire by default
+(4 bytes a parameter: docs/tasks/big-models.md). The initial model is the module's own
 initialization under `torch.manual_seed(seed)`, a public parameter, so every agent and
 engine starts from the same weights. A subclass defines `module(features, classes)` (and
-`loss`) and registers like any problem; `MLP` (`problem = "mlp"`) is one. torch runs on one
-thread: a small model gains nothing from more, and a busy machine makes its pool far slower.
+`loss`) and registers like any problem; `MLP` (`mlp`) and `CNN` (`cnn`) are two. torch runs
+on one thread: a small model gains nothing from more, and a busy machine makes its pool far
+slower.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -39,15 +45,69 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _dtype(name: object) -> np.dtype[Any]:
+    """float32 or float64 (what the module computes in); ConfigError for anything else."""
+    known = {np.dtype(n): np.dtype(n) for n in DTYPES}
+    try:
+        dtype: np.dtype[Any] | None = known.get(np.dtype(cast(Any, name)))
+    except TypeError:
+        dtype = None
+    if dtype is None:
+        raise ConfigError(f"dtype {name!r}: a torch problem runs in one of {', '.join(DTYPES)}")
+    return dtype
+
+
+class Flat:
+    """A module whose parameters, and their gradients, are views into two flat buffers of
+    its dtype: `load` takes a float64 model in one cast-copy, `grad` is the gradient after
+    backward() (torch accumulates into the views in place), so nothing is copied per
+    parameter."""
+
+    def __init__(self, net: nn.Module) -> None:
+        params = list(net.parameters())
+        dtype = params[0].dtype if params else torch.float32
+        if any(p.dtype != dtype for p in params):
+            raise ConfigError("a torch problem's parameters must share one dtype")
+        dim = sum(p.numel() for p in params)
+        self.net = net
+        self.weights = torch.empty(dim, dtype=dtype)
+        self.grads = torch.zeros(dim, dtype=dtype)
+        at = 0
+        with torch.no_grad():
+            for p in params:
+                view = self.weights[at : at + p.numel()].view_as(p)
+                view.copy_(p)
+                p.data = view
+                p.grad = self.grads[at : at + p.numel()].view_as(p)
+                at += p.numel()
+        self.w: np.ndarray = self.weights.numpy()  # the same memory, seen by numpy
+        self.g: np.ndarray = self.grads.numpy()
+
+    def load(self, model: np.ndarray) -> None:
+        np.copyto(self.w, model, casting="same_kind")
+
+    def gradient(self, loss: Any) -> np.ndarray:
+        """The flat gradient of `loss` (a view of the buffer: read it before the next call)."""
+        self.grads.zero_()
+        loss.backward()  # torch's backward() is untyped
+        return self.g
+
+
 class TorchProblem:
     """A Problem from a torch module: `module` builds it, `loss` scores its output."""
 
     metric = "test_accuracy"
+    dtype: np.dtype[Any] = np.dtype(np.float32)  # what the module computes in
 
-    def __init__(self, seed: int = 0, rho: float = 0.0) -> None:
+    def __init__(self, seed: int = 0, rho: float = 0.0, dtype: str | None = None) -> None:
         if not rho >= 0:
             raise ConfigError(f"rho must be >= 0, got {rho}")
         self.seed, self.rho = int(seed), float(rho)
+        self.dtype = _dtype(self.dtype if dtype is None else dtype)
+        self._scorers: dict[tuple[int, int], Flat] = {}
 
     def module(self, features: int, classes: int) -> nn.Module:
         """The network for rows of `features` (bias column included) and `classes` labels."""
@@ -58,18 +118,23 @@ class TorchProblem:
         return nn.functional.cross_entropy(output, target)
 
     def built(self, features: int, classes: int) -> nn.Module:
-        """The module in float64, initialized under torch.manual_seed(seed)."""
+        """The module in its dtype, initialized under torch.manual_seed(seed)."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
-            return self.module(features, classes).double()
+            return self.module(features, classes).to(DTYPES[self.dtype.name])
+
+    def flat(self, features: int, classes: int) -> Flat:
+        return Flat(self.built(features, classes))
+
+    def tensor(self, x: np.ndarray) -> torch.Tensor:
+        """Rows as a tensor of the module's dtype (a copy: datasets are read-only)."""
+        return torch.tensor(x, dtype=DTYPES[self.dtype.name])
 
     def dim(self, features: int, classes: int) -> int:
         return sum(p.numel() for p in self.built(features, classes).parameters())
 
     def initial(self, features: int, classes: int) -> np.ndarray:
-        net = self.built(features, classes)
-        flat: np.ndarray = nn.utils.parameters_to_vector(net.parameters()).detach().numpy()
-        return flat
+        return self.flat(features, classes).w.astype(np.float64)
 
     def risk(self, x: np.ndarray, y: np.ndarray, classes: int) -> TorchRisk:
         return TorchRisk(self, x, y, classes)
@@ -80,23 +145,27 @@ class TorchProblem:
 
     def score(self, w: np.ndarray, x: np.ndarray, y: np.ndarray, classes: int) -> np.ndarray:
         """Accuracy on (x, y) of each model of w (K, M)."""
-        net = self.built(x.shape[1], classes)
-        inputs = torch.tensor(x, dtype=torch.float64)
+        key = (x.shape[1], classes)
+        if key not in self._scorers:
+            self._scorers[key] = self.flat(*key)
+        net = self._scorers[key]
+        inputs = self.tensor(x)
         right = np.empty(len(w))
         with torch.no_grad(), _one_thread():
             for k, model in enumerate(w):
-                _load(net, model)
-                right[k] = (net(inputs).argmax(dim=1).numpy() == y).mean()
+                net.load(model)
+                right[k] = (net.net(inputs).argmax(dim=1).numpy() == y).mean()
         return right
 
 
 class TorchRisk:
-    """One agent's risk: its module, its samples as tensors."""
+    """One agent's risk: its module on flat buffers, its samples as tensors."""
 
     def __init__(self, problem: TorchProblem, x: np.ndarray, y: np.ndarray, classes: int) -> None:
         self.problem = problem
-        self.net = problem.built(x.shape[1], classes)
-        self.x = torch.tensor(x, dtype=torch.float64)  # copies: datasets are read-only
+        self.flat = problem.flat(x.shape[1], classes)
+        self.net = self.flat.net
+        self.x = problem.tensor(x)
         self.y = torch.tensor(y, dtype=torch.int64)
 
     def _batch(self, rows: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,27 +179,21 @@ class TorchRisk:
         out = np.empty_like(w)
         with _one_thread():
             for k, model in enumerate(w):
-                _load(self.net, model)
-                self.net.zero_grad(set_to_none=False)
-                loss: Any = self.problem.loss(self.net(x), y)  # torch's backward() is untyped
-                loss.backward()
-                grads = [p.grad for p in self.net.parameters()]
-                out[k] = nn.utils.parameters_to_vector(grads).numpy()  # type: ignore[arg-type]
-        return out + 2.0 * self.problem.rho * w
+                self.flat.load(model)
+                out[k] = self.flat.gradient(self.problem.loss(self.net(x), y))
+        if self.problem.rho:
+            out += 2.0 * self.problem.rho * w
+        return out
 
     def value(self, w: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
         x, y = self._batch(rows)
         values = np.empty(len(w))
         with torch.no_grad(), _one_thread():
             for k, model in enumerate(w):
-                _load(self.net, model)
+                self.flat.load(model)
                 values[k] = float(self.problem.loss(self.net(x), y))
         values += self.problem.rho * np.sum(w**2, axis=-1)
         return values
-
-
-def _load(net: nn.Module, flat: np.ndarray) -> None:
-    nn.utils.vector_to_parameters(torch.from_numpy(np.ascontiguousarray(flat)), net.parameters())
 
 
 class MLP(TorchProblem):
@@ -143,8 +206,9 @@ class MLP(TorchProblem):
         activation: str = "relu",
         seed: int = 0,
         rho: float = 0.0,
+        dtype: str | None = None,
     ) -> None:
-        super().__init__(seed, rho)
+        super().__init__(seed, rho, dtype)
         if activation not in ACTIVATIONS:
             raise ConfigError(f"activation {activation!r}: choose {', '.join(ACTIVATIONS)}")
         if not hidden or any(int(h) < 1 for h in hidden):
@@ -162,3 +226,66 @@ class MLP(TorchProblem):
 
 
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh}
+
+
+class CNN(TorchProblem):
+    """A LeNet-like convolutional network for square grey images (a row's pixels, then its
+    bias column, which the network leaves out): per entry of `channels` a 3x3 convolution
+    (padded), ReLU and 2x2 max-pooling; then ReLU layers of `hidden` widths and one output
+    per class. On digits (8x8), channels (32, 64) and hidden (384,): 121,354 parameters."""
+
+    def __init__(
+        self,
+        channels: Sequence[int] = (8, 16),
+        hidden: Sequence[int] = (64,),
+        seed: int = 0,
+        rho: float = 0.0,
+        dtype: str | None = None,
+    ) -> None:
+        super().__init__(seed, rho, dtype)
+        if not channels or any(int(c) < 1 for c in channels):
+            raise ConfigError(f"channels must list one or more counts >= 1, got {channels}")
+        if any(int(h) < 1 for h in hidden):
+            raise ConfigError(f"hidden must list layer widths >= 1, got {hidden}")
+        self.channels, self.hidden = tuple(int(c) for c in channels), tuple(int(h) for h in hidden)
+
+    def side(self, features: int) -> int:
+        """The images' side: `features` is side^2 pixels and the bias column."""
+        side = math.isqrt(max(features - 1, 0))
+        if side * side != features - 1:
+            raise ConfigError(
+                f"cnn takes square images: rows of side^2 pixels and a bias column, but these "
+                f"rows have {features - 1} features besides the bias, not a square; pick an "
+                "image dataset (digits: 8x8) or the mlp problem"
+            )
+        if side < 2 ** len(self.channels):
+            raise ConfigError(
+                f"cnn: {len(self.channels)} convolutions halve the side {len(self.channels)} "
+                f"times, more than {side}x{side} images allow; list fewer channels"
+            )
+        return side
+
+    def module(self, features: int, classes: int) -> nn.Module:
+        if classes < 2:
+            raise ConfigError("cnn classifies: its data needs class labels (a dataset)")
+        side = self.side(features)
+        layers: list[Any] = [Images(side)]
+        for a, b in itertools.pairwise((1, *self.channels)):
+            layers += [nn.Conv2d(a, b, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
+            side //= 2
+        widths = (self.channels[-1] * side * side, *self.hidden)
+        layers.append(nn.Flatten())
+        for a, b in itertools.pairwise(widths):
+            layers += [nn.Linear(a, b), nn.ReLU()]
+        return nn.Sequential(*layers, nn.Linear(widths[-1], classes))
+
+
+class Images(nn.Module):
+    """Rows (N, side^2 + 1) as images (N, 1, side, side): the bias column left out."""
+
+    def __init__(self, side: int) -> None:
+        super().__init__()
+        self.side = side
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, :-1].reshape(-1, 1, self.side, self.side)

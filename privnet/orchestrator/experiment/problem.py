@@ -53,7 +53,7 @@ class Problem:
         config = replace(config, dataset=dataset)
         features, classes = (config.dim, 0) if dataset == LINEAR else _shape(dataset)
         config = replace(config, dim=plugin.dim(features, classes))
-        config = replace(config, wire_dtype=config.wire_dtype or wire_of(plugin))
+        config = replace(config, wire_dtype=config.wire_dtype or _default_wire(config, plugin))
         check_wire(config)
         _check_frame(config)
         schemes = [Scheme(s) for s in config.schemes]
@@ -238,7 +238,7 @@ def _with_rho(plugin_class: type, config: ExperimentConfig) -> dict[str, object]
 
 def wire_of(plugin: problems.Problem) -> WireDtype:
     """The wire form a problem's models take by default: u4 (4 bytes a parameter) for a
-    float32 model, f8 otherwise (every built-in problem is float64 today)."""
+    float32 model (mlp, cnn: privnet.agent.torchnet), f8 otherwise (least-squares, logistic)."""
     dtype = np.dtype(getattr(plugin, "dtype", np.float64))
     return WireDtype.U4 if dtype == np.float32 else WireDtype.F8
 
@@ -260,19 +260,35 @@ def _check_frame(config: ExperimentConfig) -> None:
         )
 
 
-def check_wire(config: ExperimentConfig) -> None:
-    """The u4 wire is built for a static graph and honest agents so far: a schedule's
-    round-by-round masks and an attacker's view of its inbox are float64's. Checked when an
-    Experiment names the wire, and when the problem resolves it from its model's dtype."""
+def _default_wire(config: ExperimentConfig, plugin: problems.Problem) -> WireDtype:
+    """The problem's wire (wire_of), or f8 where u4 is not built yet (_u4_refusal): a float32
+    model on a time-varying topology or with attackers runs, at 8 bytes a parameter."""
+    dtype = wire_of(plugin)
+    return WireDtype.F8 if _u4_refusal(replace(config, wire_dtype=dtype)) else dtype
+
+
+def _u4_refusal(config: ExperimentConfig) -> str | None:
+    """Why the u4 wire cannot carry this run (None: it can). It is built for a static graph
+    and honest agents so far: a schedule's round-by-round masks and an attacker's view of
+    its inbox are float64's."""
     if config.wire_dtype is not WireDtype.U4:
-        return
+        return None
     if schedules.template(config) is not None:
-        raise ConfigError(
+        return (
             f"topology {config.topology!r} with wire_dtype u4: a time-varying topology runs "
             "on the f8 wire for now; use --wire-dtype f8 or a static topology"
         )
     if config.byzantine.strip():
-        raise ConfigError(
+        return (
             "byzantine agents with wire_dtype u4: attacks run on the f8 wire for now; "
             "use --wire-dtype f8"
         )
+    return None
+
+
+def check_wire(config: ExperimentConfig) -> None:
+    """Refuse an explicit u4 wire where it is not built (_u4_refusal): checked when an
+    Experiment names the wire, and when the problem resolves it."""
+    refusal = _u4_refusal(config)
+    if refusal:
+        raise ConfigError(refusal)
