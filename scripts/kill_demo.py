@@ -38,7 +38,7 @@ import psutil
 from privnet.orchestrator.engines.memory import Network
 from privnet.orchestrator.engines.watch import read_membership
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import session_list, session_plans
 
 
@@ -51,7 +51,7 @@ def rounds_done(metrics: Path) -> int:
 
 def victims(config: ExperimentConfig, count: int) -> list[int]:
     """Agents whose loss, one after the other, leaves the rest connected (highest id first)."""
-    graph = Problem.build(config).graph.copy()
+    graph = Instance.build(config).graph.copy()
     chosen: list[int] = []
     for agent in sorted(graph.nodes, reverse=True):
         if len(chosen) == count:
@@ -181,7 +181,7 @@ def killed_run(args: argparse.Namespace, out: Path) -> dict:
         print(f"privnet run exited with {privnet.returncode}")
         return failed
     views = read_membership(out / "membership.json")
-    problem = Problem.build(config)
+    problem = Instance.build(config)
     plans = session_plans(problem, session_list(config))
     (replay,) = Network.build(plans, script=views).play()
     real = np.load(out / "models.npz")[replay.label]

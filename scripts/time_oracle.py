@@ -14,7 +14,7 @@ from time import perf_counter, process_time
 
 from privnet.orchestrator.engines.oracle import run_oracle
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 
 
 def main() -> None:
@@ -25,7 +25,7 @@ def main() -> None:
     wall, cpu = [], []
     for _ in range(args.runs):
         start, start_cpu = perf_counter(), process_time()
-        run_oracle(Problem.build(config))
+        run_oracle(Instance.build(config))
         wall.append(perf_counter() - start)
         cpu.append(process_time() - start_cpu)
     runs = ", ".join(f"{t:.2f}" for t in wall)

@@ -21,7 +21,7 @@ import numpy as np
 
 from privnet.orchestrator.engines.memory import run_memory
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 
 TOPOLOGIES = ("geometric", "regular:6", "one-peer-exponential")
 SCHEME = "local-ghp"
@@ -36,7 +36,7 @@ def run(
         agents=agents, iters=rounds, seed=seed, topology=topology, mu=mu,
         strategies=("atc",), schemes=(SCHEME,),
     )  # fmt: skip
-    (curve,) = run_memory(Problem.build(config))
+    (curve,) = run_memory(Instance.build(config))
     traffic = curve.extra["bytes"]
     return curve.msd_avg[0], traffic.get("keys", 0), traffic.get("model", 0) / rounds
 

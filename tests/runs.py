@@ -28,7 +28,7 @@ from privnet.agent.spec import Scheme, Strategy
 from privnet.orchestrator.conductor import Conductor, SessionResult, Stage, View
 from privnet.orchestrator.engines.memory import CONDUCTOR, Endpoint, Network
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import session_plans
 
 RUN = "test-run"
@@ -59,8 +59,8 @@ def model_place(frame: Publish) -> tuple[int, int] | None:
 
 
 @functools.cache
-def problem(rounds: int = ROUNDS) -> Problem:
-    return Problem.build(ExperimentConfig(agents=AGENTS, iters=rounds, repeats=1, seed=SEED))
+def problem(rounds: int = ROUNDS) -> Instance:
+    return Instance.build(ExperimentConfig(agents=AGENTS, iters=rounds, repeats=1, seed=SEED))
 
 
 class Clock:

@@ -26,7 +26,7 @@ from privnet.agent.losses import LeastSquares, Local
 from privnet.agent.spec import Scheme, Strategy
 from privnet.orchestrator.cli import main
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.privacy.accountant import Adversary, account
 
 MU, RHO, SIGMA_G2, ITERS = 0.1, 0.01, 0.25, 40
@@ -44,17 +44,17 @@ HAND = (hand_losses(C[0]), hand_losses(C_TWIN))
 
 
 @pytest.fixture(scope="module")
-def two_agents() -> Problem:
+def two_agents() -> Instance:
     config = ExperimentConfig(
         agents=2, dim=1, mu=MU, rho=RHO, sigma_g2=SIGMA_G2, iters=ITERS, topology="complete"
     )
-    problem = Problem.build(config)
+    problem = Instance.build(config)
     np.testing.assert_allclose(problem.A, 0.5)
     return problem
 
 
 @pytest.mark.parametrize("scheme", [Scheme.RANDOM, Scheme.GHP])
-def test_accountant_matches_the_closed_form(two_agents: Problem, scheme: Scheme) -> None:
+def test_accountant_matches_the_closed_form(two_agents: Instance, scheme: Scheme) -> None:
     acc = account(two_agents, Strategy.ATC, scheme, neighbour=0, losses=HAND)
     h, dc = 2 * (1 + RHO), C[0] - C_TWIN
     kappa = 1 - MU * h
@@ -79,7 +79,7 @@ def test_accountant_matches_the_closed_form(two_agents: Problem, scheme: Scheme)
     assert np.all(acc.epsilon[:, 0] <= i * steps.max() * (1 + 1e-12))
 
 
-def test_local_ghp_is_finite_per_link_and_infinite_for_the_wire(two_agents: Problem) -> None:
+def test_local_ghp_is_finite_per_link_and_infinite_for_the_wire(two_agents: Instance) -> None:
     ours = account(two_agents, Strategy.ATC, Scheme.LOCAL_GHP, neighbour=0, losses=HAND)
     random = account(two_agents, Strategy.ATC, Scheme.RANDOM, neighbour=0, losses=HAND)
     # One link out of each agent, mask scale b / a_pk with a_pk = 1/2: half random's epsilon
@@ -88,7 +88,7 @@ def test_local_ghp_is_finite_per_link_and_infinite_for_the_wire(two_agents: Prob
     assert np.isinf(ours.epsilon_network[-1])
 
 
-def test_masked_ghp_is_finite_for_every_hub_and_the_wire(two_agents: Problem) -> None:
+def test_masked_ghp_is_finite_for_every_hub_and_the_wire(two_agents: Instance) -> None:
     """Under its masks is ghp's release: a hub, and the whole wire that cancels every mask,
     pay ghp's price; the links out of an agent at most that, or the masks' a_pk = 1/2 of it."""
     ours = account(two_agents, Strategy.ATC, Scheme.MASKED_GHP, neighbour=0, losses=HAND)

@@ -30,7 +30,7 @@ from privnet.orchestrator.conductor import View
 from privnet.orchestrator.engines.memory import Network
 from privnet.orchestrator.experiment import seeds
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import agent_specs, session_list, session_plans
 
 INSIDER = 3
@@ -56,7 +56,7 @@ def public_config(seed: int, schemes: tuple[Scheme, ...] = SESSIONS) -> Experime
 
 def random_models(seed: int, script: list[View]) -> np.ndarray:
     """The models (iters, P, M) of the run's first session (random) on the memory engine."""
-    problem = Problem.build(public_config(seed, (Scheme.RANDOM,)))
+    problem = Instance.build(public_config(seed, (Scheme.RANDOM,)))
     plans = session_plans(problem, session_list(problem.config))
     return Network.build(plans, script=script).play()[0].models
 
@@ -107,7 +107,7 @@ class Insider:
 
 def held_by(agent: int, seed: int, script: list[View]) -> Insider:
     """A run of `seed` as agent `agent` lived it."""
-    problem = Problem.build(public_config(seed))
+    problem = Instance.build(public_config(seed))
     plans = session_plans(problem, session_list(problem.config))
     frames: list[Publish] = []
     net = Network.build(plans, tap=lambda _who, frame: frames.append(frame), script=script)
@@ -190,7 +190,7 @@ def test_no_setup_holds_the_seed_or_another_agents_keys(insider: Insider) -> Non
 def test_no_agent_can_draw_another_agents_noise() -> None:
     """Agent m's spec gives it its own random/ghp stream only: every other agent's key
     differs, and no draw m can make at a round equals what k drew there."""
-    problem = Problem.build(public_config(secrets.randbits(63)))
+    problem = Instance.build(public_config(secrets.randbits(63)))
     specs = agent_specs(problem, Strategy.ATC, Scheme.RANDOM)
     data = problem.specs(0)
     for field in ("data_key", "batch_key"):
@@ -206,7 +206,7 @@ def test_no_agent_can_draw_another_agents_noise() -> None:
 
 
 def test_the_twin_changes_one_agents_data_key_only() -> None:
-    problem = Problem.build(public_config(11))
+    problem = Instance.build(public_config(11))
     specs, twin = problem.specs(0), problem.twin(2).specs(0)
     assert [s == t for s, t in zip(specs, twin, strict=True)] == [m != 2 for m in range(AGENTS)]
     assert twin[2].data_key == seeds.key(11, seeds.Purpose.TWIN_DATA, 0, 2)

@@ -20,23 +20,23 @@ from privnet.orchestrator.attack import RECOVERED, attack_session, insider_knowl
 from privnet.orchestrator.engines.memory import Network
 from privnet.orchestrator.experiment import topology
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import session_plans
 from privnet.orchestrator.privacy.accountant import Adversary
 from privnet.orchestrator.replay import replay
 
 
-def wire_of(problem: Problem, scheme: Scheme):
+def wire_of(problem: Instance, scheme: Scheme):
     run = replay(problem, Strategy.ATC, scheme, 0)
     return run.wire.models, run.clear
 
 
 @pytest.fixture(scope="module")
-def geometric() -> Problem:
-    return Problem.build(ExperimentConfig(agents=10, iters=40, strategies=(Strategy.ATC,)))
+def geometric() -> Instance:
+    return Instance.build(ExperimentConfig(agents=10, iters=40, strategies=(Strategy.ATC,)))
 
 
-def test_none_is_recovered_to_float_precision(geometric: Problem) -> None:
+def test_none_is_recovered_to_float_precision(geometric: Instance) -> None:
     seen, clear = wire_of(geometric, Scheme.NONE)
     record = attack_session(geometric, Strategy.ATC, Scheme.NONE, 0, seen, clear)
     assert record["broken"] and record["trajectory_rel_error_max"] < 1e-12
@@ -44,14 +44,14 @@ def test_none_is_recovered_to_float_precision(geometric: Problem) -> None:
 
 
 @pytest.mark.parametrize("scheme", [Scheme.RANDOM, Scheme.GHP, Scheme.LOCAL_GHP, Scheme.MASKED_GHP])
-def test_noise_keeps_the_private_schemes_out(geometric: Problem, scheme: Scheme) -> None:
+def test_noise_keeps_the_private_schemes_out(geometric: Instance, scheme: Scheme) -> None:
     seen, clear = wire_of(geometric, scheme)
     record = attack_session(geometric, Strategy.ATC, scheme, 0, seen, clear)
     assert not record["broken"] and record["agents_recovered"] == 0
     assert record["trajectory_rel_error_median"] > 1e-3
 
 
-def test_local_ghp_estimates_obey_every_hub_sum(geometric: Problem) -> None:
+def test_local_ghp_estimates_obey_every_hub_sum(geometric: Instance) -> None:
     seen, clear = wire_of(geometric, Scheme.LOCAL_GHP)
     estimate = reconstruct(geometric, Strategy.ATC, Scheme.LOCAL_GHP, seen)
     a = geometric.A
@@ -68,7 +68,7 @@ def test_local_ghp_estimates_obey_every_hub_sum(geometric: Problem) -> None:
 
 def test_local_ghp_falls_on_a_complete_graph() -> None:
     """Every hub sum is exact and the P x P system has full rank: all models come out."""
-    problem = Problem.build(
+    problem = Instance.build(
         ExperimentConfig(agents=5, iters=10, topology="complete", strategies=(Strategy.ATC,))
     )
     seen, clear = wire_of(problem, Scheme.LOCAL_GHP)
@@ -85,7 +85,7 @@ def test_local_ghp_falls_on_a_complete_graph() -> None:
 # ---- adversary by adversary -----------------------------------------------------------------
 
 
-def test_sealed_outsiders_read_nothing_and_insiders_what_reaches_them(geometric: Problem) -> None:
+def test_sealed_outsiders_read_nothing_and_insiders_what_reaches_them(geometric: Instance) -> None:
     """A sealed wire read without a key yields no frame; an insider reads its own."""
     records: list[audit.WireRecord] = []
 
@@ -116,12 +116,12 @@ def test_sealed_outsiders_read_nothing_and_insiders_what_reaches_them(geometric:
     assert record["agents"] == 9 and record["trajectory_rel_error"][hub] is None
 
 
-def path_problem() -> Problem:
+def path_problem() -> Instance:
     """1 - 0 - 2: hub 0 pairs its two neighbours; hubs 1 and 2 pair with 0 themselves."""
     graph = nx.path_graph([1, 0, 2])
     config = ExperimentConfig(agents=3, iters=10, strategies=(Strategy.ATC,))
     a = topology.combination_matrix(graph, "metropolis")
-    return dataclasses.replace(Problem.build(config), graph=graph, A=a, q=topology.perron(a))
+    return dataclasses.replace(Instance.build(config), graph=graph, A=a, q=topology.perron(a))
 
 
 @pytest.mark.parametrize("scheme", [Scheme.LOCAL_GHP, Scheme.MASKED_GHP])

@@ -36,7 +36,7 @@ from privnet.broker.credentials import INSPECTOR
 from privnet.orchestrator import audit
 from privnet.orchestrator.cli import main
 from privnet.orchestrator.engines.memory import run_session
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 
 pytestmark = pytest.mark.net
 
@@ -303,6 +303,6 @@ def test_passive_recording_rebuilds_no_model(tmp_path: Path) -> None:
     public = dataclasses.replace(recording.config, seed=0)
     scale = float(np.max(np.abs(truth)))
     for guess in [1, *range(2, 12)]:  # the old default seed, and a few more
-        problem = Problem.build(dataclasses.replace(public, seed=guess))
+        problem = Instance.build(dataclasses.replace(public, seed=guess))
         models = run_session(problem, public.strategies[0], public.schemes[0], 0).models
         assert np.max(np.abs(models - truth)) > 0.05 * scale, f"seed {guess} rebuilds the run"

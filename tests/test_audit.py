@@ -41,7 +41,7 @@ from privnet.orchestrator.engines.memory import Network
 from privnet.orchestrator.errors import RunFailed
 from privnet.orchestrator.experiment import specs
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import session_plans
 
 SEED = 3
@@ -65,7 +65,7 @@ def config(agents: int = 12, iters: int = 8, **kw: object) -> ExperimentConfig:
     return ExperimentConfig(**{**base, **kw})  # type: ignore[arg-type]
 
 
-def matrix(problem: Problem, strategy: Strategy) -> np.ndarray:
+def matrix(problem: Instance, strategy: Strategy) -> np.ndarray:
     return problem.matrices(strategy)[(0, 1, 2).index(STRATEGY_STEP[strategy])]
 
 
@@ -74,7 +74,7 @@ def senders_of(A: np.ndarray, hub: int) -> list[int]:
 
 
 def recorded(
-    problem: Problem,
+    problem: Instance,
     sessions: Iterable[tuple[Strategy, Scheme, int]],
     core: Callable[..., AgentCore] = AgentCore,
 ) -> tuple[list[audit.WireRecord], list[np.ndarray], audit.Escrowed]:
@@ -96,7 +96,7 @@ def recorded(
 
 def memory_recording(c: ExperimentConfig) -> tuple[audit.Recording, list[np.ndarray]]:
     """A whole run on the memory engine, recorded like `privnet run --audit` records it."""
-    records, telemetry, escrowed = recorded(Problem.build(c), specs.session_list(c))
+    records, telemetry, escrowed = recorded(Instance.build(c), specs.session_list(c))
     return audit.Recording(RUN, "127.0.0.1:1883", c, records, escrowed), telemetry
 
 
@@ -257,9 +257,9 @@ class Witnessed:
 
 
 @pytest.fixture(scope="module")
-def local_run() -> tuple[Problem, Witnessed]:
+def local_run() -> tuple[Instance, Witnessed]:
     """Witness cores (the audit replay's) note the clear values of the very run recorded."""
-    problem = Problem.build(config(agents=20, iters=30, schemes=(Scheme.LOCAL_GHP,)))
+    problem = Instance.build(config(agents=20, iters=30, schemes=(Scheme.LOCAL_GHP,)))
     clear: dict[tuple[int, int, int], np.ndarray] = {}
     witness = partial(replay._Witness, clear=clear)
     records, _, escrowed = recorded(problem, [(Strategy.ATC, Scheme.LOCAL_GHP, 0)], witness)
@@ -327,7 +327,7 @@ class SwappingHub(AgentCore):
 def test_hub_that_swaps_relayed_keys_is_caught() -> None:
     """Its neighbours refuse every key it relays ("bad-key") and never get the genuine one:
     none of them builds a mask on a key the hub knows, nor sends a model; the run stalls."""
-    problem = Problem.build(config(agents=10, iters=2, schemes=(Scheme.LOCAL_GHP,)))
+    problem = Instance.build(config(agents=10, iters=2, schemes=(Scheme.LOCAL_GHP,)))
     A = matrix(problem, Strategy.ATC)
     hub = busiest_hub(A)
 
@@ -403,7 +403,7 @@ def test_overhead_amortizes_over_the_run_length_asked_for() -> None:
     assert {r["rounds"] for r in rows} == {rounds}
     for rekey in Rekey:
         c = config(agents=6, iters=rounds, topology="ring", rekey=rekey)
-        problem = Problem.build(c)
+        problem = Instance.build(c)
         played = Network.build(session_plans(problem, specs.session_list(c)), run=overhead.RUN)
         for curve in memory.results_curves(problem, played.play()):
             key = (curve.scheme, str(rekey) if Scheme(curve.scheme).masked else "n/a")
@@ -492,7 +492,7 @@ def test_pcap_shows_what_the_live_tap_saw(tmp_path: Path) -> None:
     # The overhead meter sizes every message exactly as the agents counted them.
     summary = json.loads((out / "summary.json").read_text())
     c = audit.load_recording(out).config
-    problem = Problem.build(c)
+    problem = Instance.build(c)
     for record in summary["results"]:
         scheme = Scheme(record["scheme"])
         measured = overhead.measure(problem, Strategy.ATC, scheme)

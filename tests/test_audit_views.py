@@ -30,7 +30,7 @@ from privnet.orchestrator.conductor import Conductor, Stage, View
 from privnet.orchestrator.engines.memory import CONDUCTOR, Network
 from privnet.orchestrator.experiment import topology
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import session_list, session_plans, view_matrix
 from privnet.orchestrator.privacy.accountant import Adversary, account
 
@@ -66,7 +66,7 @@ def play(c: ExperimentConfig, edit: Edit, seen_before_edit: bool = False) -> Fau
     (ticks as the shells tick: Beats, Progress, deadlines); recorded as the tap records
     what reaches the broker, or with `seen_before_edit` what left the agents (an
     eavesdropper on the way to a broker that lost it)."""
-    problem = Problem.build(c)
+    problem = Instance.build(c)
     records: list[audit.WireRecord] = []
 
     def tap(_publisher: str, frame: Publish) -> None:
@@ -179,7 +179,7 @@ def test_a_lost_agent_leaves_nothing_clear_and_every_view_cancels(lost: Faulty) 
     assert [v["members"] for v in s["views"]] == [list(first.members), list(second.members)]
     assert s["views"][1]["end"] == ITERS and s["views"][0]["end"] == second.start - 1
     # the expected counts are each view's own: its rounds times its matrix's links
-    problem = Problem.build(config())
+    problem = Instance.build(config())
     step = (0, 1, 2).index(STRATEGY_STEP[Strategy.ATC])
     a = view_matrix(problem, frozenset(second.members))
     links = int(np.count_nonzero(topology.strategy_matrices(Strategy.ATC, a)[step])) - AGENTS
@@ -236,7 +236,7 @@ def test_a_stalled_round_is_redone_under_a_new_view_with_fresh_masks() -> None:
     # the eavesdropper saw the whole lost round: its masks are checked (and cancel) too
     assert s["views"][0]["hub_rounds_not_combined"] == 0
     again = s["redo"]["re_releases"]
-    problem = Problem.build(config())
+    problem = Instance.build(config())
     A = problem.matrices(Strategy.ATC)[(0, 1, 2).index(STRATEGY_STEP[Strategy.ATC])]
     for agent in range(AGENTS):
         out = int(np.count_nonzero(A[agent])) - 1
@@ -293,7 +293,7 @@ def test_a_redone_round_is_charged_in_epsilon_exactly(scheme: Scheme) -> None:
     run = play(c, losing_round(STALLED), seen_before_edit=True)
     (seen,) = audit.split_sessions(run.recording.records, RUN, c.dim, run.recording.link_keys)
     views = replay.session_views(run.views, 0, seen, AGENTS)
-    problem = Problem.build(c)
+    problem = Instance.build(c)
     charged = account(problem, Strategy.ATC, scheme, 0, views=views, reach=audit.view_reach(seen))
     script = account(problem, Strategy.ATC, scheme, 0, views=views)  # no round redone
     assert charged.charges is not None

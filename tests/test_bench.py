@@ -34,11 +34,11 @@ def test_a_model_of_about_n_parameters_is_the_nearest_width() -> None:
     width more or less is further from it."""
     from privnet.orchestrator.bench import model_fields
     from privnet.orchestrator.experiment.config import ExperimentConfig
-    from privnet.orchestrator.experiment.problem import Problem
+    from privnet.orchestrator.experiment.instance import Instance
 
     def dim(width: int) -> int:
         fields = model_fields(10, 4) | {"params": {"hidden": [width]}}
-        return Problem.build(ExperimentConfig(agents=4, iters=2, **fields)).config.dim
+        return Instance.build(ExperimentConfig(agents=4, iters=2, **fields)).config.dim
 
     for target in (5_000, 100_000):
         fields = model_fields(target, 4)

@@ -39,7 +39,7 @@ from privnet.broker.launcher import accepts, free_port, launch
 from privnet.orchestrator.cli import main
 from privnet.orchestrator.engines.memory import Network
 from privnet.orchestrator.experiment.config import ExperimentConfig, load
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import session_list, session_plans
 
 KEY, OTHER_KEY = bytes(range(32)), bytes(range(1, 33))
@@ -244,17 +244,17 @@ def test_what_a_receiver_holds_is_one_model_per_in_link() -> None:
 # ---- a model whose chunks straddle a membership change -------------------------------------------
 
 
-def wide_mlp() -> Problem:
+def wide_mlp() -> Instance:
     """An mlp on digits of 9,890 parameters: two chunks a model on the f8 wire (the float32
     mlp's default, u4, carries it in one frame)."""
     config = ExperimentConfig(
         agents=4, iters=3, repeats=1, seed=2, samples=20, problem="mlp", dataset="digits",
         params={"hidden": [130]}, wire_dtype=WireDtype.F8,
     )  # fmt: skip
-    return Problem.build(config)
+    return Instance.build(config)
 
 
-def harness(problem: Problem) -> Harness:
+def harness(problem: Instance) -> Harness:
     plans = session_plans(problem, [(Strategy.ATC, Scheme.LOCAL_GHP, 0)])
     net = Network.build(plans, deadline=30.0, run=RUN)
     h = Harness(net, Clock())
@@ -309,7 +309,7 @@ def test_what_the_other_planes_cannot_carry_yet_is_refused_naming_the_flag() -> 
     config = ExperimentConfig(
         agents=3, iters=2, problem="mlp", dataset="digits", params={"hidden": [2000]}
     )
-    problem = Problem.build(config)
+    problem = Instance.build(config)
     big = session_plans(problem, [(Strategy.ATC, Scheme.NONE, 0)])
     assert big[0].dim == 152_010 > wire.max_report_dim() and big[0].dim > wire.SETUP_FLOATS
     assert wire.default_models_every(big[0].dim) == wire.part_count(big[0].dim) == 2
@@ -417,7 +417,7 @@ def test_a_run_on_mosquitto_carries_models_over_one_frame_as_memory_computes_the
     out = tmp_path / "out"
     assert main(["run", "--config", str(toml), "--broker", "mosquitto", "--out", str(out)]) == 0
     config = load(toml)
-    problem = Problem.build(config)
+    problem = Instance.build(config)
     dim = problem.config.dim
     assert dim == 24_330 > wire.max_model_dim() and wire.chunk_count(dim) == 3
     summary = json.loads((out / "summary.json").read_text())

@@ -20,7 +20,7 @@ from privnet.orchestrator.engines.memory import run_memory
 from privnet.orchestrator.engines.oracle import run_oracle
 from privnet.orchestrator.experiment import config as configuration
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import agent_specs
 
 SMALL = ExperimentConfig(
@@ -45,7 +45,7 @@ def test_adult_ships_whole_and_encoded() -> None:
 
 
 def test_logistic_gradient_matches_finite_differences() -> None:
-    problem = Problem.build(SMALL)
+    problem = Instance.build(SMALL)
     share = problem.specs(0)[2]
     loss = make_loss(share)
     assert isinstance(loss, Local)
@@ -66,7 +66,7 @@ def test_logistic_gradient_matches_finite_differences() -> None:
 
 
 def test_agents_hold_disjoint_noisy_blocks_and_the_neighbour_a_fresh_draw() -> None:
-    specs = Problem.build(SMALL).specs(0)
+    specs = Instance.build(SMALL).specs(0)
     held = [spec.data for spec in specs]
     assert all(isinstance(data, Rows) for data in held)
     blocks = [set(data.rows) for data in held]  # type: ignore[union-attr]
@@ -74,14 +74,14 @@ def test_agents_hold_disjoint_noisy_blocks_and_the_neighbour_a_fresh_draw() -> N
     x0, _ = samples(specs[0].data, specs[0].data_key)
     x0_again, _ = samples(specs[0].data, specs[0].data_key)
     np.testing.assert_array_equal(x0, x0_again)
-    twin = Problem.build(SMALL).twin(0).specs(0)
+    twin = Instance.build(SMALL).twin(0).specs(0)
     x0_twin, _ = samples(twin[0].data, twin[0].data_key)
     assert not np.allclose(x0, x0_twin)
     assert twin[1:] == specs[1:]
 
 
 def test_the_config_carries_a_classification_problem() -> None:
-    problem = Problem.build(SMALL)
+    problem = Instance.build(SMALL)
     spec = agent_specs(problem, SMALL.strategies[0], SMALL.schemes[1])[0]
     config = Config(spec, problem.specs(0)[0], {}, deadline=1.0, telemetry=True)
     back = wire.decode_config(wire.encode_config(config))
@@ -123,7 +123,7 @@ def forged(data: Any, **changes: Any) -> Any:
 
 
 def test_memory_engine_matches_the_oracle_on_classification() -> None:
-    problem = Problem.build(SMALL)
+    problem = Instance.build(SMALL)
     oracle = {c.scheme: c for c in run_oracle(problem)}
     memory = {c.scheme: c for c in run_memory(problem)}
     for scheme, curve in oracle.items():
@@ -142,4 +142,4 @@ def test_preset_loads_and_rejects_too_many_samples() -> None:
     assert (preset.agents, preset.mu, preset.rho, preset.sigma_g2) == (50, 0.5, 0.001, 0.8)
     too_many = configuration.with_overrides(SMALL, {"samples": 10_000})
     with pytest.raises(ConfigError, match="exceed the 32561 training rows"):
-        Problem.build(too_many).specs(0)
+        Instance.build(too_many).specs(0)

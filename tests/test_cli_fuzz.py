@@ -3,7 +3,7 @@
 Every invocation is generated from the parser itself (every subcommand, every flag, values
 from its choices or from a mix of plausible and hostile text), with a random TOML file
 behind `--config`. Each goes through the pure layer (`cli.configure`: parse, load the TOML,
-check every setting) and, where that passes, builds the experiment's `Problem` (graph,
+check every setting) and, where that passes, builds the experiment's `Instance` (graph,
 weights, data) as every engine would first; nothing is launched. An error must be one the
 user caused, on one line; one that fails there also goes through `cli.main`, which must
 exit 2 having printed exactly one line.
@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 
 from privnet.orchestrator import cli
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.flags import user_error
 
 SUITE_EXAMPLES = 60
@@ -155,7 +155,7 @@ def check(argv: list[str]) -> str:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             _, config = cli.configure(argv)
             if _small(config):
-                Problem.build(config)
+                Instance.build(config)
     except SystemExit as exc:
         lines = err.getvalue().splitlines()
         assert exc.code in (0, 2), (argv, exc.code, err.getvalue())

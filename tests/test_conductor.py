@@ -64,7 +64,7 @@ from privnet.orchestrator.engines import journal
 from privnet.orchestrator.engines.memory import CONDUCTOR, Network, results_curve
 from privnet.orchestrator.engines.oracle import run_oracle
 from privnet.orchestrator.errors import RunFailed
-from privnet.orchestrator.experiment.problem import msd
+from privnet.orchestrator.experiment.instance import msd
 from privnet.orchestrator.experiment.specs import session_plans
 
 TARGET = 1  # the agent whose frames are forged: a leaf, neither first nor last to report

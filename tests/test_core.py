@@ -34,7 +34,7 @@ from privnet.agent.wire import Peer
 from privnet.orchestrator.engines.memory import Network
 from privnet.orchestrator.experiment import topology
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import agent_specs, session_plans
 
 SEED = 7
@@ -68,14 +68,14 @@ STAR = nx.star_graph(5)
 PAIR = nx.path_graph(2)
 
 
-def problem_on(graph: nx.Graph, rule: str = "metropolis", **overrides: Any) -> Problem:
+def problem_on(graph: nx.Graph, rule: str = "metropolis", **overrides: Any) -> Instance:
     overrides = {"iters": ROUNDS, "seed": SEED, **overrides}
     config = ExperimentConfig(agents=graph.number_of_nodes(), rule=rule, **overrides)
     a = topology.combination_matrix(graph, rule)
-    return dataclasses.replace(Problem.build(config), graph=graph, A=a, q=topology.perron(a))
+    return dataclasses.replace(Instance.build(config), graph=graph, A=a, q=topology.perron(a))
 
 
-def geometric(agents: int = 10, rule: str = "metropolis", **overrides: Any) -> Problem:
+def geometric(agents: int = 10, rule: str = "metropolis", **overrides: Any) -> Instance:
     return problem_on(topology.make_graph("geometric", agents, SEED), rule, **overrides)
 
 
@@ -83,7 +83,7 @@ def step_of(strategy: Strategy) -> int:
     return STRATEGY_STEP[strategy]
 
 
-def weights(problem: Problem, strategy: Strategy) -> np.ndarray:
+def weights(problem: Instance, strategy: Strategy) -> np.ndarray:
     """The matrix of the strategy's communicating step: A[m, k] = a_mk."""
     return problem.matrices(strategy)[step_of(strategy)]
 
@@ -151,7 +151,7 @@ class Session:
     of the round protocol in flight, which sealing hides from anyone but a link's two ends
     (tests/test_links.py covers the seal itself)."""
 
-    def __init__(self, problem: Problem, strategy: Strategy, scheme: Scheme) -> None:
+    def __init__(self, problem: Instance, strategy: Strategy, scheme: Scheme) -> None:
         self.dim = problem.config.dim
         self.notes = Notes()
         self.wire: list[Peer] = []
@@ -251,7 +251,7 @@ class Session:
         }
 
 
-def played(problem: Problem, strategy: Strategy, scheme: Scheme) -> Session:
+def played(problem: Instance, strategy: Strategy, scheme: Scheme) -> Session:
     session = Session(problem, strategy, scheme)
     session.play()
     return session
@@ -260,7 +260,7 @@ def played(problem: Problem, strategy: Strategy, scheme: Scheme) -> Session:
 # ---- single cores ---------------------------------------------------------------------------
 
 
-def cores(problem: Problem, strategy: Strategy, scheme: Scheme) -> list[AgentCore]:
+def cores(problem: Instance, strategy: Strategy, scheme: Scheme) -> list[AgentCore]:
     """One core per agent with fresh identities, for tests of one core at a time."""
     specs = agent_specs(problem, strategy, scheme)
     identities = [keys.Identity.generate() for _ in specs]
@@ -730,7 +730,7 @@ def test_hub_refuses_to_relay_for_agents_it_did_not_pair() -> None:
     np.testing.assert_array_equal(models, clean)  # masks cancel exactly
 
 
-def _distinct_partners(problem: Problem, strategy: Strategy, p: int) -> set[int]:
+def _distinct_partners(problem: Instance, strategy: Strategy, p: int) -> set[int]:
     """Everyone p shares a mask with: its partners at every hub it sends to, itself included."""
     a = weights(problem, strategy)
     found: set[int] = set()
@@ -740,7 +740,7 @@ def _distinct_partners(problem: Problem, strategy: Strategy, p: int) -> set[int]
     return found
 
 
-def _relays(problem: Problem, strategy: Strategy, k: int) -> int:
+def _relays(problem: Instance, strategy: Strategy, k: int) -> int:
     """Shares hub k forwards per epoch: two per pair (none when it pairs with its neighbour)."""
     seats = split_senders(senders(weights(problem, strategy), k), k)
     return sum(len(s.partners) for m, s in seats.items() if m != k and k not in s.partners)

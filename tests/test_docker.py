@@ -35,7 +35,7 @@ from privnet.orchestrator.cli import main
 from privnet.orchestrator.engines.memory import Network
 from privnet.orchestrator.engines.watch import read_membership
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import session_list, session_plans
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(2400)]
@@ -323,7 +323,7 @@ def test_compose_agent_killed_then_started_rejoins(tmp_path: Path) -> None:
         schemes=(Scheme(SCHEME),),
         seed=SEED,
     )
-    problem = Problem.build(config)
+    problem = Instance.build(config)
     spare = set(range(FAULT_AGENTS)) - set(nx.articulation_points(problem.graph))
     env = {
         **os.environ,

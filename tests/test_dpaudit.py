@@ -13,7 +13,7 @@ import pytest
 
 from privnet.agent.spec import Scheme, Strategy
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.privacy.dpaudit import attack, clopper_pearson, dp_audit, epsilon_bound
 
 TRIALS = {Scheme.NONE: 160, Scheme.RANDOM: 100, Scheme.GHP: 100}
@@ -40,12 +40,12 @@ def test_attack_on_a_known_laplace_mechanism_stays_under_epsilon() -> None:
 
 
 @pytest.fixture(scope="module")
-def six_agents() -> Problem:
+def six_agents() -> Instance:
     config = ExperimentConfig(agents=6, iters=1, sigma_g2=0.01, strategies=(Strategy.ATC,))
-    return Problem.build(config)
+    return Instance.build(config)
 
 
-def test_none_is_caught_and_random_ghp_stay_under_their_claim(six_agents: Problem) -> None:
+def test_none_is_caught_and_random_ghp_stay_under_their_claim(six_agents: Instance) -> None:
     records = {}
     for scheme, trials in TRIALS.items():
         (records[scheme],) = dp_audit(six_agents, Strategy.ATC, scheme, 0, trials)

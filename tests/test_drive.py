@@ -23,15 +23,15 @@ from privnet.orchestrator.engines.memory import CONDUCTOR, Network, Router
 from privnet.orchestrator.engines.shell import WatchShell
 from privnet.orchestrator.engines.watch import SessionDone, Signal, Watch, WriteRows
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem, msd
+from privnet.orchestrator.experiment.instance import Instance, msd
 from privnet.orchestrator.experiment.specs import session_plans
 from privnet.orchestrator.faults import parse_faults
 
 AGENTS, ITERS, SEED = 6, 30, 34
 
 
-def problem() -> Problem:
-    return Problem.build(ExperimentConfig(agents=AGENTS, iters=ITERS, repeats=1, seed=SEED))
+def problem() -> Instance:
+    return Instance.build(ExperimentConfig(agents=AGENTS, iters=ITERS, repeats=1, seed=SEED))
 
 
 @pytest.mark.parametrize("scheme", ["none", "masked-ghp"])

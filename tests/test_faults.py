@@ -22,7 +22,7 @@ from privnet.orchestrator.conductor import View
 from privnet.orchestrator.engines.memory import Network
 from privnet.orchestrator.engines.watch import read_membership
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem, msd
+from privnet.orchestrator.experiment.instance import Instance, msd
 from privnet.orchestrator.experiment.specs import session_list, session_plans
 
 AGENTS, SEED = 10, 34
@@ -59,7 +59,7 @@ def assert_replayed(out: Path, iters: int, views: list[View], topology: str = "g
         agents=AGENTS, iters=iters, strategies=("atc",), schemes=("local-ghp",), seed=SEED,
         topology=topology,
     )  # fmt: skip
-    problem = Problem.build(config)
+    problem = Instance.build(config)
     plans = session_plans(problem, session_list(config))
     (replay,) = Network.build(plans, script=views).play()
     real = np.load(out / "models.npz")[replay.label]

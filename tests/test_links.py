@@ -26,7 +26,7 @@ from privnet.agent.wire import catalog, frames, schema
 from privnet.agent.wire import sealed as sealing
 from privnet.orchestrator.engines.memory import Network
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import session_plans
 
 KEY, OTHER_KEY = bytes(range(32)), bytes(range(1, 33))
@@ -222,7 +222,7 @@ def recorded_run(rekey: Rekey) -> tuple[list[Publish], dict[tuple[int, int], byt
         if topics.parse_peer_topic(frame.topic) is not None:
             frames.append(frame)
 
-    plans = session_plans(Problem.build(c), [(Strategy.ATC, Scheme.LOCAL_GHP, 0)])
+    plans = session_plans(Instance.build(c), [(Strategy.ATC, Scheme.LOCAL_GHP, 0)])
     network = Network.build(plans, tap=tap, escrow=True)
     network.play()
     (escrowed,) = network.conductor.collection.link_keys.values()

@@ -16,7 +16,7 @@ from privnet.orchestrator.engines.memory import run_memory
 from privnet.orchestrator.engines.oracle import run_oracle
 from privnet.orchestrator.experiment import topology
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 
 RTOL = 1e-9
 # Seed 34 draws a sparse, irregular geometric graph (degrees 1 to 4): two leaves exercise
@@ -29,8 +29,8 @@ DISTINCT = 1e-3
 Curves = dict[tuple[str, str], Curve]
 
 
-def problem(**settings: Any) -> Problem:
-    return Problem.build(
+def problem(**settings: Any) -> Instance:
+    return Instance.build(
         ExperimentConfig(agents=AGENTS, iters=ITERS, repeats=REPEATS, seed=SEED, **settings)
     )
 

@@ -41,7 +41,7 @@ from privnet.orchestrator.cli import main
 from privnet.orchestrator.engines.memory import Network, results_curve
 from privnet.orchestrator.engines.watch import read_membership
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import session_list, session_plans
 
 pytestmark = pytest.mark.net
@@ -226,7 +226,7 @@ def target() -> tuple[int, int, int]:
     """The victim (the first agent with two in-neighbours besides itself) and those two: m,
     whose operator injects into the victim's inbox, and another."""
     config = ExperimentConfig(agents=6, iters=400, strategies=("atc",), schemes=("ghp",), seed=5)
-    a = Problem.build(config).A
+    a = Instance.build(config).A
     for k in range(len(a)):
         senders = [m for m in range(len(a)) if m != k and a[m, k] > 0]
         if len(senders) >= 2:
@@ -432,7 +432,7 @@ async def test_a_killed_agent_is_left_out_and_the_run_completes(
     config = ExperimentConfig(
         agents=6, iters=4000, strategies=("atc",), schemes=("local-ghp",), seed=5
     )
-    problem = Problem.build(config)
+    problem = Instance.build(config)
     (replayed,) = Network.build(session_plans(problem, session_list(config)), script=views).play()
     real = np.load(tmp_path / "models.npz")[replayed.label]
     have = ~np.isnan(real[..., 0])
@@ -595,7 +595,7 @@ def test_a_run_whose_orchestrator_died_resumes(tmp_path: Path) -> None:
     config = ExperimentConfig(
         agents=6, iters=20, strategies=("atc",), schemes=("local-ghp",), seed=3
     )
-    problem = Problem.build(config)
+    problem = Instance.build(config)
     (whole,) = Network.build(session_plans(problem, session_list(config))).play()
     memory = results_curve(problem, "atc", "local-ghp", [whole]).extra
     assert record["messages"]["model"] / counted == memory["messages"]["model"] / 20

@@ -20,14 +20,14 @@ from privnet.orchestrator.curves import Curve, steady_state_db
 from privnet.orchestrator.engines.oracle import run_oracle
 from privnet.orchestrator.experiment import seeds, topology
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem, msd
+from privnet.orchestrator.experiment.instance import Instance, msd
 
 REL = 1e-12  # oracle vs reference, relative, per repeat and iteration
 
 
-def build(**settings: object) -> Problem:
+def build(**settings: object) -> Instance:
     base = {"agents": 10, "iters": 200, "repeats": 2, "seed": 7}
-    return Problem.build(ExperimentConfig(**{**base, **settings}))
+    return Instance.build(ExperimentConfig(**{**base, **settings}))
 
 
 def by_key(curves: list[Curve]) -> dict[tuple[str, str], Curve]:
@@ -97,7 +97,7 @@ def scheme_noise(a: np.ndarray, table: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 def reference_run(
-    problem: Problem, strategy: Strategy, scheme: Scheme, repeat: int
+    problem: Instance, strategy: Strategy, scheme: Scheme, repeat: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Centroid and average MSD (T,) of one repeat and one scheme, the slow and obvious way."""
     c = problem.config
@@ -115,7 +115,7 @@ def reference_run(
     return np.array(out).T
 
 
-def assert_matches_reference(problem: Problem, curves: list[Curve]) -> None:
+def assert_matches_reference(problem: Instance, curves: list[Curve]) -> None:
     """Models agree to REL of their size: |sqrt(MSD) - sqrt(MSD_ref)| <= ||w - w_ref|| (RMS
     over agents for the average) <= REL ||w^o||. MSD itself is a difference of nearly equal
     numbers near the floor, so its own relative error is only held to 1e-9 (the engines'
@@ -134,7 +134,7 @@ def assert_matches_reference(problem: Problem, curves: list[Curve]) -> None:
 
 
 @pytest.fixture(scope="module")
-def small() -> tuple[Problem, dict[tuple[str, str], Curve]]:
+def small() -> tuple[Instance, dict[tuple[str, str], Curve]]:
     problem = build(agents=8)
     return problem, by_key(run_oracle(problem))
 

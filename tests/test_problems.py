@@ -19,7 +19,7 @@ from privnet.agent.control import Config
 from privnet.agent.losses import make_loss
 from privnet.agent.problems import make
 from privnet.agent.spec import ConfigError, Scheme, Strategy
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import agent_specs
 
 # A least-squares problem written from the formula, not from privnet's: per-agent loops in
@@ -118,7 +118,7 @@ def test_an_outside_problem_by_entry_point_equals_the_built_in(
 
 def test_the_setup_carries_the_problem_by_name_and_parameters(registered: Path) -> None:
     exp = privnet.Experiment(**SMALL, schemes="none", problem=NAME, dataset="linear", rho=0.25)
-    problem = Problem.build(exp.config)
+    problem = Instance.build(exp.config)
     share = problem.specs(0)[3]
     assert (share.problem, share.params) == (NAME, (("rho", 0.25),))
     spec = agent_specs(problem, Strategy.ATC, Scheme.NONE)[3]
@@ -150,11 +150,11 @@ def test_what_cannot_be_a_problem_is_refused_clearly(tmp_path: Path) -> None:
         ("json:loads", r"must be a class with dim\(\) and risk\(\)"),
     ):
         with pytest.raises(ConfigError, match=words):
-            Problem.build(privnet.Experiment(**SMALL, problem=problem))
+            Instance.build(privnet.Experiment(**SMALL, problem=problem))
     with pytest.raises(ConfigError, match="parameters are numbers, strings, booleans"):
         privnet.Experiment(**SMALL, params={"layer": object()})
     with pytest.raises(ConfigError, match="unexpected keyword argument 'width'"):
-        Problem.build(privnet.Experiment(**SMALL, params={"width": 3}))
+        Instance.build(privnet.Experiment(**SMALL, params={"width": 3}))
 
 
 def test_an_agent_that_cannot_build_its_problem_fails_saying_why() -> None:
@@ -164,7 +164,7 @@ def test_an_agent_that_cannot_build_its_problem_fails_saying_why() -> None:
     from privnet.orchestrator.engines.memory import Network
     from privnet.orchestrator.experiment.specs import session_list, session_plans
 
-    problem = Problem.build(
+    problem = Instance.build(
         privnet.Experiment(**{**SMALL, "strategies": "atc"}, schemes="none").config
     )
     plans = session_plans(problem, session_list(problem.config))
@@ -186,13 +186,13 @@ def test_a_model_over_the_most_chunks_is_refused_naming_the_limit() -> None:
     one_frame = wire.max_model_dim()
     assert wire.model_frame_bytes(one_frame) <= wire.MAX_PEER_BYTES
     assert not wire.needs_chunks(one_frame) and wire.needs_chunks(one_frame + 1)
-    Problem.build(privnet.Experiment(agents=3, iters=2, dim=one_frame + 1, seed=1))
+    Instance.build(privnet.Experiment(agents=3, iters=2, dim=one_frame + 1, seed=1))
     limit = wire.max_chunked_dim()
     assert wire.chunk_count(limit) == wire.MAX_CHUNKS < wire.chunk_count(limit + 1)
     wide = {"hidden": [460_000]}  # digits: 65 x 460,000 + 460,000 + 460,000 x 10 + 10
     mlp = {"agents": 3, "iters": 2, "problem": "mlp", "dataset": "digits", "params": wide}
     with pytest.raises(ConfigError, match=f"at most {wire.MAX_CHUNKS:,} chunks") as caught:
-        Problem.build(privnet.Experiment(**mlp, wire_dtype="f8"))  # float32 mlp: u4 by default
+        Instance.build(privnet.Experiment(**mlp, wire_dtype="f8"))  # float32 mlp: u4 by default
     assert "privnet.agent.wire.chunks.MAX_CHUNKS" in str(caught.value)
     assert f"{limit:,} float64" in str(caught.value) and "34,960,010 parameters" in str(
         caught.value

@@ -29,7 +29,7 @@ from privnet.orchestrator.engines.memory import replay, run_memory
 from privnet.orchestrator.engines.oracle import run_oracle
 from privnet.orchestrator.experiment import schedules, specs, topology
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.privacy.accountant import account
 
 FAST = settings(max_examples=40, deadline=None)
@@ -156,9 +156,11 @@ def test_schedule_refuses_what_cannot_run() -> None:
     with pytest.raises(ConfigError, match="time-varying"):
         topology.make_graph("one-peer-exponential", 6)
     with pytest.raises(ConfigError, match="use --rekey once"):
-        Problem.build(ExperimentConfig(agents=8, topology="random-matching:2", rekey="every-round"))
+        Instance.build(
+            ExperimentConfig(agents=8, topology="random-matching:2", rekey="every-round")
+        )
     with pytest.raises(ConfigError, match="never meet"):  # one round: a perfect matching
-        Problem.build(ExperimentConfig(agents=8, iters=1, topology="random-matching:1"))
+        Instance.build(ExperimentConfig(agents=8, iters=1, topology="random-matching:1"))
 
 
 def test_a_matrix_list_is_a_schedule(tmp_path: Path) -> None:
@@ -169,7 +171,7 @@ def test_a_matrix_list_is_a_schedule(tmp_path: Path) -> None:
     np.savetxt(tmp_path / "a.txt", ring)
     np.savetxt(tmp_path / "b.txt", line)
     given = f"{tmp_path / 'a.txt'},{tmp_path / 'b.txt'}"
-    problem = Problem.build(ExperimentConfig(agents=6, iters=4, matrix=given))
+    problem = Instance.build(ExperimentConfig(agents=6, iters=4, matrix=given))
     assert problem.schedule is not None and problem.schedule.kind == "matrices"
     for round_, want in ((1, ring), (2, line), (3, ring)):
         np.testing.assert_array_equal(problem.round_matrix(round_), want)
@@ -178,9 +180,9 @@ def test_a_matrix_list_is_a_schedule(tmp_path: Path) -> None:
     np.savetxt(tmp_path / "c.txt", bad)
     many = ",".join([str(tmp_path / "a.txt")] * 911)  # 911 x 36 numbers: over 32768
     with pytest.raises(ConfigError, match="every agent's Setup carries them, at most 32768"):
-        Problem.build(ExperimentConfig(agents=6, iters=4, matrix=many))
+        Instance.build(ExperimentConfig(agents=6, iters=4, matrix=many))
     with pytest.raises(ConfigError, match="round 3's matrix has a_mm = 0 for agents \\[2\\]"):
-        Problem.build(ExperimentConfig(agents=6, iters=4, matrix=f"{given},{tmp_path / 'c.txt'}"))
+        Instance.build(ExperimentConfig(agents=6, iters=4, matrix=f"{given},{tmp_path / 'c.txt'}"))
 
 
 # ---- the engines follow the schedule ------------------------------------------------------
@@ -194,7 +196,7 @@ def test_memory_engine_equals_oracle_for_every_scheme(topology_name: str) -> Non
         agents=9, iters=6, seed=3, topology=topology_name, strategies=("atc", "cta"),
         schemes=tuple(Scheme),
     )  # fmt: skip
-    problem = Problem.build(c)
+    problem = Instance.build(c)
     memory: dict[str, np.ndarray] = {}
     oracle: dict[str, np.ndarray] = {}
     run_memory(problem, models=memory)
@@ -210,7 +212,7 @@ def test_memory_engine_equals_oracle_for_every_scheme(topology_name: str) -> Non
 def test_a_frame_from_a_peer_outside_the_rounds_graph_is_refused() -> None:
     """A union neighbour that is not in this round's graph: `not-neighbour`, naming the
     round (no per-round control traffic: the receiver expands the round itself)."""
-    problem = Problem.build(
+    problem = Instance.build(
         ExperimentConfig(agents=8, iters=4, seed=1, topology="one-peer-exponential")
     )
     (spec, *_) = specs.agent_specs(problem, Strategy.ATC, Scheme.NONE)
@@ -272,7 +274,7 @@ def test_accountant_charges_each_round_against_its_graph() -> None:
     c = ExperimentConfig(
         agents=8, iters=6, seed=2, topology="one-peer-exponential", schemes=("masked-ghp",)
     )
-    problem = Problem.build(c)
+    problem = Instance.build(c)
     got = account(problem, Strategy.ATC, Scheme.MASKED_GHP, neighbour=0)
     assert got.charges is not None
     frames = got.charges.frames
@@ -289,7 +291,7 @@ def test_a_left_out_agent_drops_from_every_later_round() -> None:
         agents=8, iters=8, seed=2, topology="random-matching:2", schemes=("local-ghp",),
         strategies=("atc",),
     )  # fmt: skip
-    problem = Problem.build(c)
+    problem = Instance.build(c)
     members = frozenset(range(8)) - {3}
     made = schedules.for_view(problem.schedule, Strategy.ATC, members)  # type: ignore[arg-type]
     for round_ in range(4, 9):

@@ -20,7 +20,7 @@ from privnet.agent.wire.schema import kind_of
 from privnet.orchestrator.engines.memory import run_session
 from privnet.orchestrator.engines.oracle import run_oracle
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.replay import replay
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,8 +59,8 @@ def offset(request: pytest.FixtureRequest) -> Iterator[Scheme]:
         registry.unregister(scheme)
 
 
-def small(scheme: str) -> Problem:
-    return Problem.build(ExperimentConfig(agents=6, iters=8, repeats=1, seed=3, schemes=(scheme,)))
+def small(scheme: str) -> Instance:
+    return Instance.build(ExperimentConfig(agents=6, iters=8, repeats=1, seed=3, schemes=(scheme,)))
 
 
 def test_a_registered_scheme_runs_on_the_agents_own_cores(offset: Scheme) -> None:

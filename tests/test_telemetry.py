@@ -20,7 +20,7 @@ from privnet.orchestrator.conductor.collection import Collection, model_round
 from privnet.orchestrator.curves import ROUNDS_SUFFIX, expand_models
 from privnet.orchestrator.engines.memory import Network
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import session_plans
 
 RUN = "telemetry-unit"
@@ -118,7 +118,7 @@ def test_a_sparse_session_is_made_whole_with_nan_between_its_model_rounds() -> N
 
 def test_an_agent_scores_its_minibatch_and_its_held_out_rows() -> None:
     config = ExperimentConfig(agents=3, iters=5, problem="logistic", dataset="breast-cancer")
-    problem = Problem.build(config)
+    problem = Instance.build(config)
     share = problem.specs(0)[1]
     loss = make_loss(share)
     w = np.random.default_rng(2).standard_normal(problem.config.dim) * 0.1
@@ -126,7 +126,7 @@ def test_an_agent_scores_its_minibatch_and_its_held_out_rows() -> None:
     assert minibatch == pytest.approx(float(loss.risk.value(w[None], None)[0]))  # full batch
     held_out = min(SCORE_ROWS, len(datasets.load("breast-cancer").y_test))
     assert 0.0 <= score <= 1.0 and abs(score * held_out - round(score * held_out)) < 1e-9
-    regression = Problem.build(ExperimentConfig(agents=3, iters=5, batch=4))
+    regression = Instance.build(ExperimentConfig(agents=3, iters=5, batch=4))
     local = make_loss(regression.specs(0)[0])
     v = np.ones(regression.config.dim)
     batch_loss, risk = local.metrics(v, 2)
@@ -141,7 +141,7 @@ def test_an_agent_scores_its_minibatch_and_its_held_out_rows() -> None:
 
 
 def test_models_every_k_are_the_every_round_models_at_those_rounds() -> None:
-    problem = Problem.build(ExperimentConfig(agents=6, iters=11, seed=3))
+    problem = Instance.build(ExperimentConfig(agents=6, iters=11, seed=3))
     plans = session_plans(problem, [(Strategy.ATC, Scheme.LOCAL_GHP, 0)])
     (every,) = Network.build(plans).play()
     (sparse,) = Network.build(plans, models_every=4).play()

@@ -11,7 +11,7 @@ from conftest import need_torch
 import privnet
 from privnet.agent import datasets
 from privnet.agent.spec import ConfigError, WireDtype
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 
 pytest.importorskip("sklearn")
 
@@ -54,9 +54,9 @@ def test_a_dtype_it_cannot_run_in_is_refused() -> None:
     assert CNN(dtype="float64").dtype == np.float64 and CNN().dtype == np.float32
 
 
-def build(**settings: object) -> Problem:
+def build(**settings: object) -> Instance:
     base: dict[str, object] = {"agents": 4, "iters": 2, "dataset": "digits", "problem": "mlp"}
-    return Problem.build(privnet.Experiment(**{**base, **settings}).config)  # type: ignore[arg-type]
+    return Instance.build(privnet.Experiment(**{**base, **settings}).config)  # type: ignore[arg-type]
 
 
 def test_a_float32_problem_takes_the_u4_wire_where_it_is_built() -> None:

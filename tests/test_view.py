@@ -30,7 +30,7 @@ from privnet.agent.spec import Scheme, Strategy
 from privnet.orchestrator import overhead
 from privnet.orchestrator.cli import main
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import session_list, session_plans
 from privnet.orchestrator.view.files import load_run
 from privnet.orchestrator.view.links import link_bytes
@@ -164,7 +164,7 @@ def test_link_bytes_are_what_the_agents_send(sealed: bool) -> None:
     config = ExperimentConfig(
         agents=8, iters=20, seed=5, strategies=(Strategy.ATC,), schemes=(Scheme.LOCAL_GHP,)
     )
-    problem = Problem.build(replace(config, seal_links=sealed))
+    problem = Instance.build(replace(config, seal_links=sealed))
     (plan,) = session_plans(problem, session_list(problem.config))
     per_link = link_bytes(overhead.RUN, plan.specs, range(8), 1, 0, sealed)
     assert set(per_link) == {tuple(sorted(e)) for e in problem.graph.edges if e[0] != e[1]}

@@ -37,7 +37,7 @@ from privnet.orchestrator.engines.watch import read_membership
 from privnet.orchestrator.errors import RunFailed
 from privnet.orchestrator.experiment import config as configuration
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem, check_wire
+from privnet.orchestrator.experiment.instance import Instance, check_wire
 from privnet.orchestrator.report import finish, result_record, settings
 from privnet.orchestrator.result import Result
 from privnet.orchestrator.terminal import console, progress_bar
@@ -175,7 +175,7 @@ def simulate(experiment: ExperimentConfig, engine: str | None = None) -> Result:
     out = None if exp.out is None else Path(exp.out)
     trackers = exp.trackers(out)
     trackers.check()
-    problem = Problem.build(exp.config)
+    problem = Instance.build(exp.config)
     models: dict[str, Any] = {}
     c = problem.config
     units = len(c.strategies) * (c.repeats * len(c.schemes) if engine == "memory" else 1)
@@ -219,7 +219,7 @@ def _views(path: Path) -> list[View]:
 
 def _engine(
     engine: str,
-    problem: Problem,
+    problem: Instance,
     views: list[View] | None,
     models: dict[str, Any],
     progress: Callable[[int], None],
@@ -275,7 +275,7 @@ async def run_async(experiment: ExperimentConfig) -> Result:
     return result
 
 
-def _network(exp: Experiment) -> tuple[Problem, RunOptions, Path]:
+def _network(exp: Experiment) -> tuple[Instance, RunOptions, Path]:
     """What the net engine takes for `exp`: its problem (a resumed run's own, secret seed
     included), its run options, and its output directory (made private: 0700, as the run
     keeps its secrets there)."""
@@ -295,7 +295,7 @@ def _network(exp: Experiment) -> tuple[Problem, RunOptions, Path]:
     options = exp.run_options(secret)
     options.check_here()  # before anything is made
     options.faults_for(config.agents)
-    problem = Problem.build(config)
+    problem = Instance.build(config)
     return problem, options, out if exp.resume is not None else private_dir(out)
 
 

@@ -24,7 +24,7 @@ from privnet.agent import schedule as expand
 from privnet.agent.seats import split_senders
 from privnet.agent.spec import ConfigError, Scheme, Strategy
 from privnet.orchestrator.experiment import data
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.privacy.accountant import Adversary
 from privnet.orchestrator.terminal import titled_table
 
@@ -36,7 +36,7 @@ WIRE = Adversary("wire")
 
 
 def reconstruct(
-    problem: Problem,
+    problem: Instance,
     strategy: Strategy,
     scheme: Scheme,
     seen: Seen,
@@ -102,7 +102,7 @@ def _exact(
 
 
 def insider_knowledge(
-    problem: Problem,
+    problem: Instance,
     strategy: Strategy,
     scheme: Scheme,
     adversary: Adversary,
@@ -144,7 +144,7 @@ def _solve(rows, values, exact, sums) -> np.ndarray:
     return pinned + free @ z
 
 
-def local_minimizers(problem: Problem, repeat: int) -> np.ndarray:
+def local_minimizers(problem: Instance, repeat: int) -> np.ndarray:
     """The true argmin J_p of every agent, (P, M) (NaN rows: the problem has no reference)."""
     dim = problem.config.dim
     found = [
@@ -155,7 +155,7 @@ def local_minimizers(problem: Problem, repeat: int) -> np.ndarray:
 
 
 def estimate_minimizers(
-    problem: Problem, estimate: dict[tuple[int, int, int], np.ndarray], seen: Seen
+    problem: Instance, estimate: dict[tuple[int, int, int], np.ndarray], seen: Seen
 ) -> np.ndarray:
     """ATC: the root of an affine fit of grad J_p against phi_p over the rounds."""
     c = problem.config
@@ -189,7 +189,7 @@ def estimate_minimizers(
 
 
 def attack_session(
-    problem: Problem,
+    problem: Instance,
     strategy: Strategy,
     scheme: Scheme,
     repeat: int,
@@ -255,7 +255,7 @@ def attack_session(
 
 
 def pinned_directions(
-    problem: Problem, strategy: Strategy, scheme: Scheme, adversary: Adversary = WIRE
+    problem: Instance, strategy: Strategy, scheme: Scheme, adversary: Adversary = WIRE
 ) -> int:
     """How many of the P unknowns per step the whole wire's exact hub sums fix (masked
     schemes, their frames readable; else 0)."""
@@ -267,7 +267,7 @@ def pinned_directions(
 
 
 def adversaries(
-    problem: Problem, agent: int, coalition: tuple[int, ...] | None = None
+    problem: Instance, agent: int, coalition: tuple[int, ...] | None = None
 ) -> list[Adversary]:
     """The table's adversaries for agent `agent`'s data: the link to its largest hub (the
     neighbour that weighs it most) and the whole wire, each sealed and open; that hub; and

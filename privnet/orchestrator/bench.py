@@ -45,7 +45,7 @@ from privnet.broker.launcher import has_mosquitto
 from privnet.orchestrator.ceiling import ceiling
 from privnet.orchestrator.ceiling import edges as ceiling_edges
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.terminal import console, progress_bar, table_console
 
 if TYPE_CHECKING:
@@ -156,7 +156,7 @@ def privnet_run(
 # ---- 3. the memory engine ------------------------------------------------------------------
 
 
-def memory_rate(problem: Problem, strategy: Strategy, scheme: Scheme) -> tuple[float, int, int]:
+def memory_rate(problem: Instance, strategy: Strategy, scheme: Scheme) -> tuple[float, int, int]:
     """(rounds/s, model messages per round, mean model payload bytes) on the memory engine."""
     from privnet.orchestrator.engines.memory import Network
     from privnet.orchestrator.experiment.specs import session_plans
@@ -214,7 +214,7 @@ def model_fields(params: int, agents: int) -> dict[str, Any]:
         }
 
     def dim(width: int) -> int:
-        return Problem.build(ExperimentConfig(agents=agents, **fields(width))).config.dim
+        return Instance.build(ExperimentConfig(agents=agents, **fields(width))).config.dim
 
     one, two = dim(1), dim(2)
     width = max(1, round((params - (one - (two - one))) / (two - one)))
@@ -291,7 +291,7 @@ class _Measure:
 
     def count(self, agents: int, brokers: list[str]) -> list[Row]:
         """The memory engine's rows, then each broker's ceiling and privnet rows."""
-        problem = Problem.build(self._config(agents))
+        problem = Instance.build(self._config(agents))
         edges = ceiling_edges(problem, self.sitting.strategy)
         links = sum(map(len, edges.values()))
         memory, size, frames = self._memory(problem, agents, links)
@@ -314,7 +314,9 @@ class _Measure:
             s.base, agents=agents, iters=s.iters, strategies=(s.strategy,), seed=s.seed, **model
         )
 
-    def _memory(self, problem: Problem, agents: int, links: int) -> tuple[dict[str, Row], int, int]:
+    def _memory(
+        self, problem: Instance, agents: int, links: int
+    ) -> tuple[dict[str, Row], int, int]:
         """The memory engine's row of every scheme, the model frame's mean bytes and the
         frames a link carries a round (more than one: a model in chunks)."""
         memory: dict[str, Row] = {}

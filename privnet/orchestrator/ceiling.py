@@ -20,12 +20,12 @@ from privnet.agent.spec import Strategy
 from privnet.agent.transport import Connection
 from privnet.broker.credentials import Credentials
 from privnet.broker.launcher import launch
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 
 RUN = "bench"
 
 
-def edges(problem: Problem, strategy: Strategy) -> dict[int, list[int]]:
+def edges(problem: Instance, strategy: Strategy) -> dict[int, list[int]]:
     """Out-neighbours (self excluded) at every communicating step of a round (a
     schedule's: round 1's)."""
     out: dict[int, list[int]] = {p: [] for p in range(problem.config.agents)}

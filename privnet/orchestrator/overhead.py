@@ -28,7 +28,7 @@ from privnet.agent.spec import STRATEGY_STEP, Rekey, Scheme, Strategy
 from privnet.agent.wire import Peer
 from privnet.orchestrator.engines.memory import CONDUCTOR, Network
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import session_plans
 from privnet.orchestrator.terminal import narrow_table
 
@@ -63,7 +63,7 @@ def _one_time(msg: Peer, rekey: Rekey) -> bool:
     return isinstance(msg, KeyPlan) or (isinstance(msg, KeyShare) and rekey is Rekey.ONCE)
 
 
-def measure(problem: Problem, strategy: Strategy, scheme: Scheme) -> Measured:
+def measure(problem: Instance, strategy: Strategy, scheme: Scheme) -> Measured:
     """Run the whole protocol in memory and tally every frame an agent publishes."""
     c = problem.config
     setup, rounds = Tally(), Tally()
@@ -101,7 +101,9 @@ def paper_bound(A: np.ndarray) -> np.ndarray:
     return deg + (neighbours.astype(float) @ deg) / 2
 
 
-def row(problem: Problem, strategy: Strategy, scheme: Scheme, measured: Measured) -> dict[str, Any]:
+def row(
+    problem: Instance, strategy: Strategy, scheme: Scheme, measured: Measured
+) -> dict[str, Any]:
     """One scheme on one graph, measured over its config's rounds."""
     c = problem.config
     step = STRATEGY_STEP[strategy]
@@ -151,7 +153,7 @@ def row(problem: Problem, strategy: Strategy, scheme: Scheme, measured: Measured
 
 
 def _sealing(
-    problem: Problem, strategy: Strategy, scheme: Scheme, measured: dict[str, Any]
+    problem: Instance, strategy: Strategy, scheme: Scheme, measured: dict[str, Any]
 ) -> dict[str, float]:
     """Amortized peer bytes per round with every link sealed and with the visible wire: the
     row's own setting is `measured`, the other one is played too (the same problem: only
@@ -197,7 +199,7 @@ def overhead(
                 rekey=rekey,
                 repeats=1,
             )
-            problem = Problem.build(config)
+            problem = Instance.build(config)
             started = time.perf_counter()
             measured = measure(problem, strategy, scheme)
             result = row(problem, strategy, scheme, measured)

@@ -23,7 +23,7 @@ from privnet.agent.protocol import Publish
 from privnet.agent.spec import AgentSpec, Scheme, StepPlan, Strategy
 from privnet.orchestrator.conductor import View
 from privnet.orchestrator.engines.memory import Network
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import session_plans
 
 
@@ -86,7 +86,7 @@ class Replay:
 
 
 def replay(
-    problem: Problem,
+    problem: Instance,
     strategy: Strategy,
     scheme: Scheme,
     repeat: int = 0,

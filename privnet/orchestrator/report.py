@@ -35,7 +35,7 @@ from privnet.orchestrator.curves import (
     steady_state_db,
 )
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.terminal import console, narrow_table, print_error, table_console
 
 if TYPE_CHECKING:
@@ -487,7 +487,7 @@ def settings(config: ExperimentConfig, engine: str) -> dict[str, Any]:
 def finish(
     out: Path,
     config: ExperimentConfig,
-    problem: Problem,
+    problem: Instance,
     curves: list[Curve],
     engine: str,
     extra: dict[str, Any] | None = None,

@@ -22,7 +22,7 @@ from privnet.agent.spec import ConfigError
 from privnet.orchestrator.curves import METRICS_HEADER, Curve, expand_models
 from privnet.orchestrator.experiment import config as configuration
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.report import (
     AGENTS,
     METRIC_FILES,
@@ -195,7 +195,7 @@ class Result:
     # ---- from a run's directory -----------------------------------------------------------
 
     @classmethod
-    def load(cls, out: str | Path, problem: Problem | None = None) -> Result:
+    def load(cls, out: str | Path, problem: Instance | None = None) -> Result:
         """The Result of a run's (or a simulation's) output directory. `problem` gives the
         graph (and the config: a run whose seed is secret records none); without it the graph
         is built again from summary.json's config."""
@@ -204,7 +204,7 @@ class Result:
         if problem is None:
             names = {f.name for f in fields(ExperimentConfig)}
             settings = {k: v for k, v in summary["config"].items() if k in names}
-            problem = Problem.build(configuration.with_overrides(ExperimentConfig(), settings))
+            problem = Instance.build(configuration.with_overrides(ExperimentConfig(), settings))
         records = summary["results"]
         curves = _read_curves(out / "metrics.csv", records)
         models: dict[str, np.ndarray] = {}

@@ -23,7 +23,7 @@ from privnet.agent import attacks, defenses
 from privnet.agent.spec import Scheme, Strategy
 from privnet.orchestrator.engines.memory import run_memory
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 
 # Attackers spread over the ids (the geometric graph's ids carry no position).
 ATTACKERS = {1: (7,), 3: (7, 15, 23)}
@@ -60,7 +60,7 @@ def _measure(
     config: ExperimentConfig, schemes: tuple[Scheme, ...]
 ) -> dict[str, tuple[float, float]]:
     """scheme -> (honest steady-state dB, rounds/s) of one memory-engine run."""
-    curves = run_memory(Problem.build(config), schemes=schemes)
+    curves = run_memory(Instance.build(config), schemes=schemes)
     return {c.scheme: (steady_db(c.msd_avg), c.rounds_per_s) for c in curves}
 
 

@@ -21,7 +21,7 @@ from privnet.agent.spec import STRATEGY_STEP, Scheme, Strategy
 from privnet.orchestrator.audit.masks import Noise, cancellation, merge, noise_report, noise_samples
 from privnet.orchestrator.audit.views import PLAIN_REL, Part, parts, redo, round_messages, senders
 from privnet.orchestrator.conductor import View
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.replay import AuditError, Replay, SessionWire
 
 TRUTH_TOL = 1e-9  # replay vs sealed telemetry
@@ -62,7 +62,7 @@ class ViewCheck:
 
 
 def audit_session(
-    problem: Problem,
+    problem: Instance,
     strategy: Strategy,
     scheme: Scheme,
     repeat: int,

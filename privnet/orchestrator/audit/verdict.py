@@ -23,7 +23,7 @@ from privnet.orchestrator.audit.playback import split_sessions, view_reach
 from privnet.orchestrator.audit.presentation import noise_panel
 from privnet.orchestrator.audit.recording import Recording
 from privnet.orchestrator.conductor import View
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import session_list
 from privnet.orchestrator.privacy.accountant import account, finite
 from privnet.orchestrator.replay import AuditError, Replay, SessionWire, replay, session_views
@@ -52,7 +52,7 @@ class Findings:
     panels of the plot, and with an attack plan its reconstructions and adversary rows;
     `keyless` is the wire as anyone without a key reads it (for the outsiders)."""
 
-    problem: Problem
+    problem: Instance
     telemetry: list[np.ndarray] | None
     membership: Sequence[View] | None
     attack: AttackPlan | None
@@ -153,7 +153,7 @@ def audit(
     against each (privacy.accountant). `membership`: the run's views (membership.json).
     The recording's escrowed link keys open a sealed wire."""
     c = recording.config
-    problem = Problem.build(c)
+    problem = Instance.build(c)
     planned = session_list(c)
     found = split_sessions(recording.records, recording.run, c.dim, recording.link_keys)
     if not found:

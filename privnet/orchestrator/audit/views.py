@@ -22,7 +22,7 @@ from privnet.agent.spec import STRATEGY_STEP, Schedule, Strategy
 from privnet.orchestrator.audit.playback import view_reach
 from privnet.orchestrator.conductor import View
 from privnet.orchestrator.experiment import schedules, topology
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import view_matrix
 from privnet.orchestrator.replay import Replay, SessionWire
 
@@ -56,7 +56,7 @@ class Part:
 
 
 def parts(
-    problem: Problem, strategy: Strategy, views: Sequence[View] | None, seen: SessionWire
+    problem: Instance, strategy: Strategy, views: Sequence[View] | None, seen: SessionWire
 ) -> list[Part]:
     """The session's views, or one view of everyone when its membership never changed."""
     c = problem.config

@@ -13,7 +13,7 @@ from privnet.orchestrator import api
 from privnet.orchestrator.commands.experiment import experiment, out_dir
 from privnet.orchestrator.engines.options import USER_FIELDS
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.terminal import console
 
 
@@ -30,7 +30,7 @@ def run(args: argparse.Namespace, config: ExperimentConfig) -> int:
     if out is None:
         out = out_dir(args, config, "run", private=True)
     # Built before the event loop, where a stop signal ends it at once: nothing has started.
-    problem = Problem.build(config)
+    problem = Instance.build(config)
     code: int = run_loop(run_network(problem, options, out))
     asked = exp.trackers(out)
     if (asked.tensorboard or asked.mlflow) and (out / "metrics.csv").is_file():

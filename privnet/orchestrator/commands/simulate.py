@@ -12,7 +12,7 @@ from privnet.orchestrator import api
 from privnet.orchestrator.commands.experiment import experiment, out_dir, trackers
 from privnet.orchestrator.experiment import config as configuration
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.terminal import console, table_console
 
 
@@ -54,7 +54,7 @@ def dp_audit(args: argparse.Namespace, config: ExperimentConfig) -> int:
     """Empirical lower bounds on epsilon for each scheme, against the accountant's claim."""
     from privnet.orchestrator.privacy import dpaudit, sampler
 
-    problem = Problem.build(config)
+    problem = Instance.build(config)
     out = out_dir(args, config, "dp-audit")
     records = []
     for strategy in config.strategies:

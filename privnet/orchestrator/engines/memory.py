@@ -38,7 +38,7 @@ from privnet.orchestrator.conductor import (
 )
 from privnet.orchestrator.curves import Curve
 from privnet.orchestrator.errors import RunFailed
-from privnet.orchestrator.experiment.problem import Problem, msd
+from privnet.orchestrator.experiment.instance import Instance, msd
 from privnet.orchestrator.experiment.specs import session_list, session_plans
 
 CONDUCTOR = "orchestrator"
@@ -231,14 +231,16 @@ def _done(node: AgentNode) -> Callable[[], bool]:
     return lambda: node.done
 
 
-def run_session(problem: Problem, strategy: Strategy, scheme: Scheme, repeat: int) -> SessionResult:
+def run_session(
+    problem: Instance, strategy: Strategy, scheme: Scheme, repeat: int
+) -> SessionResult:
     """One session through conductor and nodes: its models, bytes, messages, views."""
     plans = session_plans(problem, [(strategy, scheme, repeat)])
     return Network.build(plans, seal_links=problem.config.seal_links).play()[0]
 
 
 def run_memory(
-    problem: Problem,
+    problem: Instance,
     strategies: Iterable[Strategy] | None = None,
     schemes: Iterable[Scheme] | None = None,
     progress: Callable[[int], None] | None = None,
@@ -263,7 +265,7 @@ def run_memory(
 
 
 def curve_of(
-    problem: Problem,
+    problem: Instance,
     strategy: str,
     scheme: str,
     runs: list[np.ndarray],
@@ -275,7 +277,7 @@ def curve_of(
     the honest agents: NaN at rounds without models (--models-every); Byzantine agents'
     rows are left out (as absent agents are) and their own average MSD is reported apart,
     in `extra` (issue 34); with `metrics` (T, P, 2) per repeat, the agents' own every round
-    (`Problem.agent_series`)."""
+    (`Instance.agent_series`)."""
     cent = np.zeros((len(runs), problem.config.iters))
     avg = np.zeros_like(cent)
     scored = np.zeros((2, *cent.shape))
@@ -304,7 +306,7 @@ def _honest(models: np.ndarray, byzantine: list[int]) -> np.ndarray:
     return honest
 
 
-def _attackers_msd(problem: Problem, runs: list[np.ndarray]) -> dict[str, Any]:
+def _attackers_msd(problem: Instance, runs: list[np.ndarray]) -> dict[str, Any]:
     """The Byzantine agents' own average MSD over the last tenth of the rounds, in dB."""
     byzantine = sorted(problem.config.attackers())
     tail = max(1, problem.config.iters // 10)
@@ -316,7 +318,7 @@ def _attackers_msd(problem: Problem, runs: list[np.ndarray]) -> dict[str, Any]:
 
 
 def results_curve(
-    problem: Problem, strategy: str, scheme: str, results: list[SessionResult]
+    problem: Instance, strategy: str, scheme: str, results: list[SessionResult]
 ) -> Curve:
     """MSD over repeats plus what the wire cost, from the sessions of one strategy x scheme."""
     wall = sum(res.wall for res in results)
@@ -347,7 +349,7 @@ def results_curve(
 
 
 def model_frames(
-    problem: Problem, traffic: dict[str, int], messages: dict[str, int], rounds: int
+    problem: Instance, traffic: dict[str, int], messages: dict[str, int], rounds: int
 ) -> dict[str, Any]:
     """What a model costs on the wire: its parameters and wire form, the model bytes and
     whole model frames (a chunked model counts once) per round, and their quotient: bytes
@@ -365,7 +367,7 @@ def model_frames(
     }
 
 
-def results_curves(problem: Problem, results: list[SessionResult]) -> list[Curve]:
+def results_curves(problem: Instance, results: list[SessionResult]) -> list[Curve]:
     """One Curve per strategy x scheme from a conductor's sessions, in `session_list` order."""
     c = problem.config
     curves, at = [], 0
@@ -378,7 +380,7 @@ def results_curves(problem: Problem, results: list[SessionResult]) -> list[Curve
 
 
 def replay(
-    problem: Problem, membership: list[View], models: dict[str, np.ndarray] | None = None
+    problem: Instance, membership: list[View], models: dict[str, np.ndarray] | None = None
 ) -> list[Curve]:
     """Every session of a run, applying its recorded membership views at their rounds (a
     faulty network run, reproduced in memory: same config and seed, same trajectories).

@@ -58,7 +58,7 @@ from privnet.orchestrator.engines.progress import ProgressLines
 from privnet.orchestrator.engines.shell import WatchShell
 from privnet.orchestrator.engines.watch import POLL, Watch, write_membership
 from privnet.orchestrator.errors import RunFailed
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import session_list, session_plans
 from privnet.orchestrator.faults import Fault
 from privnet.orchestrator.report import finish, load_plotting
@@ -86,7 +86,7 @@ def new_run_name() -> str:
 STOP_GRACE = 0.3  # s for agents told Abort to leave by themselves, after a stop signal
 
 
-async def run_network(problem: Problem, options: RunOptions, out: Path) -> int:
+async def run_network(problem: Instance, options: RunOptions, out: Path) -> int:
     """`privnet run`; its exit code (128 + the signal when SIGINT or SIGTERM stopped it)."""
     task = asyncio.current_task()
     assert task is not None
@@ -136,7 +136,7 @@ class _Run:
     (perf_counter), which the console's set-up times count from; `neighbour`: privacy
     accounted for this agent's data; a `view` watches the pump."""
 
-    problem: Problem
+    problem: Instance
     broker: Broker | ContainerBroker
     shell: WatchShell
     out: Path
@@ -147,7 +147,7 @@ class _Run:
     view: LiveView | None = None
 
 
-async def _run_network(problem: Problem, options: RunOptions, out: Path, stop: Stop) -> int:
+async def _run_network(problem: Instance, options: RunOptions, out: Path, stop: Stop) -> int:
     began = time.perf_counter()
     origin = _origin(problem, options, out)
     faults = options.faults_for(problem.config.agents)
@@ -190,7 +190,7 @@ async def _run_network(problem: Problem, options: RunOptions, out: Path, stop: S
             journal.discard_if_empty(out)
 
 
-def _origin(problem: Problem, options: RunOptions, out: Path) -> _Origin:
+def _origin(problem: Instance, options: RunOptions, out: Path) -> _Origin:
     """The run's secrets: from its journal (--resume), from `privnet prepare` (--prepared,
     for as many agents as the run has), or new."""
     config = problem.config
@@ -212,7 +212,7 @@ def _origin(problem: Problem, options: RunOptions, out: Path) -> _Origin:
 
 
 def _watch(
-    problem: Problem,
+    problem: Instance,
     options: RunOptions,
     out: Path,
     origin: _Origin,
@@ -251,7 +251,7 @@ def _watch(
 
 
 async def _watched(
-    problem: Problem, options: RunOptions, shell: WatchShell, out: Path, began: float, stop: Stop
+    problem: Instance, options: RunOptions, shell: WatchShell, out: Path, began: float, stop: Stop
 ) -> int:
     """The run driven, tapped with --audit and watched in a page with --view (its sampler
     beside the run); the exit code."""
@@ -284,7 +284,7 @@ async def _start(broker: Broker | ContainerBroker) -> None:
 
 
 async def _view(
-    options: RunOptions, shell: WatchShell, problem: Problem, out: Path, tap: WireTap | None
+    options: RunOptions, shell: WatchShell, problem: Instance, out: Path, tap: WireTap | None
 ) -> LiveView | None:
     """With --view, the page of this run, served from this event loop (its URL printed)."""
     if not options.view:
@@ -448,7 +448,7 @@ async def _written(run: _Run, extra: dict[str, Any]) -> int:
 
 
 async def _conduct(
-    mqtt: Connection, shell: WatchShell, problem: Problem, view: LiveView | None, began: float
+    mqtt: Connection, shell: WatchShell, problem: Instance, view: LiveView | None, began: float
 ) -> None:
     """Pump the watch (or a view's lookout on it) until every session is done, its shell
     doing what it asks and sampling the agents' processes beside the pump; RunFailed when
@@ -545,7 +545,7 @@ def _membership(watch: Watch) -> dict[str, Any]:
 
 def _outputs(
     out: Path,
-    problem: Problem,
+    problem: Instance,
     curves: list[Curve],
     extra: dict[str, Any],
     tap: WireTap | None,

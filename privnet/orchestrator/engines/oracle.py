@@ -1,7 +1,7 @@
 """The oracle engine: the paper's matrix recursion (eq. extRec) on whole-network arrays.
 
 It shares no code with the agent state machine, only the public inputs every engine uses
-(the Problem's risks, privnet.agent.rng's streams, the per-agent keys of experiment.seeds, the
+(the Instance's risks, privnet.agent.rng's streams, the per-agent keys of experiment.seeds, the
 data), so when the net and memory engines agree with it, the agent core computes the
 paper's algorithm. Per round, phi = C1(w); psi = C0(phi) - mu grad(phi); w = C2(psi), with
 C_j the privatized combine of A_j (see `_Combine`). Repeats and schemes run side by side in
@@ -25,13 +25,13 @@ from privnet.agent.spec import STRATEGY_STEP, ConfigError, Scheme, Strategy, Wir
 from privnet.orchestrator.curves import Curve
 from privnet.orchestrator.experiment import data, seeds, topology
 from privnet.orchestrator.experiment.config import parse_choices
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 
 CHUNK = 100  # rounds of noise and minibatch indices drawn at once; bounds memory
 
 
 def run_oracle(
-    problem: Problem,
+    problem: Instance,
     strategies: Iterable[Strategy | str] | None = None,
     schemes: Iterable[Scheme | str] | None = None,
     progress: Callable[[int], None] | None = None,
@@ -198,7 +198,7 @@ class _Gradients:
     Minibatch rows come from each agent's BATCH stream, a block of rounds at a time (agent
     p's in round i: problems.minibatch of its share)."""
 
-    def __init__(self, problem: Problem) -> None:
+    def __init__(self, problem: Instance) -> None:
         c = problem.config
         shares = [problem.specs(r) for r in range(c.repeats)]
         parts = [data.parts(s) for s in shares]  # [r][p]: (x, y)
@@ -247,7 +247,7 @@ class _Gradients:
 
 
 def _run_strategy(
-    problem: Problem,
+    problem: Instance,
     strategy: Strategy,
     lanes: tuple[Scheme, ...],
     grads: _Gradients,
@@ -323,7 +323,7 @@ class _Rounds:
     """Round i's combines (the steps whose matrix is not I): fixed, or a schedule's,
     made once per distinct graph (privnet.agent.schedule.index)."""
 
-    def __init__(self, problem: Problem, strategy: Strategy) -> None:
+    def __init__(self, problem: Instance, strategy: Strategy) -> None:
         self.problem, self.strategy = problem, strategy
         self.made: dict[int, dict[int, _Combine]] = {}
 

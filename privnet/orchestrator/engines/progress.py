@@ -11,7 +11,7 @@ from rich.progress import Progress, TaskID
 from privnet.agent.protocol import Event
 from privnet.orchestrator.conductor import SessionPlan
 from privnet.orchestrator.engines.watch import Watch
-from privnet.orchestrator.experiment.problem import Problem, msd
+from privnet.orchestrator.experiment.instance import Instance, msd
 
 
 class ProgressLines:
@@ -20,7 +20,7 @@ class ProgressLines:
     their data and agreeing keys; a new view's re-keying too). A session's line ends as the
     session did (`settle`), so a log shows final lines, not the last refresh."""
 
-    def __init__(self, bar: Progress, problem: Problem, watch: Watch) -> None:
+    def __init__(self, bar: Progress, problem: Instance, watch: Watch) -> None:
         self.bar, self.problem, self.watch = bar, problem, watch
         self.tasks: dict[str, TaskID] = {}
         self.t0 = time.perf_counter()  # when the session under way started its rounds

@@ -26,7 +26,7 @@ from privnet.agent.launch import AgentLaunch
 from privnet.agent.protocol import Output
 from privnet.orchestrator.conductor import IN_SESSION, Conductor, SessionResult, Stage, View
 from privnet.orchestrator.curves import METRICS_HEADER
-from privnet.orchestrator.experiment.problem import Problem, msd
+from privnet.orchestrator.experiment.instance import Instance, msd
 from privnet.orchestrator.faults import Fault
 
 POLL = 0.5  # how often the shell samples the agents' processes
@@ -144,7 +144,7 @@ class Watch:
         self,
         conductor: Conductor,
         launches: Mapping[int, AgentLaunch],
-        problem: Problem,
+        problem: Instance,
         faults: list[Fault] | None = None,
         restart: bool = False,
     ) -> None:

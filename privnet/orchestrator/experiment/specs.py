@@ -15,7 +15,7 @@ from privnet.agent.spec import STEPS, AgentSpec, ConfigError, Scheme, StepPlan, 
 from privnet.orchestrator.conductor import SessionPlan
 from privnet.orchestrator.experiment import schedules, seeds, topology
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 
 
 def step_plans(A_j: np.ndarray, step: int, agent: int) -> StepPlan:
@@ -26,7 +26,7 @@ def step_plans(A_j: np.ndarray, step: int, agent: int) -> StepPlan:
 
 
 def agent_specs(
-    problem: Problem,
+    problem: Instance,
     strategy: Strategy,
     scheme: Scheme,
     *,
@@ -77,7 +77,7 @@ def agent_specs(
 
 
 def _plans(
-    problem: Problem, strategy: Strategy, members: frozenset[int] | None
+    problem: Instance, strategy: Strategy, members: frozenset[int] | None
 ) -> Callable[[int], tuple[StepPlan, StepPlan, StepPlan]]:
     """Agent p's step plans: of the view's A, or under a schedule the union of the run's
     rounds (each round's own plans the agent expands itself)."""
@@ -91,7 +91,7 @@ def _plans(
     return lambda p: tuple(step_plans(by_step[j], j, p) for j in STEPS)  # type: ignore[return-value]
 
 
-def view_graph(problem: Problem, members: frozenset[int]) -> nx.Graph:
+def view_graph(problem: Instance, members: frozenset[int]) -> nx.Graph:
     """The members' graph (a schedule's: the union of its rounds on them); ConfigError
     when it is not connected: no view runs on a split network."""
     inside = sorted(members)
@@ -112,7 +112,7 @@ def view_graph(problem: Problem, members: frozenset[int]) -> nx.Graph:
     return sub
 
 
-def view_matrix(problem: Problem, members: frozenset[int]) -> np.ndarray:
+def view_matrix(problem: Instance, members: frozenset[int]) -> np.ndarray:
     """A on the graph the members span, by the configured rule: metropolis or averaging
     recomputed on the members' subgraph; a user-given matrix restricted to the members and
     renormalized per column (each keeps its weights' proportions, and they sum to 1 again).
@@ -148,7 +148,7 @@ def session_list(config: ExperimentConfig) -> list[tuple[Strategy, Scheme, int]]
 
 
 def session_plans(
-    problem: Problem, sessions: Iterable[tuple[Strategy, Scheme, int]]
+    problem: Instance, sessions: Iterable[tuple[Strategy, Scheme, int]]
 ) -> list[SessionPlan]:
     """What the conductor plays, in order: one plan per strategy x scheme x repeat."""
     plans = []
@@ -171,7 +171,7 @@ def session_plans(
 
 
 def _view_specs(
-    problem: Problem,
+    problem: Instance,
     strategy: Strategy,
     scheme: Scheme,
     members: frozenset[int],

@@ -29,7 +29,7 @@ from privnet.agent.schemes.base import Draws
 from privnet.agent.spec import Schedule, Scheme, Strategy
 from privnet.orchestrator.curves import DPI, Curve, scheme_order, scheme_style
 from privnet.orchestrator.experiment import schedules, topology
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import view_matrix
 from privnet.orchestrator.replay import Replay, SessionWire, replay, session_views
 from privnet.orchestrator.terminal import titled_table
@@ -224,7 +224,9 @@ class ViewWeights:
         return topology.strategy_matrices(self.strategy, expand.matrix(made, round_))[step]
 
 
-def view_weights(problem: Problem, strategy: Strategy, views: Sequence[View] | None) -> ViewWeights:
+def view_weights(
+    problem: Instance, strategy: Strategy, views: Sequence[View] | None
+) -> ViewWeights:
     """The weights of every view of a session (its static A_j, or its schedule)."""
     out = {(0, j): a for j, a in enumerate(problem.matrices(strategy))}
     timed: dict[int, Schedule] = {}
@@ -243,7 +245,7 @@ def view_weights(problem: Problem, strategy: Strategy, views: Sequence[View] | N
 
 
 def account(
-    problem: Problem,
+    problem: Instance,
     strategy: Strategy,
     scheme: Scheme,
     neighbour: int,
@@ -288,12 +290,12 @@ def account(
     )
 
 
-Accounting = Callable[[Problem, Strategy, Scheme, int, int], Account]
+Accounting = Callable[[Instance, Strategy, Scheme, int, int], Account]
 
 
 def attach(
     curve: Curve,
-    problem: Problem,
+    problem: Instance,
     neighbour: int,
     sessions: Sequence[int] = (),
     membership: Sequence[View] | None = None,
@@ -353,7 +355,7 @@ def attach(
     return accounts
 
 
-def _changed(problem: Problem, neighbour: int) -> str:
+def _changed(problem: Instance, neighbour: int) -> str:
     if problem.config.dataset != LINEAR:
         return (
             f"agent {neighbour}'s rows replaced by as many freshly sampled from "

@@ -23,7 +23,7 @@ from scipy import stats
 
 from privnet.agent.spec import Scheme, Strategy
 from privnet.orchestrator.experiment import seeds
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.privacy.accountant import INFINITE, Adversary, Charges, view_weights
 from privnet.orchestrator.replay import replay
 from privnet.orchestrator.terminal import titled_table
@@ -55,7 +55,7 @@ class View:
         return Adversary("wire")
 
 
-def views_for(problem: Problem, scheme: Scheme, strategy: Strategy, agent: int) -> list[View]:
+def views_for(problem: Instance, scheme: Scheme, strategy: Strategy, agent: int) -> list[View]:
     """The attackers each scheme claims a finite epsilon against: an unmasked one the
     links out of the agent; a masked one a link and the hub that weighs the agent most,
     and with noise of its own under the masks (masked-ghp) the whole wire too."""
@@ -66,7 +66,7 @@ def views_for(problem: Problem, scheme: Scheme, strategy: Strategy, agent: int) 
     return [*views, View("wire")] if scheme.part.perturbs else views
 
 
-def _largest_hub(problem: Problem, strategy: Strategy, agent: int) -> int:
+def _largest_hub(problem: Instance, strategy: Strategy, agent: int) -> int:
     """The neighbour that weighs the agent most (its masks are the smallest there)."""
     a = problem.A  # the matrix of the communicating step, for every strategy
     row = a[agent].copy()
@@ -74,7 +74,9 @@ def _largest_hub(problem: Problem, strategy: Strategy, agent: int) -> int:
     return int(np.argmax(row))
 
 
-def observe(view: View, seen: Seen, agent: int, problem: Problem, strategy: Strategy) -> np.ndarray:
+def observe(
+    view: View, seen: Seen, agent: int, problem: Instance, strategy: Strategy
+) -> np.ndarray:
     """The attacker's observation of one trial, as one flat vector in a fixed order."""
     if view.kind == "links-out":
         picked = sorted((i, j, k) for m, k, i, j in seen if m == agent)
@@ -169,7 +171,7 @@ def _best_threshold(s_d: np.ndarray, s_twin: np.ndarray) -> tuple[float, int]:
 
 
 def run_trials(
-    problem: Problem, strategy: Strategy, scheme: Scheme, agent: int, trials: int, seed: int
+    problem: Instance, strategy: Strategy, scheme: Scheme, agent: int, trials: int, seed: int
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Views on D and on D' of every trial, and per view the accountant's eps of each
     D/D' pair."""
@@ -197,7 +199,7 @@ def run_trials(
 
 
 def dp_audit(
-    problem: Problem, strategy: Strategy, scheme: Scheme, agent: int, trials: int, seed: int = 1
+    problem: Instance, strategy: Strategy, scheme: Scheme, agent: int, trials: int, seed: int = 1
 ) -> list[dict[str, Any]]:
     """One record per attacker view: eps_LB with its intervals, and the claimed eps."""
     on_d, on_twin, claimed = run_trials(problem, strategy, scheme, agent, trials, seed)

@@ -22,7 +22,7 @@ from privnet.agent.spec import ConfigError
 from privnet.orchestrator.conductor import View, describe, session_label
 from privnet.orchestrator.curves import METRICS_HEADER
 from privnet.orchestrator.experiment.config import ExperimentConfig
-from privnet.orchestrator.experiment.problem import Problem
+from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import session_list, session_plans
 from privnet.orchestrator.view.links import link_bytes
 from privnet.orchestrator.view.state import AgentRow, ViewState, db
@@ -34,7 +34,7 @@ METRICS_FILE = "metrics.csv"
 MEMBERSHIP_FILE = "membership.json"
 
 
-def run_meta(problem: Problem, run: str, labels: Sequence[str], live: bool) -> dict[str, Any]:
+def run_meta(problem: Instance, run: str, labels: Sequence[str], live: bool) -> dict[str, Any]:
     """What the page's header says and how it draws the curves (MSD, or the problem's test
     metric in %)."""
     config = problem.config
@@ -97,7 +97,7 @@ def load_run(run_dir: Path) -> ViewState:
     config = configuration.with_overrides(
         ExperimentConfig(), {k: v for k, v in settings.items() if k in names}
     )
-    problem = Problem.build(config)
+    problem = Instance.build(config)
     labels = [session_label(*session) for session in session_list(config)]
     run = str(settings.get("run", run_dir.name))
     state = ViewState(
@@ -161,7 +161,7 @@ def _views(path: Path) -> list[View]:
         raise ConfigError(str(exc)) from None
 
 
-def _curves(state: ViewState, path: Path, problem: Problem) -> None:
+def _curves(state: ViewState, path: Path, problem: Instance) -> None:
     """metrics.csv: per session (strategy/scheme/repeat) the page's metric per round, and
     with --account epsilon per agent at the last round."""
     if not path.is_file():
@@ -194,7 +194,7 @@ def _eps(cell: str) -> float | str:
     return value if math.isfinite(value) else "inf"
 
 
-def _links(state: ViewState, problem: Problem, run: str, views: list[View]) -> None:
+def _links(state: ViewState, problem: Instance, run: str, views: list[View]) -> None:
     """Links by model bytes per round under the run's last view."""
     plans = session_plans(problem, session_list(problem.config)[-1:])
     plan = plans[0]

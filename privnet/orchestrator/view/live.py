@@ -35,7 +35,7 @@ from privnet.orchestrator.conductor import IN_SESSION, Conductor, SessionPlan, S
 from privnet.orchestrator.engines.launch import LocalLauncher
 from privnet.orchestrator.engines.shell import WatchShell
 from privnet.orchestrator.engines.watch import Watch
-from privnet.orchestrator.experiment.problem import Problem, msd
+from privnet.orchestrator.experiment.instance import Instance, msd
 from privnet.orchestrator.privacy import accountant
 from privnet.orchestrator.privacy.accountant import Account
 from privnet.orchestrator.view.files import AUDIT_FILE, VIEW_FILE, audit_summary, run_meta
@@ -86,7 +86,7 @@ class LiveView:
     def __init__(
         self,
         shell: WatchShell,
-        problem: Problem,
+        problem: Instance,
         out: Path,
         *,
         neighbour: int | None = None,
@@ -367,7 +367,7 @@ class LiveView:
         self.state.epsilon = {"neighbour": neighbour, "sessions": {}}
 
     def account(
-        self, problem: Problem, strategy: Strategy, scheme: Scheme, neighbour: int, repeat: int
+        self, problem: Instance, strategy: Strategy, scheme: Scheme, neighbour: int, repeat: int
     ) -> Account:
         """`accountant.account`, from the twin runs the worker made where it made them
         (it blocks until they are done: the outputs would run them otherwise)."""
@@ -410,7 +410,7 @@ class LiveView:
         self.state.audit = audit
 
 
-def account_session(problem: Problem, label: str, neighbour: int) -> Account:
+def account_session(problem: Instance, label: str, neighbour: int) -> Account:
     """The accountant's twin runs of one session (in the view's worker process), without
     the replays behind them (`charges`: every frame's values, which the outputs need not
     and which would cross back from the worker for nothing)."""

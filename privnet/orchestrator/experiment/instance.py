@@ -1,6 +1,6 @@
 """The fixed parts of an experiment every engine shares: graph, matrices, data, w^o.
 
-`Problem` is one experiment's instance: its graph and combination matrices, and its
+`Instance` is one experiment's instance: its graph and combination matrices, and its
 `plugin`, the learning problem (privnet.agent.problems) every agent solves on its share of the data.
 """
 
@@ -25,7 +25,7 @@ SCORED_MODELS = 64  # models scored at once: bounds the (models, test rows) outp
 
 
 @dataclass(frozen=True)
-class Problem:
+class Instance:
     config: ExperimentConfig
     graph: nx.Graph
     A: np.ndarray  # left-stochastic: A[m, p] = a_mp, the weight p gives to m
@@ -40,7 +40,7 @@ class Problem:
     schedule: Schedule | None = None
 
     @classmethod
-    def build(cls, config: ExperimentConfig) -> Problem:
+    def build(cls, config: ExperimentConfig) -> Instance:
         plugin_class = problems.problem_class(config.problem)
         params = problems.params(_with_rho(plugin_class, config))
         plugin = problems.make(config.problem, params)
@@ -96,7 +96,7 @@ class Problem:
             return self.matrices(strategy)
         return topology.strategy_matrices(strategy, self.round_matrix(round_))
 
-    def twin(self, agent: int) -> Problem:
+    def twin(self, agent: int) -> Instance:
         """The same experiment on the neighbouring dataset D': `agent`'s data replaced."""
         if not 0 <= agent < self.config.agents:
             raise ConfigError(
