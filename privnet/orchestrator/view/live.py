@@ -181,7 +181,7 @@ class LiveView:
         if running:
             assert plan is not None
             self._rows = self._metric_rows(
-                plan.label,
+                plan,
                 conductor.collection.models,
                 conductor.collection.metrics,
                 self.watch.reported,
@@ -215,11 +215,10 @@ class LiveView:
     def _finished_sessions(self, conductor: Conductor) -> None:
         """A session done: its last rows (the conductor moved on to the next session's
         array), each agent's rejections and the session's bytes as the agents counted."""
-        for result in conductor.results[self._results :]:
+        for n, result in enumerate(conductor.results[self._results :], self._results):
             if self._results == self._session:
-                self._metric_rows(
-                    result.label, result.models, result.metrics, result.models.shape[0]
-                )
+                plan = conductor.plans[n]
+                self._metric_rows(plan, result.models, result.metrics, result.models.shape[0])
             rounds = max(result.models.shape[0], 1)
             for agent, done in result.finished.items():
                 row = self.state.agents[agent]
@@ -260,15 +259,15 @@ class LiveView:
         self.state.touch()
 
     def _metric_rows(
-        self, label: str, models: np.ndarray, metrics: np.ndarray | None, reported: int
+        self, plan: SessionPlan, models: np.ndarray, metrics: np.ndarray | None, reported: int
     ) -> int:
         """The rows every member has reported since the last sample, as the page's curve:
         MSD in dB, or the problem's test metric in %, of the centroid and the average agent
         at the rounds with models (at most TEST_ROWS scored), and every round the agents'
         own score (their risk in dB, or their test metric in %)."""
-        curve = self.state.curve(label)
+        curve = self.state.curve(plan.label)
         rows = range(self._rows, reported)
-        w_opt, q = self.problem.w_opt[int(label.rsplit("/", 1)[1])], self.problem.q
+        w_opt, q = self.problem.w_opt[plan.repeat], self.problem.q
         own = np.full(len(rows), np.nan)
         if metrics is not None:
             told = self.problem.agent_metrics(metrics[self._rows : reported])
@@ -361,7 +360,7 @@ class LiveView:
         self._pool = context.Pool(1)
         for plan in self.watch.conductor.plans:
             self._accounts[plan.label] = self._pool.apply_async(
-                account_session, (self.problem, plan.label, neighbour)
+                account_session, (self.problem, plan.strategy, plan.scheme, plan.repeat, neighbour)
             )
         self._neighbour = neighbour
         self.state.epsilon = {"neighbour": neighbour, "sessions": {}}
@@ -410,14 +409,13 @@ class LiveView:
         self.state.audit = audit
 
 
-def account_session(problem: Instance, label: str, neighbour: int) -> Account:
+def account_session(
+    problem: Instance, strategy: Strategy, scheme: Scheme, repeat: int, neighbour: int
+) -> Account:
     """The accountant's twin runs of one session (in the view's worker process), without
     the replays behind them (`charges`: every frame's values, which the outputs need not
     and which would cross back from the worker for nothing)."""
-    strategy, scheme, repeat = label.split("/")
-    accounted = accountant.account(
-        problem, Strategy(strategy), Scheme(scheme), neighbour, int(repeat)
-    )
+    accounted = accountant.account(problem, strategy, scheme, neighbour, repeat)
     return dataclasses.replace(accounted, charges=None)
 
 
