@@ -226,7 +226,6 @@ def test_a_model_beyond_the_range_stops_the_run_with_the_reason() -> None:
 )
 def test_u4_refuses_what_it_does_not_carry_yet(extra: dict[str, str], words: str) -> None:
     """A schedule's round-by-round masks and an attacker's inbox are f8's: refused, with
-    the flag that runs them."""
-    exp = privnet.Experiment(agents=8, iters=3, wire_dtype="u4", **extra)
+    the flag that runs them, when the Experiment is made (before anything runs)."""
     with pytest.raises(ConfigError, match=f"{words}.*--wire-dtype f8"):
-        privnet.simulate(exp, "memory")
+        privnet.Experiment(agents=8, iters=3, wire_dtype="u4", **extra)
