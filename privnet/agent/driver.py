@@ -13,8 +13,9 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Protocol
 
+from privnet.agent.mailbox import Taker
 from privnet.agent.protocol import PEER_QOS, QOS, Output, Unsubscribe
-from privnet.agent.transport import Outages, Taker
+from privnet.agent.transport import Outages
 
 log = logging.getLogger("privnet.agent")
 OVERRAN = 1.0  # seconds a wait overran by: this process itself was not running

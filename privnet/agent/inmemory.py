@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from privnet.agent.mailbox import Mailbox, Taker
 from privnet.agent.protocol import QOS
-from privnet.agent.transport import Outages, Taker
+from privnet.agent.transport import Outages
 
 E = TypeVar("E")
 _HERE = "\0subscribers"  # no topic level contains a NUL
@@ -123,10 +124,7 @@ class MemoryLink:
         self.broker, self.name = broker, name
         self.outages = Outages()  # none: the broker is this process
         self.generation = 0
-        self._queue: deque[tuple[str, bytes, bool]] = deque()
-        self._waiter: asyncio.Future[None] | None = None
-        self._taker: Taker | None = None
-        self._interrupted = False
+        self._box = Mailbox()  # deliveries for `get`, or its taker
 
     @property
     def up(self) -> bool:
@@ -134,55 +132,27 @@ class MemoryLink:
 
     @property
     def queued(self) -> int:
-        return len(self._queue)
+        return len(self._box.queue)
 
     def deliver(self, topic: str, payload: bytes) -> None:
         """From the broker: to the waiting pump's taker at once, or queued for its `get`."""
-        waiter = self._waiter
-        if (
-            self._taker is None
-            or waiter is None
-            or waiter.done()
-            or not self._taker(topic, payload, False)
-        ):
-            self._queue.append((topic, payload, False))
-            self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        self._box.deliver(topic, payload, False)
 
     def interrupt(self) -> None:
         """End the `get` under way (or else the next) as if its time had run out."""
-        self._interrupted = True
-        self._wake()
+        self._box.interrupt()
 
-    @contextlib.contextmanager
-    def taking(self, taker: Taker) -> Iterator[None]:
+    def taking(self, taker: Taker) -> contextlib.AbstractContextManager[None]:
         """As `Connection.taking`: deliveries go to `taker` while a `get` waits."""
-        self._taker = taker
-        try:
-            yield
-        finally:
-            self._taker = None
+        return self._box.taking(taker)
 
     async def get(self, timeout: float | None = None) -> tuple[str, bytes, bool]:
         """The next (topic, payload, retained); TimeoutError after `timeout` s or an
         `interrupt`. One caller at a time."""
-        if not self._queue and not self._interrupted:
-            loop = asyncio.get_running_loop()
-            self._waiter = waiter = loop.create_future()
-            timer = None if timeout is None else loop.call_later(max(timeout, 0.0), self._wake)
-            try:
-                await waiter
-            finally:
-                self._waiter = None
-                if timer is not None:
-                    timer.cancel()
-        if self._interrupted or not self._queue:
-            self._interrupted = False
-            raise TimeoutError
-        return self._queue.popleft()
+        await self._box.wait(timeout)
+        item = self._box.queue.popleft()
+        assert item is not None  # never lost: the broker is this process
+        return item
 
     def publish(self, topic: str, payload: bytes, qos: int = QOS) -> None:
         self.broker.route(self.name, topic, payload)

@@ -9,17 +9,16 @@ import contextlib
 import logging
 import random
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Self
 
 from privnet.agent.access import BrokerAddress, ClientAccess
 from privnet.agent.gmqtt_adapter import ConnectError, GmqttClient, Inflight, refused_for_good
+from privnet.agent.mailbox import Mailbox, Taker
 from privnet.agent.protocol import QOS
 
 log = logging.getLogger("privnet.agent")
-Taker = Callable[[str, bytes, bool], bool]  # (topic, payload, retained): True taken, False queue
 
 
 class MqttError(Exception):
@@ -89,10 +88,7 @@ class Connection:
         self._client.on_unsubscribe = self._on_ack
         if access.username is not None:
             self._client.set_auth_credentials(access.username, access.password)
-        self._queue: deque[tuple[str, bytes, bool] | None] = deque()  # None: lost for good
-        self._waiter: asyncio.Future[None] | None = None  # of the `get` waiting
-        self._taker: Taker | None = None
-        self._interrupted = False
+        self._box = Mailbox()  # deliveries for `get`, or its taker
         self._acks: dict[int, asyncio.Future[None]] = {}  # SUBACKs and UNSUBACKs by mid
         self._lost: str | None = None  # why the connection ended for good
         self._closing = False
@@ -186,36 +182,18 @@ class Connection:
         return 0  # PUBACK: success
 
     def _deliver(self, topic: str, payload: bytes, retained: bool) -> None:
-        waiter = self._waiter
-        if (
-            self._taker is None
-            or waiter is None
-            or waiter.done()  # woken already: what comes meanwhile waits its turn
-            or not self._taker(topic, payload, retained)
-        ):
-            self._queue.append((topic, payload, retained))
-            self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        self._box.deliver(topic, payload, retained)
 
     def interrupt(self) -> None:
         """End the `get` under way (or else the next) as if its time had run out, before
         any delivery."""
-        self._interrupted = True
-        self._wake()
+        self._box.interrupt()
 
-    @contextlib.contextmanager
-    def taking(self, taker: Taker) -> Iterator[None]:
+    def taking(self, taker: Taker) -> contextlib.AbstractContextManager[None]:
         """While a `get` waits within this block, a delivery (none being queued) goes to
         `taker` at once, from the transport's callback: no task wakes for it. A taker
         returns False to have it queued instead, and returns the next `get`."""
-        self._taker = taker
-        try:
-            yield
-        finally:
-            self._taker = None
+        return self._box.taking(taker)
 
     def _on_disconnect(self, _c: Any, _packet: Any, exc: BaseException | None = None) -> None:
         for waiter in self._acks.values():
@@ -322,8 +300,7 @@ class Connection:
         self._lost = why
         self.outages.seconds += time.monotonic() - began
         self._settled.set()
-        self._queue.append(None)
-        self._wake()
+        self._box.put(None)
         log.error("%s", why)
 
     async def _wait_up(self) -> None:
@@ -362,7 +339,7 @@ class Connection:
     @property
     def queued(self) -> int:
         """Deliveries waiting for a `get`."""
-        return len(self._queue)
+        return len(self._box.queue)
 
     @property
     def up(self) -> bool:
@@ -396,23 +373,11 @@ class Connection:
         """The next (topic, payload, retained); TimeoutError after `timeout` s (or an
         `interrupt`); MqttError once the connection is lost for good (an outage is waited
         through). One caller at a time."""
-        if not self._queue and not self._interrupted:
-            loop = asyncio.get_running_loop()
-            self._waiter = waiter = loop.create_future()
-            timer = None if timeout is None else loop.call_later(max(timeout, 0.0), self._wake)
-            try:
-                await waiter
-            finally:
-                self._waiter = None
-                if timer is not None:
-                    timer.cancel()
-        if self._interrupted or not self._queue:
-            self._interrupted = False
-            raise TimeoutError
-        item = self._queue[0]
+        await self._box.wait(timeout)
+        item = self._box.queue[0]
         if item is None:  # left in place: every later get sees it too
             raise MqttError(self._lost or "connection to the broker ended")
-        self._queue.popleft()
+        self._box.queue.popleft()
         return item
 
 
