@@ -23,6 +23,7 @@ Writes bench.json and bench.png to --out and prints the table.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -203,22 +204,29 @@ DIGITS_ROWS = 1347  # digits' training rows, dealt out among the agents
 
 def model_fields(params: int, agents: int) -> dict[str, Any]:
     """The experiment fields of `mlp` on digits with one hidden layer as wide as brings it
-    nearest `params` parameters (its size is affine in the width: measured at 1 and 2)."""
+    nearest `params` parameters, each agent's share of the rows in full."""
+    return _mlp(_mlp_width(params), agents)
 
-    def fields(width: int) -> dict[str, Any]:
-        return {
-            "problem": "mlp",
-            "dataset": "digits",
-            "params": {"hidden": [width]},
-            "samples": max(DIGITS_ROWS // agents, 1),
-        }
+
+def _mlp(width: int, agents: int) -> dict[str, Any]:
+    return {
+        "problem": "mlp",
+        "dataset": "digits",
+        "params": {"hidden": [width]},
+        "samples": max(DIGITS_ROWS // agents, 1),
+    }
+
+
+@functools.cache
+def _mlp_width(params: int) -> int:
+    """The hidden width nearest `params` parameters: the size is affine in the width (and
+    does not depend on the agents), so two sizes, at widths 1 and 2, give it."""
 
     def dim(width: int) -> int:
-        return Instance.build(ExperimentConfig(agents=agents, **fields(width))).config.dim
+        return Instance.build(ExperimentConfig(agents=2, **_mlp(width, 2))).config.dim
 
     one, two = dim(1), dim(2)
-    width = max(1, round((params - (one - (two - one))) / (two - one)))
-    return fields(width)
+    return max(1, round((params - (one - (two - one))) / (two - one)))
 
 
 def model_toml(fields: dict[str, Any]) -> str:
