@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import need_torch
+from test_data_plugins import assert_gradient_is_the_difference
 
 import privnet
 from privnet.agent import datasets
@@ -99,12 +100,7 @@ def test_the_cnn_gradient_is_the_modules() -> None:
     risk = problem.risk(x, y, data.classes)
     gen = np.random.default_rng(4)
     w = gen.normal(scale=0.3, size=(2, problem.dim(x.shape[1], data.classes)))
-    grad = risk.gradient(w, None)
-    for m in gen.choice(w.shape[1], size=8, replace=False):
-        step = np.zeros_like(w)
-        step[:, m] = 1e-6
-        numeric = (risk.value(w + step, None) - risk.value(w - step, None)) / 2e-6
-        np.testing.assert_allclose(grad[:, m], numeric, rtol=1e-5, atol=1e-8)
+    assert_gradient_is_the_difference(risk, w, gen)
 
 
 def test_a_cnn_runs_the_same_on_the_oracle_and_the_memory_engine() -> None:
