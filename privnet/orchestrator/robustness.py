@@ -178,9 +178,8 @@ def figure(cells: list[Cell], path: Path) -> None:
                 grid[rows.index((c.attack, c.attackers)), schemes.index(c.scheme)] = c.delta_db
         image = ax.imshow(np.clip(grid, -5, 60), cmap="magma_r", vmin=-5, vmax=60, aspect="auto")
         for (i, j), v in np.ndenumerate(grid):
-            dark = not np.isnan(v) and v >= 30
             text = "refused" if np.isnan(v) else f"{v:+.0f}"
-            colour = "white" if dark else "grey"
+            colour = "grey" if np.isnan(v) else "white" if v >= 15 else "black"
             ax.text(j, i, text, ha="center", va="center", fontsize=6, color=colour)
         ax.set_title(f"defense: {defense}", fontsize=9)
         ax.set_xticks(range(len(schemes)), schemes, rotation=45, ha="right", fontsize=7)
