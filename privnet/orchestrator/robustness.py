@@ -185,7 +185,7 @@ def figure(cells: list[Cell], path: Path) -> None:
         ax.set_xticks(range(len(schemes)), schemes, rotation=45, ha="right", fontsize=7)
         ax.set_yticks(range(len(rows)), [f"{a} x{n}" for a, n in rows], fontsize=7)
     if image is not None:
-        fig.colorbar(image, ax=list(axes), label="honest MSD change vs no attacker, dB")
+        fig.colorbar(image, ax=list(axes), label="honest MSD change, dB")
     fig.savefig(path, dpi=130)
 
 
