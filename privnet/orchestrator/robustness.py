@@ -161,7 +161,8 @@ def markdown(cells: list[Cell], config: ExperimentConfig) -> str:
 
 def figure(cells: list[Cell], path: Path) -> None:
     """The table as a heat map per defense: attack x attackers down, scheme across, the
-    change in dB in each square (hatched grey where the defense is refused)."""
+    change in dB in each square ("refused" where the scheme refuses the defense, "not run"
+    where a partial sitting left the cell out)."""
     from matplotlib.figure import Figure
 
     defenses_ = list(dict.fromkeys(c.defense for c in cells))
@@ -178,7 +179,8 @@ def figure(cells: list[Cell], path: Path) -> None:
                 grid[rows.index((c.attack, c.attackers)), schemes.index(c.scheme)] = c.delta_db
         image = ax.imshow(np.clip(grid, -5, 60), cmap="magma_r", vmin=-5, vmax=60, aspect="auto")
         for (i, j), v in np.ndenumerate(grid):
-            text = "refused" if np.isnan(v) else f"{v:+.0f}"
+            blank = "refused" if not applicable(defense, Scheme(schemes[j])) else "not run"
+            text = blank if np.isnan(v) else f"{v:+.0f}"
             colour = "grey" if np.isnan(v) else "white" if v >= 15 else "black"
             ax.text(j, i, text, ha="center", va="center", fontsize=6, color=colour)
         ax.set_title(f"defense: {defense}", fontsize=9)
