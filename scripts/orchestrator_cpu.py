@@ -5,7 +5,7 @@ Each measurement is a whole `privnet run` (ATC, `local-ghp`, mosquitto, `--seed 
 checkout (run with PYTHONPATH set to it, so `/work/main` can stand for "before"). The
 orchestrator's CPU is summary.json's `orchestrator.session_cpu_s` (its process, Go to the
 session's end) over the rounds; the agents' is their processes' CPU over the same window,
-sampled every 0.25 s (psutil; mosquitto left out). Keying is the launch to Go. Checkouts
+sampled every 0.25 s (`bench.watch`, its agents' role). Keying is the launch to Go. Checkouts
 alternate, so drifting load hits both alike; one JSON line per run.
 
     python scripts/orchestrator_cpu.py /work/main . --agents 30 --iters 300 --repeats 2
@@ -26,26 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
-
-
-def _sampled(proc: subprocess.Popen[bytes], samples: list[tuple[float, float]]) -> None:
-    """(time, CPU seconds of every descendant but the broker) until `proc` ends."""
-    root, seen = psutil.Process(proc.pid), {}
-    while proc.poll() is None:
-        try:
-            children = root.children(recursive=True)
-        except psutil.Error:
-            break
-        for child in children:
-            try:
-                if "mosquitto" not in " ".join(child.cmdline()):
-                    t = child.cpu_times()
-                    seen[child.pid] = t.user + t.system
-            except psutil.Error:
-                pass
-        samples.append((time.time(), sum(seen.values())))
-        time.sleep(0.25)
+from privnet.orchestrator.bench import watch
 
 
 def measure(tree: Path, agents: int, iters: int, topology: str, extra: list[str]) -> dict:
@@ -60,7 +41,7 @@ def measure(tree: Path, agents: int, iters: int, topology: str, extra: list[str]
     env = dict(os.environ, PYTHONPATH=str(tree))
     began, samples = time.time(), []
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL)
-    sampler = threading.Thread(target=_sampled, args=(proc, samples))
+    sampler = threading.Thread(target=watch, args=(proc,), kwargs={"timeline": samples})
     sampler.start()
     if proc.wait() != 0:
         raise SystemExit(f"the run of {tree} failed (exit {proc.returncode}); see {out}")
