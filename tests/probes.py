@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from router import Router
 
 from privnet.agent.keys import PairStream, stream_laplace
 from privnet.agent.protocol import Deliveries, Output, Publish
 from privnet.broker.launcher import Broker
 from privnet.orchestrator.curves import METRICS_HEADER
-from privnet.orchestrator.engines.memory import Router
 
 Metrics = dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]
 

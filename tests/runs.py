@@ -1,6 +1,6 @@
 """A memory-engine run under a test's control, shared by test_node and test_conductor.
 
-`Harness` wraps `privnet.orchestrator.engines.memory.Network` (conductor + nodes on one `Router`)
+`Harness` wraps a `router.Routed` network (conductor + nodes on the tests' stepping `Router`)
 with a fake clock, a record of every frame delivered, one-shot hooks that fire when the
 run reaches a state (so a frame can be delivered in an exact phase), frames held back and
 released later, and builders for control frames signed by anyone, for any run.
@@ -18,6 +18,7 @@ from typing import Literal
 
 import numpy as np
 from probes import inject, uncounted
+from router import Endpoint, Routed
 
 from privnet.agent import control, keys, topics, wire
 from privnet.agent.core import AgentCore
@@ -26,7 +27,7 @@ from privnet.agent.node import AgentNode
 from privnet.agent.protocol import Checkpoint, Output, Publish
 from privnet.agent.spec import Scheme, Strategy
 from privnet.orchestrator.conductor import Conductor, SessionResult, Stage, View
-from privnet.orchestrator.engines.memory import CONDUCTOR, Endpoint, Network
+from privnet.orchestrator.engines.memory import CONDUCTOR
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import session_plans
@@ -80,7 +81,7 @@ Hold = Callable[[str, Publish], bool]
 
 @dataclass
 class Harness:
-    net: Network
+    net: Routed
     clock: Clock
     sent: list[tuple[str, Publish]] = field(default_factory=list)  # delivered, in order
     held: list[tuple[str, Publish]] = field(default_factory=list)
@@ -113,7 +114,7 @@ class Harness:
         """`seal_links=False`: the visible wire, for tests that forge peer frames as only a
         link's two ends could seal them."""
         plans = session_plans(problem(rounds), [(s, sc, 0) for s, sc in sessions])
-        net = Network.build(
+        net = Routed.build(
             plans,
             core=core,
             deadline=deadline,
@@ -235,11 +236,7 @@ class Harness:
 
     def _swap(self, name: str, new: Endpoint) -> None:
         """Whatever reached `name` now reaches `new`."""
-        router = self.net.router
-        for pattern in self.nodes[int(name.split("-")[1])].subscriptions:
-            router._filters.remove(pattern, name)
-            router._filters.add(pattern, name, new)
-        router._generation += 1
+        self.net.router.swap(name, new, self.nodes[int(name.split("-")[1])].subscriptions)
 
     def when(self, ready: Predicate, action: Action) -> None:
         """Run `action` once, before the first delivery at which `ready()` holds."""

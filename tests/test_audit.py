@@ -26,6 +26,7 @@ import pytest
 from conftest import assert_private_run, capture_tools, tcpdump
 from probes import uncounted
 from rich.console import Console
+from router import Routed
 
 from privnet.agent import keys, rng, topics, wire
 from privnet.agent.core import AgentCore, split_senders
@@ -336,7 +337,8 @@ def test_hub_that_swaps_relayed_keys_is_caught() -> None:
 
     recorded_frames: list[Publish] = []
     plans = specs.session_plans(problem, [(Strategy.ATC, Scheme.LOCAL_GHP, 0)])
-    network = Network.build(plans, core=core, tap=lambda _, frame: recorded_frames.append(frame))
+    # The stepping router (no deadlines run): the stall stays where the hub left it.
+    network = Routed.build(plans, core=core, tap=lambda _, frame: recorded_frames.append(frame))
     with pytest.raises(RunFailed, match="stopped in stage configuring"):
         network.play()
     senders = senders_of(A, hub)

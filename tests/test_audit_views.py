@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import need_mosquitto
+from router import Routed
 from runs import Clock, model_place
 
 from privnet.agent.node import AgentNode
@@ -27,7 +28,7 @@ from privnet.agent.spec import STRATEGY_STEP, Scheme, Strategy
 from privnet.orchestrator import audit, replay
 from privnet.orchestrator.cli import main
 from privnet.orchestrator.conductor import Conductor, Stage, View
-from privnet.orchestrator.engines.memory import CONDUCTOR, Network
+from privnet.orchestrator.engines.memory import CONDUCTOR
 from privnet.orchestrator.experiment import topology
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.instance import Instance
@@ -40,7 +41,7 @@ VICTIM, DIES_AFTER = 3, 50  # agent 3 is gone after its 50th model frame
 STALLED = 12  # every model frame of this round is lost
 DEADLINE = 30.0
 CANCEL = 1e-12
-Edit = Callable[[Network, str, Publish], Publish | None]
+Edit = Callable[[Routed, str, Publish], Publish | None]
 
 
 def config(scheme: Scheme = Scheme.LOCAL_GHP) -> ExperimentConfig:
@@ -73,7 +74,7 @@ def play(c: ExperimentConfig, edit: Edit, seen_before_edit: bool = False) -> Fau
         records.append(audit.WireRecord(0.0, frame.topic, frame.payload))
 
     plans = session_plans(problem, session_list(c))
-    net = Network.build(plans, run=RUN, deadline=DEADLINE, escrow=True)
+    net = Routed.build(plans, run=RUN, deadline=DEADLINE, escrow=True)
     clock = Clock()
     net.router.clock = clock
 
@@ -113,7 +114,7 @@ def killing(victim: int, after: int) -> Edit:
     reaches the broker, and the shell tells the conductor (as `Watch` does)."""
     sent = {"models": 0}
 
-    def edit(net: Network, publisher: str, frame: Publish) -> Publish | None:
+    def edit(net: Routed, publisher: str, frame: Publish) -> Publish | None:
         if publisher != f"agent-{victim}":
             return frame
         if sent["models"] >= after:
@@ -133,7 +134,7 @@ def losing_round(round_: int) -> Edit:
     """Every model frame of `round_` under the first view is lost (a broker that dropped
     them): nobody completes the round, the network stands still, a new view redoes it."""
 
-    def edit(_net: Network, _publisher: str, frame: Publish) -> Publish | None:
+    def edit(_net: Routed, _publisher: str, frame: Publish) -> Publish | None:
         if model_place(frame) == (0, round_):
             return None
         return frame

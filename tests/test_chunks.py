@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from router import Routed
 from runs import RUN, Clock, Harness, assert_same_models
 
 from privnet.agent import topics, wire
@@ -256,7 +257,7 @@ def wide_mlp() -> Instance:
 
 def harness(problem: Instance) -> Harness:
     plans = session_plans(problem, [(Strategy.ATC, Scheme.LOCAL_GHP, 0)])
-    net = Network.build(plans, deadline=30.0, run=RUN)
+    net = Routed.build(plans, deadline=30.0, run=RUN)
     h = Harness(net, Clock())
     net.router.clock = h.clock
     net.router.edit = h._edit

@@ -22,6 +22,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from probes import inject, uncounted
+from router import Routed
 
 from privnet.agent import keys, rng, topics, wire
 from privnet.agent.core import AgentCore, Seat, split_senders
@@ -31,7 +32,6 @@ from privnet.agent.node import AgentNode
 from privnet.agent.protocol import Publish
 from privnet.agent.spec import STEPS, STRATEGY_STEP, ConfigError, Rekey, Scheme, StepPlan, Strategy
 from privnet.agent.wire import Peer
-from privnet.orchestrator.engines.memory import Network
 from privnet.orchestrator.experiment import topology
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.instance import Instance
@@ -143,7 +143,7 @@ class Observed(AgentCore):
 
 
 class Session:
-    """One session on the memory engine: the conductor and a node per agent on one Router,
+    """One session on the memory engine: the conductor and a node per agent on the tests' Router,
     with observed cores; `wire` is every peer message the agents published, as delivered
     and read by an eavesdropper (edited in flight, if it was; "injected" frames left out).
 
@@ -157,7 +157,7 @@ class Session:
         self.wire: list[Peer] = []
         self.models = np.zeros(0)
         plans = session_plans(problem, [(strategy, scheme, 0)])
-        self.network = Network.build(
+        self.network = Routed.build(
             plans, core=partial(Observed, notes=self.notes), tap=self._tap, seal_links=False
         )
         self.router = self.network.router

@@ -1,7 +1,7 @@
 """Pure machines and the one router interface (issue 33, item 2): the orchestrator's `Watch`
-decides its files, signals and restarts as effects and does none of them; the driver pumps
-the memory engine's parties over the in-memory link exactly as over MQTT, to the same
-models and bytes as the memory engine's own router."""
+decides its files, signals and restarts as effects and does none of them; the memory engine
+pumps its parties through the driver over the in-memory link exactly as over MQTT, on a
+virtual clock, to the same models and bytes as the tests' plain FIFO router gives."""
 
 from __future__ import annotations
 
@@ -13,13 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from router import Routed
 
 from privnet.agent.driver import PROBE, Machine
 from privnet.agent.inmemory import MemoryBroker
 from privnet.agent.protocol import Output
 from privnet.agent.spec import Scheme, Strategy
 from privnet.orchestrator.curves import METRICS_HEADER
-from privnet.orchestrator.engines.memory import CONDUCTOR, Network, Router
+from privnet.orchestrator.engines.memory import CONDUCTOR, Network
 from privnet.orchestrator.engines.shell import WatchShell
 from privnet.orchestrator.engines.watch import SessionDone, Signal, Watch, WriteRows
 from privnet.orchestrator.experiment.config import ExperimentConfig
@@ -37,18 +38,18 @@ def problem() -> Instance:
 @pytest.mark.parametrize("scheme", ["none", "masked-ghp"])
 def test_driven_memory_run_equals_the_routed_one(scheme: str) -> None:
     """Every party pumped by the driver on the in-memory link: the same models and bytes as
-    the memory engine's router gives, and every agent drained its inbox with the driver's
+    the tests' stepping router gives, and every agent drained its inbox with the driver's
     probe before it stopped reading it (what the router never exercised)."""
     shared = problem()
     plans = session_plans(shared, [(Strategy("atc"), Scheme(scheme), 0)])
-    routed = Network.build(plans).play()[0]
+    routed = Routed.build(plans).play()[0]
     probes: list[str] = []
 
     def tap(publisher: str, topic: str, payload: bytes) -> None:
         if payload.startswith(PROBE):
             probes.append(publisher)
 
-    driven = asyncio.run(Network.build(plans).drive(tap=tap))[0]
+    driven = asyncio.run(Network.build(plans).drive(wire_tap=tap))[0]
     assert np.array_equal(driven.models, routed.models, equal_nan=True)
     assert not np.isnan(driven.models).any()
     assert driven.totals("bytes") == routed.totals("bytes")
@@ -68,6 +69,7 @@ def test_memory_link_routes_at_publish_time() -> None:
             sender.publish(f"a/{n}", bytes([n]))
         await reader.unsubscribe("a/#")
         sender.publish("a/3", b"\3")
+        sender.close()  # a party that neither waits nor left would hold virtual time still
         serving = asyncio.get_running_loop().create_task(broker.serve())
         got = [await reader.get(1.0) for _ in range(3)]
         with pytest.raises(TimeoutError):
@@ -112,15 +114,12 @@ def test_watch_decides_and_its_shell_does(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.chdir(tmp_path)
     shared = problem()
     plans = session_plans(shared, [(Strategy("atc"), Scheme("local-ghp"), 0)])
-    net = Network.build(plans)
+    net = Routed.build(plans)
     watch = Watch(net.conductor, {}, shared, parse_faults("kill:2@5", AGENTS))
     recorder = Recorder(watch)
     endpoint: Machine = recorder
-    router = Router()
-    router.attach(CONDUCTOR, endpoint, net.conductor.subscriptions)
-    for node in net.nodes:
-        router.attach(f"agent-{node.me}", node, node.subscriptions)
-    (result,) = Network(net.conductor, net.nodes, router).play()
+    net.router.swap(CONDUCTOR, endpoint, net.conductor.subscriptions)
+    (result,) = net.play()
     assert os.listdir(tmp_path) == []  # the watch wrote nothing
     signals = [e for e in recorder.effects if isinstance(e, Signal)]  # once
     assert signals == [Signal(2, signal.SIGKILL)]

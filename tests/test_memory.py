@@ -109,13 +109,13 @@ def test_router_filters_match_like_mqtt() -> None:
     subscription order, once per subscriber, and forgets an unsubscribed filter."""
     import itertools
 
-    from privnet.orchestrator.engines.memory import _Filters
+    from privnet.agent.inmemory import Filters
 
     levels = ["a", "b", "+", "#"]
     patterns = ["/".join(p) for n in (1, 2, 3) for p in itertools.product(levels, repeat=n)]
     patterns = [p for p in patterns if "#" not in p[:-1]]
     names = {p: f"c{i % 7}" for i, p in enumerate(patterns)}
-    index = _Filters()
+    index = Filters()
     for p in patterns:
         index.add(p, names[p], names[p])  # type: ignore[arg-type]
     for n in (1, 2, 3, 4):

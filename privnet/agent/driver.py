@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Protocol
@@ -38,10 +37,14 @@ class Link(Protocol):
     """What the pump needs of its way to the others (the router interface): deliveries in
     order (`get`, or straight to a `taking` callback while it waits), publishes, and
     subscriptions acknowledged. `outages.reconnects` and `generation` change when a
-    reconnect may have lost frames; `up`: deliveries can flow."""
+    reconnect may have lost frames; `up`: deliveries can flow. `clock` is the time the
+    machine is told and its ticks and waits count in: the monotonic clock over MQTT, a
+    virtual one in memory (it moves only when every party waits, so a run is deterministic
+    and a slow machine never fires a deadline)."""
 
     outages: Outages
     generation: int
+    clock: Callable[[], float]
 
     @property
     def queued(self) -> int: ...
@@ -107,7 +110,7 @@ class _Pump:
         self._paused_after: float | None = None  # a delivery later than this: we were paused
 
     async def run(self, every: float | None) -> None:
-        client, machine, clock = self.client, self.machine, time.monotonic
+        client, machine, clock = self.client, self.machine, self.client.clock
         last = clock()  # when the machine was last fed
         while not self.until():
             wake = machine.next_tick()
@@ -139,13 +142,14 @@ class _Pump:
 
     def take(self, topic: str, payload: bytes, retained: bool) -> bool:
         """Feed one delivery in the transport's callback; False: queue it for the loop."""
-        client, now = self.client, time.monotonic()
+        client = self.client
+        now = client.clock()
         paused = self._paused_after is not None and now > self._paused_after
         if paused or client.outages.reconnects != self.reconnects or not client.up:
             return False
         try:
             out = self.machine.receive(topic, payload, now, retained)
-            if time.monotonic() - now > OVERRAN:  # stopped while it worked: no tick may count it
+            if client.clock() - now > OVERRAN:  # stopped while it worked: no tick may count it
                 _report(client, out, self.on_output)
                 client.interrupt()  # the loop sees the pause, and says so (deaf)
                 return True
@@ -163,7 +167,7 @@ class _Pump:
     def _settle(self, out: Output, deaf: bool) -> Output:
         """After a delivery or a wait: tell the machine it was `deaf` (no deadline runs out
         while nothing can be heard), tick it if its time has come, publish and report."""
-        client, machine, clock = self.client, self.machine, time.monotonic
+        client, machine, clock = self.client, self.machine, self.client.clock
         if deaf:
             self.reconnects = client.outages.reconnects
             out += machine.deaf(clock())
@@ -200,13 +204,13 @@ async def _backlog(
     caller gets back is what came after the last tick."""
     await asyncio.sleep(BACKLOG_READ)  # let the transport read what the socket holds
     out, waited, told = Output(), client.queued, False
-    ticked = time.monotonic()
+    ticked = client.clock()
     for _ in range(waited):
         try:
             topic, payload, retained = await client.get(0.0)
         except TimeoutError:  # interrupted: the pump goes on
             break
-        now = time.monotonic()
+        now = client.clock()
         out += machine.receive(topic, payload, now, retained)
         wake = machine.next_tick()
         if wake is not None and now >= wake and now - ticked >= BACKLOG_READ:
@@ -258,22 +262,22 @@ async def _drain_and_stop(
     await client.unsubscribe(stop.pattern)
     sent = client.generation
     client.publish(stop.probe, nonce, PEER_QOS)
-    end = time.monotonic() + PROBE_TIMEOUT
+    end = client.clock() + PROBE_TIMEOUT
     while True:
         if client.generation != sent:
             sent = client.generation
             client.publish(stop.probe, nonce, PEER_QOS)
         try:
-            topic, payload, retained = await client.get(min(1.0, end - time.monotonic()))
+            topic, payload, retained = await client.get(min(1.0, end - client.clock()))
         except TimeoutError:
-            if time.monotonic() < end:
+            if client.clock() < end:
                 continue
             log.warning("no probe back on %s in %.0f s; stopping anyway", stop.probe, PROBE_TIMEOUT)
             break
         if topic == stop.probe and payload == nonce:
             break
         await _apply(
-            client, machine, machine.receive(topic, payload, time.monotonic(), retained), on_output
+            client, machine, machine.receive(topic, payload, client.clock(), retained), on_output
         )
     await client.unsubscribe(stop.probe)
-    await _apply(client, machine, machine.unsubscribed(stop.pattern, time.monotonic()), on_output)
+    await _apply(client, machine, machine.unsubscribed(stop.pattern, client.clock()), on_output)

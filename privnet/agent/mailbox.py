@@ -8,16 +8,29 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 Taker = Callable[[str, bytes, bool], bool]  # (topic, payload, retained): True taken, False queue
+
+
+class Timer(Protocol):
+    """A wait's timer, as `Mailbox.later` sets it."""
+
+    def cancel(self) -> None: ...
+
+
+Later = Callable[[float, Callable[[], None]], Timer]  # (delay, callback): a timer
 Delivery = tuple[str, bytes, bool]  # (topic, payload, retained)
 
 
 class Mailbox:
     """A delivery goes to the taker while a `wait` is under way (no task wakes for it), or
-    is queued for the next read; `None` in the queue marks a link lost for good."""
+    is queued for the next read; `None` in the queue marks a link lost for good. `later`
+    sets a wait's timer: the event loop's (real time) unless given (the in-memory link's
+    virtual clock)."""
 
-    def __init__(self) -> None:
+    def __init__(self, later: Later | None = None) -> None:
+        self.later = later
         self.queue: deque[Delivery | None] = deque()
         self._waiter: asyncio.Future[None] | None = None  # of the `wait` under way
         self._taker: Taker | None = None
@@ -37,6 +50,11 @@ class Mailbox:
         """Queued, past the taker (`None`: the link is lost for good)."""
         self.queue.append(item)
         self._wake()
+
+    @property
+    def waiting(self) -> bool:
+        """A `wait` is under way and nothing has woken it yet."""
+        return self._waiter is not None and not self._waiter.done()
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -64,7 +82,8 @@ class Mailbox:
         if not self.queue and not self._interrupted:
             loop = asyncio.get_running_loop()
             self._waiter = waiter = loop.create_future()
-            timer = None if timeout is None else loop.call_later(max(timeout, 0.0), self._wake)
+            later = self.later or loop.call_later
+            timer = None if timeout is None else later(max(timeout, 0.0), self._wake)
             try:
                 await waiter
             finally:

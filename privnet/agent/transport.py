@@ -98,6 +98,7 @@ class Connection:
         self._held: list[tuple[str, bytes, int]] = []  # QoS-1 publishes made while down
         self.outages = Outages()
         self.generation = 0  # successful reconnects so far: a change means frames were lost
+        self.clock = time.monotonic  # what the pump tells the machine (`driver.Link.clock`)
 
     def _ssl(self) -> Any:
         if not self.access.tls:

@@ -1,11 +1,14 @@
 """The `memory` engine: the whole protocol, control plane included, in one process.
 
-A `Network` is the conductor and one agent node per agent, wired to one `Router`: the
-in-process transport that routes published frames to subscribers by MQTT topic filter,
-first in, first out. The bytes are the bytes the MQTT shells publish (signed, sealed,
-MACed), so the memory engine checks the networked run's life cycle as well as its math,
-and the audit's replay, the overhead measurement and the tests all plug in here: a `tap`
-sees every publish, and anything `send` queues is delivered, an attacker's frames too.
+A `Network` is the conductor and one agent node per agent, each pumped by the driver
+(`privnet.agent.driver.pump`, as `privnet run` pumps them over MQTT) on its link to one
+in-memory broker (`privnet.agent.inmemory`): the same router interface as the network's,
+another implementation, as httpx has its HTTP and mock transports. The bytes are the bytes
+the MQTT shells publish (signed, sealed, MACed), so the memory engine checks the networked
+run's life cycle as well as its math, and the audit's replay, the overhead measurement and
+the tests all plug in here: a `tap` sees every publish. Time is the broker's virtual clock:
+it moves only once every party waits, so a run is deterministic and a slow machine fires
+no deadline; the wall time a session reports is the real one, measured here.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,11 +25,10 @@ import numpy as np
 
 from privnet.agent import keys, wire
 from privnet.agent.core import AgentCore
-from privnet.agent.driver import Machine, publish, pump
-from privnet.agent.inmemory import Filters, MemoryBroker
-from privnet.agent.inmemory import Filters as _Filters  # noqa: F401 (tests/test_memory)
+from privnet.agent.driver import publish, pump
+from privnet.agent.inmemory import MemoryBroker, MemoryLink
 from privnet.agent.node import AgentNode, Launch
-from privnet.agent.protocol import QOS, Event, Output, Publish
+from privnet.agent.protocol import QOS, Output, Publish
 from privnet.agent.spec import Scheme, Strategy
 from privnet.orchestrator.conductor import (
     Conductor,
@@ -43,80 +45,16 @@ from privnet.orchestrator.experiment.specs import session_list, session_plans
 
 CONDUCTOR = "orchestrator"
 Tap = Callable[[str, Publish], None]  # (publisher, frame)
-Edit = Callable[[str, Publish], Publish | None]  # a frame in flight: replaced, or lost (None)
-
-
-Endpoint = Machine  # what the router delivers to: a party, as the driver pumps it
-
-
-@dataclass(frozen=True)
-class _Unsubscribe:
-    """Queued like a frame: what was published before it still reaches the subscriber."""
-
-    topic: str
-
-
-@dataclass
-class Router:
-    """Topic routing between named endpoints, FIFO: a broker without the sockets."""
-
-    tap: Tap | None = None
-    edit: Edit | None = None  # tests: lose or tamper with frames in flight
-    clock: Callable[[], float] = time.perf_counter
-    events: list[tuple[str, Event]] = field(default_factory=list)
-    _filters: Filters[Endpoint] = field(default_factory=Filters)
-    _routes: dict[str, tuple[int, list[tuple[str, Endpoint]]]] = field(default_factory=dict)
-    _generation: int = 0  # bumped by every (un)subscription: cached routes go stale
-    _queue: deque[tuple[str, Publish | _Unsubscribe]] = field(default_factory=deque)
-
-    def attach(self, name: str, endpoint: Endpoint, subscriptions: Iterable[str]) -> None:
-        for pattern in subscriptions:
-            self._filters.add(pattern, name, endpoint)
-        self._generation += 1
-
-    def send(self, publisher: str, out: Output) -> None:
-        """Queue what `publisher` published; note what happened to it."""
-        self._queue.extend((publisher, frame) for frame in out.publish)
-        self._queue.extend((publisher, _Unsubscribe(u.pattern)) for u in out.unsubscribe)
-        if out.events:
-            self.events += [(publisher, event) for event in out.events]
-
-    def drain(self) -> None:
-        """Deliver until nothing is left to deliver."""
-        while self._queue:
-            publisher, sent = self._queue.popleft()
-            if isinstance(sent, _Unsubscribe):
-                self._unsubscribe(publisher, sent.topic)
-                continue
-            frame = sent if self.edit is None else self.edit(publisher, sent)
-            if frame is None:
-                continue
-            if self.tap is not None:
-                self.tap(publisher, frame)
-            for name, endpoint in self._subscribers(frame.topic):
-                self.send(name, endpoint.receive(frame.topic, frame.payload, self.clock()))
-
-    def _unsubscribe(self, name: str, pattern: str) -> None:
-        endpoint = self._filters.remove(pattern, name)
-        self._generation += 1
-        self.send(name, endpoint.unsubscribed(pattern, self.clock()))
-
-    def _subscribers(self, topic: str) -> list[tuple[str, Endpoint]]:
-        cached = self._routes.get(topic)
-        if cached is not None and cached[0] == self._generation:
-            return cached[1]
-        route = self._filters.match(topic)
-        self._routes[topic] = (self._generation, route)
-        return route
+WireTap = Callable[[str, str, bytes], None]  # (publisher, topic, payload): the broker's view
 
 
 @dataclass
 class Network:
-    """A run in memory: the conductor and the nodes on one Router."""
+    """A run in memory: the conductor and the nodes, each on its link to one broker."""
 
     conductor: Conductor
     nodes: list[AgentNode]
-    router: Router
+    tap: Tap | None = None
 
     @classmethod
     def build(
@@ -155,36 +93,24 @@ class Network:
             )
             for p in range(agents)
         ]
-        router = Router(tap)
-        router.attach(CONDUCTOR, conductor, conductor.subscriptions)
-        for node in nodes:
-            router.attach(f"agent-{node.me}", node, node.subscriptions)
-        return cls(conductor, nodes, router)
-
-    def start(self) -> None:
-        now = self.router.clock()
-        self.router.send(CONDUCTOR, self.conductor.start(now))
-        for node in self.nodes:
-            self.router.send(f"agent-{node.me}", node.start(now))
+        return cls(conductor, nodes, tap)
 
     def play(self) -> list[SessionResult]:
-        """Every session to the end, then Bye; RunFailed if the conductor gave up."""
-        self.start()
-        self.router.drain()
-        self._check()
-        self.router.send(CONDUCTOR, self.conductor.bye())
-        self.router.drain()
-        return self.conductor.results
+        """Every session to the end, then Bye; RunFailed if the conductor gave up. Blocks,
+        called from a coroutine too (the run gets an event loop of its own, on a thread)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.drive())
+        with ThreadPoolExecutor(1, "memory-engine") as pool:
+            return pool.submit(asyncio.run, self.drive()).result()
 
     async def drive(
-        self, close: float = 30.0, tap: Callable[[str, str, bytes], None] | None = None
+        self, close: float = 30.0, wire_tap: WireTap | None = None
     ) -> list[SessionResult]:
-        """`play`, but every party pumped by the driver (`privnet.agent.driver.pump`, as
-        `privnet run` pumps them over MQTT) on a link to an in-memory broker: the driver's
-        ticks, backlog and unsubscribe probes run too. Real time: a party's deadlines count
-        as they would on a network. After Bye the agents have `close` s to leave. `tap`
-        sees every publish: (publisher, topic, payload)."""
-        broker = MemoryBroker(tap)
+        """`play` in a running event loop. After Bye the agents have `close` (virtual) s to
+        leave. `wire_tap` sees what the broker routes, the driver's own probes too."""
+        broker = MemoryBroker(wire_tap)
         conducting = broker.connect(CONDUCTOR)
         for topic in self.conductor.subscriptions:
             await conducting.subscribe(topic, QOS)
@@ -192,27 +118,70 @@ class Network:
         for node, link in zip(self.nodes, links, strict=True):
             for topic, qos in node.subscription_qos.items():
                 await link.subscribe(topic, qos)
-        publish(conducting, self.conductor.start(time.monotonic()))
+        walls = _Walls(self.conductor)
+        told = self._told(CONDUCTOR, walls)
+        now = broker.clock()
+        _start(conducting, self.conductor.start(now), told)
         for node, link in zip(self.nodes, links, strict=True):
-            publish(link, node.start(time.monotonic()))
-        conductor = self.conductor
-        async with asyncio.TaskGroup() as group:
-            serving = group.create_task(broker.serve())
-            agents = [
-                group.create_task(pump(link, node, _done(node)))
-                for node, link in zip(self.nodes, links, strict=True)
-            ]
-            ended = (Stage.DONE, Stage.FAILED)
-            await pump(conducting, conductor, lambda: conductor.stage in ended)
-            done = conductor.stage is Stage.DONE
-            if done:
-                publish(conducting, conductor.bye())
-                await asyncio.wait(agents, timeout=close)
-            for task in (*agents, serving):
-                task.cancel()
+            _start(link, node.start(now), self._told(link.name))
+        try:
+            done = await self._pump(broker, conducting, links, told, close)
+        except* Exception as group:  # a party's own failure, not the task group's wrapping
+            raise group.exceptions[0] from None
         if not done:
             self._check()
-        return conductor.results
+        for result, wall in zip(self.conductor.results, walls.seconds, strict=False):
+            result.wall = wall
+        return self.conductor.results
+
+    async def _pump(
+        self,
+        broker: MemoryBroker,
+        conducting: MemoryLink,
+        links: list[MemoryLink],
+        told: Callable[[Output], None],
+        close: float,
+    ) -> bool:
+        """Every party pumped until the conductor ends (or nothing can happen any more),
+        then, after a Bye, until the agents left; whether the conductor got to the end."""
+        conductor, ended = self.conductor, (Stage.DONE, Stage.FAILED)
+        async with asyncio.TaskGroup() as group:
+            serving = group.create_task(broker.serve())
+            agents = []
+            for node, link in zip(self.nodes, links, strict=True):
+                task = group.create_task(pump(link, node, _done(node), self._told(link.name)))
+                task.add_done_callback(_closing(link))
+                agents.append(task)
+            conducted = group.create_task(
+                pump(conducting, conductor, lambda: conductor.stage in ended, told)
+            )
+            await asyncio.wait((conducted, serving), return_when=asyncio.FIRST_COMPLETED)
+            conducting.close()
+            done = conductor.stage is Stage.DONE
+            if done:
+                _start(conducting, conductor.bye(), told)
+                gone = asyncio.Event()
+                broker.clock.later(close, gone.set)
+                waits = (group.create_task(asyncio.wait(agents)), group.create_task(gone.wait()))
+                await asyncio.wait((*waits, serving), return_when=asyncio.FIRST_COMPLETED)
+                waits[1].cancel()
+            for task in (*agents, conducted, serving):
+                task.cancel()
+        return done
+
+    def _told(self, name: str, walls: _Walls | None = None) -> Callable[[Output], None]:
+        """What the pump reports of `name`'s outputs: every publish to the tap, and the
+        conductor's session ends to the wall clock."""
+        tap = self.tap
+
+        def told(out: Output) -> None:
+            if tap is not None:
+                for frame in out.publish:
+                    tap(name, frame)
+            if walls is not None:
+                walls.heard()
+
+        return told
 
     def _check(self) -> None:
         """RunFailed, saying why, unless the conductor got to the end."""
@@ -224,6 +193,37 @@ class Network:
                 or f"the run stopped in stage {self.conductor.stage}; agents {stuck} are stuck"
                 + "".join(failed)
             )
+
+
+@dataclass
+class _Walls:
+    """Each session's real seconds, its first Go to its last Finished: the conductor's own
+    clock is the broker's virtual one, which stands still while the parties work."""
+
+    conductor: Conductor
+    seconds: list[float] = field(default_factory=list)
+    began: float | None = None
+
+    def heard(self) -> None:
+        """After each output of the conductor's: a session ended, or one began."""
+        c = self.conductor
+        if len(c.results) > len(self.seconds):
+            now = time.perf_counter()
+            self.seconds.append(now - (self.began or now))
+            self.began = None
+        if self.began is None and c.pacing.go_at:
+            self.began = time.perf_counter()
+
+
+def _start(link: MemoryLink, out: Output, told: Callable[[Output], None]) -> None:
+    """Publish and report what a party said outside its pump (its start, the Bye)."""
+    publish(link, out)
+    told(out)
+
+
+def _closing(link: MemoryLink) -> Callable[[object], None]:
+    """A pump task's done callback: its party left, the broker no longer waits for it."""
+    return lambda _: link.close()
 
 
 def _done(node: AgentNode) -> Callable[[], bool]:
