@@ -108,6 +108,7 @@ class _Pump:
         self.error: Exception | None = None  # raised in `take`: the loop raises it
         self._timer: float | None = None  # when the loop wakes by itself
         self._paused_after: float | None = None  # a delivery later than this: we were paused
+        self._wake: float | None = None  # the machine's next_tick after the last `_settle`
 
     async def run(self, every: float | None) -> None:
         client, machine, clock = self.client, self.machine, self.client.clock
@@ -158,7 +159,7 @@ class _Pump:
             self.error = exc
             client.interrupt()
             return True
-        wake = self.machine.next_tick()
+        wake = self._wake
         early = wake is not None and (self._timer is None or wake < self._timer)
         if self.stops or early or self.until():
             client.interrupt()
@@ -174,6 +175,8 @@ class _Pump:
         wake = machine.next_tick()
         if wake is not None and clock() >= wake:
             out += machine.tick(clock())
+            wake = machine.next_tick()
+        self._wake = wake
         _report(client, out, self.on_output)
         return out
 

@@ -24,6 +24,7 @@ from privnet.agent.transport import Outages
 E = TypeVar("E")
 _HERE = "\0subscribers"  # no topic level contains a NUL
 YIELD_EVERY = 64  # deliveries between the broker's yields to the parties' pumps
+_UNCORKED = contextlib.nullcontext()  # nothing to batch: publishes route at once
 EPOCH = 1000.0  # a virtual clock's start: not 0.0, which the conductor reads as "not yet"
 
 
@@ -258,7 +259,7 @@ class MemoryLink:
         self.broker.route(self.name, topic, payload)
 
     def corked(self) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
+        return _UNCORKED
 
     async def subscribe(self, topic: str, qos: int = QOS, timeout: float = 10.0) -> None:
         self.broker.subscribe(topic, self)
