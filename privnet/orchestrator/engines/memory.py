@@ -101,9 +101,11 @@ class Network:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(self.drive())
-        with ThreadPoolExecutor(1, "memory-engine") as pool:
-            return pool.submit(asyncio.run, self.drive()).result()
+            pass  # the usual case, run below: outside the handler, so no error chains to it
+        else:
+            with ThreadPoolExecutor(1, "memory-engine") as pool:
+                return pool.submit(asyncio.run, self.drive()).result()
+        return asyncio.run(self.drive())
 
     async def drive(
         self, close: float = 30.0, wire_tap: WireTap | None = None
@@ -189,9 +191,11 @@ class Network:
             stuck = [n.me for n in self.nodes if n.phase.value != "finished"]
             failed = [f"; {n.failure}" for n in self.nodes if n.failure][:3]  # e.g. wire-range
             raise RunFailed(
-                self.conductor.failure
-                or f"the run stopped in stage {self.conductor.stage}; agents {stuck} are stuck"
-                + "".join(failed)
+                (
+                    self.conductor.failure
+                    or f"the run stopped in stage {self.conductor.stage}; agents {stuck} are stuck"
+                )
+                + "".join(failed)  # what stopped them: the view's end may not say it
             )
 
 
