@@ -32,6 +32,7 @@ from privnet.orchestrator.audit.recording import (
     save_recording,
     save_telemetry,
 )
+from privnet.orchestrator.audit.sample import Sample, recorded
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.replay import AuditError
 
@@ -43,10 +44,14 @@ SUBSCRIBE_TIMEOUT = 10.0
 class WireTap:
     """A passive subscriber to every topic of one run, started before the agents."""
 
-    def __init__(self, address: BrokerAddress, run: str, access: ClientAccess) -> None:
-        """`access`: the run's read-only inspector (the ACL lets it read the whole run)."""
-        self.address, self.run = address, run
+    def __init__(
+        self, address: BrokerAddress, run: str, access: ClientAccess, sample: Sample | None = None
+    ) -> None:
+        """`access`: the run's read-only inspector (the ACL lets it read the whole run);
+        `sample`: a big model's chunks to keep (audit.sample), None to keep every frame."""
+        self.address, self.run, self.sample = address, run, sample
         self.records: list[WireRecord] = []
+        self.seen_bytes = self.kept_bytes = 0  # every payload the tap got, and those it kept
         self.telemetry: list[np.ndarray] = []  # per session: the opened true models (iters, P, M)
         self.link_keys: Escrowed = {}  # the agents' escrow (the conductor's `link_keys`)
         self._subscribed = threading.Event()
@@ -61,7 +66,11 @@ class WireTap:
             self._client.tls_set(ca_certs=access.ca_file)
 
     def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
-        self.records.append(WireRecord(time.time(), message.topic, bytes(message.payload)))
+        payload = bytes(message.payload)
+        self.seen_bytes += len(payload)
+        if recorded(payload, message.topic, self.sample):
+            self.kept_bytes += len(payload)
+            self.records.append(WireRecord(time.time(), message.topic, payload))
 
     def _on_disconnect(
         self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, *_: Any
@@ -93,6 +102,12 @@ class WireTap:
 
     def save(self, out: Path, config: ExperimentConfig) -> None:
         """wire.msgpack (header + records) and telemetry.npz (one array per session)."""
-        recording = Recording(self.run, str(self.address), config, self.records, self.link_keys)
+        sample = None
+        if self.sample is not None:
+            sample = {**self.sample.to_dict(), "payload_bytes": self.seen_bytes}
+            sample["recorded_bytes"] = self.kept_bytes
+        recording = Recording(
+            self.run, str(self.address), config, self.records, self.link_keys, sample
+        )
         save_recording(out, recording)
         save_telemetry(out, self.telemetry)
