@@ -100,14 +100,26 @@ class WireTap:
         if lost is not None and et is None:
             raise AuditError(f"the wire tap lost the broker ({lost}): the recording is incomplete")
 
+    def sampled(self) -> dict[str, Any] | None:
+        """The sample the recording holds (None: every frame whole), and its bytes: every
+        payload the tap got and those it kept."""
+        if self.sample is None:
+            return None
+        kept = {"payload_bytes": self.seen_bytes, "recorded_bytes": self.kept_bytes}
+        return {"sampled": True, **self.sample.to_dict(), **kept}
+
+    def sample_summary(self) -> dict[str, Any]:
+        """summary.json's `audit_sample`: the sample, or that the wire was recorded whole."""
+        return self.sampled() or {
+            "sampled": False,
+            "payload_bytes": self.seen_bytes,
+            "recorded_bytes": self.kept_bytes,
+        }
+
     def save(self, out: Path, config: ExperimentConfig) -> None:
         """wire.msgpack (header + records) and telemetry.npz (one array per session)."""
-        sample = None
-        if self.sample is not None:
-            sample = {**self.sample.to_dict(), "payload_bytes": self.seen_bytes}
-            sample["recorded_bytes"] = self.kept_bytes
         recording = Recording(
-            self.run, str(self.address), config, self.records, self.link_keys, sample
+            self.run, str(self.address), config, self.records, self.link_keys, self.sampled()
         )
         save_recording(out, recording)
         save_telemetry(out, self.telemetry)

@@ -259,8 +259,12 @@ async def _watched(
     broker = shell.broker
     if options.audit:
         from privnet.orchestrator.audit import WireTap  # scipy & co. only when auditing
+        from privnet.orchestrator.audit.sample import draw
 
-        tap = WireTap(broker.address, shell.watch.conductor.run, broker.access(INSPECTOR))
+        c = problem.config
+        sample = draw(c.dim, problem.wire.code, options.audit_sample)
+        run_name, access = shell.watch.conductor.run, broker.access(INSPECTOR)
+        tap = WireTap(broker.address, run_name, access, sample)
     view = await _view(options, shell, problem, out, tap)
     run = _Run(problem, broker, shell, out, began, stop, tap, options.neighbour, view)
     if view is None:
@@ -560,6 +564,7 @@ def _outputs(
     reach = None
     if tap is not None:
         tap.save(out, problem.config)
+        extra = {**extra, "audit_sample": tap.sample_summary()}
         if changed and neighbour is not None:
             from privnet.orchestrator.audit import reach_of
 
