@@ -45,6 +45,7 @@ from privnet.agent import lattice
 from privnet.agent.spec import Scheme, Strategy
 from privnet.broker.launcher import launch
 from privnet.orchestrator.bench import _mlp, _mlp_width, model_toml
+from privnet.orchestrator.curves import ROUNDS_SUFFIX
 from privnet.orchestrator.engines.memory import Network
 from privnet.orchestrator.experiment import config as configuration
 from privnet.orchestrator.experiment.config import ExperimentConfig
@@ -202,9 +203,10 @@ def compare(run_dir: Path, truth: np.ndarray, problem: Instance) -> dict[str, An
     """The run's models (the rounds it has) against the memory engine's."""
     with np.load(run_dir / "models.npz") as saved:
         names = sorted(saved.files)
-        (label,) = [n for n in names if not n.endswith("_rounds")]
+        (label,) = [n for n in names if not n.endswith(ROUNDS_SUFFIX)]
         models = saved[label]
-        rounds = saved[f"{label}_rounds"] - 1 if f"{label}_rounds" in names else None
+        held = f"{label}{ROUNDS_SUFFIX}"
+        rounds = saved[held] - 1 if held in names else None
     mine = truth if rounds is None else truth[rounds]
     have = ~np.isnan(models)
     gap = float(np.max(np.abs(models[have] - mine[have])))

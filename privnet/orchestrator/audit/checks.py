@@ -120,7 +120,7 @@ def _frames(
 ) -> Frames:
     """Each model frame on the wire against the clear value behind it; a u4 frame is in
     the clear within the lattice's rounding (`Reading.slack`: of x, or of a x under a
-    masked scheme)."""
+    masked scheme), whether it carries a x's words unmasked or x's own."""
     by_view = {part.view.view: part for part in found}
     ends = {part.view.view: part.end for part in found}
     frames = Frames()
@@ -135,6 +135,9 @@ def _frames(
         gap, size = float(np.linalg.norm(vector - true)), float(np.linalg.norm(true))
         a = float(by_view[v].at(i)[s, r]) if masked and v in by_view else 1.0
         clear = gap <= PLAIN_REL * size + reading.slack(true.size, a)
+        if reading.words and a != 1.0 and not clear:  # x's own words, not a x's: read as x / a
+            unscaled = float(np.linalg.norm(vector * a - true))
+            clear = unscaled <= PLAIN_REL * size + reading.slack(true.size, 1.0)
         link.plaintext += clear
         frames.plain[v] += clear
         if size > 0:

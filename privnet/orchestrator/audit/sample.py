@@ -102,8 +102,14 @@ def draw(dim: int, dtype: str, size: int, seed: int | None = None) -> Sample | N
 
 def recorded(payload: bytes, topic: str, sample: Sample | None) -> bool:
     """Whether the tap keeps this PUBLISH: anything but a chunk frame the sample drops (a
-    chunk whose head does not read is kept: the audit counts it)."""
-    if sample is None or not is_chunk(payload) or topics.parse_peer_topic(topic) is None:
+    chunk whose head does not read is kept: the audit counts it), and with a sample no
+    telemetry (sealed to the orchestrator: the true models it carries, a big model's in
+    pieces, are in telemetry.npz as the orchestrator opened them)."""
+    if sample is None:
+        return True
+    if topic.rsplit("/", 2)[-2:-1] == ["telemetry"]:
+        return False
+    if not is_chunk(payload) or topics.parse_peer_topic(topic) is None:
         return True
     try:
         return sample.keeps(read_chunk(payload).index)

@@ -80,8 +80,8 @@ class Findings:
         pick = None if self.sample is None else self.sample.coordinates
         truth = replay(self.problem, strategy, scheme, repeat, views=views, reach=reach, pick=pick)
         told = self.telemetry[s] if self.telemetry is not None and s < len(self.telemetry) else None
-        if told is not None and pick is not None:
-            told = told[..., pick]
+        if told is not None and pick is not None:  # a row without a model: NaN at 0 only
+            told = np.where(np.isnan(told[..., :1]), np.nan, told[..., pick])
         result, noise = audit_session(
             self.problem, strategy, scheme, repeat, seen, truth, told, views
         )
