@@ -150,10 +150,10 @@ def watched(argv: list[str], every: float = 0.2) -> tuple[int, float, dict[str, 
             with contextlib.suppress(psutil.Error):
                 for p in [root, *root.children(recursive=True)]:
                     with contextlib.suppress(psutil.Error):
-                        cmd = " ".join(p.cmdline())
-                        role = "orchestrator" if p.pid == proc.pid else _role(cmd)
-                        rss = p.memory_info().rss
-                        peaks[p.pid] = (role, max(rss, peaks.get(p.pid, ("", 0))[1]))
+                        known, most = peaks.get(p.pid, ("other", 0))
+                        role = "orchestrator" if p.pid == proc.pid else _role(p.cmdline())
+                        role = known if known != "other" else role  # an exiting one: no argv
+                        peaks[p.pid] = (role, max(p.memory_info().rss, most))
             done.wait(every)
 
     thread = threading.Thread(target=sample, daemon=True)
@@ -175,10 +175,9 @@ def watched(argv: list[str], every: float = 0.2) -> tuple[int, float, dict[str, 
     )
 
 
-def _role(cmd: str) -> str:
-    if "mosquitto" in cmd or "tcpdump" in cmd:
-        return "other"
-    return "agent" if "-m privnet.agent" in cmd else "other"  # not the zygote that forks them
+def _role(argv: list[str]) -> str:
+    """An agent process (not the zygote that forks them, nor the broker)."""
+    return "agent" if "-m privnet.agent" in " ".join(argv) else "other"
 
 
 def _summary(summary: dict[str, Any]) -> list[dict[str, Any]]:
