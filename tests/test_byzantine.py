@@ -254,4 +254,19 @@ def test_the_robustness_table_measures_every_cell_it_can(tmp_path: Path) -> None
     assert all(np.isfinite(c.honest_db) and c.runs == 1 for c in cells)
     table.write(cells, base, tmp_path)
     text = (tmp_path / "robustness.md").read_text()
-    assert "| sign-flip | 1 | clip | " in text and "n/a (refused)" in text
+    assert "| sign-flip | 1 | clip | 1 | " in text and "n/a (refused)" in text
+    assert (tmp_path / "robustness.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_robustness_table_on_the_classification_preset_gives_test_errors() -> None:
+    from dataclasses import replace
+
+    from privnet.orchestrator import robustness as table
+    from privnet.orchestrator.experiment.config import load
+
+    base = replace(load("paper-classification"), agents=24, iters=4, schemes=(Scheme.NONE,))
+    cells = table.robustness(base, ["label-flip"], [Scheme.NONE], ["none"], [3])
+    assert [c.attackers for c in cells] == [0, 3]
+    assert all(c.honest_error is not None and 0 <= c.honest_error <= 100 for c in cells)
+    assert cells[0].delta_points == 0 and cells[1].delta_points is not None
+    assert "pt) |" in table.markdown(cells, base)

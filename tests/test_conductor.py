@@ -655,14 +655,39 @@ def test_keying_that_stalls_once_completes_under_the_next_view() -> None:
 
 
 def test_missing_telemetry_is_reported_as_missed_rounds() -> None:
-    """Agent 3's telemetry is lost: the run completes; its rounds are NaN and missed."""
+    """Agent 3's telemetry is lost for good: the session is redone once from its first
+    round, then completes; its rounds are NaN and missed."""
     h = Harness.build([(Strategy.ATC, Scheme.NONE)])
     h.lose = holding(control.Telemetry, 3)
     (result,) = h.play()
+    assert views(h) == [(0, 1, EVERYONE, "start"), (1, 1, EVERYONE, "lost reports")]
     assert result.missed == {3: ROUNDS}
     assert np.isnan(result.models[:, 3]).all() and not np.isnan(result.models[:, :3]).any()
     (want,) = clean([(Strategy.ATC, Scheme.NONE)])
     np.testing.assert_allclose(result.models[:, 4:], want.models[:, 4:], rtol=1e-12)
+    h.assert_all_counted()
+
+
+def test_reports_lost_while_every_member_ran_on_are_redone_at_the_end() -> None:
+    """Agent 3's first telemetry batch is lost (a broker down with it while every member
+    was held: nothing stalled): once every member finished, the session is redone from the
+    first round lacking a report, and the result has every round, equal to a clean run."""
+    h = Harness.build([(Strategy.ATC, Scheme.NONE)])
+    telemetry_of_3, lost = holding(control.Telemetry, 3), []
+
+    def first_batch(topic: str, frame: Publish) -> bool:
+        if lost or not telemetry_of_3(topic, frame):
+            return False
+        lost.append(wire.decode_signed(frame.payload).msg.round)
+        return True
+
+    h.lose = first_batch
+    (result,) = h.play()
+    ((_, _, _, first), (view, start, members, reason)) = views(h)
+    assert (first, view, members, reason) == ("start", 1, EVERYONE, "lost reports")
+    assert 1 <= start <= lost[0] and result.missed == {}
+    assert not np.isnan(result.models).any()
+    assert_same_models([result], clean([(Strategy.ATC, Scheme.NONE)]))
     h.assert_all_counted()
 
 

@@ -19,10 +19,13 @@ from privnet.agent.protocol import Checkpoint, Traffic, escrow_context, telemetr
 from privnet.agent.session import (
     EARLY_BYTES,
     EARLY_COUNT,
+    MAX_TELEMETRY_BATCH,
+    TELEMETRY_BATCH,
     Early,
     Sealing,
     Session,
     history_for,
+    telemetry_batch,
 )
 
 FUZZ = settings(derandomize=True, max_examples=60, deadline=None)
@@ -131,3 +134,29 @@ def test_a_checkpoint_keeps_only_the_rounds_on_its_grid() -> None:
     kept = session(number=2, history=history).checkpoint(SEALING, 4)
     assert dataclasses.astuple(kept)[:3] == ("unit-run", 3, 2)
     assert sorted(kept.models) == [0, 4, 8, 12]
+
+
+def test_a_large_networks_agents_batch_more_rounds_a_telemetry_message() -> None:
+    """Every message costs the orchestrator a signature check and a key agreement: up to
+    400 agents a message holds 10 rounds, at 1000 it holds 25 (40 messages a round in all),
+    and never more than MAX_TELEMETRY_BATCH."""
+    assert [telemetry_batch(n) for n in (2, 30, 400, 401, 1000, 10_000)] == [
+        TELEMETRY_BATCH,
+        TELEMETRY_BATCH,
+        TELEMETRY_BATCH,
+        11,
+        25,
+        MAX_TELEMETRY_BATCH,
+    ]
+    for agents in (30, 1000):
+        core: Any = SimpleNamespace(spec=SimpleNamespace(agents=agents, dim=2))
+        held = session()
+        held.core = core
+        batch = []
+        for r in range(1, 31):
+            held.reports.append(wire.metrics(3, r, (0.0, 0.0)))
+            held.reports.append(Report(3, r, np.zeros(2)))
+            if held.due():
+                batch.append(r)
+                held.reports = []
+        assert batch == ([10, 20, 30] if agents == 30 else [25])

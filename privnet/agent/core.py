@@ -241,7 +241,7 @@ class AgentCore:
         if not self.scheme_part.masked and self._u4:  # words back to floats (the
             inbox = lattice.floats(inbox, self._grid)  # self-term is floats already)
         if self.defense.sees_messages:  # issue 34: clip or trim each neighbour's message
-            total = self.defense.combine(plan.weights_in, inbox, self.value)
+            total = self.defense.combine(plan.weights_in, inbox, self.value, plan.step)
         elif not self.scheme_part.masked:
             total = defenses.weighted_sum(plan.weights_in, inbox)
         elif self._u4:  # the words added mod 2^32: the masks cancel, exactly

@@ -79,6 +79,24 @@ def clip(v: np.ndarray, tau: float) -> np.ndarray:
     return v if norm <= tau else v * (tau / norm)
 
 
+@dataclass(frozen=True)
+class Hood:
+    """A hub's neighbours at one step, as the per-message defenses use them: built once per
+    weights (a combine runs every round with the same ones), not at every combine."""
+
+    weights: Mapping[int, float]  # held, so that `is` tells the same weights apart
+    others: tuple[int, ...]
+    a: np.ndarray  # the others' weights, in that order
+    own: float  # the hub's own weight
+    pull: float  # the others' total weight
+
+    @classmethod
+    def of(cls, weights: Mapping[int, float], me: int) -> Hood:
+        others = tuple(m for m in weights if m != me)
+        a = np.fromiter((weights[m] for m in others), np.float64, len(others))
+        return cls(weights, others, a, weights[me], float(a.sum()))
+
+
 def clipped_gossip(
     weights: Mapping[int, float],
     inbox: Mapping[int, np.ndarray],
@@ -86,22 +104,27 @@ def clipped_gossip(
     me: int,
     tau: float,
     b: int,
+    hood: Hood | None = None,
 ) -> np.ndarray:
     """sum_m a_mp z_m with z_m = center + clip(y_m - center, tau) for every neighbour and
-    the hub's own term as it is (under ghp it carries the self-term noise that cancels)."""
-    others = [m for m in weights if m != me]
-    total = weights[me] * inbox[me]
-    if not others:
+    the hub's own term as it is (under ghp it carries the self-term noise that cancels).
+    A handful of array ops whatever the degree: it runs at every combine of every hub."""
+    h = hood or Hood.of(weights, me)
+    total = h.own * inbox[me]
+    n = len(h.others)
+    if not n:
         return np.asarray(total)
-    diffs = np.array([inbox[m] for m in others]) - center  # (n, dim), one array op each
+    diffs = np.array([inbox[m] for m in h.others])
+    diffs -= center  # (n, dim)
     norms = np.sqrt(np.einsum("ij,ij->i", diffs, diffs))
     if tau <= 0:  # the (b+1)-th farthest neighbour's distance (the nearest's with fewer)
-        tau = float(np.sort(norms)[::-1][min(b, len(norms) - 1)])
-    scale = np.ones_like(norms)
-    far = norms > tau
-    scale[far] = tau / norms[far]
-    a = np.array([weights[m] for m in others])
-    return np.asarray(total + a.sum() * center + (a * scale) @ diffs)
+        k = n - 1 - min(b, n - 1)
+        tau = float(np.partition(norms, k)[k])
+    a = h.a.copy()
+    np.divide(h.a * tau, norms, out=a, where=norms > tau)  # a_m min(1, tau / |y_m - x|)
+    total += h.pull * center
+    total += a @ diffs
+    return np.asarray(total)
 
 
 def trimmed(
@@ -110,21 +133,23 @@ def trimmed(
     center: np.ndarray,
     me: int,
     b: int,
+    hood: Hood | None = None,
 ) -> np.ndarray:
     """sum_m a_mp z_m, z_m = y_m with, per coordinate, the b largest and b smallest of the
     neighbours' values replaced by the hub's own (center); its own term as it is."""
-    others = [m for m in weights if m != me]
-    total = weights[me] * inbox[me]
-    if not others:
+    h = hood or Hood.of(weights, me)
+    total = h.own * inbox[me]
+    n = len(h.others)
+    if not n:
         return np.asarray(total)
-    stacked = np.array([inbox[m] for m in others])  # (n, dim)
-    cut = min(b, (len(others) - 1) // 2)
-    if cut > 0:
-        order = np.argsort(stacked, axis=0, kind="stable")
-        drop = np.concatenate([order[:cut], order[-cut:]])  # (2 cut, dim) row indices
+    stacked = np.array([inbox[m] for m in h.others])  # (n, dim)
+    cut = min(b, (n - 1) // 2)
+    if cut > 0:  # only the cut rows' places are needed, not a full sort
+        low = np.argpartition(stacked, (cut - 1, n - cut), axis=0)
+        drop = np.concatenate([low[:cut], low[n - cut :]])  # (2 cut, dim) row indices
         np.put_along_axis(stacked, drop, np.broadcast_to(center, drop.shape), axis=0)
-    a = np.array([weights[m] for m in others])
-    return np.asarray(total + a @ stacked)
+    total += h.a @ stacked
+    return np.asarray(total)
 
 
 @dataclass
@@ -202,19 +227,30 @@ class Combiner:
     defense: Defense
     me: int
     clippers: dict[int, StepClipper] = field(default_factory=dict)
+    hoods: dict[int, Hood] = field(default_factory=dict)  # step -> its neighbours, cached
+    sees_messages: bool = field(init=False)
 
-    @property
-    def sees_messages(self) -> bool:
-        return self.defense.kind.sees_messages
+    def __post_init__(self) -> None:
+        d = self.defense
+        self.sees_messages = d.kind.sees_messages
+        self._tau = d["tau"] if d.kind in (Kind.CLIP, Kind.CLIP_STEP) else 0.0
+        self._b = int(d["b"]) if d.kind in (Kind.CLIP, Kind.TRIM) else 0
 
     def combine(
-        self, weights: Mapping[int, float], inbox: Mapping[int, np.ndarray], center: np.ndarray
+        self,
+        weights: Mapping[int, float],
+        inbox: Mapping[int, np.ndarray],
+        center: np.ndarray,
+        step: int = 0,
     ) -> np.ndarray:
-        """The per-message defenses' combine (clip, trim)."""
-        d = self.defense
-        if d.kind is Kind.CLIP:
-            return clipped_gossip(weights, inbox, center, self.me, d["tau"], int(d["b"]))
-        return trimmed(weights, inbox, center, self.me, int(d["b"]))
+        """The per-message defenses' combine (clip, trim) at `step` (its neighbours cached
+        while its weights stay the same object: a schedule's new weights are a new one)."""
+        hood = self.hoods.get(step)
+        if hood is None or hood.weights is not weights:
+            hood = self.hoods[step] = Hood.of(weights, self.me)
+        if self.defense.kind is Kind.CLIP:
+            return clipped_gossip(weights, inbox, center, self.me, self._tau, self._b, hood)
+        return trimmed(weights, inbox, center, self.me, self._b, hood)
 
     def bound(self, total: np.ndarray, center: np.ndarray, step: int) -> np.ndarray:
         """clip-step's bound on the combine's result; any other defense leaves it."""

@@ -31,7 +31,18 @@ from privnet.agent.spec import AgentSpec
 EARLY_COUNT = 4096  # peer frames kept while no session is configured...
 EARLY_BYTES = 16 << 20  # ...and their bytes; beyond either, dropped as "overflow"
 RECENT = 64  # rounds a Rejoin offers (`offered`)
-TELEMETRY_BATCH = 10  # rounds per sealed telemetry message (fewer for big models)
+TELEMETRY_BATCH = 10  # rounds per sealed telemetry message (fewer for big models)...
+TELEMETRY_RATE = 40  # ...more over 400 agents: about this many messages a round in all
+MAX_TELEMETRY_BATCH = 25  # ...up to this many: what a lost agent's unsent telemetry costs
+
+
+def telemetry_batch(agents: int) -> int:
+    """Rounds per telemetry message in a network of `agents`. Every message costs the
+    orchestrator a signature check, a key agreement and a decode whatever it carries, so a
+    large network's agents batch more rounds (25 at 1000 agents: 40 messages a round, not
+    100), bounded by what an agent that dies loses of its unsent rounds and by how far the
+    live view may lag."""
+    return min(MAX_TELEMETRY_BATCH, max(TELEMETRY_BATCH, math.ceil(agents / TELEMETRY_RATE)))
 
 
 @dataclass(frozen=True)
@@ -91,12 +102,13 @@ class Session:
             self.reports.extend(wire.split(report))
 
     def due(self) -> bool:
-        """Whether the telemetry kept makes a batch: TELEMETRY_BATCH rounds, or as many
+        """Whether the telemetry kept makes a batch: `telemetry_batch` rounds, or as many
         models as one message holds (a big model at once)."""
         rounds = sum(isinstance(item, Metrics) for item in self.reports)
         models = len(self.reports) - rounds
-        dim = self.core.spec.dim
-        return rounds >= TELEMETRY_BATCH or 0 < max(1, wire.reports_per_message(dim)) <= models
+        spec = self.core.spec
+        batch = telemetry_batch(spec.agents)
+        return rounds >= batch or 0 < max(1, wire.reports_per_message(spec.dim)) <= models
 
     def telemetry(self, sealing: Sealing) -> list[control.Telemetry]:
         """Seal the kept telemetry to the orchestrator, in as many messages as its bytes

@@ -21,6 +21,7 @@ import numpy as np
 
 from privnet.agent import attacks, defenses
 from privnet.agent.spec import Scheme, Strategy
+from privnet.orchestrator.curves import Curve
 from privnet.orchestrator.engines.memory import run_memory
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.instance import Instance
@@ -40,10 +41,18 @@ class Cell:
     clean_db: float  # the same scheme and defense without attackers
     runs: int  # repeats behind the number
     rounds_per_s: float
+    honest_error: float | None = None  # classification: steady-state test error, points
+    clean_error: float | None = None
 
     @property
     def delta_db(self) -> float:
         return self.honest_db - self.clean_db
+
+    @property
+    def delta_points(self) -> float | None:
+        if self.honest_error is None or self.clean_error is None:
+            return None
+        return self.honest_error - self.clean_error
 
 
 def applicable(defense: str, scheme: Scheme) -> bool:
@@ -56,12 +65,28 @@ def steady_db(msd: np.ndarray) -> float:
     return float(10 * np.log10(np.mean(msd[:, -tail:])))
 
 
-def _measure(
-    config: ExperimentConfig, schemes: tuple[Scheme, ...]
-) -> dict[str, tuple[float, float]]:
-    """scheme -> (honest steady-state dB, rounds/s) of one memory-engine run."""
+Measured = tuple[float, float, float | None]  # (honest dB, rounds/s, test error in points)
+
+
+def steady_error(curve: Curve) -> float | None:
+    """The honest agents' average test error over the last fifth, in points (None: the
+    problem does not classify)."""
+    series = curve.series.get("test_error_avg")
+    if series is None:
+        return None
+    tail = max(1, int(series.shape[1] * STEADY))
+    return float(100 * np.nanmean(series[:, -tail:]))
+
+
+def _measure(config: ExperimentConfig, schemes: tuple[Scheme, ...]) -> dict[str, Measured]:
+    """scheme -> (honest steady-state dB, rounds/s, test error) of one memory-engine run."""
     curves = run_memory(Instance.build(config), schemes=schemes)
-    return {c.scheme: (steady_db(c.msd_avg), c.rounds_per_s) for c in curves}
+    return {c.scheme: (steady_db(c.msd_avg), c.rounds_per_s, steady_error(c)) for c in curves}
+
+
+def _cell(kind: str, s: str, defense: str, count: int, got: Measured, clean: Measured,
+          runs: int) -> Cell:  # fmt: skip
+    return Cell(kind, s, defense, count, got[0], clean[0], runs, got[1], got[2], clean[2])
 
 
 def robustness(
@@ -84,10 +109,7 @@ def robustness(
         if progress is not None:
             progress(f"{defense} without attackers")
         clean = _measure(replace(config, byzantine=""), lanes)
-        for s in lanes:
-            cells.append(
-                Cell("", s, defense, 0, clean[s][0], clean[s][0], base.repeats, clean[s][1])
-            )
+        cells += [_cell("", s, defense, 0, clean[s], clean[s], base.repeats) for s in lanes]
         for count in counts:
             ids = ",".join(str(i) for i in ATTACKERS[count])
             for kind in kinds:
@@ -95,34 +117,78 @@ def robustness(
                     progress(f"{defense} {count}x{kind}")
                 got = _measure(replace(config, byzantine=f"{ids}:{kind}"), lanes)
                 cells += [
-                    Cell(kind, s, defense, count, got[s][0], clean[s][0], base.repeats, got[s][1])
-                    for s in lanes
+                    _cell(kind, s, defense, count, got[s], clean[s], base.repeats) for s in lanes
                 ]
     return cells
 
 
+def _value(c: Cell) -> str:
+    """One cell: the change in dB (and in test-error points when it classifies); the
+    no-attacker rows give the MSD (and the error) itself."""
+    if c.attackers == 0:
+        text = f"{c.honest_db:.1f}"
+        return text if c.honest_error is None else f"{text} ({c.honest_error:.1f} %)"
+    text = f"{c.delta_db:+.1f}"
+    points = c.delta_points
+    return text if points is None else f"{text} ({points:+.1f} pt)"
+
+
 def markdown(cells: list[Cell], config: ExperimentConfig) -> str:
     """The table: a row per attack x attackers x defense, a column per scheme; each cell the
-    change of the honest agents' MSD against no attacker, dB (the no-attacker rows: the MSD)."""
+    change of the honest agents' MSD against no attacker, dB (the no-attacker rows: the MSD),
+    and the runs behind each of the row's cells."""
     schemes = list(dict.fromkeys(c.scheme for c in cells))
     rows: dict[tuple[str, int, str], dict[str, Cell]] = {}
     for c in cells:
         rows.setdefault((c.attack or "(no attacker)", c.attackers, c.defense), {})[c.scheme] = c
+    scored = any(c.honest_error is not None for c in cells)
     head = (
-        f"{config.agents} agents, {config.topology}, ATC, {config.iters} rounds, "
-        f"{config.repeats} run(s) a cell, seed {config.seed}; honest agents' steady-state "
-        "average MSD change vs no attacker, dB (no-attacker rows: the MSD itself, dB)\n\n"
-    )
-    lines = ["| attack | attackers | defense | " + " | ".join(schemes) + " |"]
-    lines.append("|---|---|---|" + "---|" * len(schemes))
+        f"{config.name or config.problem}: {config.agents} agents, {config.topology}, ATC, "
+        f"{config.iters} rounds, seed {config.seed}; honest agents' steady-state average MSD "
+        "change vs no attacker, dB (no-attacker rows: the MSD itself, dB)"
+        + ("; in brackets the test error's change, points (no-attacker rows: the error)"
+           if scored else "")
+        + "\n\n"
+    )  # fmt: skip
+    lines = ["| attack | attackers | defense | runs | " + " | ".join(schemes) + " |"]
+    lines.append("|---|---|---|---|" + "---|" * len(schemes))
     for (attack, count, defense), by in rows.items():
-        values = [
-            "n/a (refused)" if s not in by
-            else f"{by[s].honest_db:.1f}" if count == 0 else f"{by[s].delta_db:+.1f}"
-            for s in schemes
-        ]  # fmt: skip
-        lines.append(f"| {attack} | {count} | {defense} | " + " | ".join(values) + " |")
+        values = [_value(by[s]) if s in by else "n/a (refused)" for s in schemes]
+        runs = min(c.runs for c in by.values())
+        lines.append(f"| {attack} | {count} | {defense} | {runs} | " + " | ".join(values) + " |")
     return head + "\n".join(lines) + "\n"
+
+
+def figure(cells: list[Cell], path: Path) -> None:
+    """The table as a heat map per defense: attack x attackers down, scheme across, the
+    change in dB in each square ("refused" where the scheme refuses the defense, "not run"
+    where a partial sitting left the cell out)."""
+    from matplotlib.figure import Figure
+
+    defenses_ = list(dict.fromkeys(c.defense for c in cells))
+    schemes = list(dict.fromkeys(c.scheme for c in cells))
+    attacked = [c for c in cells if c.attackers]
+    rows = list(dict.fromkeys((c.attack, c.attackers) for c in attacked))
+    fig = Figure(figsize=(3.2 * len(defenses_) + 1, 0.32 * len(rows) + 1.6), layout="constrained")
+    axes = fig.subplots(1, len(defenses_), squeeze=False, sharey=True)[0]
+    image = None
+    for ax, defense in zip(axes, defenses_, strict=True):
+        grid = np.full((len(rows), len(schemes)), np.nan)
+        for c in attacked:
+            if c.defense == defense:
+                grid[rows.index((c.attack, c.attackers)), schemes.index(c.scheme)] = c.delta_db
+        image = ax.imshow(np.clip(grid, -5, 60), cmap="magma_r", vmin=-5, vmax=60, aspect="auto")
+        for (i, j), v in np.ndenumerate(grid):
+            blank = "refused" if not applicable(defense, Scheme(schemes[j])) else "not run"
+            text = blank if np.isnan(v) else f"{v:+.0f}"
+            colour = "grey" if np.isnan(v) else "white" if v >= 15 else "black"
+            ax.text(j, i, text, ha="center", va="center", fontsize=6, color=colour)
+        ax.set_title(f"defense: {defense}", fontsize=9)
+        ax.set_xticks(range(len(schemes)), schemes, rotation=45, ha="right", fontsize=7)
+        ax.set_yticks(range(len(rows)), [f"{a} x{n}" for a, n in rows], fontsize=7)
+    if image is not None:
+        fig.colorbar(image, ax=list(axes), label="honest MSD change, dB")
+    fig.savefig(path, dpi=130)
 
 
 def write(cells: list[Cell], config: ExperimentConfig, out: Path) -> None:
@@ -131,6 +197,7 @@ def write(cells: list[Cell], config: ExperimentConfig, out: Path) -> None:
     meta = {"config": config.to_dict(), "made": time.strftime("%Y-%m-%d %H:%M:%S")}
     (out / "robustness.json").write_text(json.dumps(meta | {"cells": rows}, indent=1))
     (out / "robustness.md").write_text(markdown(cells, config))
+    figure(cells, out / "robustness.png")
 
 
 ALL_ATTACKS = tuple(k.value for k in attacks.Kind)

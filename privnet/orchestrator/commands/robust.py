@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from privnet.agent import attacks, defenses
-from privnet.agent.spec import ConfigError, Scheme
+from privnet.agent.spec import ConfigError, Scheme, Strategy
 from privnet.orchestrator import robustness as table
-from privnet.orchestrator.experiment.config import ExperimentConfig, parse_choices
+from privnet.orchestrator.experiment.config import ExperimentConfig, load, parse_choices
 from privnet.orchestrator.terminal import console, progress_bar
 
 
@@ -19,6 +20,12 @@ def flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schemes", default="all", help="a comma list, or all")
     p.add_argument("--defenses", default=",".join(table.ALL_DEFENSES), help="a comma list")
     p.add_argument("--attackers", default="1,3", help="how many attackers: a comma list of 1, 3")
+    p.add_argument(
+        "--config",
+        default="paper-regression",
+        help="the problem: a preset (paper-regression: V-A; paper-classification: Adult) or a "
+        "TOML file; its agents, rounds, repeats and seed are the flags below",
+    )
     p.add_argument("--agents", type=int, default=30)
     p.add_argument("--iters", type=int, default=300, help="rounds a run")
     p.add_argument("--repeats", type=int, default=1, help="runs a cell")
@@ -37,9 +44,11 @@ def robustness_config(args: argparse.Namespace) -> ExperimentConfig:
         raise ConfigError(f"--attackers {args.attackers!r}: give 1, 3 or 1,3")
     if args.agents <= max(table.ATTACKERS[int(c)] for c in counts)[-1]:
         raise ConfigError(f"--agents {args.agents}: the attackers are agents 7, 15 and 23")
-    return ExperimentConfig(
-        agents=args.agents, iters=args.iters, repeats=args.repeats, seed=args.seed
-    )
+    return replace(
+        load(args.config),
+        agents=args.agents, iters=args.iters, repeats=args.repeats, seed=args.seed,
+        strategies=(Strategy.ATC,),
+    )  # fmt: skip
 
 
 def robustness(args: argparse.Namespace, base: ExperimentConfig) -> int:
@@ -58,5 +67,5 @@ def robustness(args: argparse.Namespace, base: ExperimentConfig) -> int:
         )  # fmt: skip
     table.write(cells, base, out)
     console.print(table.markdown(cells, base))
-    console.print(f"wrote {out}/robustness.json and robustness.md")
+    console.print(f"wrote {out}/robustness.json, robustness.md and robustness.png")
     return 0

@@ -84,6 +84,7 @@ class Membership:
     reason: str = ""  # of the view change under way
     moved: Moved = field(default_factory=Moved)
     stalls: int = 0  # views in a row that brought no round forward
+    report_redos: int = 0  # views this session added at its end for reports that never came
     pause: Pause = field(default_factory=Pause)
     split_due: float | None = None  # holding: when a split view stops waiting
     pauses: list[dict[str, Any]] = field(default_factory=list)  # what each view change cost
@@ -201,7 +202,7 @@ class Membership:
         self.reason = ""
 
     def new_session(self) -> None:
-        self.excluded_at, self.stalls = {}, 0
+        self.excluded_at, self.stalls, self.report_redos = {}, 0, 0
         self.members = frozenset()
 
     def first(self, session: int) -> int:

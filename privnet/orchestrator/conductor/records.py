@@ -51,6 +51,9 @@ TRANSITIONS: Mapping[Stage, frozenset[Stage]] = {
 BEAT_STAGES = (Stage.CONFIGURING, Stage.RUNNING, Stage.HOLDING, Stage.CLOSING)
 IN_SESSION = (Stage.CONFIGURING, Stage.RUNNING, Stage.HOLDING)
 STALLS = 3  # views in a row that bring no round forward: then the run fails, saying why
+# Views a session may add at its end to redo rounds whose reports never came (a broker
+# that went down with them while every member was held): then they count as missed.
+REPORT_REDOS = 1
 
 
 ViewSpecs = Callable[[frozenset[int]], list[AgentSpec]]

@@ -18,6 +18,7 @@ from privnet.orchestrator.conductor.membership import specs_of, splits
 from privnet.orchestrator.conductor.owner import Owner
 from privnet.orchestrator.conductor.records import (
     IN_SESSION,
+    REPORT_REDOS,
     STALLS,
     SessionResult,
     Stage,
@@ -170,6 +171,16 @@ class Steward:
         first = c.membership.first(c.session)
         return c.collection.first_gap(first, start, c.membership.members)
 
+    def _reports_lost(self, rounds: int) -> bool:
+        """Every member finished, yet a round of this view lacks a member's report: they
+        went down with a broker while every member was held (nothing stalled, so no view
+        redid them). A member sends its reports before its Finished, on the same connection,
+        so none is still on its way; the rounds are redone, up to REPORT_REDOS times."""
+        c = self.c
+        if c.script is not None or c.membership.report_redos >= REPORT_REDOS:
+            return False
+        return self._first_unrecorded(rounds + 1) <= rounds
+
     def _switch(
         self,
         now: float,
@@ -252,6 +263,9 @@ class Steward:
         if c.stage is not Stage.RUNNING or not membership.members <= membership.finished.keys():
             return Output()
         plan = c.plans[c.session]
+        if self._reports_lost(plan.rounds):
+            membership.report_redos += 1
+            return self.change(now, "lost reports")
         views = [v for v in membership.views if v.session == c.session]
         wall = now - c.pacing.go_at
         finished, collection = dict(membership.finished), c.collection
