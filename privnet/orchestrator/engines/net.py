@@ -258,13 +258,10 @@ async def _watched(
     tap = None
     broker = shell.broker
     if options.audit:
-        from privnet.orchestrator.audit import WireTap  # scipy & co. only when auditing
-        from privnet.orchestrator.audit.sample import draw
+        from privnet.orchestrator.audit import WireTap, sample  # scipy & co. only when auditing
 
-        c = problem.config
-        sample = draw(c.dim, problem.wire.code, options.audit_sample)
-        run_name, access = shell.watch.conductor.run, broker.access(INSPECTOR)
-        tap = WireTap(broker.address, run_name, access, sample)
+        drawn = sample.draw(problem.config.dim, problem.wire.code, options.audit_sample)
+        tap = WireTap(broker.address, shell.watch.conductor.run, broker.access(INSPECTOR), drawn)
     view = await _view(options, shell, problem, out, tap)
     run = _Run(problem, broker, shell, out, began, stop, tap, options.neighbour, view)
     if view is None:
