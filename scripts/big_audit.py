@@ -5,7 +5,9 @@
 
 1. `privnet run --audit`: mlp on digits at about --params parameters (bench's width for the
    size), ATC, local-ghp, sealed, a fresh mosquitto, under tcpdump on loopback; every
-   process's resident memory sampled (peak per agent, the orchestrator's).
+   process's resident memory sampled (peak RSS per agent against issue 29's bound, (in-degree
+   + 4) x the model's bytes + 150 MB, and USS; the orchestrator's), and the orchestrator's
+   CPU per round (summary.json's session_cpu_s: the audit's tap runs in its process).
 2. The run's models (models.npz: the rounds its telemetry carried, and the last) against the
    memory engine's, every model every round: equal to the lattice tolerance.
 3. Its audit (audit.json, on the sample): no clear model, cancellation residual 0, the
@@ -16,9 +18,12 @@
    chance once in every 4 GB).
 5. With --all-schemes, bytes per parameter per model frame (summary.json) under every
    scheme, at --schemes-params parameters and --schemes-iters rounds, no audit.
+6. With --plain, the same run without --audit (no tap, no tcpdump): agents' RSS and the
+   orchestrator's CPU as a user's run has them.
 
 Prints one JSON document of the numbers and the checks (and writes it to OUT/big_audit.json);
-exit 1 when a check fails.
+exit 1 when a check fails (`bounds`, the memory and CPU figures against the issue's, are
+reported apart and do not set the exit code).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -73,14 +78,19 @@ def main() -> int:
         flags += ["--audit-sample", str(args.audit_sample)]
     with launch("mosquitto") as broker, capture(pcap, broker.address.port):
         argv = [*flags, "--broker", str(broker.address), "--out", str(run_dir)]
-        code, wall, memory = watched([sys.executable, "-m", "privnet", "run", *argv])
+        code, wall, peaks = watched([sys.executable, "-m", "privnet", "run", *argv])
     report["command"] = "privnet run " + " ".join(flags)
-    report |= {"exit_code": code, "wall_s": round(wall, 1), "rss_mb": memory}
+    report |= {"exit_code": code, "wall_s": round(wall, 1)}
     summary = json.loads((run_dir / "summary.json").read_text())
     report["summary"] = _summary(summary)
+    report["sealed"] = summary["config"].get("seal_links")
     names = {f.name for f in fields(ExperimentConfig)}
     settings = {k: v for k, v in summary["config"].items() if k in names}
     problem = Instance.build(configuration.with_overrides(ExperimentConfig(), settings))
+    report["memory"] = memory(peaks, problem)
+    report["orchestrator_cpu"] = orchestrator_cpu(summary)
+    if args.plain:
+        report["plain"] = plain_run(flags, out / "plain", problem)
     truth = memory_models(problem, Scheme(args.scheme))
     report["models"] = compare(run_dir, truth, problem)
     report["audit"] = audit_figures(json.loads((run_dir / "audit.json").read_text()))
@@ -91,6 +101,7 @@ def main() -> int:
         report["schemes"] = every_scheme(args, out)
     report["load_after"] = os.getloadavg()
     report["checks"] = checks(report, args.all_schemes)
+    report["bounds"] = bounds(report)
     text = json.dumps(report, indent=1)
     (out / "big_audit.json").write_text(text + "\n")
     print(text)
@@ -108,6 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--coordinates", type=int, default=64, help="per agent and round, searched")
     p.add_argument("--out", default="runs/big-audit")
     p.add_argument("--keep-pcap", action="store_true")
+    p.add_argument("--plain", action="store_true", help="the same run again without --audit")
     p.add_argument("--all-schemes", action="store_true", help="bytes/param under every scheme")
     p.add_argument("--schemes-params", type=int, default=1_000_000)
     p.add_argument("--schemes-iters", type=int, default=2)
@@ -136,24 +148,41 @@ def capture(pcap: Path, port: int) -> Iterator[None]:
         proc.wait(30)
 
 
-def watched(argv: list[str], every: float = 0.2) -> tuple[int, float, dict[str, Any]]:
-    """Run `argv`, sampling every process of its tree: exit code, wall seconds, and peak
-    resident memory (MB) per agent process and of the orchestrator."""
+@dataclass
+class Peak:
+    """One process of the run's tree: its role, its agent's id, and the most memory seen."""
+
+    role: str = "other"
+    agent: int | None = None
+    rss: int = 0  # resident: its own pages and those it shares (the zygote's, libraries')
+    uss: int = 0  # its own only (what ending it would free), looked at every USS_EVERY-th look
+
+
+USS_EVERY = 10  # a USS look reads the process's smaps: not every look
+
+
+def watched(argv: list[str], every: float = 0.2) -> tuple[int, float, list[Peak]]:
+    """Run `argv`, sampling every process of its tree every `every` s: exit code, wall
+    seconds, and each process's peak resident memory."""
     began = time.monotonic()
     proc = subprocess.Popen(argv)
-    peaks: dict[int, tuple[str, int]] = {}
+    peaks: dict[int, Peak] = {}
     done = threading.Event()
 
     def sample() -> None:
-        root = psutil.Process(proc.pid)
+        root, looks = psutil.Process(proc.pid), 0
         while not done.is_set():
             with contextlib.suppress(psutil.Error):
                 for p in [root, *root.children(recursive=True)]:
                     with contextlib.suppress(psutil.Error):
-                        known, most = peaks.get(p.pid, ("other", 0))
-                        role = "orchestrator" if p.pid == proc.pid else _role(p.cmdline())
-                        role = known if known != "other" else role  # an exiting one: no argv
-                        peaks[p.pid] = (role, max(p.memory_info().rss, most))
+                        peak = peaks.setdefault(p.pid, Peak())
+                        if peak.role == "other":  # an exiting one has no argv: keep its role
+                            peak.role, peak.agent = _role(p.cmdline())
+                            peak.role = "orchestrator" if p.pid == proc.pid else peak.role
+                        peak.rss = max(peak.rss, p.memory_info().rss)
+                        if looks % USS_EVERY == 0 and peak.role != "other":
+                            peak.uss = max(peak.uss, p.memory_full_info().uss)
+            looks += 1
             done.wait(every)
 
     thread = threading.Thread(target=sample, daemon=True)
@@ -161,23 +190,62 @@ def watched(argv: list[str], every: float = 0.2) -> tuple[int, float, dict[str, 
     code = proc.wait()
     done.set()
     thread.join()
-    agents = sorted((rss for role, rss in peaks.values() if role == "agent"), reverse=True)
-    orchestrator = [rss for role, rss in peaks.values() if role == "orchestrator"]
-    return (
-        code,
-        time.monotonic() - began,
-        {
-            "agent_processes": len(agents),
-            "peak_per_agent": [round(r / 1e6) for r in agents],
-            "peak_agent_max": round(max(agents, default=0) / 1e6),
-            "orchestrator_peak": round(max(orchestrator, default=0) / 1e6),
-        },
-    )
+    return code, time.monotonic() - began, list(peaks.values())
 
 
-def _role(argv: list[str]) -> str:
-    """An agent process (not the zygote that forks them, nor the broker)."""
-    return "agent" if "-m privnet.agent" in " ".join(argv) else "other"
+def _role(argv: list[str]) -> tuple[str, int | None]:
+    """An agent process (not the zygote that forks them, nor the broker), and its id."""
+    if "-m privnet.agent" not in " ".join(argv):
+        return "other", None
+    at = argv.index("--id") + 1 if "--id" in argv else 0
+    return "agent", int(argv[at]) if at else None
+
+
+def memory(peaks: list[Peak], problem: Instance) -> dict[str, Any]:
+    """Each agent's peak RSS against issue 29's bound, (in-degree + 4) x the model's bytes
+    + 150 MB, its in-degree the graph's; and the orchestrator's peak."""
+    dtype = np.dtype(getattr(problem.plugin, "dtype", np.float64))
+    model = problem.config.dim * dtype.itemsize
+    rows = []
+    for peak in sorted((p for p in peaks if p.role == "agent"), key=lambda p: p.agent or 0):
+        degree = None if peak.agent is None else len(set(problem.graph[peak.agent]) - {peak.agent})
+        bound = (degree + 4) * model + 150_000_000 if degree is not None else None
+        rows.append(
+            {
+                "agent": peak.agent,
+                "in_degree": degree,
+                "rss_mb": round(peak.rss / 1e6),
+                "uss_mb": round(peak.uss / 1e6),
+                "bound_mb": None if bound is None else round(bound / 1e6),
+                "over_bound_mb": None if bound is None else round((peak.rss - bound) / 1e6),
+            }
+        )
+    orchestrator = [p for p in peaks if p.role == "orchestrator"]
+    over = [r["over_bound_mb"] for r in rows if r["over_bound_mb"] is not None]
+    return {
+        "model_bytes": model,
+        "agent_processes": len(rows),
+        "agents": rows,
+        "within_bound": bool(rows) and len(over) == len(rows) and max(over) <= 0,
+        "worst_over_bound_mb": max(over, default=None),
+        "orchestrator_rss_mb": round(max((p.rss for p in orchestrator), default=0) / 1e6),
+        "orchestrator_uss_mb": round(max((p.uss for p in orchestrator), default=0) / 1e6),
+    }
+
+
+def orchestrator_cpu(summary: dict[str, Any]) -> dict[str, Any]:
+    """The orchestrator's CPU (its process: Go to the session's end, summary.json's
+    `session_cpu_s`) per round and as a share of one core over the session's wall time."""
+    (result,) = summary["results"]
+    cpu, wall = summary["config"]["orchestrator"]["session_cpu_s"], result["wall_s"]
+    return {
+        "session_cpu_s": cpu,
+        "session_wall_s": round(wall, 2),
+        "rounds": result["iters"],
+        "models_every": result.get("models_every"),
+        "cpu_ms_per_round": round(1000 * cpu / result["iters"], 1),
+        "share_of_a_core": round(cpu / wall, 4),
+    }
 
 
 def _summary(summary: dict[str, Any]) -> list[dict[str, Any]]:
@@ -300,6 +368,23 @@ def search_capture(pcap: Path, truth: np.ndarray, coordinates: int, seed: int) -
     }
 
 
+def plain_run(flags: list[str], out: Path, problem: Instance) -> dict[str, Any]:
+    """The same run without --audit (nor its tap in the orchestrator, nor tcpdump): its
+    agents' memory and the orchestrator's CPU."""
+    flags = [f for f in flags if f != "--audit"]
+    with launch("mosquitto") as broker:
+        argv = [*flags, "--broker", str(broker.address), "--out", str(out)]
+        code, wall, peaks = watched([sys.executable, "-m", "privnet", "run", *argv])
+    summary = json.loads((out / "summary.json").read_text())
+    return {
+        "command": "privnet run " + " ".join(flags),
+        "exit_code": code,
+        "wall_s": round(wall, 1),
+        "memory": memory(peaks, problem),
+        "orchestrator_cpu": orchestrator_cpu(summary),
+    }
+
+
 def every_scheme(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     """Bytes a parameter a model frame under every scheme (summary.json), no audit."""
     model = out / "schemes-model.toml"
@@ -319,6 +404,7 @@ def checks(report: dict[str, Any], schemes: bool) -> dict[str, bool]:
     a, cap = report["audit"], report["capture"]
     found = {
         "run_completed": report["exit_code"] == 0,
+        "links_sealed": report["sealed"] is True,
         "models_equal_memory_engine": report["models"]["equal_to_the_lattice"],
         "audit_sampled_and_says_so": bool(a["sample"].get("sampled")),
         "audit_every_frame": a["model_messages"] == a["expected_model_messages"] > 0,
@@ -335,6 +421,20 @@ def checks(report: dict[str, Any], schemes: bool) -> dict[str, bool]:
         found["every_scheme_measured"] = {r["scheme"] for r in report["schemes"]} == {
             str(s) for s in Scheme
         }
+    return found
+
+
+def bounds(report: dict[str, Any]) -> dict[str, bool]:
+    """Issue 29's resource must-show (apart from the audit's checks, and not in the exit
+    code): every agent's peak RSS within its bound, the orchestrator below 10 % of a core;
+    for the --audit run, whose tap lives in the orchestrator, and the plain one."""
+    found = {}
+    for name, run in [("audit_run", report), ("plain_run", report.get("plain"))]:
+        if run is not None:
+            found[f"{name}_agent_rss_within_bound"] = run["memory"]["within_bound"]
+            found[f"{name}_orchestrator_below_10pct"] = (
+                run["orchestrator_cpu"]["share_of_a_core"] < 0.10
+            )
     return found
 
 
