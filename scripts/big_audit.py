@@ -18,8 +18,8 @@
    chance once in every 4 GB).
 5. With --all-schemes, bytes per parameter per model frame (summary.json) under every
    scheme, at --schemes-params parameters and --schemes-iters rounds, no audit.
-6. With --plain, the same run without --audit (no tap, no tcpdump): agents' RSS and the
-   orchestrator's CPU as a user's run has them.
+6. With --plain (first) or --plain-only, the same run without --audit (no tap, no tcpdump),
+   of --plain-iters rounds: agents' RSS and the orchestrator's CPU as a user's run has them.
 
 Prints one JSON document of the numbers and the checks (and writes it to OUT/big_audit.json);
 exit 1 when a check fails (`bounds`, the memory and CPU figures against the issue's, are
@@ -71,9 +71,17 @@ def main() -> int:
     report["load_before"] = os.getloadavg()
     run_dir, pcap = out / "run", out / "run.pcap"
     flags = [
-        "--config", str(model), "--agents", str(args.agents), "--iters", str(args.iters),
-        "--strategy", "atc", "--scheme", args.scheme, "--seed", str(args.seed), "--audit",
+        "--config", str(model), "--agents", str(args.agents), "--strategy", "atc",
+        "--scheme", args.scheme, "--seed", str(args.seed),
     ]  # fmt: skip
+    if args.plain or args.plain_only:
+        iters = str(args.plain_iters or args.iters)
+        report["plain"] = plain_run([*flags, "--iters", iters], out / "plain")
+        if args.plain_only:
+            report |= {"load_after": os.getloadavg(), "bounds": bounds(report["plain"])}
+            print(json.dumps(report, indent=1))
+            return 0
+    flags += ["--iters", str(args.iters), "--audit"]
     if args.audit_sample is not None:
         flags += ["--audit-sample", str(args.audit_sample)]
     with launch("mosquitto") as broker, capture(pcap, broker.address.port):
@@ -84,13 +92,9 @@ def main() -> int:
     summary = json.loads((run_dir / "summary.json").read_text())
     report["summary"] = _summary(summary)
     report["sealed"] = summary["config"].get("seal_links")
-    names = {f.name for f in fields(ExperimentConfig)}
-    settings = {k: v for k, v in summary["config"].items() if k in names}
-    problem = Instance.build(configuration.with_overrides(ExperimentConfig(), settings))
+    problem = problem_of(summary)
     report["memory"] = memory(peaks, problem)
     report["orchestrator_cpu"] = orchestrator_cpu(summary)
-    if args.plain:
-        report["plain"] = plain_run(flags, out / "plain", problem)
     truth = memory_models(problem, Scheme(args.scheme))
     report["models"] = compare(run_dir, truth, problem)
     report["audit"] = audit_figures(json.loads((run_dir / "audit.json").read_text()))
@@ -101,7 +105,7 @@ def main() -> int:
         report["schemes"] = every_scheme(args, out)
     report["load_after"] = os.getloadavg()
     report["checks"] = checks(report, args.all_schemes)
-    report["bounds"] = bounds(report)
+    report["bounds"] = bounds(report) | bounds(report.get("plain"), "plain_run")
     text = json.dumps(report, indent=1)
     (out / "big_audit.json").write_text(text + "\n")
     print(text)
@@ -119,7 +123,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--coordinates", type=int, default=64, help="per agent and round, searched")
     p.add_argument("--out", default="runs/big-audit")
     p.add_argument("--keep-pcap", action="store_true")
-    p.add_argument("--plain", action="store_true", help="the same run again without --audit")
+    p.add_argument("--plain", action="store_true", help="first, the same run without --audit")
+    p.add_argument("--plain-only", action="store_true", help="only the run without --audit")
+    p.add_argument("--plain-iters", type=int, default=None, help="its rounds (--iters)")
     p.add_argument("--all-schemes", action="store_true", help="bytes/param under every scheme")
     p.add_argument("--schemes-params", type=int, default=1_000_000)
     p.add_argument("--schemes-iters", type=int, default=2)
@@ -368,10 +374,16 @@ def search_capture(pcap: Path, truth: np.ndarray, coordinates: int, seed: int) -
     }
 
 
-def plain_run(flags: list[str], out: Path, problem: Instance) -> dict[str, Any]:
-    """The same run without --audit (nor its tap in the orchestrator, nor tcpdump): its
-    agents' memory and the orchestrator's CPU."""
-    flags = [f for f in flags if f != "--audit"]
+def problem_of(summary: dict[str, Any]) -> Instance:
+    """The run's problem, rebuilt from its summary.json's config."""
+    names = {f.name for f in fields(ExperimentConfig)}
+    settings = {k: v for k, v in summary["config"].items() if k in names}
+    return Instance.build(configuration.with_overrides(ExperimentConfig(), settings))
+
+
+def plain_run(flags: list[str], out: Path) -> dict[str, Any]:
+    """The run without --audit (no tap in the orchestrator, no tcpdump), as a user's run
+    is: its agents' memory and the orchestrator's CPU."""
     with launch("mosquitto") as broker:
         argv = [*flags, "--broker", str(broker.address), "--out", str(out)]
         code, wall, peaks = watched([sys.executable, "-m", "privnet", "run", *argv])
@@ -380,7 +392,7 @@ def plain_run(flags: list[str], out: Path, problem: Instance) -> dict[str, Any]:
         "command": "privnet run " + " ".join(flags),
         "exit_code": code,
         "wall_s": round(wall, 1),
-        "memory": memory(peaks, problem),
+        "memory": memory(peaks, problem_of(summary)),
         "orchestrator_cpu": orchestrator_cpu(summary),
     }
 
@@ -424,18 +436,16 @@ def checks(report: dict[str, Any], schemes: bool) -> dict[str, bool]:
     return found
 
 
-def bounds(report: dict[str, Any]) -> dict[str, bool]:
-    """Issue 29's resource must-show (apart from the audit's checks, and not in the exit
-    code): every agent's peak RSS within its bound, the orchestrator below 10 % of a core;
-    for the --audit run, whose tap lives in the orchestrator, and the plain one."""
-    found = {}
-    for name, run in [("audit_run", report), ("plain_run", report.get("plain"))]:
-        if run is not None:
-            found[f"{name}_agent_rss_within_bound"] = run["memory"]["within_bound"]
-            found[f"{name}_orchestrator_below_10pct"] = (
-                run["orchestrator_cpu"]["share_of_a_core"] < 0.10
-            )
-    return found
+def bounds(run: dict[str, Any] | None, name: str = "audit_run") -> dict[str, bool]:
+    """Issue 29's resource must-show for one run (apart from the audit's checks, and not in
+    the exit code): every agent's peak RSS within its bound, the orchestrator below 10 % of
+    a core (in the --audit run the tap's thread is in the orchestrator's process)."""
+    if run is None:
+        return {}
+    return {
+        f"{name}_agent_rss_within_bound": run["memory"]["within_bound"],
+        f"{name}_orchestrator_below_10pct": run["orchestrator_cpu"]["share_of_a_core"] < 0.10,
+    }
 
 
 if __name__ == "__main__":
