@@ -301,12 +301,9 @@ def test_a_model_whose_chunks_straddle_a_view_change_is_dropped_and_counted() ->
     assert_same_models(results, clean)
 
 
-def test_what_the_other_planes_cannot_carry_yet_is_refused_naming_the_flag() -> None:
-    """A chunked model's frames are not read by the audit yet, so --audit is refused for
-    it; a model one telemetry message cannot carry goes in Parts, every K rounds."""
-    plans = session_plans(wide_mlp(), [(Strategy.ATC, Scheme.NONE, 0)])
-    with pytest.raises(ConfigError, match="without --audit"):
-        Network.build(plans, escrow=True)
+def test_a_model_one_telemetry_message_cannot_carry_goes_in_parts_every_k_rounds() -> None:
+    """A model one telemetry message cannot carry goes in Parts, every K rounds (a chunked
+    model's audit: tests/test_audit_sample.py)."""
     config = ExperimentConfig(
         agents=3, iters=2, problem="mlp", dataset="digits", params={"hidden": [2000]}
     )

@@ -64,6 +64,11 @@ COMBINATIONS: list[tuple[list[str], dict[str, Any], str]] = [
         {"telemetry": False, "models_every": 4},
         "--models-every (models_every) with --no-telemetry",
     ),
+    (
+        ["run", "--audit-sample", "5"],
+        {"audit_sample": 5},
+        "--audit-sample (audit_sample) without --audit (audit)",
+    ),
     (["run", "--broker", "nowhere"], {"broker": "nowhere"}, "--broker (broker) 'nowhere'"),
     (["run", "--broker", "host:99999"], {"broker": "host:99999"}, "bad broker address"),
     (
@@ -105,6 +110,7 @@ VALUES: list[tuple[list[str], dict[str, Any], str]] = [
     (["run", "--agents-per-process", "0"], {"agents_per_process": 0}, "agents-per-process"),
     (["run", "--deadline", "0"], {"deadline": 0.0}, "deadline"),
     (["run", "--checkpoint-every", "-1"], {"checkpoint_every": -1}, "checkpoint-every"),
+    (["run", "--audit", "--audit-sample", "0"], {"audit": True, "audit_sample": 0}, "audit-sample"),
     (["simulate", "--engine", "warp"], {"engine": "warp"}, "choose one of oracle, memory"),
 ]
 

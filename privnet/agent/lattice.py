@@ -107,6 +107,14 @@ def total(stacked: np.ndarray, step: float, where: str) -> np.ndarray:
     return combined
 
 
+def wrapped(x: np.ndarray, step: float) -> np.ndarray:
+    """A sum of lattice floats as a hub of the u4 wire reads it: its integers mod 2^32,
+    signed (the auditor's check of what the hub's `total` saw, from the words as floats)."""
+    k = np.rint(np.asarray(x) / step).astype(np.int64).astype(np.uint32).view(np.int32)
+    out: np.ndarray = k * step
+    return out
+
+
 def received(vector: np.ndarray, wire: WireDtype, where: str) -> np.ndarray:
     """A model vector as the core keeps it: f8, float64; u4, uint32 words, or Rejected
     (shape) for anything else."""

@@ -97,6 +97,7 @@ class Experiment(ExperimentConfig):
     run_name: str | None = default("run_name")
     deadline: float | None = default("deadline")  # s of silence before an agent is left out
     audit: bool = default("audit")
+    audit_sample: int = default("audit_sample")  # coordinates a big model's audit records
     runtime: Runtime | str = default("runtime")  # local | docker | swarm
     image: str | None = default("image")
     agents_per_process: int = default("agents_per_process")

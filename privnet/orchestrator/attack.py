@@ -20,9 +20,10 @@ import numpy as np
 from rich.table import Table
 from scipy.linalg import lstsq, null_space
 
+from privnet.agent import lattice
 from privnet.agent import schedule as expand
 from privnet.agent.seats import split_senders
-from privnet.agent.spec import ConfigError, Scheme, Strategy
+from privnet.agent.spec import ConfigError, Scheme, Strategy, WireDtype
 from privnet.orchestrator.experiment import data
 from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.privacy.accountant import Adversary
@@ -64,7 +65,11 @@ def reconstruct(
             if scheme.masked:
                 weights[r] = a[m, k]
         values = np.array([v for *_, v in links])
-        exact, sums = _exact(a, links, column, (i, step), known) if scheme.masked else (None, None)
+        exact, sums = (
+            _exact(a, links, column, (i, step), known, _words(problem))
+            if scheme.masked
+            else (None, None)
+        )
         y = _solve(rows * weights[:, None], values * weights[:, None], exact, sums)
         out.update({(m, i, step): y[column[m]] for m in senders})
     return out
@@ -76,10 +81,12 @@ def _exact(
     column: dict[int, int],
     slot: tuple[int, int],
     known: Seen,
+    words: float = 0.0,
 ) -> tuple[np.ndarray | None, np.ndarray | None]:
     """The masked schemes' exact constraints of one slot: sum_l a_lk y_l = sum_l a_lk
     (frame l -> k) at every hub with 2+ other neighbours whose every frame is in `links`
-    (the masks cancel there), and y_m itself for every frame of it in `known`."""
+    (the masks cancel there: mod 2^32 on the u4 wire, whose lattice step `words` is), and
+    y_m itself for every frame of it in `known`."""
     into: dict[int, list[tuple[int, np.ndarray]]] = {}
     for m, k, v in links:
         into.setdefault(k, []).append((m, v))
@@ -91,7 +98,8 @@ def _exact(
         for m, _ in heard:
             row[column[m]] = a[m, k]
         rows.append(row)
-        sums.append(sum(a[m, k] * v for m, v in heard))
+        total = sum(a[m, k] * v for m, v in heard)
+        sums.append(lattice.wrapped(total, words) if words else total)
     for (m, _k, i, step), v in sorted(known.items(), key=lambda item: item[0]):
         if (i, step) == slot:
             row = np.zeros(len(column))
@@ -99,6 +107,13 @@ def _exact(
             rows.append(row)
             sums.append(np.asarray(v))
     return (np.array(rows), np.array(sums)) if rows else (None, None)
+
+
+def _words(problem: Instance) -> float:
+    """The lattice step of a u4 run's words (a hub's sums are taken mod 2^32), 0 on f8."""
+    if problem.wire is not WireDtype.U4:
+        return 0.0
+    return lattice.grid(problem.config.sigma_g, problem.wire)
 
 
 def insider_knowledge(
@@ -155,11 +170,16 @@ def local_minimizers(problem: Instance, repeat: int) -> np.ndarray:
 
 
 def estimate_minimizers(
-    problem: Instance, estimate: dict[tuple[int, int, int], np.ndarray], seen: Seen
+    problem: Instance,
+    estimate: dict[tuple[int, int, int], np.ndarray],
+    seen: Seen,
+    dim: int | None = None,
 ) -> np.ndarray:
-    """ATC: the root of an affine fit of grad J_p against phi_p over the rounds."""
+    """ATC: the root of an affine fit of grad J_p against phi_p over the rounds (`dim`:
+    the coordinates the frames hold, a sample's; the model's by default)."""
     c = problem.config
-    out = np.full((c.agents, c.dim), np.nan)
+    dim = c.dim if dim is None else dim
+    out = np.full((c.agents, dim), np.nan)
     for p in range(c.agents):
         phis, grads = [], []
         for i in range(1, c.iters + 1):
@@ -167,7 +187,7 @@ def estimate_minimizers(
                 continue
             a = problem.round_matrix(i - 1)  # the combine that made round i's phi
             if i == 1:
-                phi = np.zeros(c.dim)  # w_0
+                phi = np.zeros(dim)  # w_0
             else:
                 heard = [m for m in range(c.agents) if a[m, p] > 0]
                 if (p, i - 1, 2) not in estimate or any(
@@ -180,7 +200,7 @@ def estimate_minimizers(
                 )
             phis.append(phi)
             grads.append((phi - estimate[(p, i, 2)]) / c.mu)
-        if len(phis) > c.dim:
+        if len(phis) > dim:
             design = np.hstack([np.array(phis), -np.ones((len(phis), 1))])
             coef = lstsq(design, np.array(grads))[0]  # grad = phi @ H^T - r
             h_t, r = coef[:-1], coef[-1]
@@ -198,10 +218,12 @@ def attack_session(
     adversary: Adversary = WIRE,
     known: Seen | None = None,
     attacked: int = 0,
+    pick: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Per-agent relative errors of what `adversary` rebuilds (trajectory, local
     minimizer) of every agent outside it, agent `attacked`'s apart; `known` as for
-    `reconstruct`."""
+    `reconstruct`; `pick`: the coordinates the frames and `clear` hold (a big model's
+    audit sample), the whole model when None."""
     known = known or {}
     visible = {s: v for s, v in seen.items() if adversary.reads(s[0], s[1])}
     estimate = reconstruct(problem, strategy, scheme, seen, adversary, known)
@@ -211,7 +233,7 @@ def attack_session(
     for p in targets:
         keys = [key for key in clear if key[0] == p]
         truth = np.array([clear[key] for key in keys])
-        guess = np.array([estimate.get(key, np.zeros(c.dim)) for key in keys])
+        guess = np.array([estimate.get(key, np.zeros_like(clear[key])) for key in keys])
         scale = max(float(np.linalg.norm(truth)), 1e-300)
         errors[p] = float(np.linalg.norm(guess - truth)) / scale
     theirs = np.array([errors[p] for p in targets])
@@ -234,7 +256,9 @@ def attack_session(
     }
     if strategy is Strategy.ATC:
         truth = local_minimizers(problem, repeat)
-        guess = estimate_minimizers(problem, estimate, visible)
+        if pick is not None:
+            truth = truth[:, pick]
+        guess = estimate_minimizers(problem, estimate, visible, truth.shape[1])
         rel = np.linalg.norm(np.nan_to_num(guess) - truth, axis=1) / np.linalg.norm(truth, axis=1)
         record["minimizer_rel_error"] = [
             None if p in adversary.members else float(e) for p, e in enumerate(rel)

@@ -282,6 +282,15 @@ def parser() -> argparse.ArgumentParser:
         metavar="yes|no",
         help="record and audit the wire (`privnet inspect`); a value, for docker-compose's env",
     )
+    p.add_argument(
+        "--audit-sample",
+        type=integer(1),
+        default=default("audit_sample"),
+        metavar="N",
+        help="with --audit, a model of more than N parameters is recorded and audited on a "
+        "seeded sample of at least N of its coordinates (whole chunks; the seed is drawn "
+        "for the run and stated in audit.json); default %(default)s",
+    )
     _view_flags(p, "--view-")
     p.add_argument(
         "--view",

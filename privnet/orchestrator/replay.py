@@ -37,7 +37,8 @@ class _Witness(AgentCore):
     and the scheme's release to each target before any mask (in `released` by (view,
     sender, receiver, round, step));
     given `losses`, agent p runs losses[p] instead of the one its Config describes; given
-    `cores`, it leaves itself there under (view, agent), so a replay can run it on."""
+    `cores`, it leaves itself there under (view, agent), so a replay can run it on; given
+    `pick`, it notes those coordinates only (a big model's audit sample)."""
 
     def __init__(
         self,
@@ -49,14 +50,15 @@ class _Witness(AgentCore):
         views: dict[tuple[int, int, int, int], np.ndarray] | None = None,
         released: dict[tuple[int, int, int, int, int], np.ndarray] | None = None,
         cores: dict[tuple[int, int], _Witness] | None = None,
+        pick: np.ndarray | None = None,
     ) -> None:
         super().__init__(spec, loss if losses is None else losses[spec.agent], *args)
-        self.clear, self.views, self.released = clear, views, released
+        self.clear, self.views, self.released, self.pick = clear, views, released, pick
         if cores is not None:
             cores[(spec.view, spec.agent)] = self
 
     def _send(self, plan: StepPlan) -> list[Message]:
-        value = self.value.copy()
+        value = self.value.copy() if self.pick is None else self.value[self.pick]
         self.clear[(self.me, self.round, plan.step)] = value
         if self.views is not None:
             self.views[(self.spec.view, self.me, self.round, plan.step)] = value
@@ -66,7 +68,8 @@ class _Witness(AgentCore):
         out = super()._release(plan)
         if self.released is not None:
             for k, vector in out.items():
-                self.released[(self.spec.view, self.me, k, self.round, plan.step)] = vector
+                noted = vector if self.pick is None else vector[self.pick]
+                self.released[(self.spec.view, self.me, k, self.round, plan.step)] = noted
         return out
 
 
@@ -95,6 +98,7 @@ def replay(
     noise_keys: Sequence[tuple[int, int]] | None = None,
     views: Sequence[View] | None = None,
     reach: Mapping[int, int] | None = None,
+    pick: np.ndarray | None = None,
 ) -> Replay:
     """The session on the memory engine (the whole protocol), witnesses for cores;
     `losses` (one per agent) replace the problem's, e.g. losses written by hand, and
@@ -105,7 +109,11 @@ def replay(
     may have run further on the network than the script lets it (the rounds it began
     before its members stopped, which the next view redid): `reach` (view -> last round
     of it on the wire) says how far, and its witnesses are run on to there, so every
-    frame of it has its clear value in `Replay.views`."""
+    frame of it has its clear value in `Replay.views`.
+
+    `pick`: the coordinates a big model's audit samples (audit.sample): every vector and
+    model of the replay holds those only, and its `wire` is empty (a chunked model's
+    frames are read by the audit's Opener, from the recording)."""
     clear: dict[tuple[int, int, int], np.ndarray] = {}
     by_view: dict[tuple[int, int, int, int], np.ndarray] = {}
     released: dict[tuple[int, int, int, int, int], np.ndarray] = {}
@@ -122,7 +130,13 @@ def replay(
             add_frame(seen, frame.payload, partial(wire.peek_peer, dim=dim))
 
     witness = partial(
-        _Witness, clear=clear, losses=losses, views=by_view, released=released, cores=cores
+        _Witness,
+        clear=clear,
+        losses=losses,
+        views=by_view,
+        released=released,
+        cores=cores,
+        pick=pick,
     )
     script = None if views is None else [replace(v, session=0) for v in views]
     # The visible wire: its frames carry what sealed ones carry under the seal (the audit
@@ -130,9 +144,16 @@ def replay(
     # Every model every round, whatever the run's --models-every: the ground truth of the
     # rounds between the models a run's telemetry carried (in memory they cost no wire).
     network = Network.build(
-        [plan], core=witness, tap=tap, script=script, seal_links=False, models_every=1
+        [plan],
+        core=witness,
+        tap=tap if pick is None else None,
+        script=script,
+        seal_links=False,
+        models_every=1,
     )
     models = network.play()[0].models
+    if pick is not None:
+        models = models[..., pick]
     for view in views or ():
         members = {m: cores[(view.view, m)] for m in view.members if (view.view, m) in cores}
         last = (reach or {}).get(view.view, 0)
@@ -176,9 +197,12 @@ class SessionWire:
     latest: dict[tuple[int, int, int, int], int] = field(default_factory=dict)  # slot -> view
 
 
-def add_frame(session: SessionWire, payload: bytes, read: Callable[[bytes], wire.Peer]) -> None:
-    """Note one peer frame of `session`, read by `read`: a model, a key frame, or one that
-    would not open (counted as sealed or undecodable)."""
+def add_frame(
+    session: SessionWire, payload: bytes, read: Callable[[bytes], wire.Peer | None]
+) -> None:
+    """Note one peer frame of `session`, read by `read`: a model, a key frame, a chunk of a
+    model not whole yet (None), or one that would not open (counted as sealed or
+    undecodable)."""
     try:
         msg = read(payload)
     except Rejected as exc:
@@ -186,6 +210,8 @@ def add_frame(session: SessionWire, payload: bytes, read: Callable[[bytes], wire
             session.sealed += 1
         else:
             session.undecodable += 1
+        return
+    if msg is None:
         return
     if isinstance(msg, KeyPlan | KeyShare):
         session.keys += 1

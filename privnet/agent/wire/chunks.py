@@ -311,6 +311,20 @@ class Reassembler:
         return plain
 
 
+def chunk_data(head: ChunkHead, aead: ChaCha20Poly1305 | None, run: str) -> bytes:
+    """A chunk's data as the auditor reads it: a visible chunk's (`aead` None) without its
+    MAC check, as anyone on the wire reads it; a sealed one opened with its link's key (the
+    escrow's), or Rejected (bad-seal)."""
+    if aead is None:
+        return head.box[: len(head.box) - TAG_BYTES]
+    try:
+        return aead.decrypt(head.nonce, head.box, run_ad(run) + _AD + head.raw)
+    except InvalidTag:
+        raise Rejected(
+            Reason.BAD_SEAL, f"chunk {head.index} from agent {head.sender}: the seal failed"
+        ) from None
+
+
 @functools.cache
 def needs_chunks(dim: int, dtype: str = DTYPE) -> bool:
     """Whether a model of `dim` parameters is over one peer frame (so goes in chunks)."""

@@ -32,6 +32,7 @@ from privnet.orchestrator.audit.recording import (
     save_recording,
     save_telemetry,
 )
+from privnet.orchestrator.audit.sample import Sample, recorded
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.replay import AuditError
 
@@ -43,10 +44,14 @@ SUBSCRIBE_TIMEOUT = 10.0
 class WireTap:
     """A passive subscriber to every topic of one run, started before the agents."""
 
-    def __init__(self, address: BrokerAddress, run: str, access: ClientAccess) -> None:
-        """`access`: the run's read-only inspector (the ACL lets it read the whole run)."""
-        self.address, self.run = address, run
+    def __init__(
+        self, address: BrokerAddress, run: str, access: ClientAccess, sample: Sample | None = None
+    ) -> None:
+        """`access`: the run's read-only inspector (the ACL lets it read the whole run);
+        `sample`: a big model's chunks to keep (audit.sample), None to keep every frame."""
+        self.address, self.run, self.sample = address, run, sample
         self.records: list[WireRecord] = []
+        self.seen_bytes = self.kept_bytes = 0  # every payload the tap got, and those it kept
         self.telemetry: list[np.ndarray] = []  # per session: the opened true models (iters, P, M)
         self.link_keys: Escrowed = {}  # the agents' escrow (the conductor's `link_keys`)
         self._subscribed = threading.Event()
@@ -61,7 +66,11 @@ class WireTap:
             self._client.tls_set(ca_certs=access.ca_file)
 
     def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
-        self.records.append(WireRecord(time.time(), message.topic, bytes(message.payload)))
+        payload = bytes(message.payload)
+        self.seen_bytes += len(payload)
+        if recorded(payload, message.topic, self.sample):
+            self.kept_bytes += len(payload)
+            self.records.append(WireRecord(time.time(), message.topic, payload))
 
     def _on_disconnect(
         self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, *_: Any
@@ -91,8 +100,26 @@ class WireTap:
         if lost is not None and et is None:
             raise AuditError(f"the wire tap lost the broker ({lost}): the recording is incomplete")
 
+    def sampled(self) -> dict[str, Any] | None:
+        """The sample the recording holds (None: every frame whole), and its bytes: every
+        payload the tap got and those it kept."""
+        if self.sample is None:
+            return None
+        kept = {"payload_bytes": self.seen_bytes, "recorded_bytes": self.kept_bytes}
+        return {"sampled": True, **self.sample.to_dict(), **kept}
+
+    def sample_summary(self) -> dict[str, Any]:
+        """summary.json's `audit_sample`: the sample, or that the wire was recorded whole."""
+        return self.sampled() or {
+            "sampled": False,
+            "payload_bytes": self.seen_bytes,
+            "recorded_bytes": self.kept_bytes,
+        }
+
     def save(self, out: Path, config: ExperimentConfig) -> None:
         """wire.msgpack (header + records) and telemetry.npz (one array per session)."""
-        recording = Recording(self.run, str(self.address), config, self.records, self.link_keys)
+        recording = Recording(
+            self.run, str(self.address), config, self.records, self.link_keys, self.sampled()
+        )
         save_recording(out, recording)
         save_telemetry(out, self.telemetry)

@@ -20,6 +20,7 @@ import numpy as np
 from privnet.agent.spec import STRATEGY_STEP, Scheme, Strategy
 from privnet.orchestrator.audit.masks import Noise, cancellation, merge, noise_report, noise_samples
 from privnet.orchestrator.audit.views import PLAIN_REL, Part, parts, redo, round_messages, senders
+from privnet.orchestrator.audit.words import Reading, as_floats
 from privnet.orchestrator.conductor import View
 from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.replay import AuditError, Replay, SessionWire
@@ -77,9 +78,11 @@ def audit_session(
     c = problem.config
     step = STRATEGY_STEP[strategy]
     found = parts(problem, strategy, views, seen)
-    noise = noise_samples(scheme, found, seen, truth, c.sigma_g)
-    frames = _frames(seen, truth, found, c.iters)
-    checks = [_view_check(scheme, part, seen, truth, step, c.sigma_g) for part in found]
+    reading = Reading.of(c.sigma_g, problem.wire)
+    seen = as_floats(seen, scheme, found, reading)
+    noise = noise_samples(scheme, found, seen, truth, c.sigma_g, reading)
+    frames = _frames(seen, truth, found, c.iters, reading, scheme.masked)
+    checks = [_view_check(scheme, part, seen, truth, step, reading) for part in found]
     result: dict[str, Any] = {
         "strategy": str(strategy),
         "scheme": str(scheme),
@@ -91,7 +94,7 @@ def audit_session(
         # rounds whose true models the run's telemetry carried (--models-every K: every K
         # and the last); between them the replay is checked against the wire alone
         "truth_rounds": _truth_rounds(telemetry, c.iters),
-        "noise": noise_report(scheme, noise, c.sigma_g),
+        "noise": noise_report(scheme, noise, c.sigma_g, reading),
         "max_cancellation_residual": merge(v.cancel for v in checks) if scheme.masked else None,
         "clear_links": _clear_links(scheme, frames.links),
         "hub_learns": {
@@ -107,8 +110,18 @@ def audit_session(
     return result, noise
 
 
-def _frames(seen: SessionWire, truth: Replay, found: Sequence[Part], iters: int) -> Frames:
-    """Each model frame on the wire against the clear value behind it."""
+def _frames(
+    seen: SessionWire,
+    truth: Replay,
+    found: Sequence[Part],
+    iters: int,
+    reading: Reading,
+    masked: bool,
+) -> Frames:
+    """Each model frame on the wire against the clear value behind it; a u4 frame is in
+    the clear within the lattice's rounding (`Reading.slack`: of x, or of a x under a
+    masked scheme), whether it carries a x's words unmasked or x's own."""
+    by_view = {part.view.view: part for part in found}
     ends = {part.view.view: part.end for part in found}
     frames = Frames()
     for (v, s, r, i, j), vector in seen.views.items():
@@ -120,7 +133,11 @@ def _frames(seen: SessionWire, truth: Replay, found: Sequence[Part], iters: int)
         link = frames.links[(s, r)]
         link.messages += 1
         gap, size = float(np.linalg.norm(vector - true)), float(np.linalg.norm(true))
-        clear = gap <= PLAIN_REL * size
+        a = float(by_view[v].at(i)[s, r]) if masked and v in by_view else 1.0
+        clear = gap <= PLAIN_REL * size + reading.slack(true.size, a)
+        if reading.words and a != 1.0 and not clear:  # x's own words, not a x's: read as x / a
+            unscaled = float(np.linalg.norm(vector * a - true))
+            clear = unscaled <= PLAIN_REL * size + reading.slack(true.size, 1.0)
         link.plaintext += clear
         frames.plain[v] += clear
         if size > 0:
@@ -129,11 +146,11 @@ def _frames(seen: SessionWire, truth: Replay, found: Sequence[Part], iters: int)
 
 
 def _view_check(
-    scheme: Scheme, part: Part, seen: SessionWire, truth: Replay, step: int, sigma_g: float
+    scheme: Scheme, part: Part, seen: SessionWire, truth: Replay, step: int, reading: Reading
 ) -> ViewCheck:
     rounds = range(part.view.start, part.end + 1)
     expected = sum(round_messages(part.at(i)) for i in rounds)
-    cancel, not_combined = cancellation(part, seen, truth, step, sigma_g)
+    cancel, not_combined = cancellation(part, seen, truth, step, reading)
     return ViewCheck(part, expected, cancel, not_combined, _hub_learns(scheme, part.A))
 
 

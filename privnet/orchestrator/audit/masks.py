@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ from privnet.agent.schemes.base import Draws
 from privnet.agent.seats import Seat, split_senders
 from privnet.agent.spec import Scheme
 from privnet.orchestrator.audit.views import Part, senders
+from privnet.orchestrator.audit.words import Reading, mask_units
 from privnet.orchestrator.replay import Replay, SessionWire
 
 
@@ -29,6 +30,7 @@ class Noise:
     """wire - true as the scheme's law predicts it: KS samples, and the masks' power check."""
 
     samples: np.ndarray
+    uniform: np.ndarray = field(default_factory=lambda: np.zeros(0))  # u4: masks / 2^32
     power: float = 0.0  # masked: sum over every seat of ||(wire - release) a_mk||^2
     expected_power: float = 0.0  # ... and its expectation, partners * sigma_g^2 per coordinate
 
@@ -39,14 +41,22 @@ def _seats(A: np.ndarray, hub: int) -> dict[int, Seat]:
 
 
 def noise_samples(
-    scheme: Scheme, parts: Sequence[Part], seen: SessionWire, truth: Replay, sigma_g: float
+    scheme: Scheme,
+    parts: Sequence[Part],
+    seen: SessionWire,
+    truth: Replay,
+    sigma_g: float,
+    reading: Reading | None = None,
 ) -> Noise:
     """random: every link's wire - true; ghp: one per sender and round (g_m is the same on
     all links); masked schemes: (wire - release) * a_mk of N+ senders with a single partner,
     so each pair's mask counts once, and for masked-ghp its release - true as ghp's. A
     redone round counts once more only for the masks: random and ghp draw the same seeded
-    noise again, masks are fresh in every view."""
+    noise again, masks are fresh in every view. On the u4 wire (`reading.words`) the masks
+    are uniform words: their samples go to `uniform`, in units of the word's range."""
     samples: list[np.ndarray] = []
+    uniform: list[np.ndarray] = []
+    words = reading is not None and reading.words
     noise, scheme_part = Noise(np.zeros(0)), scheme.part
     once: set[tuple[int, ...]] = set()
     by_view = {part.view.view: part for part in parts}
@@ -72,16 +82,24 @@ def noise_samples(
         if seat is None:  # no link of this view's matrix: unmatched
             continue
         scaled = (vector - release) * A[s, r]
+        if words and reading is not None:  # the mask mod 2^32, read signed
+            if seat.side == 1 and len(seat.partners) == 1:
+                uniform.append(mask_units(reading.wrap(scaled), reading))
+            continue
         noise.power += float(scaled @ scaled)
         noise.expected_power += len(seat.partners) * sigma_g**2 * scaled.size
         if seat.side == 1 and len(seat.partners) == 1:
             samples.append(scaled)
     noise.samples = np.concatenate(samples) if samples else np.zeros(0)
+    noise.uniform = np.concatenate(uniform) if uniform else np.zeros(0)
     return noise
 
 
-def noise_report(scheme: Scheme, noise: Noise, sigma_g: float) -> dict[str, Any]:
-    """KS test of the samples against Laplace(0, b), b = sigma_g / sqrt(2)."""
+def noise_report(
+    scheme: Scheme, noise: Noise, sigma_g: float, reading: Reading | None = None
+) -> dict[str, Any]:
+    """KS test of the samples against Laplace(0, b), b = sigma_g / sqrt(2); on the u4
+    wire, of the masks against the uniform law of a 32-bit word (`masks`)."""
     b = sigma_g / math.sqrt(2)
     result: dict[str, Any] = {
         "expected": f"{scheme.part.law}; b = sigma_g/sqrt(2) = {b:.6g}",
@@ -99,11 +117,22 @@ def noise_report(scheme: Scheme, noise: Noise, sigma_g: float) -> dict[str, Any]
         )
     if noise.expected_power > 0:
         result["variance_ratio_all_seats"] = noise.power / noise.expected_power
+    if reading is not None and reading.words and scheme.masked:
+        masks: dict[str, Any] = {
+            "expected": "uniform 32-bit words: a mask read signed / 2^32 ~ U[-1/2, 1/2)",
+            "samples": int(noise.uniform.size),
+            "ks_statistic": None,
+            "p_value": None,
+        }
+        if noise.uniform.size:
+            test = stats.kstest(noise.uniform, "uniform", args=(-0.5, 1.0))
+            masks.update(ks_statistic=float(test.statistic), p_value=float(test.pvalue))
+        result["masks"] = masks
     return result
 
 
 def cancellation(
-    part: Part, seen: SessionWire, truth: Replay, step: int, sigma_g: float
+    part: Part, seen: SessionWire, truth: Replay, step: int, reading: Reading
 ) -> tuple[dict[str, Any], int]:
     """Max over hubs and rounds of one view of |wire combination - true combination| /
     |true combination|, with the view's matrix, each term on the lattice as the hub takes
@@ -112,9 +141,9 @@ def cancellation(
 
     The hub's own term is not on the wire; it is its release (from the truth), except at a
     fallback hub (one other neighbour), whose own term carries the pair's mask: there the
-    cancellation happens inside the hub and is not observable on the wire.
+    cancellation happens inside the hub and is not observable on the wire. On the u4 wire
+    the terms are added mod 2^32, as the hub adds them (`reading`).
     """
-    grid = rng.grid(sigma_g)
     worst, checked, missing, not_combined = 0.0, 0, 0, 0
     fallback: set[int] = set()
     for i in range(part.view.start, part.last + 1):
@@ -126,7 +155,7 @@ def cancellation(
             if len(sending) < 2:
                 continue
             try:
-                gap = _residual(part, A, seen, truth, (hub, i, step), sending, grid)
+                gap = _residual(part, A, seen, truth, (hub, i, step), sending, reading)
             except KeyError:
                 if i <= part.end:
                     missing += 1
@@ -150,11 +179,11 @@ def _residual(
     truth: Replay,
     at: tuple[int, int, int],
     sending: list[int],
-    grid: float,
+    reading: Reading,
 ) -> float:
     """One hub-round (hub, round, step): the wire's combination against the true one,
     relative; KeyError when a term of it is missing."""
-    (hub, i, step), v = at, part.view.view
+    (hub, i, step), v, grid = at, part.view.view, reading.step
     own = rng.on_lattice(truth.released[(v, hub, hub, i, step)], A[hub, hub], grid)
     on_wire = sum(
         rng.on_lattice(seen.views[(v, m, hub, i, step)], A[m, hub], grid) for m in sending
@@ -164,7 +193,7 @@ def _residual(
     )
     combined = own + true
     scale = max(float(np.linalg.norm(combined)), 1e-300)
-    return float(np.linalg.norm(own + on_wire - combined)) / scale
+    return float(np.linalg.norm(reading.wrap(own + on_wire) - combined)) / scale
 
 
 def merge(reports: Iterable[dict[str, Any]]) -> dict[str, Any]:

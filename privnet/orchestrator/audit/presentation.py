@@ -17,7 +17,9 @@ if TYPE_CHECKING:
 
 def audit_table(report: dict[str, Any]) -> Table:
     """One row per session; the full per-link detail is in audit.json."""
-    table = Table(title=f"wire audit of {report['run']} ({report['source']})")
+    sample = report.get("sample") or {}
+    on = f"; a sample of {sample['coordinates']:,} coordinates" if sample.get("sampled") else ""
+    table = Table(title=f"wire audit of {report['run']} ({report['source']}{on})")
     for name in ("session", "models", "clear", "mask min", "mask med", "KS p", "var", "cancel"):
         table.add_column(name, justify="right")
     for s in report["sessions"]:
@@ -33,16 +35,23 @@ def audit_table(report: dict[str, Any]) -> Table:
             f"[red]{s['plaintext_messages']}" if leak else str(s["plaintext_messages"]),
             fmt(s["masking_strength"]["min"]),
             fmt(s["masking_strength"]["median"]),
-            fmt(s["noise"]["p_value"]),
+            fmt(_p_value(s["noise"])),
             fmt(s["noise"]["variance_ratio"]),
             fmt(resid["max"] if resid else None),
         )
     table.caption = (
         "models: seen on the wire; clear: equal to the sender's true value; mask: "
-        "|wire - true| / |true|; KS p, var: wire - true against the scheme's Laplace law; "
+        "|wire - true| / |true|; KS p, var: wire - true against the scheme's Laplace law (u4 "
+        "masks: the uniform law of a 32-bit word); "
         "cancel: max residual of a masked scheme at a hub, each term on the lattice"
     )
     return table
+
+
+def _p_value(noise: dict[str, Any]) -> float | None:
+    """The KS p-value of the table: the Laplace law's, or the u4 masks' uniform law's."""
+    p = noise["p_value"]
+    return p if p is not None or "masks" not in noise else noise["masks"]["p_value"]
 
 
 def _session_name(s: dict[str, Any]) -> str:

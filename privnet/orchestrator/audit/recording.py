@@ -48,6 +48,9 @@ class Recording:
     config: ExperimentConfig
     records: list[WireRecord]
     link_keys: Escrowed = field(default_factory=dict)
+    # a big model's sample (audit.sample.Sample.to_dict) and the peer bytes the tap saw and
+    # kept; None: every frame recorded whole
+    sample: dict[str, Any] | None = None
 
 
 def save_recording(out: Path, rec: Recording) -> None:
@@ -58,6 +61,8 @@ def save_recording(out: Path, rec: Recording) -> None:
         "config": rec.config.to_dict(),
         "records": [[r.t, r.topic, r.payload] for r in rec.records],
     }
+    if rec.sample is not None:
+        doc["sample"] = rec.sample
     write_private(out / WIRE_FILE, msgpack.packb(doc, use_bin_type=True))  # the seed
     if rec.link_keys:
         save_link_keys(out, rec.link_keys)
@@ -74,7 +79,8 @@ def load_recording(run_dir: Path) -> Recording:
         raise AuditError(f"{path} is not a {FORMAT} recording")
     config = configuration.with_overrides(ExperimentConfig(), doc["config"])
     records = [WireRecord(float(t), str(topic), bytes(p)) for t, topic, p in doc["records"]]
-    return Recording(doc["run"], doc["broker"], config, records, load_link_keys(run_dir))
+    keys = load_link_keys(run_dir)
+    return Recording(doc["run"], doc["broker"], config, records, keys, doc.get("sample"))
 
 
 def save_link_keys(out: Path, escrowed: Escrowed) -> None:

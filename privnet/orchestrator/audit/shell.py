@@ -15,6 +15,7 @@ from privnet.orchestrator.attack import adversary_table, attack_table
 from privnet.orchestrator.audit.playback import read_pcap
 from privnet.orchestrator.audit.presentation import audit_table, plot_noise, redo_line
 from privnet.orchestrator.audit.recording import load_membership, load_recording, load_telemetry
+from privnet.orchestrator.audit.sample import Sample, kept
 from privnet.orchestrator.audit.verdict import AttackPlan, audit
 from privnet.orchestrator.replay import AuditError
 from privnet.orchestrator.terminal import table_console
@@ -31,7 +32,8 @@ def inspect(
     source = "live MQTT tap"
     if pcap is not None:
         port = port or BrokerAddress.parse(recording.broker).port
-        recording.records = read_pcap(pcap, port)
+        sample = None if recording.sample is None else Sample.of(recording.sample)
+        recording.records = list(kept(read_pcap(pcap, port), sample))  # the tap's sample
         source = f"pcap {pcap.name}, port {port}"
     result = audit(recording, load_telemetry(run_dir), source, attack, load_membership(run_dir))
     stem = _stem(pcap)
@@ -59,6 +61,8 @@ def show_audit(
         table_console().print(attack_table(report["reconstruction"]["sessions"]))
         table_console().print(adversary_table(report["adversaries"]["rows"], attack.agent))
     _print_notes(err, report["sessions"])
+    if report["sample"]["sampled"]:
+        err.print(f"[yellow]{report['sample']['finding']}")
     leaks = [s for s in report["sessions"] if s["scheme"] != "none" and s["plaintext_messages"]]
     stem = _stem(pcap)
     err.print(f"wrote {run_dir}/{stem}.json and {stem}.png")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,9 @@ from privnet.orchestrator.audit.checks import TRUTH_TOL, audit_session, sealed_s
 from privnet.orchestrator.audit.playback import split_sessions, view_reach
 from privnet.orchestrator.audit.presentation import noise_panel
 from privnet.orchestrator.audit.recording import Recording
+from privnet.orchestrator.audit.sample import Sample
+from privnet.orchestrator.audit.views import parts
+from privnet.orchestrator.audit.words import Reading, as_floats
 from privnet.orchestrator.conductor import View
 from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import session_list
@@ -57,6 +61,7 @@ class Findings:
     membership: Sequence[View] | None
     attack: AttackPlan | None
     keyless: list[SessionWire]
+    sample: Sample | None = None  # a big model's: every vector holds its coordinates only
     sessions: list[dict[str, Any]] = field(default_factory=list)
     noise: dict[str, np.ndarray] = field(default_factory=dict)
     attempts: list[dict[str, Any]] = field(default_factory=list)
@@ -72,17 +77,25 @@ class Findings:
         views = session_views(self.membership, s, seen, c.agents)
         self.changed |= views is not None
         reach = view_reach(seen) if views is not None else None
-        truth = replay(self.problem, strategy, scheme, repeat, views=views, reach=reach)
+        pick = None if self.sample is None else self.sample.coordinates
+        truth = replay(self.problem, strategy, scheme, repeat, views=views, reach=reach, pick=pick)
         told = self.telemetry[s] if self.telemetry is not None and s < len(self.telemetry) else None
+        if told is not None and pick is not None:  # a row without a model: NaN at 0 only
+            told = np.where(np.isnan(told[..., :1]), np.nan, told[..., pick])
         result, noise = audit_session(
             self.problem, strategy, scheme, repeat, seen, truth, told, views
         )
         self.sessions.append(result)
         if self.attack is not None:
+            reading = Reading.of(c.sigma_g, self.problem.wire)
+            found = parts(self.problem, strategy, views, seen)
+            seen = as_floats(seen, scheme, found, reading)
             self.attempts.append(
-                attack_session(self.problem, strategy, scheme, repeat, seen.models, truth.clear)
+                attack_session(
+                    self.problem, strategy, scheme, repeat, seen.models, truth.clear, pick=pick
+                )
             )
-            keyless = self.keyless[s]
+            keyless = as_floats(self.keyless[s], scheme, found, reading)
             self.rows += self._adversary_rows(
                 self.attack, session, seen, keyless, truth, views, reach
             )
@@ -105,9 +118,12 @@ class Findings:
         `seen` is the session's wire opened with the escrowed link keys, `keyless` as
         anyone without a key reads it."""
         problem, (strategy, scheme, repeat) = self.problem, session
-        accounted = account(
-            problem, strategy, scheme, plan.agent, repeat, views=views, reach=reach, ours=truth
-        )
+        pick = None if self.sample is None else self.sample.coordinates
+        accounted = None
+        if pick is None:  # the accountant's twins hold whole models: not on a sample
+            accounted = account(
+                problem, strategy, scheme, plan.agent, repeat, views=views, reach=reach, ours=truth
+            )
         released = {
             slot: truth.released[(view, *slot)]
             for slot, view in seen.latest.items()
@@ -128,14 +144,27 @@ class Findings:
             else:
                 frames = {} if adversary.sealed else seen.models
             row = attack_session(
-                problem, strategy, scheme, repeat, frames, truth.clear, adversary, known, plan.agent
+                problem,
+                strategy,
+                scheme,
+                repeat,
+                frames,
+                truth.clear,
+                adversary,
+                known,
+                plan.agent,
+                pick=pick,
             )
             row["wire"] = (
                 "this run's"
                 if measured
                 else "modelled: --seal-links " + ("on" if adversary.sealed else "off")
             )
-            row["epsilon"] = finite(accounted.against(adversary)[-1])
+            row["epsilon"] = (
+                finite(accounted.against(adversary)[-1])
+                if accounted is not None
+                else "not on a sample (privnet simulate --account)"
+            )
             rows.append(row)
         return rows
 
@@ -152,19 +181,30 @@ def audit(
     and as each adversary of the table (privnet.orchestrator.attack), with the epsilon that holds
     against each (privacy.accountant). `membership`: the run's views (membership.json).
     The recording's escrowed link keys open a sealed wire."""
-    c = recording.config
-    problem = Instance.build(c)
+    problem = Instance.build(recording.config)
+    c = problem.config  # the model's size and wire resolved
     planned = session_list(c)
-    found = split_sessions(recording.records, recording.run, c.dim, recording.link_keys)
+    sample = None if recording.sample is None else Sample.of(recording.sample)
+    split = partial(
+        split_sessions,
+        recording.records,
+        recording.run,
+        c.dim,
+        dtype=problem.wire.code,
+        sample=sample,
+        sealed=c.seal_links,
+    )
+    found = split(recording.link_keys)
     if not found:
         raise AuditError(f"no session of run {recording.run!r} on the wire ({source})")
     if len(found) > len(planned):
         raise AuditError(f"{len(found)} sessions on the wire, the config plans {len(planned)}")
-    keyless = split_sessions(recording.records, recording.run, c.dim) if attack else []
-    findings = Findings(problem, telemetry, membership, attack, keyless)
+    keyless = split() if attack else []
+    findings = Findings(problem, telemetry, membership, attack, keyless, sample)
     for s, (session, seen) in enumerate(zip(planned, found, strict=False)):
         findings.add(s, session, seen)
     report = _report(recording.run, source, c.sigma_g, findings)
+    report["sample"] = sampled(recording.sample, c.dim)
     if attack is not None:
         report["adversaries"] = _adversaries(attack, findings.rows)
         report["reconstruction"] = _reconstruction(findings.attempts)
@@ -189,6 +229,23 @@ def _report(run: str, source: str, sigma_g: float, findings: Findings) -> dict[s
         ),
         "sigma_g": sigma_g,
         "sessions": findings.sessions,
+    }
+
+
+def sampled(sample: dict[str, Any] | None, dim: int) -> dict[str, Any]:
+    """audit.json's `sample`: whether the audit read every coordinate of every model, or
+    a big model's seeded sample (audit.sample), and of how many."""
+    if sample is None:
+        return {"sampled": False, "dim": dim, "coordinates": dim}
+    return {
+        "sampled": True,
+        **sample,
+        "finding": (
+            f"a sample: every model frame audited on {sample['coordinates']:,} of its {dim:,} "
+            f"coordinates ({len(sample['chunks'])} of {sample['chunk_count']} chunks, drawn "
+            f"by seed {sample['seed']}); masks cancel coordinate by coordinate, so every "
+            "check holds on them as on the whole"
+        ),
     }
 
 

@@ -41,7 +41,7 @@ from privnet.orchestrator.conductor.records import (
     View,
 )
 from privnet.orchestrator.conductor.registry import Registry
-from privnet.orchestrator.conductor.setups import Terms, check_size
+from privnet.orchestrator.conductor.setups import Terms
 from privnet.orchestrator.conductor.steward import Steward
 
 
@@ -71,7 +71,6 @@ class Conductor:
         for plan in plans:
             if sorted(s.agent for s in plan.specs) != list(range(agents)):
                 raise ValueError(f"session {plan.label}: one spec per agent 0..{agents - 1}")
-        check_size(plans[0].dim, escrow=escrow)
         self.run, self.identity, self.tokens, self.agents = run, identity, tokens, agents
         self.plans, self.deadline, self.telemetry = plans, deadline, telemetry
         self.register_deadline, self.checkpoint_every = register_deadline, checkpoint_every

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 from privnet.agent import control, keys, wire
 from privnet.agent.protocol import setup_context
-from privnet.agent.spec import AgentSpec, ConfigError
+from privnet.agent.spec import AgentSpec
 from privnet.orchestrator.conductor.records import SessionPlan, View, view_session
 
 
@@ -65,13 +65,3 @@ def setups(
         )
         out.append(control.Setup(spec.agent, session, view.view, sealed))
     return out
-
-
-def check_size(dim: int, *, escrow: bool) -> None:
-    """Refuse a model the run's other planes cannot carry yet (the peer plane chunks it)."""
-    if escrow and wire.needs_chunks(dim):
-        raise ConfigError(
-            f"--audit reads models that travel in one peer frame (at most "
-            f"{wire.max_model_dim():,} parameters), and this one of {dim:,} travels in "
-            f"{wire.chunk_count(dim)} chunks: run it without --audit"
-        )

@@ -258,9 +258,10 @@ async def _watched(
     tap = None
     broker = shell.broker
     if options.audit:
-        from privnet.orchestrator.audit import WireTap  # scipy & co. only when auditing
+        from privnet.orchestrator.audit import WireTap, sample  # scipy & co. only when auditing
 
-        tap = WireTap(broker.address, shell.watch.conductor.run, broker.access(INSPECTOR))
+        drawn = sample.draw(problem.config.dim, problem.wire.code, options.audit_sample)
+        tap = WireTap(broker.address, shell.watch.conductor.run, broker.access(INSPECTOR), drawn)
     view = await _view(options, shell, problem, out, tap)
     run = _Run(problem, broker, shell, out, began, stop, tap, options.neighbour, view)
     if view is None:
@@ -563,6 +564,7 @@ def _outputs(
     reach = None
     if tap is not None:
         tap.save(out, problem.config)
+        extra = {**extra, "audit_sample": tap.sample_summary()}
         if changed and neighbour is not None:
             from privnet.orchestrator.audit import reach_of
 

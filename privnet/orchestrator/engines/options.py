@@ -94,6 +94,10 @@ class RunOptions:
     run_name: str | None = None  # topic namespace privnet/<run>/ (None: random)
     deadline: float | None = None  # s of silence before an agent is left out (None: default)
     audit: bool = False  # record and audit the wire
+    # a model of more coordinates is audited on a seeded sample of at least this many (whole
+    # chunks: one u4 chunk's 16,320, two f8 ones'), so the recording stays a few % of the
+    # peer bytes at 1M parameters (privnet.orchestrator.audit.sample)
+    audit_sample: int = 16_320
     runtime: Runtime = Runtime.LOCAL
     image: str | None = None  # docker/swarm: the agents' image
     agents_per_process: int = 1  # agents in each agent process
@@ -132,6 +136,16 @@ class RunOptions:
             raise ConfigError(
                 f"{flag('models_every')} must be >= 1 (rounds between the models agents send "
                 f"the orchestrator), got {self.models_every}"
+            )
+        if self.audit_sample < 1:
+            raise ConfigError(
+                f"{flag('audit_sample')} must be >= 1 (coordinates of each model the audit "
+                f"records), got {self.audit_sample}"
+            )
+        if self.audit_sample != default("audit_sample") and not self.audit:
+            raise ConfigError(
+                f"{flag('audit_sample')} without {flag('audit')}: it sizes the audit's "
+                "recording; add --audit, or drop it"
             )
         if self.deadline is not None and not self.deadline > 0:
             raise ConfigError(f"{flag('deadline')} must be > 0 seconds, got {self.deadline}")
