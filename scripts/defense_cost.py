@@ -4,8 +4,10 @@
 
 30 agents, ATC, seed 1. Each pair times `Network.play()` with no defense and with one, in
 alternating order (A B, then B A: the second run of a pair is slower whatever it runs) after a
-garbage collection; give `none` as a defense for the A/A control. Prints each defense's median
-rounds/s and the median [min-max] of the pairs' ratios.
+garbage collection; give `none` as a defense for the A/A control (two separate runs). Prints,
+per defense, the median rounds/s and the median [min-max] of the pairs' ratios, by the wall
+clock and by this process's CPU time (the engine runs in this one thread, so its CPU time is
+what the run costs, less the other processes that share the cores).
 """
 
 from __future__ import annotations
@@ -23,13 +25,21 @@ from privnet.orchestrator.experiment.instance import Instance
 from privnet.orchestrator.experiment.specs import session_plans
 
 
-def rate(base: ExperimentConfig, scheme: Scheme, defense: str) -> float:
+def rates(base: ExperimentConfig, scheme: Scheme, defense: str) -> tuple[float, float]:
+    """(rounds per wall-clock second, rounds per CPU second) of one run's `play()`."""
     problem = Instance.build(replace(base, defense=defense))
     network = Network.build(session_plans(problem, [(Strategy.ATC, scheme, 0)]), seal_links=True)
     gc.collect()
-    began = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     network.play()
-    return base.iters / (time.perf_counter() - began)
+    return base.iters / (time.perf_counter() - wall), base.iters / (time.process_time() - cpu)
+
+
+def summary(label: str, rounds: list[float], ratios: list[float]) -> str:
+    return (
+        f"{label} {statistics.median(rounds):.1f} rounds/s, ratio "
+        f"{statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]"
+    )
 
 
 def main(argv: list[str]) -> None:
@@ -37,23 +47,27 @@ def main(argv: list[str]) -> None:
     base = ExperimentConfig(
         agents=30, iters=iters, strategies=(Strategy.ATC,), schemes=(scheme,), seed=1
     )
-    rate(base, scheme, "none")  # warm-up
-    raw: dict[str, list[float]] = {name: [] for name in ["none", *names]}
-    ratios: dict[str, list[float]] = {name: [] for name in names}
+    rates(base, scheme, "none")  # warm-up
+    keys = [(name, clock) for name in names for clock in (0, 1)]  # clock 0: wall, 1: cpu
+    raw: dict[tuple[str, int], list[float]] = {key: [] for key in keys}
+    ratios: dict[tuple[str, int], list[float]] = {key: [] for key in keys}
+    plain: list[tuple[float, float]] = []
     for i in range(pairs):
         for name in names:
-            order = ["none", name] if i % 2 == 0 else [name, "none"]
-            got = {which: rate(base, scheme, which) for which in order}
-            raw["none"].append(got["none"])
-            raw[name].append(got[name])
-            ratios[name].append(got[name] / got["none"])
-    print(f"{scheme} no defense {statistics.median(raw['none']):.1f} rounds/s")
+            if i % 2 == 0:
+                off, on = rates(base, scheme, "none"), rates(base, scheme, name)
+            else:
+                on, off = rates(base, scheme, name), rates(base, scheme, "none")
+            plain.append(off)
+            for clock in (0, 1):
+                raw[name, clock].append(on[clock])
+                ratios[name, clock].append(on[clock] / off[clock])
+    print(f"{scheme}, {iters} rounds, {pairs} pairs a defense")
+    print(f"no defense: {statistics.median(p[0] for p in plain):.1f} rounds/s (wall), "
+          f"{statistics.median(p[1] for p in plain):.1f} (cpu)")  # fmt: skip
     for name in names:
-        r = ratios[name]
-        print(
-            f"{name}: {statistics.median(raw[name]):.1f} rounds/s, ratio "
-            f"{statistics.median(r):.3f} [{min(r):.3f}-{max(r):.3f}]"
-        )
+        print(summary(f"{name} (wall):", raw[name, 0], ratios[name, 0]))
+        print(summary(f"{name} (cpu): ", raw[name, 1], ratios[name, 1]))
 
 
 if __name__ == "__main__":

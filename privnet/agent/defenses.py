@@ -30,6 +30,7 @@ Written as `NAME[:KEY=VALUE,...]`, e.g. `clip`, `clip:tau=0.5`, `trim:b=1`, `cli
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections import deque
@@ -82,19 +83,50 @@ def clip(v: np.ndarray, tau: float) -> np.ndarray:
 @dataclass(frozen=True)
 class Hood:
     """A hub's neighbours at one step, as the per-message defenses use them: built once per
-    weights (a combine runs every round with the same ones), not at every combine."""
+    weights (a combine runs every round with the same ones), not at every combine.
+
+    A combine is then a handful of array operations: inside a run each costs several times
+    what it costs in a loop of its own (the rest of the round evicts numpy's code and data
+    from the caches), so the defenses stack the hub's own term and its model with the
+    neighbours' messages and finish with one weighted sum (a matrix product)."""
 
     weights: Mapping[int, float]  # held, so that `is` tells the same weights apart
     others: tuple[int, ...]
-    a: np.ndarray  # the others' weights, in that order
+    a: list[float]  # the others' weights, in that order
     own: float  # the hub's own weight
     pull: float  # the others' total weight
+    b: int
+    k: int  # clip: the rank (ascending) of the distance that is the adaptive radius
+    cut: int  # trim: the values cut at each end, per coordinate (b, at most (n - 1) // 2)
+    trim_weights: np.ndarray  # trim: the hub's own weight, then the others'
 
     @classmethod
-    def of(cls, weights: Mapping[int, float], me: int) -> Hood:
+    def of(cls, weights: Mapping[int, float], me: int, b: int) -> Hood:
         others = tuple(m for m in weights if m != me)
-        a = np.fromiter((weights[m] for m in others), np.float64, len(others))
-        return cls(weights, others, a, weights[me], float(a.sum()))
+        n = len(others)
+        a = [weights[m] for m in others]
+        k = n - 1 - min(b, n - 1) if n else 0
+        cut = min(b, (n - 1) // 2) if n else 0
+        own = weights[me]
+        return cls(weights, others, a, own, math.fsum(a), b, k, cut, np.array([own, *a]))
+
+
+def _hood(weights: Mapping[int, float], me: int, b: int, hood: Hood | None) -> Hood:
+    if hood is None:
+        return Hood.of(weights, me, b)
+    if hood.b != b or hood.weights is not weights:
+        raise ValueError("a Hood is built for one hub's weights and b: build it with Hood.of")
+    return hood
+
+
+@functools.cache
+def _ones(dim: int) -> np.ndarray:
+    return np.ones(dim)
+
+
+@functools.cache
+def _columns(dim: int) -> np.ndarray:
+    return np.arange(dim)
 
 
 def clipped_gossip(
@@ -107,24 +139,21 @@ def clipped_gossip(
     hood: Hood | None = None,
 ) -> np.ndarray:
     """sum_m a_mp z_m with z_m = center + clip(y_m - center, tau) for every neighbour and
-    the hub's own term as it is (under ghp it carries the self-term noise that cancels).
-    A handful of array ops whatever the degree: it runs at every combine of every hub."""
-    h = hood or Hood.of(weights, me)
-    total = h.own * inbox[me]
-    n = len(h.others)
-    if not n:
-        return np.asarray(total)
-    diffs = np.array([inbox[m] for m in h.others])
-    diffs -= center  # (n, dim)
-    norms = np.sqrt(np.einsum("ij,ij->i", diffs, diffs))
-    if tau <= 0:  # the (b+1)-th farthest neighbour's distance (the nearest's with fewer)
-        k = n - 1 - min(b, n - 1)
-        tau = float(np.partition(norms, k)[k])
-    a = h.a.copy()
-    np.divide(h.a * tau, norms, out=a, where=norms > tau)  # a_m min(1, tau / |y_m - x|)
-    total += h.pull * center
-    total += a @ diffs
-    return np.asarray(total)
+    the hub's own term as it is (under ghp it carries the self-term noise that cancels):
+    a_pp y_p + (sum_m a_mp) center + sum_m a_mp min(1, tau / |y_m - center|) (y_m - center),
+    the last two as one product. Six array operations whatever the degree (the per-
+    neighbour scalars in Python): it runs at every combine of every hub."""
+    h = _hood(weights, me, b, hood)
+    if not h.others:
+        return np.asarray(h.own * inbox[me])
+    rows = np.array([inbox[me], center, *[inbox[m] for m in h.others]])
+    diffs = rows[2:]  # a view: (n, dim)
+    diffs -= center
+    squares = ((diffs * diffs) @ _ones(rows.shape[1])).tolist()  # |y_m - x|^2
+    # tau fixed, or the (b+1)-th farthest neighbour's distance (the nearest's with fewer)
+    tau2 = tau * tau if tau > 0 else sorted(squares)[h.k]
+    pulls = [a if s <= tau2 else a * math.sqrt(tau2 / s) for a, s in zip(h.a, squares, strict=True)]
+    return np.asarray(np.array([h.own, h.pull, *pulls]) @ rows)
 
 
 def trimmed(
@@ -137,19 +166,22 @@ def trimmed(
 ) -> np.ndarray:
     """sum_m a_mp z_m, z_m = y_m with, per coordinate, the b largest and b smallest of the
     neighbours' values replaced by the hub's own (center); its own term as it is."""
-    h = hood or Hood.of(weights, me)
-    total = h.own * inbox[me]
-    n = len(h.others)
-    if not n:
-        return np.asarray(total)
-    stacked = np.array([inbox[m] for m in h.others])  # (n, dim)
-    cut = min(b, (n - 1) // 2)
-    if cut > 0:  # only the cut rows' places are needed, not a full sort
-        low = np.argpartition(stacked, (cut - 1, n - cut), axis=0)
-        drop = np.concatenate([low[:cut], low[n - cut :]])  # (2 cut, dim) row indices
-        np.put_along_axis(stacked, drop, np.broadcast_to(center, drop.shape), axis=0)
-    total += h.a @ stacked
-    return np.asarray(total)
+    h = _hood(weights, me, b, hood)
+    rows = np.array([inbox[me], *[inbox[m] for m in h.others]])  # the hub's own term first
+    if h.cut:
+        n, cut = len(h.others), h.cut
+        stacked = rows[1:]  # a view: (n, dim)
+        columns = _columns(rows.shape[1])
+        if cut == 1:  # per coordinate the first lowest and the last highest (two rows even
+            # when all n are equal): two passes, no sort
+            low, high = stacked.argmin(axis=0), n - 1 - stacked[::-1].argmax(axis=0)
+            stacked[low, columns] = center
+            stacked[high, columns] = center
+        else:  # the rows of the cut ranks, per coordinate (the method skips numpy's wrapper)
+            ranks = stacked.argpartition((cut - 1, n - cut), axis=0)
+            stacked[ranks[:cut], columns] = center
+            stacked[ranks[n - cut :], columns] = center
+    return np.asarray(h.trim_weights @ rows)
 
 
 @dataclass
@@ -235,6 +267,7 @@ class Combiner:
         self.sees_messages = d.kind.sees_messages
         self._tau = d["tau"] if d.kind in (Kind.CLIP, Kind.CLIP_STEP) else 0.0
         self._b = int(d["b"]) if d.kind in (Kind.CLIP, Kind.TRIM) else 0
+        self._clips = d.kind is Kind.CLIP
 
     def combine(
         self,
@@ -247,8 +280,8 @@ class Combiner:
         while its weights stay the same object: a schedule's new weights are a new one)."""
         hood = self.hoods.get(step)
         if hood is None or hood.weights is not weights:
-            hood = self.hoods[step] = Hood.of(weights, self.me)
-        if self.defense.kind is Kind.CLIP:
+            hood = self.hoods[step] = Hood.of(weights, self.me, self._b)
+        if self._clips:
             return clipped_gossip(weights, inbox, center, self.me, self._tau, self._b, hood)
         return trimmed(weights, inbox, center, self.me, self._b, hood)
 

@@ -145,7 +145,8 @@ def markdown(cells: list[Cell], config: ExperimentConfig) -> str:
     head = (
         f"{config.name or config.problem}: {config.agents} agents, {config.topology}, ATC, "
         f"{config.iters} rounds, seed {config.seed}; honest agents' steady-state average MSD "
-        "change vs no attacker, dB (no-attacker rows: the MSD itself, dB)"
+        "change vs the same scheme and defense without attackers, dB (no-attacker rows: the "
+        "MSD itself, dB)"
         + ("; in brackets the test error's change, points (no-attacker rows: the error)"
            if scored else "")
         + "\n\n"
