@@ -23,6 +23,7 @@ from privnet.agent.protocol import Counters
 from privnet.agent.schemes.base import Source
 from privnet.agent.seats import Seat, StepMasks, round_masks, split_senders, union_seats
 from privnet.agent.spec import STEPS, AgentSpec, Rekey, StepPlan, WireDtype
+from privnet.agent.wire.model import all_finite
 
 Position = tuple[int, int]  # (round, index of the step in STEPS)
 
@@ -574,7 +575,7 @@ class AgentCore:
             raise Rejected(
                 Reason.SHAPE, f"model of shape {vector.shape}, expected ({self.spec.dim},)"
             )
-        if not self._u4 and not np.all(np.isfinite(vector)):
+        if not self._u4 and not all_finite(vector):  # np.all costs ~3 us a frame here
             raise Rejected(Reason.NON_FINITE, f"model from {msg.sender} has NaN or inf")
         slot = self._inbox.setdefault(at, {})
         if msg.sender in slot:

@@ -93,7 +93,10 @@ class _Squares:
     def value(self, w: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
         x, y = _rows(self.x, self.y, rows)
         residual = x @ _t(w) - y[..., None]
-        v: np.ndarray = np.mean(residual**2, axis=-2) + self.rho * np.sum(w**2, axis=-1)
+        # np.mean's and np.sum's own sums, bit for bit, without their Python wrappers: an
+        # agent asks this of its model every round (its telemetry's metrics)
+        mean = np.add.reduce(residual**2, axis=-2) / residual.shape[-2]
+        v: np.ndarray = mean + self.rho * np.add.reduce(w**2, axis=-1)
         return v
 
 

@@ -515,24 +515,24 @@ class AgentNode:
             raise Rejected(Reason.BAD_KEY, str(exc)) from exc
         except lattice.OutOfRange as exc:
             return self._out_of_range(exc)
-        out = self._emit(produced)  # a fresh Output: add to it in place
+        out = self._emit(produced, frame=True)  # a fresh Output: add to it in place
         if self.phase is Phase.CONFIGURED:
             out += self._keyed()
         elif core.held:  # else there is nothing to finish: spare building an empty Output
             out += self._maybe_finish(now)
         return out
 
-    def _emit(self, messages: list[Message]) -> Output:
+    def _emit(self, messages: list[Message], frame: bool = False) -> Output:
         """Peer messages sealed (or MACed) for their link; reports kept, batched and sealed."""
         session = self.session
         assert session is not None
-        out = Output()
-        every = session.config.checkpoint_every
+        out, every, noted = Output(), session.config.checkpoint_every, False
         for msg in messages:
             if isinstance(msg, Report):
                 session.history[msg.round] = msg.w
                 if session.config.telemetry:
                     session.note(msg)
+                    noted = True
                 if every and msg.round % every == 0:
                     out.checkpoint = session.checkpoint(self._sealing, every)
                 continue
@@ -541,7 +541,8 @@ class AgentNode:
             for payload in session.links.frames(msg):
                 session.traffic.add(category, topic, payload)
                 out.publish.append(Publish(topic, payload, category))
-        if session.reports and (session.due() or session.core.held):
+        # After a peer frame only a report it made can make it due: `due` counts (per round)
+        if session.reports and (session.core.held or ((noted or not frame) and session.due())):
             out.publish += self._telemetry(session)
         return out
 

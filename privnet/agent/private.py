@@ -15,20 +15,25 @@ from typing import BinaryIO
 
 PRIVATE = 0o600
 PRIVATE_DIR = 0o700
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL
 
 
 @contextlib.contextmanager
 def private_file(path: Path, mode: int = PRIVATE) -> Iterator[BinaryIO]:
     """A binary file to write `path` through (np.savez, say), created with `mode`."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.unlink(missing_ok=True)  # O_EXCL: an old file would keep its own mode
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
+        fd = os.open(tmp, _NEW, mode)
+    except FileExistsError:  # left by a crash: O_EXCL, for an old file would keep its mode
+        tmp.unlink()
+        fd = os.open(tmp, _NEW, mode)
+    try:  # no syscall more than it takes: agents checkpoint often (issue 31)
         with os.fdopen(fd, "wb") as fh:
             yield fh
         os.replace(tmp, path)
-    finally:
+    except BaseException:
         tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_private(path: Path, data: bytes | str, mode: int = PRIVATE) -> Path:
