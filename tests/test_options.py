@@ -106,6 +106,8 @@ VALUES: list[tuple[list[str], dict[str, Any], str]] = [
     (["run", "--deadline", "0"], {"deadline": 0.0}, "deadline"),
     (["run", "--checkpoint-every", "-1"], {"checkpoint_every": -1}, "checkpoint-every"),
     (["simulate", "--engine", "warp"], {"engine": "warp"}, "choose one of oracle, memory"),
+    (["run", "--local-steps", "0"], {"local_steps": 0}, "must be an integer >= 1"),
+    (["simulate", "--local-steps", "-2"], {"local_steps": -2}, "local gradient steps"),
 ]
 
 
