@@ -195,3 +195,15 @@ def test_the_experiments_own_defaults_are_the_clis() -> None:
     assert args.engine == experiment_default("engine") == privnet.Experiment().engine
     assert args.engine is not None and Engine(args.engine) is Engine.ORACLE
     assert args.neighbour == experiment_default("neighbour") == privnet.Experiment().neighbour
+
+
+def test_local_steps_take_one_default_both_ways() -> None:
+    """--local-steps (issue 29): the CLI's flag and Experiment's field give the same E, and
+    both default to spec.LOCAL_STEPS, the paper's one step."""
+    from privnet.agent.spec import LOCAL_STEPS
+    from privnet.orchestrator.commands.experiment import experiment
+
+    assert LOCAL_STEPS == 1 == privnet.Experiment().local_steps
+    assert experiment(parser().parse_args(["simulate"])).local_steps == LOCAL_STEPS
+    given = experiment(parser().parse_args(["run", *SMALL, "--local-steps", "3"]))
+    assert given.local_steps == privnet.Experiment(local_steps=3).local_steps == 3
