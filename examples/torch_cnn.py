@@ -29,7 +29,6 @@ import numpy as np
 
 import privnet
 
-
 # The model sizes of docs/tasks/big-models.md's table: (channels, hidden) on 8x8 digits
 SIZES = {
     "10k": ([8, 16], [128]),  # 10,858 parameters: one frame

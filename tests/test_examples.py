@@ -65,9 +65,9 @@ def test_torch_mlp(tmp_path: Path) -> None:
     assert "model: 2442 parameters" in out
     gap = float(re.search(rf"w\(none\)\| .*: {FLOAT}", out).group(1))  # type: ignore[union-attr]
     assert gap < 1e-5  # local-ghp rounds each weighted term to the noise grid, 2^-24
-    rows = re.findall(rf"^\s+(\d+)\s+{FLOAT}\s+{FLOAT}\s+{FLOAT}$", out, re.M)
-    assert [int(r) for r, _, _, _ in rows] == [1, 2, 3]
-    assert all(a == b and 0 <= float(apart) <= gap for _, a, b, apart in rows)  # the same accuracy, to the printed digit
+    rows = re.findall(rf"^\s+(\d+)\s+{FLOAT}\s+{FLOAT}$", out, re.M)
+    assert [int(r) for r, _, _ in rows] == [1, 2, 3]
+    assert all(a == b for _, a, b in rows)  # the same accuracy, to the printed digit
     assert re.search(r"none: [0-9.]+ rounds/s, [0-9,]+ bytes/round", out)
 
 
@@ -79,7 +79,7 @@ def test_torch_cnn(tmp_path: Path) -> None:
     assert "model: 121354 parameters" in out
     gap = float(re.search(rf"w\(none\)\| .*: {FLOAT}", out).group(1))  # type: ignore[union-attr]
     assert 0 < gap < 1e-5
-    rows = re.findall(rf"^\s+(\d+)\s+{FLOAT}\s+{FLOAT}$", out, re.M)
-    assert [int(r) for r, _, _ in rows] == [1, 2, 3]
-    assert all(a == b for _, a, b in rows)
+    rows = re.findall(rf"^\s+(\d+)\s+{FLOAT}\s+{FLOAT}\s+{FLOAT}$", out, re.M)
+    assert [int(r) for r, _, _, _ in rows] == [1, 2, 3]
+    assert all(a == b and 0 <= float(apart) <= gap for _, a, b, apart in rows)
     assert len(re.findall(r"rounds/s, [0-9,]+ bytes/round \(u4 wire, 4\.0\d+ bytes", out)) == 2
