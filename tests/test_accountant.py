@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -77,6 +78,34 @@ def test_accountant_matches_the_closed_form(two_agents: Instance, scheme: Scheme
     limit = scale * abs(kappa * dc / h + 2 * MU * dc)
     assert abs(steps[-1] - limit) < 1e-3 * limit
     assert np.all(acc.epsilon[:, 0] <= i * steps.max() * (1 + 1e-12))
+
+
+@pytest.mark.parametrize("steps", [2, 3])
+def test_the_accountant_counts_local_steps(steps: int) -> None:
+    """--local-steps E: E full-batch steps map x to K x + (2 c / H)(1 - K), K = kappa^E, so
+    the closed form above holds with kappa -> K and 2 mu dc -> (2 dc / H)(1 - K): the
+    neighbour's release moves about E times as far a round (its sensitivity grows with E;
+    the releases stay one a round and link), and the accountant charges exactly that."""
+    config = ExperimentConfig(
+        agents=2, dim=1, mu=MU, rho=RHO, sigma_g2=SIGMA_G2, iters=ITERS, topology="complete",
+        local_steps=steps,
+    )  # fmt: skip
+    acc = account(Instance.build(config), Strategy.ATC, Scheme.RANDOM, neighbour=0, losses=HAND)
+    h, dc = 2 * (1 + RHO), C[0] - C_TWIN
+    k = (1 - MU * h) ** steps
+    s = dc * (1 - k ** np.arange(1, ITERS + 1)) / h
+    s_before = np.concatenate([[0.0], s[:-1]])
+    slack = GRID_SLACK * rng.grid(math.sqrt(SIGMA_G2))
+    np.testing.assert_allclose(acc.delta, math.sqrt(2) * np.abs(s), rtol=0, atol=2 * slack)
+    scale = math.sqrt(2) / math.sqrt(SIGMA_G2)
+    eps0 = scale * np.cumsum(np.abs(k * s_before + 2 * dc / h * (1 - k)))
+    budget = scale * slack * np.arange(1, ITERS + 1)
+    np.testing.assert_array_less(np.abs(acc.epsilon[:, 0] - eps0), budget)
+    one = account(
+        Instance.build(replace(config, local_steps=1)), Strategy.ATC, Scheme.RANDOM, 0, losses=HAND
+    )
+    first = acc.epsilon[0, 0] / one.epsilon[0, 0]  # round 1: 1 + kappa + ... + kappa^(E-1)
+    assert first == pytest.approx(sum((1 - MU * h) ** e for e in range(steps)), rel=1e-5)
 
 
 def test_local_ghp_is_finite_per_link_and_infinite_for_the_wire(two_agents: Instance) -> None:

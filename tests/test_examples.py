@@ -79,7 +79,7 @@ def test_torch_cnn(tmp_path: Path) -> None:
     assert "model: 121354 parameters" in out
     gap = float(re.search(rf"w\(none\)\| .*: {FLOAT}", out).group(1))  # type: ignore[union-attr]
     assert 0 < gap < 1e-5
-    rows = re.findall(rf"^\s+(\d+)\s+{FLOAT}\s+{FLOAT}$", out, re.M)
-    assert [int(r) for r, _, _ in rows] == [1, 2, 3]
-    assert all(a == b for _, a, b in rows)
+    rows = re.findall(rf"^\s+(\d+)\s+{FLOAT}\s+{FLOAT}\s+{FLOAT}$", out, re.M)
+    assert [int(r) for r, _, _, _ in rows] == [1, 2, 3]
+    assert all(a == b and 0 <= float(apart) <= gap for _, a, b, apart in rows)
     assert len(re.findall(r"rounds/s, [0-9,]+ bytes/round \(u4 wire, 4\.0\d+ bytes", out)) == 2

@@ -167,6 +167,28 @@ def test_u4_wire_runs_as_in_memory_at_4_bytes_a_parameter(
         assert 4.0 < record["bytes_per_param_per_model_frame"] <= 4.05, record["scheme"]
 
 
+def test_local_steps_run_as_in_memory(needs_mosquitto: None, tmp_path: Path) -> None:
+    """--local-steps 2 (issue 29) over mosquitto, minibatches of 10: every agent's two local
+    steps a round give the memory engine's models bit for bit and the oracle's to 1e-12,
+    and they are not one step's."""
+    settings: dict[str, Any] = {
+        "agents": 6, "iters": 8, "seed": 3, "strategies": "atc", "schemes": "none,local-ghp",
+        "batch": 10, "mu": 0.2, "local_steps": 2, "topology": "regular:2",
+    }  # fmt: skip
+    privnet.run(privnet.Experiment(**settings, broker="mosquitto", out=tmp_path))
+    net = np.load(tmp_path / "models.npz")
+    memory = privnet.simulate(privnet.Experiment(**settings), "memory").models
+    oracle = privnet.simulate(privnet.Experiment(**settings), "oracle").models
+    one = privnet.simulate(privnet.Experiment(**settings | {"local_steps": 1}), "memory").models
+    assert sorted(net.keys()) == sorted(memory) == ["atc/local-ghp/0", "atc/none/0"]
+    for key, models in memory.items():
+        np.testing.assert_array_equal(net[key], models, err_msg=f"memory {key}")
+        np.testing.assert_allclose(net[key], oracle[key], rtol=0, atol=1e-12, err_msg=key)
+        assert np.abs(net[key][-1] - one[key][-1]).max() > 1e-3
+    for record in load_summary(tmp_path / "summary.json")["results"]:
+        assert record["local_steps"] == 2
+
+
 # ---- 2. what the agents count against what mosquitto counts ----------------------------------
 
 PUBACK = 4  # bytes of an MQTT 3.1.1 PUBACK: what a QoS-1 subscriber returns per delivery

@@ -112,6 +112,8 @@ VALUES: list[tuple[list[str], dict[str, Any], str]] = [
     (["run", "--checkpoint-every", "-1"], {"checkpoint_every": -1}, "checkpoint-every"),
     (["run", "--audit", "--audit-sample", "0"], {"audit": True, "audit_sample": 0}, "audit-sample"),
     (["simulate", "--engine", "warp"], {"engine": "warp"}, "choose one of oracle, memory"),
+    (["run", "--local-steps", "0"], {"local_steps": 0}, "must be an integer >= 1"),
+    (["simulate", "--local-steps", "-2"], {"local_steps": -2}, "local gradient steps"),
 ]
 
 
@@ -199,3 +201,15 @@ def test_the_experiments_own_defaults_are_the_clis() -> None:
     assert args.engine == experiment_default("engine") == privnet.Experiment().engine
     assert args.engine is not None and Engine(args.engine) is Engine.ORACLE
     assert args.neighbour == experiment_default("neighbour") == privnet.Experiment().neighbour
+
+
+def test_local_steps_take_one_default_both_ways() -> None:
+    """--local-steps (issue 29): the CLI's flag and Experiment's field give the same E, and
+    both default to spec.LOCAL_STEPS, the paper's one step."""
+    from privnet.agent.spec import LOCAL_STEPS
+    from privnet.orchestrator.commands.experiment import experiment
+
+    assert LOCAL_STEPS == 1 == privnet.Experiment().local_steps
+    assert experiment(parser().parse_args(["simulate"])).local_steps == LOCAL_STEPS
+    given = experiment(parser().parse_args(["run", *SMALL, "--local-steps", "3"]))
+    assert given.local_steps == privnet.Experiment(local_steps=3).local_steps == 3

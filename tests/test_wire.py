@@ -437,6 +437,17 @@ def test_config_roundtrip_with_batch_and_defaults() -> None:
     assert bits(wire.decode_config(wire.encode_config(msg))) == bits(msg)
 
 
+def test_local_steps_are_elided_at_one_and_carried_otherwise() -> None:
+    """AgentSpec.local_steps (--local-steps, issue 29) is left out at the paper's 1, so the
+    pinned Config keeps its bytes (tests/test_pins.py), and carried and read back at 2."""
+    msg = config()
+    assert b"local_steps" not in wire.encode_config(msg)
+    two = dataclasses.replace(msg, spec=dataclasses.replace(msg.spec, local_steps=2))
+    data = wire.encode_config(two)
+    assert b"local_steps" in data and wire.decode_config(data).spec.local_steps == 2
+    assert wire.decode_config(wire.encode_config(msg)).spec.local_steps == 1
+
+
 def test_checkpoint_roundtrip_is_exact() -> None:
     models = {0: np.array([0.0, -0.0]), 25: np.array([1.5, 5e-324]), 50: np.array([-2.0, 3.0])}
     data = wire.encode_checkpoint(RUN, ME, 4, models)
@@ -806,6 +817,8 @@ CONFIG_REJECTIONS: list[tuple[Edit, str, str]] = [
     (set_in(("spec", "mu"), math.nan), "non-finite", "config.spec.mu is nan"),
     (set_in(("spec", "mu"), -0.4), "schema", "mu must be a positive number"),
     (set_in(("spec", "w0"), [0.0]), "schema", "w0 has 1 entries"),
+    (set_in(("spec", "local_steps"), 0), "schema", "config.spec.local_steps"),
+    (set_in(("spec", "local_steps"), 2.0), "schema", "config.spec.local_steps"),
     (set_in(("spec", "session"), "abc"), "schema", "config.spec.session: expected bytes"),
     (set_in(("problem", "data", 1, "r_u", 1), [1.0]), "schema", "r_u must be 2 x 2"),
     (set_in(("problem", "data", 1, "noise_var"), -1.0), "schema", "must be >= 0"),

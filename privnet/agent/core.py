@@ -185,7 +185,7 @@ class AgentCore:
 
     def _finish_step(self, plan: StepPlan, combined: np.ndarray) -> list[Message]:
         if plan.step == 0:
-            combined = combined - self.spec.mu * self.loss.grad(self.value, self.round)
+            combined = combined - self.spec.mu * self._descent()
         self.value = combined
         self._sent = False
         if self.stage < len(STEPS) - 1:
@@ -196,6 +196,20 @@ class AgentCore:
         self.round, self.stage = self.round + 1, 0
         self._forget_epoch(self.round - 1)
         return [report]
+
+    def _descent(self) -> np.ndarray:
+        """The sum of E local gradients (`--local-steps E`, the oracle sums alike): x_0 = the
+        value, x_{e+1} = x_e - mu g_e, g_e on the round's minibatch e; psi = C0(phi) - mu
+        sum_e g_e (ATC, CTA: x_E). E = 1: the paper's one gradient."""
+        g = self.loss.grad(self.value, self.round)
+        if self.spec.local_steps == 1:
+            return g
+        total, x = g.copy(), self.value
+        for local in range(1, self.spec.local_steps):
+            x = x - self.spec.mu * g
+            g = self.loss.grad(x, self.round, local)
+            total += g
+        return total
 
     def _send(self, plan: StepPlan) -> list[Message]:
         """Privatize the current value for every out-neighbour; keep the self-term."""

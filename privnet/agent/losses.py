@@ -28,8 +28,9 @@ class Loss(Protocol):
 
     dim: int
 
-    def grad(self, w: np.ndarray, round_: int) -> np.ndarray:
-        """Gradient estimate at w in round `round_` (minibatches are drawn per round)."""
+    def grad(self, w: np.ndarray, round_: int, local: int = 0) -> np.ndarray:
+        """Gradient estimate at w in round `round_`, local step `local` (minibatches are
+        drawn per round and local step)."""
         ...
 
 
@@ -199,8 +200,8 @@ class Local:
             raise ConfigError(f"the problem's initial model has shape {w.shape}, not ({self.dim},)")
         return w
 
-    def grad(self, w: np.ndarray, round_: int) -> np.ndarray:
-        rows = problems.minibatch(self.batch, self.batch_key, self.samples, round_)
+    def grad(self, w: np.ndarray, round_: int, local: int = 0) -> np.ndarray:
+        rows = problems.minibatch(self.batch, self.batch_key, self.samples, round_, local)
         g: np.ndarray = self.risk.gradient(w[None], rows)[0]
         return g
 

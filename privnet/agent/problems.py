@@ -201,11 +201,12 @@ def shape(data: Linear | Rows) -> tuple[int, int]:
 
 
 def minibatch(
-    batch: int | None, key: tuple[int, int], samples: int, round_: int
+    batch: int | None, key: tuple[int, int], samples: int, round_: int, local: int = 0
 ) -> np.ndarray | None:
     """One agent's minibatch in one round: `batch` of its `samples` rows drawn (with
     replacement) from its batch `key`, the same in every engine; None: full batch (no
-    batch, or one as large as the samples)."""
+    batch, or one as large as the samples). `local`: the local step of the round
+    (`--local-steps`), a stream of its own (step 0: the paper's one minibatch)."""
     if batch is None or batch >= samples:
         return None
-    return rng.indices(rng.raw_row(key, rng.Domain.BATCH, 0, round_, batch), samples)
+    return rng.indices(rng.raw_row(key, rng.Domain.BATCH, local, round_, batch), samples)

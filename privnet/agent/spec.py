@@ -20,6 +20,7 @@ WEIGHT_TOL = 1e-9
 ID_LIMIT = 2**32  # agent ids are packed as uint32 in key derivations
 COUNT_LIMIT = 2**64  # rounds and epochs are packed as uint64
 PARAM_DEPTH = 4  # how deep a problem parameter's lists may nest
+LOCAL_STEPS = 1  # local gradient steps a round (`--local-steps E`): the paper's one
 
 
 # ---- the ranges of the fields that travel: declared on the types, applied by the wire ----
@@ -211,6 +212,9 @@ class AgentSpec:
     attack: str = ""
     defense: str = ""
     wire: Annotated[WireDtype, Elided()] = WireDtype.F8  # how releases travel (lattice.py)
+    # Issue 29: E local gradient steps in the adapt step (core._descent); elided at the
+    # paper's 1, so a Config of before keeps its bytes
+    local_steps: Annotated[Positive, Elided()] = LOCAL_STEPS
 
     def __post_init__(self) -> None:
         # The registered name (ConfigError listing them else): its part is what runs.
@@ -228,6 +232,7 @@ class AgentSpec:
             raise ConfigError(f"mu must be a positive number, got {self.mu}")
         if not (self.sigma_g >= 0 and math.isfinite(self.sigma_g)):
             raise ConfigError(f"sigma_g must be >= 0, got {self.sigma_g}")
+        check_local_steps(self.local_steps)
         if self.rounds < 1:
             raise ConfigError(f"rounds must be >= 1, got {self.rounds}")
         if not 1 <= self.start <= self.rounds:
@@ -249,6 +254,15 @@ class AgentSpec:
         """Everyone this agent exchanges peer frames with at some step (itself excluded)."""
         linked = {m for plan in self.steps for m in (*plan.weights_in, *plan.weights_out)}
         return frozenset(linked - {self.agent})
+
+
+def check_local_steps(steps: object) -> None:
+    """E of `--local-steps`: a whole number of gradient steps a round, at least one."""
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ConfigError(
+            f"--local-steps (local_steps) must be an integer >= 1 (local gradient steps an "
+            f"agent takes each round before it combines; 1 is the paper's), got {steps!r}"
+        )
 
 
 def _check_plan(spec: AgentSpec, plan: StepPlan) -> None:

@@ -474,6 +474,7 @@ def settings(config: ExperimentConfig, engine: str) -> dict[str, Any]:
     return {
         "rule": config.rule,
         "mu": config.mu,
+        "local_steps": config.local_steps,
         "sigma_g2": config.sigma_g2,
         "agents": config.agents,
         "iters": config.iters,

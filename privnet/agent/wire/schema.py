@@ -427,7 +427,9 @@ def fields_of(cls: type, keys: str = "") -> tuple[Field, ...]:
         hint = hints[name]
         args = typing.get_args(hint) if typing.get_origin(hint) is typing.Annotated else ()
         if any(isinstance(rule, Elided) for rule in args[1:]):
-            out.append(Field(name, key, kind_of(args[0]), True, defaults[name]))
+            rules = tuple(rule for rule in args[1:] if not isinstance(rule, Elided))
+            kept = typing.Annotated[(args[0], *rules)] if rules else args[0]  # e.g. a range
+            out.append(Field(name, key, kind_of(kept), True, defaults[name]))
         else:
             out.append(Field(name, key, kind_of(hint)))
     return tuple(out)

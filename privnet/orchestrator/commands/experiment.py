@@ -51,6 +51,14 @@ def experiment_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iters", type=int, help="rounds (iterations)")
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--mu", type=float, help="step size")
+    parser.add_argument(
+        "--local-steps",
+        dest="local_steps",
+        type=int,
+        metavar="E",
+        help="local gradient steps each agent takes a round, each on its own minibatch, "
+        "before it combines (default 1, the paper's)",
+    )
     parser.add_argument("--sigma-g2", dest="sigma_g2", type=float, help="noise variance sigma_g^2")
     parser.add_argument("--rule", choices=RULES)
     parser.add_argument(
@@ -131,6 +139,7 @@ OVERRIDES = (
     "iters",
     "repeats",
     "mu",
+    "local_steps",
     "sigma_g2",
     "rule",
     "matrix",

@@ -205,9 +205,11 @@ class _Gradients:
         self.sizes = np.array([[len(y) for _, y in row] for row in parts]).T  # (P, R)
         batch = c.batch or 0
         self.batched = self.sizes > batch if batch else np.zeros(self.sizes.shape, dtype=bool)
+        self.local_steps = c.local_steps
         self.rows = [
-            [rng.Rows(s.batch_key, rng.Domain.BATCH, 0, batch) for s in row] for row in shares
-        ]  # [r][p]
+            [[rng.Rows(s.batch_key, rng.Domain.BATCH, e, batch) for s in row] for row in shares]
+            for e in range(c.local_steps)
+        ]  # [e][r][p]: local step e's minibatch stream (problems.minibatch)
         self.stacked = (
             bool(getattr(problem.plugin, "stacks", False))
             and len(np.unique(self.sizes)) == 1
@@ -220,28 +222,44 @@ class _Gradients:
             self.risk = plugin.risk(x, y, classes)
         else:
             self.risks = [[plugin.risk(*row[p], classes) for row in parts] for p in range(c.agents)]
-        self.idx: dict[tuple[int, int], np.ndarray] = {}  # (p, r) -> (rounds, batch)
+        self.idx: dict[tuple[int, int, int], np.ndarray] = {}  # (p, r, e) -> (rounds, batch)
 
     def load(self, first_round: int, rounds: int) -> None:
-        """This chunk's minibatch rows of every agent that draws them."""
+        """This chunk's minibatch rows of every agent that draws them, every local step."""
         self.idx = {
-            (p, r): rng.indices(self.rows[r][p].block(first_round, rounds), int(self.sizes[p, r]))
+            (p, r, e): rng.indices(
+                self.rows[e][r][p].block(first_round, rounds), int(self.sizes[p, r])
+            )
             for p, r in zip(*np.nonzero(self.batched), strict=True)
+            for e in range(self.local_steps)
         }
 
-    def __call__(self, phi: np.ndarray, t: int) -> np.ndarray:
-        """The gradients at phi (P, R, S, M) in round t of the chunk."""
+    def descent(self, phi: np.ndarray, t: int, mu: float) -> np.ndarray:
+        """sum_e g_e of E local steps from phi in round t of the chunk (g_e at x_e,
+        x_{e+1} = x_e - mu g_e): the agent core's `_descent`, in its order."""
+        g = self(phi, t)
+        if self.local_steps == 1:
+            return g
+        total, x = g.copy(), phi
+        for e in range(1, self.local_steps):
+            x = x - mu * g
+            g = self(x, t, e)
+            total += g
+        return total
+
+    def __call__(self, phi: np.ndarray, t: int, e: int = 0) -> np.ndarray:
+        """The gradients at phi (P, R, S, M) in round t of the chunk, local step e."""
         if self.stacked:
             rows = None
             if self.idx:
                 agents, repeats = self.sizes.shape
                 rows = np.array(
-                    [[self.idx[(p, r)][t] for r in range(repeats)] for p in range(agents)]
+                    [[self.idx[(p, r, e)][t] for r in range(repeats)] for p in range(agents)]
                 )
             return self.risk.gradient(phi, rows)
         out = np.empty_like(phi)
         for (p, r), _ in np.ndenumerate(self.sizes):
-            rows = self.idx[(p, r)][t] if (p, r) in self.idx else None
+            rows = self.idx[(p, r, e)][t] if (p, r, e) in self.idx else None
             out[p, r] = self.risks[p][r].gradient(phi[p, r], rows)
         return out
 
@@ -295,7 +313,8 @@ def _run_strategy(
                         for j, c in combines.items()
                     }
                 phi = _apply(combines, noise, 1, w, t, side_by_side)
-                psi = _apply(combines, noise, 0, phi, t, side_by_side) - config.mu * grads(phi, t)
+                step = config.mu * grads.descent(phi, t, config.mu)
+                psi = _apply(combines, noise, 0, phi, t, side_by_side) - step
                 w = _apply(combines, noise, 2, psi, t, side_by_side)
                 history[at] = w
             if kept is not None:

@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from privnet.agent import attacks, datasets, defenses, plugins, problems
-from privnet.agent.spec import ConfigError, Rekey, Scheme, Strategy, WireDtype
+from privnet.agent.spec import (
+    LOCAL_STEPS,
+    ConfigError,
+    Rekey,
+    Scheme,
+    Strategy,
+    WireDtype,
+    check_local_steps,
+)
 from privnet.orchestrator.experiment import partition
 
 
@@ -28,6 +36,7 @@ class ExperimentConfig:
     rho: float = 0.01
     batch: int | None = None  # None: full batch (exact local gradients)
     mu: float = 0.4
+    local_steps: int = LOCAL_STEPS  # E: local gradient steps a round before combining
     sigma_g2: float = 0.01
     iters: int = 1000
     repeats: int = 1
@@ -89,6 +98,7 @@ class ExperimentConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        check_local_steps(self.local_steps)
         plugins.check_name("problem", self.problem)
         if self.dataset is not None:
             datasets.check_name(self.dataset)

@@ -71,6 +71,7 @@ def agent_specs(
             attack=attackers.get(p, ""),
             defense=defense,
             wire=problem.wire,
+            local_steps=c.local_steps,
         )
         for p in range(c.agents)
     ]
