@@ -18,7 +18,7 @@ refuses a total beyond that (some wraps of a sender that did not check land ther
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -44,14 +44,15 @@ def grid(sigma_g: float, wire: WireDtype) -> float:
     return step if step or wire is WireDtype.F8 else NOISELESS_GRID
 
 
-def _refuse(k: np.ndarray, bound: np.ndarray | float, step: float, where: str) -> None:
+def _refuse(k: np.ndarray, bound: float, step: float, where: str) -> None:
+    if k.size and k.min() >= -bound and k.max() <= bound:  # the usual case: no temporaries
+        return  # (NaN fails both comparisons: it is found below)
     over = np.flatnonzero(~((k >= -bound) & (k <= bound)))  # NaN is over too
     if over.size:
         i = int(over[0])
-        most = float(np.broadcast_to(bound, k.shape).flat[i]) * step
         raise OutOfRange(
             f"{where}: entry {i} is {float(k.flat[i]) * step:.6g} ({float(k.flat[i]):.4g} "
-            f"lattice steps of {step:.3g}), where the u4 wire holds +-{most:.6g} "
+            f"lattice steps of {step:.3g}), where the u4 wire holds +-{bound * step:.6g} "
             f"({over.size} entries over): run with --wire-dtype f8, or keep the model "
             "smaller (e.g. a smaller mu)"
         )
@@ -88,22 +89,42 @@ def floats(inbox: Mapping[int, np.ndarray], step: float) -> dict[int, np.ndarray
 
 
 def masked_words(
-    v: np.ndarray, masks: np.ndarray, a: np.ndarray, step: float, where: str
+    v: np.ndarray,
+    masks: np.ndarray,
+    a: np.ndarray,
+    step: float,
+    where: str,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """rint(a v / step) + masks mod 2^32 per target (rows of `masks`, weights `a` as a
-    column): the masked schemes' u4 release, refused beyond a * LIMIT per term."""
-    k = np.rint(a * v / step)
-    _refuse(k, a * LIMIT, step, where)
-    sent: np.ndarray = k.astype(np.int64).astype(np.uint32) + masks
-    return sent
+    column; `v` one vector for every row, or a row each): the masked schemes' u4 release,
+    refused beyond a * LIMIT per term. Into `out` (may be `masks` itself), else a new array.
+
+    Row by row through two reused vectors: at a million parameters and seven targets, the
+    whole-array form held about 100 MB of float64 and int64 temporaries at once."""
+    out = np.empty_like(masks) if out is None else out
+    scaled = np.empty(masks.shape[1], dtype=np.float64)
+    k = np.empty(masks.shape[1], dtype=np.int64)
+    for i in range(len(masks)):
+        np.multiply(a[i], v if v.ndim == 1 else v[i], out=scaled)
+        np.divide(scaled, step, out=scaled)
+        np.rint(scaled, out=scaled)
+        _refuse(scaled, float(a[i, 0]) * LIMIT, step, f"{where}, row {i}" if i else where)
+        np.copyto(k, scaled, casting="unsafe")  # integers already: exact
+        np.add(masks[i], k, out=out[i], casting="unsafe")  # in int64, then mod 2^32
+    return out
 
 
-def total(stacked: np.ndarray, step: float, where: str) -> np.ndarray:
+def total(terms: Sequence[np.ndarray] | np.ndarray, step: float, where: str) -> np.ndarray:
     """A hub's combination: its terms' words (rows) added mod 2^32, where the masks cancel,
-    read as signed and as floats; refused beyond what honest terms can sum to."""
-    summed = np.asarray(np.sum(stacked, axis=0, dtype=np.uint32)).view(np.int32)
-    _refuse(summed, LIMIT + _SLACK, step, where)
-    combined: np.ndarray = summed * step
+    read as signed and as floats; refused beyond what honest terms can sum to. The terms
+    are added one by one into one vector (no stacked copy of them all)."""
+    summed = np.array(terms[0], dtype=np.uint32)
+    for term in terms[1:]:
+        np.add(summed, term, out=summed)
+    signed = summed.view(np.int32)
+    _refuse(signed, LIMIT + _SLACK, step, where)
+    combined: np.ndarray = signed * step
     return combined
 
 
