@@ -29,6 +29,7 @@ from privnet.agent.spec import WireDtype
 NOISELESS_GRID = 2.0**-24  # u4 without noise: float32's spacing at 1, a range of +-128
 LIMIT = 2**31 - 2**16  # |k| a release may have on the wire; sums stay below 2^31
 _SLACK = 2**8  # rounding and the in-weights' tolerance: an honest hub total is within this
+BLOCK = 1 << 16  # entries a masked release is worked out in at a time (512 kB of float64)
 
 
 class OutOfRange(Rejected):
@@ -44,16 +45,17 @@ def grid(sigma_g: float, wire: WireDtype) -> float:
     return step if step or wire is WireDtype.F8 else NOISELESS_GRID
 
 
-def _refuse(k: np.ndarray, bound: float, step: float, where: str) -> None:
+def _refuse(k: np.ndarray, bound: float, step: float, where: str, offset: int = 0) -> None:
+    """OutOfRange at k's first entry beyond +-bound (`offset`: k's first entry's index)."""
     if k.size and k.min() >= -bound and k.max() <= bound:  # the usual case: no temporaries
         return  # (NaN fails both comparisons: it is found below)
     over = np.flatnonzero(~((k >= -bound) & (k <= bound)))  # NaN is over too
     if over.size:
         i = int(over[0])
         raise OutOfRange(
-            f"{where}: entry {i} is {float(k.flat[i]) * step:.6g} ({float(k.flat[i]):.4g} "
+            f"{where}: entry {offset + i} is {float(k.flat[i]) * step:.6g} ({float(k.flat[i]):.4g} "
             f"lattice steps of {step:.3g}), where the u4 wire holds +-{bound * step:.6g} "
-            f"({over.size} entries over): run with --wire-dtype f8, or keep the model "
+            f"({over.size} of {k.size} entries over): run with --wire-dtype f8, or keep the model "
             "smaller (e.g. a smaller mu)"
         )
 
@@ -100,18 +102,25 @@ def masked_words(
     column; `v` one vector for every row, or a row each): the masked schemes' u4 release,
     refused beyond a * LIMIT per term. Into `out` (may be `masks` itself), else a new array.
 
-    Row by row through two reused vectors: at a million parameters and seven targets, the
-    whole-array form held about 100 MB of float64 and int64 temporaries at once."""
+    Row by row and block by block through two small reused buffers: at a million
+    parameters and seven targets, the whole-array form held about 100 MB of float64 and
+    int64 temporaries at once."""
     out = np.empty_like(masks) if out is None else out
-    scaled = np.empty(masks.shape[1], dtype=np.float64)
-    k = np.empty(masks.shape[1], dtype=np.int64)
+    dim = masks.shape[1]
+    scaled = np.empty(min(dim, BLOCK), dtype=np.float64)
+    k = np.empty(len(scaled), dtype=np.int64)
     for i in range(len(masks)):
-        np.multiply(a[i], v if v.ndim == 1 else v[i], out=scaled)
-        np.divide(scaled, step, out=scaled)
-        np.rint(scaled, out=scaled)
-        _refuse(scaled, float(a[i, 0]) * LIMIT, step, f"{where}, row {i}" if i else where)
-        np.copyto(k, scaled, casting="unsafe")  # integers already: exact
-        np.add(masks[i], k, out=out[i], casting="unsafe")  # in int64, then mod 2^32
+        row = v if v.ndim == 1 else v[i]
+        bound, name = float(a[i, 0]) * LIMIT, f"{where}, row {i}" if i else where
+        for at in range(0, dim, BLOCK):
+            end = min(at + BLOCK, dim)
+            x, n = scaled[: end - at], k[: end - at]
+            np.multiply(a[i], row[at:end], out=x)
+            np.divide(x, step, out=x)
+            np.rint(x, out=x)
+            _refuse(x, bound, step, name, at)
+            np.copyto(n, x, casting="unsafe")  # integers already: exact
+            np.add(masks[i, at:end], n, out=out[i, at:end], casting="unsafe")  # mod 2^32
     return out
 
 
