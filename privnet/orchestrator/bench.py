@@ -106,10 +106,11 @@ def _role(proc: psutil.Process) -> str:
 def watch(
     proc: subprocess.Popen[bytes],
     every: float = 0.25,
-    timeline: list[tuple[float, float]] | None = None,
+    timeline: list[tuple[float, float, float]] | None = None,
 ) -> Sample:
     """Every process of the run's tree, by role, until it ends; `timeline` gets (wall
-    time, the agents' CPU seconds so far) at each look, for CPU over a window of the run."""
+    time, the agents' and the orchestrator's CPU seconds so far) at each look, for CPU over
+    a window of the run."""
     root = psutil.Process(proc.pid)
     last: dict[int, tuple[str, float]] = {}
     sample = Sample()
@@ -136,7 +137,8 @@ def watch(
         sample.peak_total_rss = max(sample.peak_total_rss, total)
         if timeline is not None:
             agents = sum(cpu for role, cpu in last.values() if role == "agents")
-            timeline.append((time.time(), agents))
+            mine = sum(cpu for role, cpu in last.values() if role == "orchestrator")
+            timeline.append((time.time(), agents, mine))
         time.sleep(every)
     for role, cpu in last.values():
         sample.cpu[role] = sample.cpu.get(role, 0.0) + cpu
