@@ -25,7 +25,6 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -44,11 +43,9 @@ def measure(tree: Path, agents: int, iters: int, topology: str, extra: list[str]
     env = dict(os.environ, PYTHONPATH=str(tree))
     began, samples = time.time(), []
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL)
-    sampler = threading.Thread(target=watch, args=(proc,), kwargs={"timeline": samples})
-    sampler.start()
-    if proc.wait() != 0:
+    watch(proc, timeline=samples)  # until it ends (reaped: returncode set)
+    if proc.returncode != 0:
         raise SystemExit(f"the run of {tree} failed (exit {proc.returncode}); see {out}")
-    sampler.join()
     summary = json.loads((out / "summary.json").read_text())
     result, orchestrator = summary["results"][0], summary["config"]["orchestrator"]
     end = (out / "journal" / "session-0.json").stat().st_mtime
