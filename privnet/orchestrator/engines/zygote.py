@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import gc
 import importlib
 import json
 import logging
@@ -65,8 +64,7 @@ def serve(requests: int = 0, replies: int = 1) -> None:
     with contextlib.suppress(ImportError):  # `privnet.agent.loop.run_loop`'s loop, where installed
         importlib.import_module("uvloop")
     _check_single_threaded()
-    gc.freeze()  # what it imported: left out of the children's collections, which would
-    os.write(replies, encode({"ready": True}))  # write to (and so copy) every page of it
+    os.write(replies, encode({"ready": True}))
     wake_r, wake_w = os.pipe()
     for fd in (wake_r, wake_w):
         os.set_blocking(fd, False)
@@ -109,7 +107,6 @@ def _preload(module: str) -> None:
         with contextlib.suppress(Exception):
             importlib.import_module(module)
         _check_single_threaded()
-        gc.freeze()
 
 
 def _check_single_threaded() -> None:
