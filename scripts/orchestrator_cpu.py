@@ -5,8 +5,11 @@ Each measurement is a whole `privnet run` (ATC, `local-ghp`, mosquitto, `--seed 
 checkout (run with PYTHONPATH set to it, so `/work/main` can stand for "before"). The
 orchestrator's CPU is summary.json's `orchestrator.session_cpu_s` (its process, Go to the
 session's end) over the rounds; the agents' is their processes' CPU over the same window,
-sampled every 0.25 s (`bench.watch`, its agents' role). Keying is the launch to Go. Checkouts
-alternate, so drifting load hits both alike; one JSON line per run.
+sampled every 0.25 s (`bench.watch`, its agents' role); the orchestrator's share of one core
+is its session CPU over the session's wall time. Keying is the launch to Go, and the set-up
+CPU each role's CPU by then (the orchestrator's: its process and its children but the
+broker and the agents' zygote). Checkouts alternate, so drifting load hits both alike; one
+JSON line per run. A big model: `--extra "--config model.toml"` (e.g. bench's mlp).
 
     python scripts/orchestrator_cpu.py /work/main . --agents 30 --iters 300 --repeats 2
     python scripts/orchestrator_cpu.py /work/main . --agents 1000 --iters 40 --repeats 2 \\
@@ -22,7 +25,6 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -41,26 +43,26 @@ def measure(tree: Path, agents: int, iters: int, topology: str, extra: list[str]
     env = dict(os.environ, PYTHONPATH=str(tree))
     began, samples = time.time(), []
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL)
-    sampler = threading.Thread(target=watch, args=(proc,), kwargs={"timeline": samples})
-    sampler.start()
-    if proc.wait() != 0:
+    watch(proc, timeline=samples)  # until it ends (reaped: returncode set)
+    if proc.returncode != 0:
         raise SystemExit(f"the run of {tree} failed (exit {proc.returncode}); see {out}")
-    sampler.join()
     summary = json.loads((out / "summary.json").read_text())
     result, orchestrator = summary["results"][0], summary["config"]["orchestrator"]
     end = (out / "journal" / "session-0.json").stat().st_mtime
     go = end - result["wall_s"]
 
-    def cpu_at(t: float) -> float:
-        return min(samples, key=lambda s: abs(s[0] - t))[1]
+    def cpu_at(t: float, role: int = 1) -> float:
+        return min(samples, key=lambda s: abs(s[0] - t))[role]
 
     return {
         "tree": str(tree),
         "agents": agents,
         "when": time.strftime("%H:%M:%S", time.gmtime(began)),
         "keying_s": round(go - began, 1),
+        "setup_cpu_s": {"orchestrator": round(cpu_at(go, 2), 1), "agents": round(cpu_at(go), 1)},
         "rounds_per_s": round(result["rounds_per_s"], 3),
         "orchestrator_ms_per_round": round(1000 * orchestrator["session_cpu_s"] / iters, 2),
+        "orchestrator_core_share": round(orchestrator["session_cpu_s"] / result["wall_s"], 4),
         "agents_ms_per_round": round(1000 * (cpu_at(end) - cpu_at(go)) / iters, 1),
         "received": orchestrator["received"],
         "frames_per_round": result["model_frames_per_round"],

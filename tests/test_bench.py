@@ -57,3 +57,19 @@ def test_the_ceiling_moves_every_frame_of_a_chunked_model() -> None:
     rate, messages_per_s, _ = ceiling("embedded", out, rounds=6, size=2000, workers=1, frames=3)
     assert rate > 0
     assert abs(messages_per_s / rate - 4 * 3) < 1e-6
+
+
+def test_watch_counts_what_the_run_spends_after_its_last_look() -> None:
+    """The run's process burns its CPU and exits between two looks, and so does a child it
+    waits for: the kernel's count, read before the process is reaped, still has both."""
+    children = (
+        "import subprocess, sys, time\n"
+        "time.sleep(0.3)\n"
+        f"subprocess.run([sys.executable, '-c', {BURN!r}, '-m', 'privnet.' + 'agent'])\n"
+        f"{BURN}\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", children])
+    sample = watch(proc, every=3.0)  # one look, at the start: it ends before the next
+    assert proc.returncode == 0
+    assert sample.cpu["orchestrator"] >= 0.4, sample.cpu
+    assert sample.cpu["agents"] >= 0.4, sample.cpu

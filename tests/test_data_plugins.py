@@ -3,6 +3,8 @@ the module's, and an MLP runs the same on the oracle and the memory engine."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -117,3 +119,34 @@ def assert_gradient_is_the_difference(risk: Any, w: np.ndarray, gen: np.random.G
         step[:, m] = 1e-6
         numeric = (risk.value(w + step, None) - risk.value(w - step, None)) / 2e-6
         np.testing.assert_allclose(grad[:, m], numeric, rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize(
+    "name, loader", [("digits", "load_digits"), ("breast-cancer", "load_breast_cancer"),
+                     ("wine", "load_wine")],
+)  # fmt: skip
+def test_the_bundled_datasets_are_scikit_learns_without_importing_it(
+    name: str, loader: str
+) -> None:
+    """An agent reads scikit-learn's files itself: importing it (scipy, pandas) cost every
+    agent process about 140 MB and a second of start-up."""
+    code = (
+        "import sys; from privnet.agent import datasets; "
+        f"d = datasets.load({name!r}); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sklearn', 'scipy', 'pandas')))"
+    )
+    imported = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert imported == "[]"
+    from sklearn import datasets as bundled
+
+    data = getattr(bundled, loader)()
+    mine, theirs = (
+        datasets.load(name),
+        datasets.split(np.asarray(data.data, dtype=float), data.target),
+    )
+    for field in ("x_train", "y_train", "x_test", "y_test"):
+        a, b = getattr(mine, field), getattr(theirs, field)
+        assert a.dtype == b.dtype and np.array_equal(a, b), field
+    assert mine.classes == theirs.classes

@@ -229,3 +229,26 @@ def test_u4_refuses_what_it_does_not_carry_yet(extra: dict[str, str], words: str
     the flag that runs them, when the Experiment is made (before anything runs)."""
     with pytest.raises(ConfigError, match=f"{words}.*--wire-dtype f8"):
         privnet.Experiment(agents=8, iters=3, wire_dtype="u4", **extra)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_masked_words_in_blocks_are_the_whole_array_formula(shared: bool) -> None:
+    """Row by row and block by block, into the masks' own array: the words of
+    rint(a v / step) + masks mod 2^32 for every row, as the one-expression form gives them;
+    an entry out of range in a later block is named by its index in the model."""
+    dim, rows = 2 * lattice.BLOCK + 5, 3
+    gen = np.random.default_rng(4)
+    v = gen.uniform(-50, 50, dim if shared else (rows, dim))
+    a = np.array([[0.5], [0.3], [0.2]])
+    masks = gen.integers(0, 2**32, (rows, dim), dtype=np.uint32)
+    k = np.rint(a * v / STEP)
+    expected = k.astype(np.int64).astype(np.uint32) + masks
+    got = lattice.masked_words(v, masks.copy(), a, STEP, "t")
+    np.testing.assert_array_equal(got, expected)
+    into = masks.copy()
+    assert lattice.masked_words(v, into, a, STEP, "t", into) is into
+    np.testing.assert_array_equal(into, expected)
+    far = np.array(v, copy=True)
+    (far if shared else far[2])[lattice.BLOCK + 7] = 1e9
+    with pytest.raises(lattice.OutOfRange, match=f"entry {lattice.BLOCK + 7} is"):
+        lattice.masked_words(far, masks.copy(), a, STEP, "t")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import need_torch
 
 from privnet.agent.launch import AgentLaunch
 from privnet.broker.launcher import Broker, launch
@@ -128,5 +129,21 @@ def test_the_zygote_runs_agents_only(tmp_path: Path) -> None:
         pid = zygote.spawn(Spawn(["-m", "privnet.agent"], {}, str(tmp_path / "none.log")))
         assert zygote.wait(pid, 10.0) == 2  # no launch given: argparse's usage error
         assert "no launch" in (tmp_path / "none.log").read_text()
+    finally:
+        zygote.close()
+
+
+def test_a_preloaded_module_is_imported_once_before_the_forks(tmp_path: Path) -> None:
+    """The run's problem module (the torch adapter: torch) is imported by the zygote before
+    it forks, so its children start with it; a module not privnet's is not loaded."""
+    need_torch()
+    zygote = Zygote()
+    try:
+        zygote.preload("privnet.agent.torchnet")
+        zygote.preload("sqlite3")  # not privnet's: left alone
+        pid = zygote.spawn(Spawn(["-m", "privnet.agent"], {}, str(tmp_path / "p.log")))
+        assert zygote.wait(pid, 10.0) == 2  # answered after both preloads were taken
+        loaded = Path(f"/proc/{zygote.proc.pid}/maps").read_text()
+        assert "libtorch_cpu" in loaded and "_sqlite3" not in loaded
     finally:
         zygote.close()

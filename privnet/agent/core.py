@@ -191,8 +191,8 @@ class AgentCore:
         if self.stage < len(STEPS) - 1:
             self.stage += 1
             return []
-        self.w = self.value.copy()
-        report = Report(sender=self.me, round=self.round, w=self.w.copy())
+        self.w = self.value.copy()  # replaced each round, never changed in place: the
+        report = Report(sender=self.me, round=self.round, w=self.w)  # report may share it
         self.round, self.stage = self.round + 1, 0
         self._forget_epoch(self.round - 1)
         return [report]
@@ -214,7 +214,8 @@ class AgentCore:
     def _send(self, plan: StepPlan) -> list[Message]:
         """Privatize the current value for every out-neighbour; keep the self-term."""
         vectors = self._privatize(plan)
-        self._inbox.setdefault(self.position, {})[self.me] = vectors[self.me]
+        own = vectors[self.me]  # a row of every target's: kept alone, the rest can go once sent
+        self._inbox.setdefault(self.position, {})[self.me] = own if own.base is None else own.copy()
         return [
             Model(self.me, k, self.round, plan.step, v, self.spec.view)
             for k, v in vectors.items()
@@ -235,7 +236,8 @@ class AgentCore:
         else:  # np.array: np.stack costs several times more at this size
             vectors = np.array([released[k] for k in masks.targets])
         if self._u4:
-            sent = lattice.masked_words(vectors, rows, masks.weights, self._grid, self._where(plan))
+            where = self._where(plan)  # into the bank's fresh rows: no second array
+            sent = lattice.masked_words(vectors, rows, masks.weights, self._grid, where, rows)
         else:
             sent = rng.masked_release(vectors, rows, masks.weights, self._grid)
         return dict(zip(masks.targets, sent, strict=True))
@@ -260,8 +262,8 @@ class AgentCore:
         elif not self.scheme_part.masked:
             total = defenses.weighted_sum(plan.weights_in, inbox)
         elif self._u4:  # the words added mod 2^32: the masks cancel, exactly
-            stacked = np.array([inbox[m] for m in plan.weights_in])
-            total = lattice.total(stacked, self._grid, f"{self._where(plan)}: the hub's total")
+            terms = [inbox[m] for m in plan.weights_in]
+            total = lattice.total(terms, self._grid, f"{self._where(plan)}: the hub's total")
         else:
             a = self._weights_in.get(plan.step)
             if a is None or self.spec.schedule is not None:  # a schedule's weights change

@@ -12,12 +12,13 @@ constant 1 last (the bias, which feature noise leaves alone), and labels 0 .. cl
 from __future__ import annotations
 
 import csv
+import gzip
+import importlib.util
 import io
 import lzma
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -141,31 +142,51 @@ def adult() -> Dataset:
     return Dataset(*arrays, classes=2)
 
 
-def _bundled(loader: str) -> Dataset:
-    """One of scikit-learn's bundled datasets (`loader` of sklearn.datasets), split by `split`."""
-    try:
-        from sklearn import datasets as bundled
-    except ImportError:
+def _sklearn_data(name: str) -> Path:
+    """The path of one of scikit-learn's bundled data files, found without importing
+    scikit-learn: its import pulls in scipy and pandas, about 140 MB of every agent's RSS
+    and a second of its start-up, for a file of a few hundred kB."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or spec.origin is None:
         raise ConfigError(
-            f"scikit-learn's {loader} needs the extra: pip install 'privnet[sklearn]'"
+            f"scikit-learn's {name} needs the extra: pip install 'privnet[sklearn]'"
         ) from None
-    data: Any = getattr(bundled, loader)()
-    return split(np.asarray(data.data, dtype=float), np.asarray(data.target))
+    path = Path(spec.origin).parent / "datasets" / "data" / name
+    if not path.is_file():
+        raise ConfigError(
+            f"scikit-learn at {path.parent.parent.parent} has no {name}: reinstall it"
+        )
+    return path
+
+
+def _bundled_csv(name: str) -> Dataset:
+    """A table of scikit-learn's bundled `load_csv_data` format (a header of the counts and
+    class names, then rows of features and the class), read as its loader reads it."""
+    with _sklearn_data(name).open(encoding="utf-8") as fh:
+        rows = csv.reader(fh)
+        head = next(rows)
+        x, y = np.empty((int(head[0]), int(head[1]))), np.empty(int(head[0]), dtype=int)
+        for i, row in enumerate(rows):
+            x[i] = np.asarray(row[:-1], dtype=np.float64)
+            y[i] = int(row[-1])
+    return split(x, y)
 
 
 def digits() -> Dataset:
     """scikit-learn's 8x8 handwritten digits: 1797 rows, 64 pixels, 10 classes."""
-    return _bundled("load_digits")
+    with gzip.open(_sklearn_data("digits.csv.gz"), mode="rt", encoding="utf-8") as fh:
+        data = np.loadtxt(fh, delimiter=",")
+    return split(data[:, :-1], data[:, -1].astype(int))
 
 
 def breast_cancer() -> Dataset:
     """scikit-learn's Wisconsin breast cancer: 569 rows, 30 features, 2 classes."""
-    return _bundled("load_breast_cancer")
+    return _bundled_csv("breast_cancer.csv")
 
 
 def wine() -> Dataset:
     """scikit-learn's wine recognition: 178 rows, 13 features, 3 classes."""
-    return _bundled("load_wine")
+    return _bundled_csv("wine_data.csv")
 
 
 BUILTIN = {

@@ -18,7 +18,7 @@ refuses a total beyond that (some wraps of a sender that did not check land ther
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from privnet.agent.spec import WireDtype
 NOISELESS_GRID = 2.0**-24  # u4 without noise: float32's spacing at 1, a range of +-128
 LIMIT = 2**31 - 2**16  # |k| a release may have on the wire; sums stay below 2^31
 _SLACK = 2**8  # rounding and the in-weights' tolerance: an honest hub total is within this
+BLOCK = 1 << 16  # entries a masked release is worked out in at a time (512 kB of float64)
 
 
 class OutOfRange(Rejected):
@@ -44,15 +45,17 @@ def grid(sigma_g: float, wire: WireDtype) -> float:
     return step if step or wire is WireDtype.F8 else NOISELESS_GRID
 
 
-def _refuse(k: np.ndarray, bound: np.ndarray | float, step: float, where: str) -> None:
+def _refuse(k: np.ndarray, bound: float, step: float, where: str, offset: int = 0) -> None:
+    """OutOfRange at k's first entry beyond +-bound (`offset`: k's first entry's index)."""
+    if k.size and k.min() >= -bound and k.max() <= bound:  # the usual case: no temporaries
+        return  # (NaN fails both comparisons: it is found below)
     over = np.flatnonzero(~((k >= -bound) & (k <= bound)))  # NaN is over too
     if over.size:
         i = int(over[0])
-        most = float(np.broadcast_to(bound, k.shape).flat[i]) * step
         raise OutOfRange(
-            f"{where}: entry {i} is {float(k.flat[i]) * step:.6g} ({float(k.flat[i]):.4g} "
-            f"lattice steps of {step:.3g}), where the u4 wire holds +-{most:.6g} "
-            f"({over.size} entries over): run with --wire-dtype f8, or keep the model "
+            f"{where}: entry {offset + i} is {float(k.flat[i]) * step:.6g} ({float(k.flat[i]):.4g} "
+            f"lattice steps of {step:.3g}), where the u4 wire holds +-{bound * step:.6g} "
+            f"({over.size} of {k.size} entries over): run with --wire-dtype f8, or keep the model "
             "smaller (e.g. a smaller mu)"
         )
 
@@ -88,22 +91,49 @@ def floats(inbox: Mapping[int, np.ndarray], step: float) -> dict[int, np.ndarray
 
 
 def masked_words(
-    v: np.ndarray, masks: np.ndarray, a: np.ndarray, step: float, where: str
+    v: np.ndarray,
+    masks: np.ndarray,
+    a: np.ndarray,
+    step: float,
+    where: str,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """rint(a v / step) + masks mod 2^32 per target (rows of `masks`, weights `a` as a
-    column): the masked schemes' u4 release, refused beyond a * LIMIT per term."""
-    k = np.rint(a * v / step)
-    _refuse(k, a * LIMIT, step, where)
-    sent: np.ndarray = k.astype(np.int64).astype(np.uint32) + masks
-    return sent
+    column; `v` one vector for every row, or a row each): the masked schemes' u4 release,
+    refused beyond a * LIMIT per term. Into `out` (may be `masks` itself), else a new array.
+
+    Row by row and block by block through two small reused buffers: at a million
+    parameters and seven targets, the whole-array form held about 100 MB of float64 and
+    int64 temporaries at once."""
+    out = np.empty_like(masks) if out is None else out
+    dim = masks.shape[1]
+    scaled = np.empty(min(dim, BLOCK), dtype=np.float64)
+    k = np.empty(len(scaled), dtype=np.int64)
+    for i in range(len(masks)):
+        row = v if v.ndim == 1 else v[i]
+        bound, name = float(a[i, 0]) * LIMIT, f"{where}, row {i}" if i else where
+        for at in range(0, dim, BLOCK):
+            end = min(at + BLOCK, dim)
+            x, n = scaled[: end - at], k[: end - at]
+            np.multiply(a[i], row[at:end], out=x)
+            np.divide(x, step, out=x)
+            np.rint(x, out=x)
+            _refuse(x, bound, step, name, at)
+            np.copyto(n, x, casting="unsafe")  # integers already: exact
+            np.add(masks[i, at:end], n, out=out[i, at:end], casting="unsafe")  # mod 2^32
+    return out
 
 
-def total(stacked: np.ndarray, step: float, where: str) -> np.ndarray:
+def total(terms: Sequence[np.ndarray] | np.ndarray, step: float, where: str) -> np.ndarray:
     """A hub's combination: its terms' words (rows) added mod 2^32, where the masks cancel,
-    read as signed and as floats; refused beyond what honest terms can sum to."""
-    summed = np.asarray(np.sum(stacked, axis=0, dtype=np.uint32)).view(np.int32)
-    _refuse(summed, LIMIT + _SLACK, step, where)
-    combined: np.ndarray = summed * step
+    read as signed and as floats; refused beyond what honest terms can sum to. The terms
+    are added one by one into one vector (no stacked copy of them all)."""
+    summed = np.array(terms[0], dtype=np.uint32)
+    for term in terms[1:]:
+        np.add(summed, term, out=summed)
+    signed = summed.view(np.int32)
+    _refuse(signed, LIMIT + _SLACK, step, where)
+    combined: np.ndarray = signed * step
     return combined
 
 

@@ -165,6 +165,8 @@ class TorchRisk:
         self.problem = problem
         self.flat = problem.flat(x.shape[1], classes)
         self.net = self.flat.net
+        if not any(True for _ in self.net.buffers()):  # nothing but the flat weights: the
+            problem._scorers.setdefault((x.shape[1], classes), self.flat)  # scorer shares it
         self.x = problem.tensor(x)
         self.y = torch.tensor(y, dtype=torch.int64)
 

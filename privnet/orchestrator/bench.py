@@ -106,14 +106,21 @@ def _role(proc: psutil.Process) -> str:
 def watch(
     proc: subprocess.Popen[bytes],
     every: float = 0.25,
-    timeline: list[tuple[float, float]] | None = None,
+    timeline: list[tuple[float, float, float]] | None = None,
 ) -> Sample:
-    """Every process of the run's tree, by role, until it ends; `timeline` gets (wall
-    time, the agents' CPU seconds so far) at each look, for CPU over a window of the run."""
+    """Every process of the run's tree, by role, until it ends (then reaped, so
+    `proc.returncode` is set); `timeline` gets (wall time, the agents' and the
+    orchestrator's CPU seconds so far) at each look, for CPU over a window of the run.
+
+    Sampling misses what a process spends after its last look (0.25 s at most), which the
+    kernel still counts: the run's process is read once more as it exits, before it is
+    reaped (its own CPU, whole: the orchestrator's; and its waited-for children's, the
+    agents, the broker and their forks, whole), and the agents are charged what the
+    children spent beyond the broker and the orchestrator's other children."""
     root = psutil.Process(proc.pid)
     last: dict[int, tuple[str, float]] = {}
     sample = Sample()
-    while proc.poll() is None:
+    while not _exited(proc):
         try:
             tree = [root, *root.children(recursive=True)]
         except psutil.Error:
@@ -129,18 +136,46 @@ def watch(
                     rss = p.memory_info().rss
             except psutil.Error:
                 continue
-            last[p.pid] = (role, t.user + t.system + t.children_user * 0)
+            last[p.pid] = (role, t.user + t.system)
             total += rss
             if role == "agents":
                 sample.peak_agent_rss = max(sample.peak_agent_rss, rss)
         sample.peak_total_rss = max(sample.peak_total_rss, total)
         if timeline is not None:
             agents = sum(cpu for role, cpu in last.values() if role == "agents")
-            timeline.append((time.time(), agents))
+            mine = sum(cpu for role, cpu in last.values() if role == "orchestrator")
+            timeline.append((time.time(), agents, mine))
         time.sleep(every)
-    for role, cpu in last.values():
-        sample.cpu[role] = sample.cpu.get(role, 0.0) + cpu
+    final = _final_times(root)
+    proc.wait()
+    for pid, (role, cpu) in last.items():
+        if final is None or pid != root.pid:
+            sample.cpu[role] = sample.cpu.get(role, 0.0) + cpu
+    if final is not None:
+        own, children = final
+        sample.cpu["orchestrator"] = sample.cpu.get("orchestrator", 0.0) + own
+        others = sum(sample.cpu.get(role, 0.0) for role in ("broker", "orchestrator")) - own
+        sample.cpu["agents"] = max(sample.cpu.get("agents", 0.0), children - others)
     return sample
+
+
+def _exited(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether the process has ended, leaving it unreaped (its times still readable)."""
+    if proc.returncode is not None:
+        return True
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped elsewhere (another thread's wait)
+        return True
+
+
+def _final_times(root: psutil.Process) -> tuple[float, float] | None:
+    """(its own CPU, its waited-for descendants' CPU) of the ended, unreaped process."""
+    try:
+        t = root.cpu_times()
+    except psutil.Error:
+        return None
+    return t.user + t.system, t.children_user + t.children_system
 
 
 def privnet_run(

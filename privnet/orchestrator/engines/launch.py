@@ -78,6 +78,11 @@ class LocalLauncher:
         self.procs: dict[int, int] = {}  # first agent id -> the pid of its process
         self.groups: dict[int, list[int]] = {}  # first agent id -> the agents it runs
 
+    def preload(self, plugin: object) -> None:
+        """Let the zygote import the module of the run's problem (`Instance.plugin`) before
+        it forks the agents, where it is privnet's own (the torch adapter: torch)."""
+        self.zygote.preload(type(plugin).__module__)
+
     def start(self, launches: Mapping[int, AgentLaunch]) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
         ids = sorted(launches)

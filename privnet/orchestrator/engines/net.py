@@ -152,6 +152,8 @@ async def _run_network(problem: Instance, options: RunOptions, out: Path, stop: 
     origin = _origin(problem, options, out)
     faults = options.faults_for(problem.config.agents)
     broker, pool = _runtime(options, faults, origin.secrets, out / "logs")
+    if isinstance(pool, LocalLauncher):
+        pool.preload(problem.plugin)
     code, shell = 1, None
     try:
         if origin.resume is None:

@@ -5,9 +5,11 @@ imports once instead of once per agent.
 Every child is still its own process (PID, session and process group, log, MQTT client,
 identity, node) and shows in ps as `python -m privnet.agent --id N`. The zygote forks from a clean
 state: no event loop, no threads. The launcher (`Zygote`) speaks to it in JSON lines over
-stdin and stdout: `ready` once imported, a spawn request (argv, environment, log) answered
-with the child's pid, each exit code as `Popen.returncode` gives it. Launch secrets travel
-through the pipe, never on a command line. At EOF the zygote leaves; running agents end by
+stdin and stdout: `ready` once imported, a preload request (a module of privnet's the
+run's agents import, e.g. the torch adapter: imported once, before the forks), a spawn
+request (argv, environment, log) answered with the child's pid, each exit code as
+`Popen.returncode` gives it. Launch secrets travel through the pipe, never on a command
+line. At EOF the zygote leaves; running agents end by
 themselves, as a dead orchestrator's do.
 """
 
@@ -81,7 +83,11 @@ def serve(requests: int = 0, replies: int = 1) -> None:
                 return
             found, buffer = lines(buffer + chunk)
             for line in found:
-                spawn = Spawn(**json.loads(line))
+                request = json.loads(line)
+                if "preload" in request:
+                    _preload(request["preload"])
+                    continue
+                spawn = Spawn(**request)
                 ready_r, ready_w = os.pipe()
                 pid = os.fork()
                 if pid == 0:
@@ -90,6 +96,17 @@ def serve(requests: int = 0, replies: int = 1) -> None:
                 os.read(ready_r, 1)  # EOF once the child is in its own session, titled
                 os.close(ready_r)
                 os.write(replies, encode({"pid": pid}))
+
+
+def _preload(module: str) -> None:
+    """Import one of privnet's modules every agent of this run will import (the run's
+    problem: the torch adapter imports torch, about 1.3 s of CPU and 180 MB an agent),
+    before forking them: once here, and its pages shared by the agents until written. A
+    module that fails here is left for the agent to import again and report."""
+    if module.startswith("privnet."):
+        with contextlib.suppress(Exception):
+            importlib.import_module(module)
+        _check_single_threaded()
 
 
 def _check_single_threaded() -> None:
@@ -220,6 +237,13 @@ class Zygote:
                 raise RuntimeError(f"the agent zygote ended (code {self.proc.poll()})")
             self._read(None)
         return self._pids.pop(0)
+
+    def preload(self, module: str) -> None:
+        """Have the zygote import `module` (one of privnet's) before the spawns that follow."""
+        assert self.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):  # gone: the next spawn says so
+            self.proc.stdin.write(encode({"preload": module}))
+            self.proc.stdin.flush()
 
     def poll(self, pid: int) -> int | None:
         """The child's exit code, None while it runs (or nobody can tell: the zygote ended)."""
