@@ -1,12 +1,11 @@
 """The agent's protocol as a pure state machine (sans-IO, like h11).
 
 `receive` a message, get the messages to send: no sockets, clocks or event loops, so every
-engine runs the very same code and the protocol is tested without a broker. A round runs
-the paper's three combine steps in order j = 1, 0, 2 (eqs. privPreComb, privUpdate,
-privPostComb); a communicating step sends one message per out-neighbour, waits for one per
-in-neighbour and combines sum_m a_mp * (message from m), its own term included (the masked
-schemes take each term on the noise grid, where their masks cancel exactly).
-"""
+engine runs the very same code and the protocol is tested without a broker. A round runs the
+paper's three combine steps in order j = 1, 0, 2 (eqs. privPreComb, privUpdate, privPostComb);
+a communicating step sends one message per out-neighbour, waits for one per in-neighbour and
+combines sum_m a_mp * (message from m), its own term included (the masked schemes take each
+term on the noise grid, where their masks cancel exactly)."""
 
 from __future__ import annotations
 
@@ -253,8 +252,7 @@ class AgentCore:
         return self.scheme_part.release(self.value, plan.weights_out, self.me, source)
 
     def _combine(self, plan: StepPlan, inbox: Mapping[int, np.ndarray]) -> np.ndarray:
-        """sum_m a_mp (what m sent); masked schemes take each term on the lattice, where
-        the pair masks cancel exactly (rng.on_lattice)."""
+        """sum_m a_mp (what m sent); masked schemes on the lattice, where masks cancel."""
         if not self.scheme_part.masked and self._u4:  # words back to floats (the
             inbox = lattice.floats(inbox, self._grid)  # self-term is floats already)
         if self.defense.sees_messages:  # issue 34: clip or trim each neighbour's message

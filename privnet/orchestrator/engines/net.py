@@ -5,8 +5,7 @@ broker and the agents (here; with `--runtime docker` in containers; with `--runt
 as services of a Docker Swarm), hands each agent its launch out of band (its id, the run's
 orchestrator key, its token, its broker credentials), pumps MQTT into the conductor,
 watches the agents, shows progress and writes the outputs. Whatever it started it stops: on
-success, on failure and on Ctrl-C.
-"""
+success, on failure and on Ctrl-C."""
 
 from __future__ import annotations
 
@@ -275,9 +274,8 @@ async def _watched(
 
 
 async def _start(broker: Broker | ContainerBroker) -> None:
-    """Start the broker (an external one: check it answers). matplotlib loads meanwhile
-    (and the agents' zygote imports), in a thread that nothing waits for: the event loop
-    stays free to hear a stop."""
+    """Start the broker (an external one: check it answers). matplotlib loads meanwhile (and
+    the zygote imports), in a thread nothing waits for: the event loop stays free to hear a stop."""
     threading.Thread(target=load_plotting, name="load-plotting", daemon=True).start()
     starting = asyncio.get_running_loop().run_in_executor(None, broker.start)
     try:
