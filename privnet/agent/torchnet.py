@@ -143,6 +143,10 @@ class TorchProblem:
         """None: a network's risk is not convex, so there is no w^o to measure MSD from."""
         return None
 
+    def share_scorer(self, flat: Flat, features: int, classes: int) -> None:
+        """`score` runs on a risk's own module (its flat buffers), not a second copy."""
+        self._scorers.setdefault((features, classes), flat)
+
     def score(self, w: np.ndarray, x: np.ndarray, y: np.ndarray, classes: int) -> np.ndarray:
         """Accuracy on (x, y) of each model of w (K, M)."""
         key = (x.shape[1], classes)
@@ -165,8 +169,8 @@ class TorchRisk:
         self.problem = problem
         self.flat = problem.flat(x.shape[1], classes)
         self.net = self.flat.net
-        if not any(True for _ in self.net.buffers()):  # nothing but the flat weights: the
-            problem._scorers.setdefault((x.shape[1], classes), self.flat)  # scorer shares it
+        if not any(True for _ in self.net.buffers()):  # nothing but the flat weights
+            problem.share_scorer(self.flat, x.shape[1], classes)
         self.x = problem.tensor(x)
         self.y = torch.tensor(y, dtype=torch.int64)
 
