@@ -5,7 +5,6 @@ interrupted, and `pump` feeds a machine from the transport's callback while it w
 from __future__ import annotations
 
 import asyncio
-import types
 from typing import Any
 
 import pytest
@@ -14,7 +13,6 @@ from gmqtt.mqtt.constants import MQTTv311
 from gmqtt.mqtt.package import PublishPacket
 from gmqtt.mqtt.utils import ConnectionState, IdGenerator
 
-from privnet.agent import driver
 from privnet.agent.access import BrokerAddress, ClientAccess
 from privnet.agent.driver import pump
 from privnet.agent.gmqtt_adapter import DirectProtocol
@@ -255,14 +253,12 @@ class Stopped(Echo):
         return Output()
 
 
-async def test_a_stop_while_the_machine_works_is_a_pause_not_a_silence(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_a_stop_while_the_machine_works_is_a_pause_not_a_silence() -> None:
     """The clock jumps inside a delivery the callback feeds (the process was stopped then):
     the machine hears it was deaf before any tick, so no deadline counts the stop."""
     clock = [1000.0]
-    monkeypatch.setattr(driver, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
     conn, machine = connection(), Stopped(clock)
+    conn.clock = lambda: clock[0]  # the time the pump tells the machine
     conn.publish = lambda *_: None  # type: ignore[method-assign]
     pumping = asyncio.ensure_future(pump(conn, machine, lambda: machine.done))
     await asyncio.sleep(0)
@@ -285,15 +281,13 @@ class Flooded(Stopped):
         return super().receive(topic, payload, now, retained)
 
 
-async def test_a_pause_delivers_what_waited_then_ticks_however_fast_frames_come(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_a_pause_delivers_what_waited_then_ticks_however_fast_frames_come() -> None:
     """Back from a pause, the pump delivers the frames that had waited, then ticks (a
     machine's heartbeats are ticks): not every frame until none is left, which never
     ended under a steady stream."""
     clock = [1000.0]
-    monkeypatch.setattr(driver, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
     conn = connection()
+    conn.clock = lambda: clock[0]  # the time the pump tells the machine
     machine = Flooded(clock, conn)
     conn.publish = lambda *_: None  # type: ignore[method-assign]
     pumping = asyncio.ensure_future(pump(conn, machine, lambda: machine.done))
@@ -315,15 +309,13 @@ class Slow(Stopped):
         return super().receive(topic, payload, now, retained)
 
 
-async def test_a_long_backlog_is_ticked_as_it_is_read_hearing_deaf_first(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_a_long_backlog_is_ticked_as_it_is_read_hearing_deaf_first() -> None:
     """Back from a pause with a backlog that takes seconds to read (issue 30: a busy
     orchestrator): the machine is ticked whenever its time comes as the backlog is read,
     so its heartbeats go out on time, and hears it was deaf before the first of them."""
     clock = [1000.0]
-    monkeypatch.setattr(driver, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
     conn, machine = connection(), Slow(clock)
+    conn.clock = lambda: clock[0]  # the time the pump tells the machine
     conn.publish = lambda *_: None  # type: ignore[method-assign]
     pumping = asyncio.ensure_future(pump(conn, machine, lambda: machine.done))
     await asyncio.sleep(0)
