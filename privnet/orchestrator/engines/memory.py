@@ -46,6 +46,7 @@ from privnet.orchestrator.experiment.specs import session_list, session_plans
 CONDUCTOR = "orchestrator"
 Tap = Callable[[str, Publish], None]  # (publisher, frame)
 WireTap = Callable[[str, str, bytes], None]  # (publisher, topic, payload): the broker's view
+Told = Callable[[Output], None] | None  # a pump's `on_output`
 
 
 @dataclass
@@ -122,12 +123,13 @@ class Network:
                 await link.subscribe(topic, qos)
         walls = _Walls(self.conductor)
         told = self._told(CONDUCTOR, walls)
+        tells = [self._told(link.name) for link in links]  # one each, for its whole run
         now = broker.clock()
         _start(conducting, self.conductor.start(now), told)
-        for node, link in zip(self.nodes, links, strict=True):
-            _start(link, node.start(now), self._told(link.name))
+        for node, link, tell in zip(self.nodes, links, tells, strict=True):
+            _start(link, node.start(now), tell)
         try:
-            done = await self._pump(broker, conducting, links, told, close)
+            done = await self._pump(broker, conducting, links, tells, told, close)
         except* Exception as group:  # a party's own failure, not the task group's wrapping
             raise group.exceptions[0] from None
         if not done:
@@ -141,7 +143,8 @@ class Network:
         broker: MemoryBroker,
         conducting: MemoryLink,
         links: list[MemoryLink],
-        told: Callable[[Output], None],
+        tells: list[Told],
+        told: Told,
         close: float,
     ) -> bool:
         """Every party pumped until the conductor ends (or nothing can happen any more),
@@ -150,8 +153,8 @@ class Network:
         async with asyncio.TaskGroup() as group:
             serving = group.create_task(broker.serve())
             agents = []
-            for node, link in zip(self.nodes, links, strict=True):
-                task = group.create_task(pump(link, node, _done(node), self._told(link.name)))
+            for node, link, tell in zip(self.nodes, links, tells, strict=True):
+                task = group.create_task(pump(link, node, _done(node), tell))
                 task.add_done_callback(_closing(link))
                 agents.append(task)
             conducted = group.create_task(
@@ -171,10 +174,12 @@ class Network:
                 task.cancel()
         return done
 
-    def _told(self, name: str, walls: _Walls | None = None) -> Callable[[Output], None]:
+    def _told(self, name: str, walls: _Walls | None = None) -> Told:
         """What the pump reports of `name`'s outputs: every publish to the tap, and the
-        conductor's session ends to the wall clock."""
+        conductor's session ends to the wall clock (None: nothing to report)."""
         tap = self.tap
+        if tap is None and walls is None:
+            return None
 
         def told(out: Output) -> None:
             if tap is not None:
@@ -219,10 +224,11 @@ class _Walls:
             self.began = time.perf_counter()
 
 
-def _start(link: MemoryLink, out: Output, told: Callable[[Output], None]) -> None:
+def _start(link: MemoryLink, out: Output, told: Told) -> None:
     """Publish and report what a party said outside its pump (its start, the Bye)."""
     publish(link, out)
-    told(out)
+    if told is not None:
+        told(out)
 
 
 def _closing(link: MemoryLink) -> Callable[[object], None]:
