@@ -106,6 +106,19 @@ def masked_words(
     parameters and seven targets, the whole-array form held about 100 MB of float64 and
     int64 temporaries at once."""
     out = np.empty_like(masks) if out is None else out
+    if masks.size <= BLOCK:  # a small model: one pass over every row, temporaries small too
+        k = np.rint(a * v / step)
+        if not (np.abs(k) <= a * LIMIT).all():  # NaN too: the row by row path says where
+            return _masked_rows(v, masks, a, step, where, out)
+        np.add(masks, k.astype(np.int64), out=out, casting="unsafe")  # mod 2^32
+        return out
+    return _masked_rows(v, masks, a, step, where, out)
+
+
+def _masked_rows(
+    v: np.ndarray, masks: np.ndarray, a: np.ndarray, step: float, where: str, out: np.ndarray
+) -> np.ndarray:
+    """`masked_words` row by row and block by block, through two small reused buffers."""
     dim = masks.shape[1]
     scaled = np.empty(min(dim, BLOCK), dtype=np.float64)
     k = np.empty(len(scaled), dtype=np.int64)
