@@ -293,18 +293,14 @@ class Reassembler:
             plain: bytes | None = data
         else:
             plain = None
-            try:
-                if buffer is None:
-                    plain = secret.decrypt(head.nonce, head.box, self._ad + head.raw)
-                else:
-                    out = buffer.data.cast("B")[at : at + span]
+            if buffer is None:
+                plain = _decrypted(head, secret, self._ad)
+            else:
+                out = buffer.data.cast("B")[at : at + span]
+                try:
                     secret.decrypt_into(head.nonce, head.box, self._ad + head.raw, out)
-            except InvalidTag:
-                raise Rejected(
-                    Reason.BAD_SEAL,
-                    f"chunk from agent {head.sender}: the seal failed (another link's key, "
-                    "another place, or altered on the way)",
-                ) from None
+                except InvalidTag:
+                    raise _seal_failed(head) from None
         if buffer is not None and plain is not None:
             buffer.data.cast("B")[at : at + span] = plain
             return None
@@ -317,12 +313,23 @@ def chunk_data(head: ChunkHead, aead: ChaCha20Poly1305 | None, run: str) -> byte
     escrow's), or Rejected (bad-seal)."""
     if aead is None:
         return head.box[: len(head.box) - TAG_BYTES]
+    return _decrypted(head, aead, run_ad(run) + _AD)
+
+
+def _decrypted(head: ChunkHead, aead: ChaCha20Poly1305, ad: bytes) -> bytes:
+    """The chunk opened under `ad` (the run's and the chunks' associated data), or Rejected."""
     try:
-        return aead.decrypt(head.nonce, head.box, run_ad(run) + _AD + head.raw)
+        return aead.decrypt(head.nonce, head.box, ad + head.raw)
     except InvalidTag:
-        raise Rejected(
-            Reason.BAD_SEAL, f"chunk {head.index} from agent {head.sender}: the seal failed"
-        ) from None
+        raise _seal_failed(head) from None
+
+
+def _seal_failed(head: ChunkHead) -> Rejected:
+    return Rejected(
+        Reason.BAD_SEAL,
+        f"chunk {head.index} from agent {head.sender}: the seal failed (another link's key, "
+        "another place, or altered on the way)",
+    )
 
 
 @functools.cache
