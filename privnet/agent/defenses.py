@@ -129,18 +129,6 @@ def _columns(dim: int) -> np.ndarray:
     return np.arange(dim)
 
 
-def _squares(diffs: np.ndarray) -> list[float]:
-    """Each row's squared norm. Up to LISTED (2) coordinates in Python, which is cheaper there
-    and the same floats: numpy's (diffs * diffs) @ ones rounds each square, then adds them
-    times an exact 1, so it is round(round(x^2) + round(y^2)) as Python's x * x + y * y."""
-    dim = diffs.shape[1]
-    if dim == 2:
-        return [x * x + y * y for x, y in diffs.tolist()]
-    if dim == 1:
-        return [x * x for (x,) in diffs.tolist()]
-    return list(((diffs * diffs) @ _ones(dim)).tolist())
-
-
 def clipped_gossip(
     weights: Mapping[int, float],
     inbox: Mapping[int, np.ndarray],
@@ -161,7 +149,7 @@ def clipped_gossip(
     rows = np.array([inbox[me], center, *[inbox[m] for m in h.others]])
     diffs = rows[2:]  # a view: (n, dim)
     diffs -= center
-    squares = _squares(diffs)  # |y_m - x|^2
+    squares = ((diffs * diffs) @ _ones(rows.shape[1])).tolist()  # |y_m - x|^2
     # tau fixed, or the (b+1)-th farthest neighbour's distance (the nearest's with fewer)
     tau2 = tau * tau if tau > 0 else sorted(squares)[h.k]
     pulls = [a if s <= tau2 else a * math.sqrt(tau2 / s) for a, s in zip(h.a, squares, strict=True)]
