@@ -157,9 +157,10 @@ def clipped_gossip(
 
 
 # trim with b = 1 finds each coordinate's two cut rows in Python lists up to this many
-# coordinates: at 2 (the paper's V-A models) that costs 12 us a combine inside a 30-agent run
-# against 18 us with numpy's argmin and argmax (10 us for no defense); from about 4 numpy's
-# few calls are cheaper than a Python loop over the coordinates.
+# coordinates: at 2 (the paper's V-A models) 5.9 us a combine in a loop of its own against
+# 6.2 us with numpy's argmin and argmax (inside a 30-agent run 15-22 us against 17-21 us,
+# within the runs' noise; no defense 10-13 us); from about 4 coordinates numpy's few calls
+# are cheaper than a Python loop over them.
 LISTED = 2
 
 
