@@ -7,7 +7,9 @@ alternating order (A B, then B A: the second run of a pair is slower whatever it
 garbage collection; give `none` as a defense for the A/A control (two separate runs). Prints,
 per defense, the median rounds/s and the median [min-max] of the pairs' ratios, by the wall
 clock and by this process's CPU time (the engine runs in this one thread, so its CPU time is
-what the run costs, less the other processes that share the cores).
+what the run costs, less the other processes that share the cores), and the ratio of the
+fastest runs (the defense's fastest over the fastest of its pairs' no-defense runs: other
+work on the machine only ever slows a run, so the fastest is the least disturbed).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ def main(argv: list[str]) -> None:
     raw: dict[tuple[str, int], list[float]] = {key: [] for key in keys}
     ratios: dict[tuple[str, int], list[float]] = {key: [] for key in keys}
     plain: list[tuple[float, float]] = []
+    paired: dict[str, list[float]] = {name: [] for name in names}  # its pairs' no-defense runs
     for i in range(pairs):
         for name in names:
             if i % 2 == 0:
@@ -59,6 +62,7 @@ def main(argv: list[str]) -> None:
             else:
                 on, off = rates(base, scheme, name), rates(base, scheme, "none")
             plain.append(off)
+            paired[name].append(off[0])
             for clock in (0, 1):
                 raw[name, clock].append(on[clock])
                 ratios[name, clock].append(on[clock] / off[clock])
@@ -68,6 +72,9 @@ def main(argv: list[str]) -> None:
     for name in names:
         print(summary(f"{name} (wall):", raw[name, 0], ratios[name, 0]))
         print(summary(f"{name} (cpu): ", raw[name, 1], ratios[name, 1]))
+        fastest, against = max(raw[name, 0]), max(paired[name])
+        print(f"{name} (fastest): {fastest:.1f} rounds/s against {against:.1f}, "
+              f"ratio {fastest / against:.3f}")  # fmt: skip
 
 
 if __name__ == "__main__":

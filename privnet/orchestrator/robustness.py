@@ -43,6 +43,11 @@ class Cell:
     rounds_per_s: float
     honest_error: float | None = None  # classification: steady-state test error, points
     clean_error: float | None = None
+    # per run (repeat r against the clean run's repeat r: the same data), for the spread
+    run_db: tuple[float, ...] = ()
+    clean_run_db: tuple[float, ...] = ()
+    run_error: tuple[float, ...] = ()
+    clean_run_error: tuple[float, ...] = ()
 
     @property
     def delta_db(self) -> float:
@@ -53,6 +58,20 @@ class Cell:
         if self.honest_error is None or self.clean_error is None:
             return None
         return self.honest_error - self.clean_error
+
+    def spread_db(self) -> tuple[float, float] | None:
+        """The lowest and highest of the runs' own changes, dB (None: one run)."""
+        return _spread(self.run_db, self.clean_run_db)
+
+    def spread_points(self) -> tuple[float, float] | None:
+        return _spread(self.run_error, self.clean_run_error)
+
+
+def _spread(got: tuple[float, ...], clean: tuple[float, ...]) -> tuple[float, float] | None:
+    if len(got) < 2 or len(got) != len(clean):
+        return None
+    deltas = [g - c for g, c in zip(got, clean, strict=True)]
+    return min(deltas), max(deltas)
 
 
 def applicable(defense: str, scheme: Scheme) -> bool:
@@ -65,7 +84,13 @@ def steady_db(msd: np.ndarray) -> float:
     return float(10 * np.log10(np.mean(msd[:, -tail:])))
 
 
-Measured = tuple[float, float, float | None]  # (honest dB, rounds/s, test error in points)
+def run_dbs(msd: np.ndarray) -> tuple[float, ...]:
+    """steady_db of each repeat alone."""
+    return tuple(steady_db(row[None, :]) for row in msd)
+
+
+# (honest dB, rounds/s, test error in points, each run's dB, each run's error)
+Measured = tuple[float, float, float | None, tuple[float, ...], tuple[float, ...]]
 
 
 def steady_error(curve: Curve) -> float | None:
@@ -78,15 +103,29 @@ def steady_error(curve: Curve) -> float | None:
     return float(100 * np.nanmean(series[:, -tail:]))
 
 
+def run_errors(curve: Curve) -> tuple[float, ...]:
+    """steady_error of each repeat alone (empty: the problem does not classify)."""
+    series = curve.series.get("test_error_avg")
+    if series is None:
+        return ()
+    tail = max(1, int(series.shape[1] * STEADY))
+    return tuple(float(100 * np.nanmean(row[-tail:])) for row in series)
+
+
 def _measure(config: ExperimentConfig, schemes: tuple[Scheme, ...]) -> dict[str, Measured]:
     """scheme -> (honest steady-state dB, rounds/s, test error) of one memory-engine run."""
     curves = run_memory(Instance.build(config), schemes=schemes)
-    return {c.scheme: (steady_db(c.msd_avg), c.rounds_per_s, steady_error(c)) for c in curves}
+    return {
+        c.scheme: (steady_db(c.msd_avg), c.rounds_per_s, steady_error(c), run_dbs(c.msd_avg),
+                   run_errors(c))
+        for c in curves
+    }  # fmt: skip
 
 
 def _cell(kind: str, s: str, defense: str, count: int, got: Measured, clean: Measured,
           runs: int) -> Cell:  # fmt: skip
-    return Cell(kind, s, defense, count, got[0], clean[0], runs, got[1], got[2], clean[2])
+    return Cell(kind, s, defense, count, got[0], clean[0], runs, got[1], got[2], clean[2],
+                got[3], clean[3], got[4], clean[4])  # fmt: skip
 
 
 def robustness(
@@ -128,9 +167,14 @@ def _value(c: Cell) -> str:
     if c.attackers == 0:
         text = f"{c.honest_db:.1f}"
         return text if c.honest_error is None else f"{text} ({c.honest_error:.1f} %)"
-    text = f"{c.delta_db:+.1f}"
+    text = f"{c.delta_db:+.1f}" + _range(c.spread_db())
     points = c.delta_points
-    return text if points is None else f"{text} ({points:+.1f} pt)"
+    return text if points is None else f"{text} ({points:+.1f} pt{_range(c.spread_points())})"
+
+
+def _range(spread: tuple[float, float] | None) -> str:
+    """' [lowest, highest]' of the runs' own changes when there are several, else ''."""
+    return "" if spread is None else f" [{spread[0]:+.1f}, {spread[1]:+.1f}]"
 
 
 def markdown(cells: list[Cell], config: ExperimentConfig) -> str:
@@ -149,6 +193,8 @@ def markdown(cells: list[Cell], config: ExperimentConfig) -> str:
         "MSD itself, dB)"
         + ("; in brackets the test error's change, points (no-attacker rows: the error)"
            if scored else "")
+        + ("; after a change, [lowest, highest] of its runs' own changes (each run against the "
+           "no-attacker run on the same data)" if any(c.runs > 1 for c in cells) else "")
         + "\n\n"
     )  # fmt: skip
     lines = ["| attack | attackers | defense | runs | " + " | ".join(schemes) + " |"]
