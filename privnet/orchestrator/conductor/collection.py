@@ -133,6 +133,15 @@ class Collection:
         gaps = np.flatnonzero(missing.any(axis=1))
         return first + int(gaps[0]) if gaps.size else start
 
+    def through(self, members: np.ndarray, since: int) -> int:
+        """The last round every one of `members` has reported, given that the first `since`
+        are: rows from there on, one at a time, so a call on every delivery costs the few
+        rows reported since the last."""
+        done, rounds = since, self.done.shape[0]
+        while done < rounds and self.done[done, members].all():
+            done += 1
+        return done
+
     def telemetry(self, msg: control.Telemetry, session: int, dim: int, end: int) -> None:
         """Store a member's telemetry of rounds up to `end` (its view's last that stands):
         all of a message or none of it, each round's metrics and model (or part) once."""
