@@ -23,7 +23,7 @@ from pathlib import Path
 from privnet.agent.launch import AgentLaunch
 from privnet.agent.loop import run_loop
 from privnet.agent.private import write_private
-from privnet.agent.process import give_back_big_blocks, run_agent, run_agents
+from privnet.agent.process import run_agent, run_agents
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -90,7 +90,6 @@ def slot(path: Path, n: int) -> AgentLaunch:
 
 
 def main(argv: list[str] | None = None) -> int:
-    give_back_big_blocks()
     parser = argparse.ArgumentParser(prog="python -m privnet.agent", description=__doc__)
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--launch", type=Path, help="JSON launch file (default: $PRIVNET_LAUNCH)")

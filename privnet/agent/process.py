@@ -5,7 +5,6 @@ calls this."""
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import time
 from pathlib import Path
@@ -21,19 +20,6 @@ from privnet.agent.protocol import Checkpoint, Output
 from privnet.agent.transport import RECONNECT_BUDGET, MqttError, client
 
 log = logging.getLogger("privnet.agent")
-
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-BIG_BLOCK = 1 << 20  # bytes: a block this big has its own mapping, unmapped when freed
-
-
-def give_back_big_blocks() -> None:
-    """Serve every block of BIG_BLOCK bytes or more from its own mapping. glibc raises its
-    threshold to the largest block freed (to 32 MiB), after which a big model's temporaries
-    come from the heap and stay in the process once freed: at 1M parameters, some 70 MB an
-    agent (issue 29). A libc without mallopt keeps its own policy."""
-    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
-    if mallopt is not None:
-        mallopt(M_MMAP_THRESHOLD, BIG_BLOCK)
 
 
 def _log(out: Output, me: int) -> None:
