@@ -431,6 +431,7 @@ ATTACKS = [
     Attack("bye-upward", RUNNING, up(const(control.Bye())), "spoofed"),
     Attack("close-upward", RUNNING, up(const(control.Close())), "spoofed"),
     Attack("beat-upward", RUNNING, up(const(control.Beat())), "spoofed"),
+    Attack("recorded-upward", RUNNING, up(const(control.Recorded(0, 0, 1))), "spoofed"),
     Attack("hold-upward", RUNNING, up(const(control.Hold(0, 1))), "spoofed"),
     Attack("excluded-upward", RUNNING, up(const(control.Excluded(TARGET, 0, 1))), "out-of-phase"),
     # junk

@@ -125,6 +125,7 @@ WELCOME, GO, BYE = (
     const(control.Bye()),
 )
 CLOSE, BEAT = const(control.Close()), const(control.Beat())
+RECORDED = const(control.Recorded(0, 0, 2))
 ABORT = const(control.Abort("forged"))
 HOLD, EXCLUDED = const(control.Hold(0, 1)), const(control.Excluded(TARGET, 0, 1))
 BAD_IDENTITY = STRANGER.public.signing + bytes(32)  # a low-order X25519 key: no link key
@@ -254,6 +255,10 @@ ATTACKS = [
     Attack("beat-forged", Phase.RUNNING, down(BEAT, signer=STRANGER), "bad-signature"),
     Attack("beat-other-run", Phase.RUNNING, down(BEAT, run=OTHER_RUN), "wrong-run"),
     Attack("beat-old-sequence-number", Phase.RUNNING, down(BEAT, seq=1), "replay"),
+    # Recorded (obeyed in any phase when genuine: it only prunes the current view's models)
+    Attack("recorded-forged", Phase.RUNNING, down(RECORDED, signer=STRANGER), "bad-signature"),
+    Attack("recorded-other-run", Phase.RUNNING, down(RECORDED, run=OTHER_RUN), "wrong-run"),
+    Attack("recorded-old-sequence-number", Phase.RUNNING, down(RECORDED, seq=1), "replay"),
     # Close
     Attack("close-forged", Phase.FINISHED, down(CLOSE, signer=STRANGER), "bad-signature"),
     Attack("close-other-run", Phase.FINISHED, down(CLOSE, run=OTHER_RUN), "wrong-run"),

@@ -136,6 +136,21 @@ def test_a_checkpoint_keeps_only_the_rounds_on_its_grid() -> None:
     assert sorted(kept.models) == [0, 4, 8, 12]
 
 
+@pytest.mark.parametrize(
+    ("through", "every", "left"),
+    [(7, 4, [4, 7, 8, 9]), (8, 4, [8, 9]), (3, 4, [0, 3, 4, 5, 6, 7, 8, 9]), (7, 0, [7, 8, 9])],
+)
+def test_recorded_rounds_are_forgotten_but_the_latest_checkpoint_round(
+    through: int, every: int, left: list[int]
+) -> None:
+    """No view starts before a recorded round; a run resumed from disk starts at the latest
+    round both the journal and the checkpoint hold, so that one stays."""
+    held = session(history={r: np.full(2, float(r)) for r in range(10)})
+    held.forget(through, every)
+    assert sorted(held.history) == left
+    assert all(w[0] == r for r, w in held.history.items())
+
+
 def test_a_large_networks_agents_batch_more_rounds_a_telemetry_message() -> None:
     """Every message costs the orchestrator a signature check and a key agreement: up to
     400 agents a message holds 10 rounds, at 1000 it holds 25 (40 messages a round in all),

@@ -16,6 +16,7 @@ from privnet.agent.messages import Metrics, Part, Reason, Rejected, Report
 from privnet.agent.protocol import telemetry_context
 from privnet.agent.spec import Scheme, Strategy
 from privnet.orchestrator.cli import main
+from privnet.orchestrator.conductor import pacing
 from privnet.orchestrator.conductor.collection import Collection, model_round
 from privnet.orchestrator.curves import ROUNDS_SUFFIX, expand_models
 from privnet.orchestrator.engines.memory import Network
@@ -154,6 +155,24 @@ def test_models_every_k_are_the_every_round_models_at_those_rounds() -> None:
     assert every.metrics is not None and sparse.metrics is not None
     assert np.array_equal(sparse.metrics, every.metrics) and not np.isnan(every.metrics).any()
     assert sparse.missed == {} and every.missed == {}
+
+
+def test_agents_forget_the_models_of_rounds_the_conductor_recorded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Recorded once every member's reports of a round are in (every round here, as for
+    a 1M-parameter model): each agent ends holding its last model only, and the run is the
+    one whose agents kept them all (a 6-agent model keeps every one)."""
+    problem = Instance.build(ExperimentConfig(agents=6, iters=11, seed=3))
+    plans = session_plans(problem, [(Strategy.ATC, Scheme.LOCAL_GHP, 0)])
+    kept = Network.build(plans)
+    (whole,) = kept.play()
+    assert all(n.session and sorted(n.session.history) == list(range(12)) for n in kept.nodes)
+    monkeypatch.setattr(pacing, "RECORDED_BYTES", 8 * plans[0].dim)  # a Recorded every round
+    pruned = Network.build(plans)
+    (same,) = pruned.play()
+    assert np.array_equal(same.models, whole.models)
+    assert all(n.session and sorted(n.session.history) == [11] for n in pruned.nodes)
 
 
 # ---- over a real broker -----------------------------------------------------------------------

@@ -183,6 +183,16 @@ class Beat:
 
 
 @dataclass(frozen=True, slots=True)
+class Recorded:
+    """The orchestrator holds every member's reports of `view` through `round`: no view
+    starts before it, so an agent's models of earlier rounds are never asked for again."""
+
+    session: Session
+    view: Count
+    round: Count
+
+
+@dataclass(frozen=True, slots=True)
 class Close:
     """Every session is done: stop reading peers and report what is left to report."""
 
@@ -225,5 +235,5 @@ class Config:
 
 
 Up = Hello | Ready | Progress | Rejoin | Telemetry | Escrow | Finished | Left | Failed
-Down = Welcome | Setup | Go | Beat | Hold | Excluded | Close | Abort | Bye
+Down = Welcome | Setup | Go | Beat | Recorded | Hold | Excluded | Close | Abort | Bye
 Control = Up | Down

@@ -76,10 +76,7 @@ class AgentNode:
         core: Callable[..., AgentCore] = AgentCore,
         checkpoint: Checkpoint | None = None,
     ) -> None:
-        if checkpoint is not None and (checkpoint.run, checkpoint.agent) != (
-            launch.run,
-            launch.agent,
-        ):
+        if checkpoint and (checkpoint.run, checkpoint.agent) != (launch.run, launch.agent):
             raise ValueError(
                 f"checkpoint of run {checkpoint.run!r} agent {checkpoint.agent} given to "
                 f"agent {launch.agent} of run {launch.run!r}"
@@ -282,6 +279,10 @@ class AgentNode:
                 return self._fail(f"aborted by the orchestrator: {reason}", tell=False)
             case control.Beat():
                 return Output()
+            case control.Recorded(session=n, view=v):  # of a view left behind: nothing
+                if self._at(n, v) and self.session is not None:
+                    self.session.forget(msg.round, self.session.config.checkpoint_every)
+                return Output()
             case control.Close() if self._can(Trigger.CLOSE):
                 self._move(Trigger.CLOSE)
                 inbox, probe = self.subscriptions[0], topics.peer_topic(self.run, self.me, self.me)
@@ -303,10 +304,8 @@ class AgentNode:
         self.phase = phases.next_phase(self.phase, trigger)
 
     def _at(self, session: int, view: int) -> bool:
-        return self.session is not None and (self.session.number, self.session.view) == (
-            session,
-            view,
-        )
+        current = self.session
+        return current is not None and (current.number, current.view) == (session, view)
 
     def _holds(self, session: int, view: int) -> bool:
         """A Hold or Excluded for a later view of this session."""

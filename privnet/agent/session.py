@@ -86,6 +86,14 @@ class Session:
         """Seconds since the session's first Go (0 before it): what Finished reports."""
         return 0.0 if self.began is None else float(now - self.began)
 
+    def forget(self, through: int, every: int) -> None:
+        """Drop the models of rounds before `through`, which the orchestrator has recorded
+        (no view starts before it), but the latest checkpoint round among them: a run
+        resumed from disk starts at the latest round both the journal and it hold."""
+        kept = through - through % every if every else through
+        for r in [r for r in self.history if r < through and r != kept]:
+            del self.history[r]
+
     def checkpoint(self, sealing: Sealing, every: int) -> Checkpoint:
         kept = {r: w for r, w in self.history.items() if r % every == 0}
         return Checkpoint(sealing.run, sealing.me, self.number, kept)

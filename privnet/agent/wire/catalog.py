@@ -37,6 +37,7 @@ from privnet.agent.control import (
     Left,
     Progress,
     Ready,
+    Recorded,
     Rejoin,
     Setup,
     Telemetry,
@@ -78,7 +79,7 @@ PEER_SCHEMAS = (
 )
 CONTROL_SCHEMAS = (
     *map(schema, (Hello, Welcome, Setup, Ready, Go, Beat, Hold, Excluded, Progress, Rejoin)),
-    *map(schema, (Close, Left, Bye, Abort)),
+    *map(schema, (Close, Left, Bye, Abort, Recorded)),
     schema(Telemetry, "a n v i x"),
     *map(schema, (Escrow, Finished, Failed)),
 )

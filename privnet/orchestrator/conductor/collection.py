@@ -5,6 +5,7 @@ and what the orchestrator sends down, signed and counted as the agents count the
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -60,12 +61,15 @@ DENSE_BYTES = 256 << 20  # a session's models array above this is allocated page
 
 
 def blank_models(rounds: int, agents: int, dim: int) -> np.ndarray:
-    """(rounds, P, M) with no model in: NaN. A big one is zeros (pages the OS maps only
-    when written) with NaN in column 0, the mark of a missing model every reader uses, so a
-    session of 1M-parameter models takes memory only for the rounds whose models came."""
-    if rounds * agents * dim * 8 <= DENSE_BYTES:
+    """(rounds, P, M) with no model in: NaN. A big one is zeros with NaN in column 0, the
+    mark of a missing model every reader uses, on a mapping of its own: the OS maps its
+    pages only when written, 4 KiB at a time (numpy's own would ask for 2 MiB huge pages,
+    one per model that column 0 touches), so a session of 1M-parameter models takes
+    memory only for the rounds whose models came."""
+    size = rounds * agents * dim * 8
+    if size <= DENSE_BYTES:
         return np.full((rounds, agents, dim), np.nan)
-    models = np.zeros((rounds, agents, dim))
+    models = np.frombuffer(mmap.mmap(-1, size), dtype=np.float64).reshape(rounds, agents, dim)
     models[..., 0] = np.nan
     return models
 
@@ -132,6 +136,15 @@ class Collection:
         missing = ~self.done[first - 1 : start - 1, sorted(members)]
         gaps = np.flatnonzero(missing.any(axis=1))
         return first + int(gaps[0]) if gaps.size else start
+
+    def through(self, members: np.ndarray, since: int) -> int:
+        """The last round every one of `members` has reported, given that the first `since`
+        are: rows from there on, one at a time, so a call on every delivery costs the few
+        rows reported since the last."""
+        done, rounds = since, self.done.shape[0]
+        while done < rounds and self.done[done, members].all():
+            done += 1
+        return done
 
     def telemetry(self, msg: control.Telemetry, session: int, dim: int, end: int) -> None:
         """Store a member's telemetry of rounds up to `end` (its view's last that stands):

@@ -14,6 +14,15 @@ from privnet.agent.protocol import BEATS
 # orchestrator slows the run, and its view of the network, its faults and its decisions stay
 # at most WINDOW rounds behind the agents, instead of a backlog without bound (issue 30).
 WINDOW = 1024
+# The models an agent keeps of rounds the conductor has recorded, at most about (in bytes,
+# at 8 a parameter): a Recorded goes out once the members' reports free this much of it, so
+# a 1M-parameter model's history is pruned every round and a 2-parameter one's never.
+RECORDED_BYTES = 8 << 20
+
+
+def recorded_step(dim: int) -> int:
+    """Rounds between two Recorded for models of `dim` parameters."""
+    return max(1, RECORDED_BYTES // (8 * dim))
 
 
 @dataclass
@@ -38,6 +47,7 @@ class Pacing:
     deadline: float
     granted: int = 0  # the last round the members may run in this view (Go's `until`)
     final: int = 0  # the view's own last round: Go's `until` once fully granted
+    recorded: int = 0  # the last round a Recorded said every member's reports are in
     go_at: float = 0.0  # the session's first Go (0: none yet); its wall time runs from it
     next_beat: float = 0.0
     beats: BeatGaps = field(default_factory=BeatGaps)  # measured as they are sent
@@ -45,6 +55,7 @@ class Pacing:
     def go(self, start: int, until: int) -> int:
         """A view from `start` to `until`: the first grant, at most WINDOW rounds."""
         self.final, self.granted = until, min(until, start - 1 + WINDOW)
+        self.recorded = start - 1
         return self.granted
 
     @property

@@ -16,6 +16,7 @@ from privnet.agent.protocol import Event, Output
 from privnet.agent.spec import ConfigError
 from privnet.orchestrator.conductor.membership import specs_of, splits
 from privnet.orchestrator.conductor.owner import Owner
+from privnet.orchestrator.conductor.pacing import recorded_step
 from privnet.orchestrator.conductor.records import (
     IN_SESSION,
     REPORT_REDOS,
@@ -242,15 +243,22 @@ class Steward:
         return Output([c.down("all", go)], [Event("started", c.label)])
 
     def pace(self) -> Output:
-        """WINDOW more rounds, once the members are halfway through the last grant."""
+        """WINDOW more rounds, once the members are halfway through the last grant; the
+        round through which every member's reports are in, once that frees their models."""
         c = self.c
         view = c.membership.view
-        if c.stage is not Stage.RUNNING or c.pacing.whole or view is None:
+        if c.stage is not Stage.RUNNING or view is None:
             return Output()
-        granted = c.pacing.more(c.rounds_done)
-        if granted is None:
-            return Output()
-        return Output([c.down("all", control.Go(c.session, view.view, granted))])
+        out = Output()
+        granted = None if c.pacing.whole else c.pacing.more(c.rounds_done)
+        if granted is not None:
+            out.publish.append(c.down("all", control.Go(c.session, view.view, granted)))
+        if c.telemetry:  # without reports, no round is recorded: the agents keep every model
+            through = c.collection.through(c.membership.ids, c.pacing.recorded)
+            if through >= c.pacing.recorded + recorded_step(c.plans[c.session].dim):
+                c.pacing.recorded = through
+                out.publish.append(c.down("all", control.Recorded(c.session, view.view, through)))
+        return out
 
     # ---- sessions ---------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -75,7 +76,7 @@ def session_done(out: Path, index: int, result: SessionResult) -> None:
     (where / f"rounds-{index}.bin").unlink(missing_ok=True)
 
 
-def rounds(out: Path, index: int, models: np.ndarray, metrics: np.ndarray) -> None:
+def rounds(out: Path, index: int, models: Sequence[np.ndarray | None], metrics: np.ndarray) -> None:
     """Append the next rounds of session `index`: per round a record of a flag (1: its
     models follow), the agents' metrics (P x METRIC_COUNT) and, at a model round, their
     models (P x M), all <f8. The file holds rounds 1, 2, ... in order."""
@@ -83,10 +84,9 @@ def rounds(out: Path, index: int, models: np.ndarray, metrics: np.ndarray) -> No
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE)
     with os.fdopen(fd, "ab") as fh:
         for w, told in zip(models, metrics, strict=True):
-            has = bool((~np.isnan(w[:, 0])).any())
-            fh.write(np.float64(has).astype("<f8").tobytes())
+            fh.write(np.float64(w is not None).astype("<f8").tobytes())
             fh.write(np.ascontiguousarray(told, dtype="<f8").tobytes())
-            if has:
+            if w is not None:
                 fh.write(np.ascontiguousarray(w, dtype="<f8").tobytes())
 
 

@@ -531,7 +531,7 @@ def save_models(path: Path, results: list[SessionResult]) -> None:
         if sparse:
             arrays[f"{r.label}{ROUNDS_SUFFIX}"] = held + 1
     with private_file(path) as fh:
-        np.savez_compressed(fh, **arrays)
+        np.savez(fh, **arrays)  # not compressed: random floats barely shrink, at seconds a GB
 
 
 def _membership(watch: Watch) -> dict[str, Any]:

@@ -75,7 +75,7 @@ class WriteRows:
     one that does not exist yet starts with it too)."""
 
     session: int
-    models: np.ndarray
+    models: tuple[np.ndarray | None, ...]  # per round, P x M (None: no model that round)
     metrics: np.ndarray
     header: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
@@ -274,7 +274,7 @@ class Watch:
             redo = Redo(session, written, conductor.collection.models.shape[1:], series)
             if redo != self._redone:  # once: the rows stay dropped until rows come
                 effects, self._redone = (redo,), redo
-        done = reported(conductor, written)
+        done = conductor.collection.through(conductor.membership.ids, written)
         if done <= written:
             return effects
         metrics = conductor.collection.metrics
@@ -287,23 +287,12 @@ class Watch:
             rows.append((strategy, scheme, repeat, str(r + 1), repr(cen), repr(avg), *mine))
         fresh = conductor.session == 0 and written == 0
         header = (*METRICS_HEADER, *told)
-        models = conductor.collection.models[written:done].copy()
+        # the model rounds' only: a big model's other rounds are pages never written
+        kept = conductor.collection.models[written:done]
+        models = tuple(None if np.isnan(w[:, 0]).all() else w.copy() for w in kept)
         held = metrics[written:done].copy()
         self._streamed, self._redone = (session, done), None
         return (*effects, WriteRows(session, models, held, header, tuple(rows), fresh))
-
-
-def reported(conductor: Conductor, since: int = 0) -> int:
-    """Rounds (from the first) every current member has reported (its metrics, and its
-    model at a model round: `Collection.done`), given that
-    the first `since` are: rows are looked at from there on, one at a time, so a call on
-    every delivery costs the few rows reported since the last."""
-    members = conductor.membership.ids
-    complete = conductor.collection.done
-    done, rounds = since, complete.shape[0]
-    while done < rounds and complete[done, members].all():
-        done += 1
-    return done
 
 
 def write_membership(path: Path, views: list[View]) -> None:
