@@ -75,6 +75,10 @@ def test_each_agent_is_its_own_process(
             assert (tmp_path / f"agent-{agent}.log").exists()
         time.sleep(0.5)  # connected and registering: nothing has ended
         assert launcher.exited() == {}
+        # scheduled as batch work (`loop.batch_scheduling`), the zygote (and so every other
+        # party) as usual
+        assert {os.sched_getscheduler(pid) for pid in pids.values()} == {os.SCHED_BATCH}
+        assert os.sched_getscheduler(zygote.pid) == os.SCHED_OTHER == os.sched_getscheduler(0)
     finally:
         launcher.stop()
     assert not any(psutil.pid_exists(pid) for pid in pids.values())
