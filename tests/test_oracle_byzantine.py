@@ -5,6 +5,7 @@ without attackers, under every scheme the defense works in, every attack at once
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -12,8 +13,9 @@ import pytest
 
 import privnet
 from privnet.agent.spec import ConfigError, Scheme
+from privnet.orchestrator.engines.memory import run_memory
 from privnet.orchestrator.engines.oracle import run_oracle
-from privnet.orchestrator.experiment.config import ExperimentConfig
+from privnet.orchestrator.experiment.config import ExperimentConfig, load
 from privnet.orchestrator.experiment.instance import Instance
 
 RTOL = 1e-9  # tests/test_memory.py's: memory == oracle, curves relative
@@ -130,3 +132,29 @@ def test_the_oracle_refuses_a_defense_that_must_see_masked_messages(
     )
     with pytest.raises(ConfigError, match=f"under {scheme} a hub sees only masked messages"):
         run_oracle(problem, schemes=["none", scheme])
+
+
+def test_the_oracle_replays_label_flipping_on_the_classification_preset() -> None:
+    """Label flipping on class labels (c -> C - 1 - c) beside ALIE under clip-step: the
+    models, and the honest agents' test errors, as the memory engine has them."""
+    base = replace(
+        load("paper-classification"),
+        agents=12,
+        iters=8,
+        schemes=(Scheme.NONE, Scheme.GHP, Scheme.MASKED_GHP),
+        byzantine="1,5:label-flip;8:alie",
+        defense="clip-step",
+    )
+    problem = Instance.build(base)
+    assert problem.classes > 1
+    memory_models: dict[str, np.ndarray] = {}
+    oracle_models: dict[str, np.ndarray] = {}
+    memory = run_memory(problem, models=memory_models)
+    oracle = run_oracle(problem, models=oracle_models)
+    for key, models in memory_models.items():
+        np.testing.assert_allclose(models, oracle_models[key], rtol=RTOL, atol=ATOL, err_msg=key)
+    for got, want in zip(memory, oracle, strict=True):
+        assert want.series and want.series.keys() <= got.series.keys()  # memory: per agent too
+        for name, values in want.series.items():
+            np.testing.assert_array_equal(got.series[name], values, err_msg=name)
+        assert got.extra["byzantine"] == want.extra["byzantine"] == [1, 5, 8]
