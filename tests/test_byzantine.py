@@ -232,12 +232,6 @@ def test_attackers_hurt_the_honest_agents_and_clipping_helps() -> None:
     assert defended[0] < attacked[0] / 10
 
 
-def test_the_oracle_refuses_byzantine_runs() -> None:
-    exp = privnet.Experiment(agents=5, iters=3, byzantine="1:ipm")
-    with pytest.raises(ConfigError, match="--engine memory"):
-        privnet.simulate(exp, "oracle")
-
-
 def test_the_robustness_table_measures_every_cell_it_can(tmp_path: Path) -> None:
     from privnet.orchestrator import robustness as table
 

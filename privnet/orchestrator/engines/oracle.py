@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from time import perf_counter
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from privnet.agent import schedule as expand
 from privnet.agent.schemes.base import Draws
 from privnet.agent.spec import STRATEGY_STEP, ConfigError, Scheme, Strategy, WireDtype
 from privnet.orchestrator.curves import Curve
+from privnet.orchestrator.engines import oracle_byzantine as byzantine
 from privnet.orchestrator.experiment import data, seeds, topology
 from privnet.orchestrator.experiment.config import parse_choices
 from privnet.orchestrator.experiment.instance import Instance
@@ -46,12 +48,6 @@ def run_oracle(
     P, M), by its label (`atc/none/0`), as the memory engine gives them.
     """
     config = problem.config
-    if config.byzantine.strip() or config.defense.strip() not in ("", "none"):
-        raise ConfigError(
-            "the oracle runs the paper's linear recursion, without Byzantine agents or "
-            "defenses (issue 34): run them on the agents' own cores, --engine memory "
-            "(engine='memory'), which privnet run equals"
-        )
     strategies = parse_choices(config.strategies if strategies is None else strategies, Strategy)
     schemes = parse_choices(config.schemes if schemes is None else schemes, Scheme)
     unmodelled = [str(s) for s in schemes if not s.part.oracle]
@@ -62,12 +58,12 @@ def run_oracle(
             "(engine='memory')"
         )
     lanes = tuple(schemes)
-    grads = _Gradients(problem)
+    grads = _Gradients(problem, byzantine.flipped_agents(problem))
     curves: list[Curve] = []
     for strategy in strategies:
         start = perf_counter()
         kept: list[np.ndarray] | None = None if models is None else []
-        centroid, avg, errors = _run_strategy(problem, strategy, lanes, grads, kept)
+        centroid, avg, errors, extras = _run_strategy(problem, strategy, lanes, grads, kept)
         rate = config.iters * config.repeats / (perf_counter() - start)
         for scheme in schemes:
             s = lanes.index(scheme)
@@ -77,7 +73,7 @@ def run_oracle(
                     models[f"{strategy}/{scheme}/{r}"] = history[:, :, r, s]
             series = {name: e[s] for name, e in errors.items()}
             curves.append(
-                Curve(strategy.value, scheme.value, centroid[s], avg[s], rate, {}, series)
+                Curve(strategy.value, scheme.value, centroid[s], avg[s], rate, extras[s], series)
             )
         if progress is not None:
             progress(1)
@@ -196,12 +192,16 @@ class _Gradients:
     each agent runs): one risk over all agents and repeats at once when the plug-in
     `stacks` and every agent holds as many samples, else one risk per agent and repeat.
     Minibatch rows come from each agent's BATCH stream, a block of rounds at a time (agent
-    p's in round i: problems.minibatch of its share)."""
+    p's in round i: problems.minibatch of its share). The `flipped` agents (Byzantine,
+    issue 34) train on their labels flipped."""
 
-    def __init__(self, problem: Instance) -> None:
+    def __init__(self, problem: Instance, flipped: frozenset[int] = frozenset()) -> None:
         c = problem.config
         shares = [problem.specs(r) for r in range(c.repeats)]
         parts = [data.parts(s) for s in shares]  # [r][p]: (x, y)
+        for row in parts:
+            for p in flipped:
+                row[p] = (row[p][0], byzantine.flip(row[p][1], problem.classes))
         self.sizes = np.array([[len(y) for _, y in row] for row in parts]).T  # (P, R)
         batch = c.batch or 0
         self.batched = self.sizes > batch if batch else np.zeros(self.sizes.shape, dtype=bool)
@@ -270,26 +270,26 @@ def _run_strategy(
     lanes: tuple[Scheme, ...],
     grads: _Gradients,
     kept: list[np.ndarray] | None = None,
-) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], list[dict[str, Any]]]:
     """Centroid and average MSD, each (S, R, T), of every lane and repeat of one strategy,
-    and the problem's test metric of the centroid and on average, each (S, R, T); `kept`
-    gets every chunk's models, (rounds, P, R, S, M)."""
+    the problem's test metric of the centroid and on average, each (S, R, T), and each
+    lane's Curve.extra (the attackers, apart); `kept` gets every chunk's models, (rounds,
+    P, R, S, M). With attackers or a defense each combine runs per edge
+    (oracle_byzantine.Hostile), drawing its own noise."""
     config = problem.config
     agents, repeats, dim, iters = config.agents, config.repeats, config.dim, config.iters
     combines_at = _Rounds(problem, strategy)
     combines = combines_at(1)
-    noisy = config.sigma_g > 0 and any(lane.part.perturbs for lane in lanes)
+    hostile = byzantine.Hostile(problem, lanes) if byzantine.hostile(problem) else None
+    noisy = hostile is None and config.sigma_g > 0 and any(lane.part.perturbs for lane in lanes)
     keys = [seeds.keys(config.seed, seeds.Purpose.NOISE, r, agents) for r in range(repeats)]
     streams = {  # streams[j][r][m]: sender m's noise rows of step j in repeat r
         j: [[rng.Rows(key, rng.Domain.NOISE, j, agents * dim) for key in ks] for ks in keys]
         for j in combines
     }
-    centroid = np.empty((len(lanes), repeats, iters))
-    avg = np.empty_like(centroid)
-    names = problem.metric_series
-    errors = {name: np.empty_like(centroid) for name in names}
+    record = _Record(problem, len(lanes))
     w = np.broadcast_to(problem.w0, (agents, repeats, len(lanes), dim)).copy()
-    side_by_side = _Lanes(lanes, config.sigma_g, problem.wire)
+    side_by_side = hostile or _Lanes(lanes, config.sigma_g, problem.wire)
 
     with np.errstate(over="ignore", invalid="ignore"):  # divergence is reported once, below
         for first in range(1, iters + 1, CHUNK):
@@ -303,39 +303,85 @@ def _run_strategy(
             }
             history = np.empty((rounds, *w.shape))
             for at in range(rounds):
-                t = at
+                t, i = at, first + at
                 if problem.schedule is not None:  # this round's A, and its noise alone
-                    combines, t = combines_at(first + at), 0
+                    combines, t = combines_at(i), 0
                     noise = {
-                        j: _noise(c, streams[j], first + at, 1, lanes, dim, config.sigma_g)
+                        j: _noise(c, streams[j], i, 1, lanes, dim, config.sigma_g)
                         if noisy
                         else None
                         for j, c in combines.items()
                     }
-                phi = _apply(combines, noise, 1, w, t, side_by_side)
+                phi = _apply(combines, noise, 1, w, t, side_by_side, i)
                 step = config.mu * grads.descent(phi, t, config.mu)
-                psi = _apply(combines, noise, 0, phi, t, side_by_side) - step
-                w = _apply(combines, noise, 2, psi, t, side_by_side)
+                psi = _apply(combines, noise, 0, phi, t, side_by_side, i) - step
+                w = _apply(combines, noise, 2, psi, t, side_by_side, i)
                 history[at] = w
             if kept is not None:
                 kept.append(history)
-            window = slice(first - 1, first - 1 + rounds)
-            centroid[..., window], avg[..., window] = _msd(history, problem.q, problem.w_opt)
-            if names:
-                by_model = history.transpose(0, 2, 3, 1, 4).reshape(-1, agents, dim)
-                tested = problem.scores(by_model) or ()
-                for name, values in zip(names, tested, strict=True):
-                    errors[name][..., window] = values.reshape(rounds, repeats, -1).transpose(
-                        2, 1, 0
-                    )
-    if np.isfinite(problem.w_opt).all() and not np.all(np.isfinite(avg)):  # NaN w^o: no MSD
-        warnings.warn(
+            record(history, first)
+    if np.isfinite(problem.w_opt).all() and not np.all(np.isfinite(record.avg)):
+        warnings.warn(  # NaN w^o: no MSD, nothing to warn of
             f"{strategy}: the models diverged (MSD overflowed) with mu = {config.mu}; "
             "lower mu until the recursion is stable",
             RuntimeWarning,
             stacklevel=3,
         )
-    return centroid, avg, errors
+    return record.centroid, record.avg, record.errors, record.extras()
+
+
+class _Record:
+    """One strategy's curves, (S, R, T) each, of the honest agents alone: the attackers'
+    models left out and q renormalized over the rest (as the memory engine's curves), and
+    the attackers' own average MSD kept apart for Curve.extra."""
+
+    def __init__(self, problem: Instance, lanes: int) -> None:
+        c = problem.config
+        self.problem = problem
+        self.attackers = sorted(c.attackers())
+        self.honest = np.setdiff1d(np.arange(c.agents), self.attackers)
+        self.q = problem.q[self.honest] / problem.q[self.honest].sum()
+        shape = (lanes, c.repeats, c.iters)
+        self.centroid, self.avg, self.attacked = np.empty(shape), np.empty(shape), np.empty(shape)
+        self.errors = {name: np.empty(shape) for name in problem.metric_series}
+
+    def __call__(self, history: np.ndarray, first: int) -> None:
+        """Record the chunk of models (rounds, P, R, S, M) from round `first` on."""
+        problem, rounds = self.problem, len(history)
+        window = slice(first - 1, first - 1 + rounds)
+        if not self.attackers:
+            self.centroid[..., window], self.avg[..., window] = _msd(
+                history, problem.q, problem.w_opt
+            )
+        else:
+            honest = history[:, self.honest]
+            self.centroid[..., window], self.avg[..., window] = _msd(honest, self.q, problem.w_opt)
+            apart = history[:, self.attackers]
+            _, self.attacked[..., window] = _msd(
+                apart, np.full(len(self.attackers), 0.0), problem.w_opt
+            )
+        if self.errors:
+            repeats, agents, dim = history.shape[2], history.shape[1], history.shape[-1]
+            by_model = np.array(history.transpose(0, 2, 3, 1, 4).reshape(-1, agents, dim))
+            by_model[:, self.attackers] = np.nan  # left out, as absent agents are
+            tested = problem.scores(by_model) or ()
+            for name, values in zip(self.errors, tested, strict=True):
+                per = values.reshape(rounds, repeats, -1).transpose(2, 1, 0)
+                self.errors[name][..., window] = per
+
+    def extras(self) -> list[dict[str, Any]]:
+        """Each lane's Curve.extra: the attackers and their average MSD over the last
+        tenth of the rounds, in dB (the memory engine's `byzantine_msd_avg_db`)."""
+        if not self.attackers:
+            return [{} for _ in self.avg]
+        tail = max(1, self.problem.config.iters // 10)
+        return [
+            {
+                "byzantine": self.attackers,
+                "byzantine_msd_avg_db": float(10 * np.log10(lane[:, -tail:].mean(axis=1).mean())),
+            }
+            for lane in self.attacked
+        ]
 
 
 class _Rounds:
@@ -404,13 +450,18 @@ def _apply(
     step: int,
     x: np.ndarray,
     t: int,
-    lanes: _Lanes,
+    lanes: _Lanes | byzantine.Hostile,
+    round_: int,
 ) -> np.ndarray:
-    """Combine step `step` of round t of the chunk; an identity step returns x itself."""
+    """Combine step `step` of round `round_` (t of the chunk); an identity step returns x
+    itself. With attackers or a defense, the per-edge combine (it draws its own noise)."""
     if step not in combines:
         return x
+    c = combines[step]
+    if isinstance(lanes, byzantine.Hostile):
+        return lanes.combine(c.a_t.T, x, step, round_)
     table = noise[step]
-    return lanes.combine(combines[step], x, None if table is None else table[t])
+    return lanes.combine(c, x, None if table is None else table[t])
 
 
 def _noise(
