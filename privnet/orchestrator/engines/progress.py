@@ -3,7 +3,6 @@ conductor's state as the pump delivers (`privnet.orchestrator.engines.net`)."""
 
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
@@ -30,7 +29,6 @@ class ProgressLines:
         self.first = 0  # rounds done when it started them (later than 0, when resumed)
         self.settled = len(watch.conductor.results)  # sessions done before (--resume)
         self.shown: tuple[int, int, int, float | None] | None = None  # what the line shows
-        self.centroid: tuple[int, int, float] = (-1, 0, math.nan)  # (session, round, MSD)
 
     def event(self, event: Event) -> None:
         now = time.perf_counter()
@@ -58,11 +56,7 @@ class ProgressLines:
         name, repeat = _progress_line(plan)
         rate = (rounds - self.first) / max(time.perf_counter() - self.t0, 1e-9)
         rate = 0.0 if self.began is not None else rate
-        if shown and self.centroid[:2] != (conductor.session, shown):  # streamed: never redone
-            w, w_opt = conductor.collection.models[shown - 1], self.problem.w_opt[repeat]
-            self.centroid = (conductor.session, shown, msd(w, w_opt, self.problem.q)[0])
-        cent = self.centroid[2] if shown else None  # once a round: 50 ms at 16 x 1M parameters
-        self._show(name, repeat * c.iters + rounds, rate, cent)
+        self._show(name, repeat * c.iters + rounds, rate, self.watch.centroid())
 
     def settle(self) -> None:
         """Every session done since: its line at all its rounds, its rate (the rounds it

@@ -15,6 +15,7 @@ the files, signals the processes and samples them.
 from __future__ import annotations
 
 import json
+import math
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -155,6 +156,7 @@ class Watch:
         self._later: list[tuple[float, Effect]] = []  # (when, what then)
         self._streamed = (-1, 0)  # (session, rounds written: every member reported them)
         self._redone: Redo | None = None  # asked for since the last rows were written
+        self._centroid: tuple[int, int, float] = (-1, 0, math.nan)  # (session, round, MSD)
 
     # ---- the Machine protocol (privnet.agent.driver.pump) ----------------------------------------
 
@@ -257,6 +259,17 @@ class Watch:
         session, written = self._streamed
         return written if session == self.conductor.session else 0
 
+    def centroid(self) -> float | None:
+        """The centroid MSD at the last round reported (None: none yet in this session): its
+        row's, or, of a resumed session before its first rows, computed once."""
+        shown, session, plan = self.reported, self.conductor.session, self.conductor.current
+        if not shown or plan is None:
+            return None
+        if self._centroid[:2] != (session, shown):
+            w, w_opt = self.conductor.collection.models[shown - 1], self.problem.w_opt[plan.repeat]
+            self._centroid = (session, shown, msd(w, w_opt, self.problem.q)[0])
+        return self._centroid[2]
+
     def _stream(self) -> tuple[Effect, ...]:
         """The rounds every member has now completed, for the journal and metrics.csv (the
         final outputs rewrite it whole, with every series)."""
@@ -285,6 +298,7 @@ class Watch:
             cen, avg = msd(conductor.collection.models[r], w_opt, q)
             mine = [repr(float(v[r - written])) for v in told.values()]
             rows.append((strategy, scheme, repeat, str(r + 1), repr(cen), repr(avg), *mine))
+            self._centroid = (session, r + 1, cen)  # the progress line's, at no second MSD
         fresh = conductor.session == 0 and written == 0
         header = (*METRICS_HEADER, *told)
         # the model rounds' only: a big model's other rounds are pages never written
