@@ -118,23 +118,43 @@ def masked_words(
 def _masked_rows(
     v: np.ndarray, masks: np.ndarray, a: np.ndarray, step: float, where: str, out: np.ndarray
 ) -> np.ndarray:
-    """`masked_words` row by row and block by block, through two small reused buffers."""
+    """`masked_words` row by row and block by block, through two small reused buffers. The
+    range is checked once on v where that suffices (`_inside`), else on every row's k."""
     dim = masks.shape[1]
     scaled = np.empty(min(dim, BLOCK), dtype=np.float64)
-    k = np.empty(len(scaled), dtype=np.int64)
+    k = np.empty(len(scaled), dtype=np.int32)  # |k| <= LIMIT < 2^31: int32 holds it exactly
+    words = k.view(np.uint32)  # its two's complement: added to the masks mod 2^32 as is
+    shared = v.ndim == 1 and _inside(v, a, step)
     for i in range(len(masks)):
         row = v if v.ndim == 1 else v[i]
         bound, name = float(a[i, 0]) * LIMIT, f"{where}, row {i}" if i else where
+        checked = shared or _inside(row, a[i : i + 1], step)
         for at in range(0, dim, BLOCK):
             end = min(at + BLOCK, dim)
             x, n = scaled[: end - at], k[: end - at]
             np.multiply(a[i], row[at:end], out=x)
             np.divide(x, step, out=x)
-            np.rint(x, out=x)
-            _refuse(x, bound, step, name, at)
-            np.copyto(n, x, casting="unsafe")  # integers already: exact
-            np.add(masks[i, at:end], n, out=out[i, at:end], casting="unsafe")  # mod 2^32
+            if checked:  # integers already: the cast is exact
+                np.rint(x, out=n, casting="unsafe")
+            else:
+                np.rint(x, out=x)
+                _refuse(x, bound, step, name, at)
+                np.copyto(n, x, casting="unsafe")
+            np.add(masks[i, at:end], words[: end - at], out=out[i, at:end])  # mod 2^32
     return out
+
+
+def _inside(v: np.ndarray, a: np.ndarray, step: float) -> bool:
+    """Whether every |rint(a_i v / step)| <= a_i LIMIT for sure, from v's extremes alone
+    (two passes over v, not two a row and block): |a v / step| <= a max|v| / step, and
+    rint adds at most 1/2; a margin of one step and 1e-9 covers the float rounding. False
+    (NaN too) sends the rows to the exact check, which names the entry."""
+    if not v.size:
+        return True
+    if not float(a.min()) > 0:  # no weight: nothing to bound it by
+        return False
+    top = max(-float(v.min()), float(v.max())) / step  # NaN: both comparisons below fail
+    return bool(top * (1 + 1e-9) + 1.0 / float(a.min()) + 1.0 <= LIMIT)
 
 
 def total(terms: Sequence[np.ndarray] | np.ndarray, step: float, where: str) -> np.ndarray:
