@@ -60,16 +60,12 @@ def _refuse(k: np.ndarray, bound: float, step: float, where: str, offset: int = 
         )
 
 
-def integers(v: np.ndarray, step: float, where: str) -> np.ndarray:
-    """rint(v / step) as int64, refused (OutOfRange) beyond LIMIT."""
+def words(v: np.ndarray, step: float, where: str) -> np.ndarray:
+    """v's lattice integers as the u4 wire carries them: uint32, two's complement (through
+    int32, which holds every |k| <= LIMIT exactly)."""
     k = np.rint(v / step)
     _refuse(k, LIMIT, step, where)
-    return k.astype(np.int64)
-
-
-def words(v: np.ndarray, step: float, where: str) -> np.ndarray:
-    """v's lattice integers as the u4 wire carries them: uint32, two's complement."""
-    return integers(v, step, where).astype(np.uint32)
+    return k.astype(np.int32).view(np.uint32)
 
 
 def values(w: np.ndarray, step: float) -> np.ndarray:
@@ -82,7 +78,13 @@ def sent(
 ) -> dict[int, np.ndarray]:
     """An unmasked scheme's releases as words for every target but `me` (the self-term
     does not travel: it stays floats)."""
-    return {k: v if k == me else words(v, step, f"{where} to {k}") for k, v in released.items()}
+    made: dict[int, np.ndarray] = {}  # by the release's id: a shared one becomes words once
+    out = {}
+    for k, v in released.items():
+        if k != me and id(v) not in made:
+            made[id(v)] = words(v, step, f"{where} to {k}")
+        out[k] = v if k == me else made[id(v)]
+    return out
 
 
 def floats(inbox: Mapping[int, np.ndarray], step: float) -> dict[int, np.ndarray]:
