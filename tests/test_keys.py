@@ -200,6 +200,13 @@ def test_rounds_read_in_order_are_consecutive_disjoint_slices_of_one_keystream(d
     for r in (7, 3, 3, 19, 0, 12, 13):  # seeks, repeats and in-order reads, mixed
         assert stream.read(r) == whole[8 * dim * r : 8 * dim * (r + 1)]
     assert stream.read(5, 9) == whole[8 * dim * 5 : 8 * dim * 14]  # several rounds at once
+    piece = bytearray(3)  # pieces of a round, in order and not: the same bytes
+    for r, at in ((6, 0), (6, 3), (6, 8 * dim - 3), (2, 1)):
+        if at + 3 <= 8 * dim:
+            stream.read_into(r, memoryview(piece), at=at)
+            assert piece == whole[8 * dim * r + at : 8 * dim * r + at + 3]
+    with pytest.raises(ValueError, match="not within"):
+        stream.read_into(0, memoryview(bytearray(8 * dim + 1)))
 
 
 @pytest.mark.parametrize("dim", [1, 5])

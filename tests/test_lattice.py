@@ -97,6 +97,23 @@ def test_word_bank_reads_the_pair_stream_as_u4_words() -> None:
     np.testing.assert_array_equal(bank.at(5, 5)[0], raw[0] - raw[1])
 
 
+def test_word_bank_rows_are_signed_sums_of_their_pairs_streams_at_any_size() -> None:
+    """Every row = sum of +-stream words mod 2^32, whichever sign comes first, across
+    several PIECEs; a row no pair masks is zero; out-of-order rounds read the same words."""
+    dim = 2 * keys.WordBank.PIECE + 3
+    coeffs = np.array([[-1, 1, 0, 0, -1], [0, 0, 1, -1, 0], [0, 0, 0, 0, 0]], dtype=float)
+    bank = keys.WordBank(streams(1, 5, dim), coeffs, dim)
+    for round_ in (4, 2, 3):
+        raw = np.array([np.frombuffer(s.read(round_), "<u4") for s in streams(1, 5, dim)])
+        expected = np.zeros((3, dim), dtype=np.uint32)
+        for p in range(5):
+            for h in np.flatnonzero(coeffs[:, p]):
+                expected[h] += raw[p] if coeffs[h, p] > 0 else -raw[p]
+        np.testing.assert_array_equal(bank.at(round_, 9), expected)
+    with pytest.raises(ValueError, match="one \\+1 or -1"):
+        keys.WordBank(streams(1, 2, 4), np.array([[1.0, 0.0], [1.0, -1.0]]), 4)
+
+
 def test_u4_mask_streams_have_their_own_key() -> None:
     """The u4 words are not the f8 masks' first half: another HKDF label."""
     f8 = keys.PairStream(KEY, SESSION, 1, (2, 3), 0, 0, 4).read(0)
@@ -252,3 +269,22 @@ def test_masked_words_in_blocks_are_the_whole_array_formula(shared: bool) -> Non
     (far if shared else far[2])[lattice.BLOCK + 7] = 1e9
     with pytest.raises(lattice.OutOfRange, match=f"entry {lattice.BLOCK + 7} is"):
         lattice.masked_words(far, masks.copy(), a, STEP, "t")
+
+
+@given(st.floats(-4.0, 4.0), st.floats(0.01, 1.0))
+def test_a_model_near_the_range_is_checked_entry_by_entry(offset: float, weight: float) -> None:
+    """Where v's extremes cannot vouch for every row (`_inside` is False), each row's
+    integers are checked themselves: in range they travel exactly, out of range refused."""
+    dim = lattice.BLOCK + 3
+    a = np.array([[weight], [1.0]])
+    v = np.zeros(dim)
+    v[-1] = (lattice.LIMIT + offset) * STEP  # within steps of the edge for the row of weight 1
+    masks = np.random.default_rng(5).integers(0, 2**32, (2, dim), dtype=np.uint32)
+    assert not lattice._inside(v, a, STEP)
+    k = np.rint(a * v / STEP)
+    if (np.abs(k) <= a * lattice.LIMIT).all():
+        got = lattice.masked_words(v, masks.copy(), a, STEP, "t")
+        np.testing.assert_array_equal(got, k.astype(np.int64).astype(np.uint32) + masks)
+    else:
+        with pytest.raises(lattice.OutOfRange, match=f"entry {dim - 1} is"):
+            lattice.masked_words(v, masks.copy(), a, STEP, "t")

@@ -11,7 +11,7 @@ import pytest
 
 from privnet.agent import datasets, keys, problems, wire
 from privnet.agent.control import Telemetry
-from privnet.agent.losses import SCORE_ROWS, make_loss
+from privnet.agent.losses import SCORE_BUDGET, SCORE_FLOOR, SCORE_ROWS, make_loss, score_rows
 from privnet.agent.messages import Metrics, Part, Reason, Rejected, Report
 from privnet.agent.protocol import telemetry_context
 from privnet.agent.spec import Scheme, Strategy
@@ -117,6 +117,14 @@ def test_a_sparse_session_is_made_whole_with_nan_between_its_model_rounds() -> N
 # ---- the agents' own metrics ------------------------------------------------------------------
 
 
+def test_a_big_model_is_scored_on_fewer_rows_within_the_budget() -> None:
+    assert score_rows(31) == SCORE_ROWS  # small models: every row they always had
+    assert score_rows(SCORE_BUDGET // SCORE_ROWS) == SCORE_ROWS
+    assert score_rows(1_000_000) == 67 and SCORE_BUDGET >= 67 * 1_000_000
+    assert score_rows(1_690_022) == 39
+    assert score_rows(10**9) == SCORE_FLOOR  # never fewer than the floor
+
+
 def test_an_agent_scores_its_minibatch_and_its_held_out_rows() -> None:
     config = ExperimentConfig(agents=3, iters=5, problem="logistic", dataset="breast-cancer")
     problem = Instance.build(config)
@@ -125,7 +133,7 @@ def test_an_agent_scores_its_minibatch_and_its_held_out_rows() -> None:
     w = np.random.default_rng(2).standard_normal(problem.config.dim) * 0.1
     minibatch, score = loss.metrics(w, 3)
     assert minibatch == pytest.approx(float(loss.risk.value(w[None], None)[0]))  # full batch
-    held_out = min(SCORE_ROWS, len(datasets.load("breast-cancer").y_test))
+    held_out = min(score_rows(problem.config.dim), len(datasets.load("breast-cancer").y_test))
     assert 0.0 <= score <= 1.0 and abs(score * held_out - round(score * held_out)) < 1e-9
     regression = Instance.build(ExperimentConfig(agents=3, iters=5, batch=4))
     local = make_loss(regression.specs(0)[0])

@@ -45,6 +45,29 @@ def test_the_module_runs_in_float32_on_one_flat_buffer() -> None:
     assert np.array_equal(again, grad)
 
 
+def test_a_loss_the_gradient_took_is_not_computed_again() -> None:
+    """value() after gradient() on the same models and rows is the forward pass's own loss
+    (what a fresh risk computes); other models or rows are computed, not taken stale."""
+    need_torch()
+    from privnet.torch import MLP
+
+    data = datasets.load("digits")
+    x, y = data.x_train[:40], data.y_train[:40]
+    problem = MLP(hidden=(16,), rho=0.01)
+    risk, fresh = problem.risk(x, y, data.classes), problem.risk(x, y, data.classes)
+    w = problem.initial(x.shape[1], data.classes)[None] + 0.1
+    risk.gradient(w, None)
+    calls = []
+    forward = risk.net.forward
+    risk.net.forward = lambda *a: calls.append(1) or forward(*a)  # type: ignore[method-assign]
+    np.testing.assert_array_equal(risk.value(w.copy(), None), fresh.value(w, None))
+    assert calls == []  # taken from the gradient's pass
+    other = w + 0.5
+    np.testing.assert_array_equal(risk.value(other, None), fresh.value(other, None))
+    np.testing.assert_array_equal(risk.value(w, np.arange(9)), fresh.value(w, np.arange(9)))
+    assert len(calls) == 2
+
+
 def test_a_dtype_it_cannot_run_in_is_refused() -> None:
     need_torch()
     from privnet.torch import CNN, MLP

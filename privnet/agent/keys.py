@@ -58,6 +58,7 @@ _LINK_FIELDS = struct.Struct(">II")  # min(a, b), max(a, b)
 _LINK_SEAL_FIELDS = struct.Struct(">IIQ")  # min(a, b), max(a, b), view
 _BLOCK = 64  # bytes of one ChaCha20 block
 _COUNTER_BLOCKS = 2**32  # ChaCha20's block counter is 32 bits (RFC 8439)
+_ZEROS = memoryview(bytes(1 << 18))  # the keystream's input, a piece at a time: stays in cache
 
 
 class BadKey(ValueError):
@@ -309,25 +310,32 @@ class PairStream:
 
     def read(self, round_: int, rounds: int = 1) -> bytes:
         """The word * dim keystream bytes of round `round_` (of `rounds` rounds from it on)."""
+        out = bytearray(rounds * self._width)
+        self.read_into(round_, memoryview(out), rounds)
+        return bytes(out)
+
+    def read_into(self, round_: int, buf: memoryview, rounds: int = 1, at: int = 0) -> None:
+        """`read`'s bytes into `buf` (writable, bytes), from byte `at` of the round on, as
+        many as buf holds: no input or output allocated, which at a million parameters cost
+        several times the cipher itself. Pieces of a round read in order need no seek."""
         if not (round_ >= 0 and rounds >= 1 and round_ + rounds <= 2**64):
             raise ValueError(
                 f"rounds {round_} .. {round_} + {rounds} - 1 must be non-negative and < 2**64"
             )
-        start, n = round_ * self._width, rounds * self._width
+        n = len(buf)
+        if not 0 <= at <= at + n <= rounds * self._width:
+            raise ValueError(f"bytes {at}..{at + n} are not within {rounds} round(s) of the stream")
+        start = round_ * self._width + at
         encryptor = self._encryptor
         if encryptor is None or start != self._at:
             encryptor = self._seek(start)
-        if n <= self._left:  # the usual case: the next bytes of the open encryptor
-            self._at, self._left = start + n, self._left - n
-            return encryptor.update(bytes(n))
-        out = b""
-        while n:  # the read crosses a 2^32-block boundary: finish this nonce, go on at the next
+        done = 0
+        while done < n:  # a piece of _ZEROS at a time; past a 2^32-block boundary, next nonce
             if not self._left:
                 encryptor = self._seek(self._at)
-            take = min(n, self._left)
-            out += encryptor.update(bytes(take))
-            self._at, self._left, n = self._at + take, self._left - take, n - take
-        return out
+            take = min(n - done, self._left, len(_ZEROS))
+            encryptor.update_into(_ZEROS[:take], buf[done : done + take])
+            self._at, self._left, done = self._at + take, self._left - take, done + take
 
     def _seek(self, offset: int) -> CipherContext:
         block, skip = divmod(offset, _BLOCK)
@@ -399,7 +407,10 @@ class MaskBank:
             if last < round_:
                 raise ValueError(f"round {round_} is past the epoch's last round {last}")
             n = min(self._ahead, last - round_ + 1)
-            raw = b"".join(s.read(round_, n) for s in self._streams)
+            raw = bytearray(len(self._streams) * n * 8 * self._dim)
+            width = n * 8 * self._dim
+            for p, stream in enumerate(self._streams):
+                stream.read_into(round_, memoryview(raw)[p * width : (p + 1) * width], n)
             noise = stream_laplace(raw, self._dim, self._sigma_g)
             by_round = noise.reshape(len(self._streams), n, self._dim).transpose(1, 0, 2)
             self._buffer, self._first = self._coeffs @ by_round, round_
@@ -415,7 +426,8 @@ class WordBank:
     hub's sum mod 2^32 (lattice.total). A pair sits at one hub, so each column of `coeffs`
     holds one +1 or -1 (zeros elsewhere)."""
 
-    __slots__ = ("_dim", "_places", "_rows", "_streams")
+    __slots__ = ("_dim", "_piece", "_places", "_rows", "_streams")
+    PIECE = 1 << 16  # words a second pair of a row is read and added in at a time (256 kB)
 
     def __init__(self, streams: list[PairStream], coeffs: np.ndarray, dim: int) -> None:
         if coeffs.ndim != 2 or coeffs.shape[1] != len(streams):
@@ -426,6 +438,9 @@ class WordBank:
         if not np.isin(coeffs, (-1, 0, 1)).all():
             raise ValueError("a word bank's coefficients are -1, 0 or +1 (a pair's side)")
         self._streams, self._dim, self._rows = streams, dim, len(coeffs)
+        self._piece = np.empty(min(dim, self.PIECE), dtype="<u4")
+        if (np.count_nonzero(coeffs, axis=0) != 1).any():
+            raise ValueError("each column of a word bank's coefficients has one +1 or -1")
         self._places = [
             [(int(h), coeffs[h, p] > 0) for h in np.flatnonzero(coeffs[:, p])]
             for p in range(len(streams))
@@ -433,14 +448,28 @@ class WordBank:
 
     def at(self, round_: int, last: int) -> np.ndarray:
         """Shape (rows, dim), uint32: the combinations of round `round_` (`last`, the
-        epoch's last round, as MaskBank.at)."""
+        epoch's last round, as MaskBank.at). A row's first pair is read straight into it
+        (negated in place if its side is -1), the others through a small reused piece."""
         if last < round_:
             raise ValueError(f"round {round_} is past the epoch's last round {last}")
-        out = np.zeros((self._rows, self._dim), dtype=np.uint32)
+        out = np.empty((self._rows, self._dim), dtype="<u4")
+        fresh = [True] * self._rows
         for stream, places in zip(self._streams, self._places, strict=True):
-            u = np.frombuffer(stream.read(round_), dtype="<u4")
-            for h, plus in places:
-                (np.add if plus else np.subtract)(out[h], u, out=out[h])
+            ((h, plus),) = places  # a pair sits at one hub
+            if fresh[h]:
+                stream.read_into(round_, memoryview(out[h]).cast("B"))
+                if not plus:
+                    np.negative(out[h], out=out[h])  # mod 2^32
+                fresh[h] = False
+                continue
+            op = np.add if plus else np.subtract
+            for at in range(0, self._dim, self.PIECE):
+                end = min(at + self.PIECE, self._dim)
+                u = self._piece[: end - at]
+                stream.read_into(round_, memoryview(u).cast("B"), at=4 * at)
+                op(out[h, at:end], u, out=out[h, at:end])
+        for h in np.flatnonzero(fresh):  # a row no pair masks (a self-term with no seat)
+            out[h] = 0
         return out
 
 

@@ -60,16 +60,12 @@ def _refuse(k: np.ndarray, bound: float, step: float, where: str, offset: int = 
         )
 
 
-def integers(v: np.ndarray, step: float, where: str) -> np.ndarray:
-    """rint(v / step) as int64, refused (OutOfRange) beyond LIMIT."""
+def words(v: np.ndarray, step: float, where: str) -> np.ndarray:
+    """v's lattice integers as the u4 wire carries them: uint32, two's complement (through
+    int32, which holds every |k| <= LIMIT exactly)."""
     k = np.rint(v / step)
     _refuse(k, LIMIT, step, where)
-    return k.astype(np.int64)
-
-
-def words(v: np.ndarray, step: float, where: str) -> np.ndarray:
-    """v's lattice integers as the u4 wire carries them: uint32, two's complement."""
-    return integers(v, step, where).astype(np.uint32)
+    return k.astype(np.int32).view(np.uint32)
 
 
 def values(w: np.ndarray, step: float) -> np.ndarray:
@@ -82,7 +78,13 @@ def sent(
 ) -> dict[int, np.ndarray]:
     """An unmasked scheme's releases as words for every target but `me` (the self-term
     does not travel: it stays floats)."""
-    return {k: v if k == me else words(v, step, f"{where} to {k}") for k, v in released.items()}
+    made: dict[int, np.ndarray] = {}  # by the release's id: a shared one becomes words once
+    out = {}
+    for k, v in released.items():
+        if k != me and id(v) not in made:
+            made[id(v)] = words(v, step, f"{where} to {k}")
+        out[k] = v if k == me else made[id(v)]
+    return out
 
 
 def floats(inbox: Mapping[int, np.ndarray], step: float) -> dict[int, np.ndarray]:
@@ -118,23 +120,43 @@ def masked_words(
 def _masked_rows(
     v: np.ndarray, masks: np.ndarray, a: np.ndarray, step: float, where: str, out: np.ndarray
 ) -> np.ndarray:
-    """`masked_words` row by row and block by block, through two small reused buffers."""
+    """`masked_words` row by row and block by block, through two small reused buffers. The
+    range is checked once on v where that suffices (`_inside`), else on every row's k."""
     dim = masks.shape[1]
     scaled = np.empty(min(dim, BLOCK), dtype=np.float64)
-    k = np.empty(len(scaled), dtype=np.int64)
+    k = np.empty(len(scaled), dtype=np.int32)  # |k| <= LIMIT < 2^31: int32 holds it exactly
+    words = k.view(np.uint32)  # its two's complement: added to the masks mod 2^32 as is
+    shared = v.ndim == 1 and _inside(v, a, step)
     for i in range(len(masks)):
         row = v if v.ndim == 1 else v[i]
         bound, name = float(a[i, 0]) * LIMIT, f"{where}, row {i}" if i else where
+        checked = shared or _inside(row, a[i : i + 1], step)
         for at in range(0, dim, BLOCK):
             end = min(at + BLOCK, dim)
             x, n = scaled[: end - at], k[: end - at]
             np.multiply(a[i], row[at:end], out=x)
             np.divide(x, step, out=x)
-            np.rint(x, out=x)
-            _refuse(x, bound, step, name, at)
-            np.copyto(n, x, casting="unsafe")  # integers already: exact
-            np.add(masks[i, at:end], n, out=out[i, at:end], casting="unsafe")  # mod 2^32
+            if checked:  # integers already: the cast is exact
+                np.rint(x, out=n, casting="unsafe")
+            else:
+                np.rint(x, out=x)
+                _refuse(x, bound, step, name, at)
+                np.copyto(n, x, casting="unsafe")
+            np.add(masks[i, at:end], words[: end - at], out=out[i, at:end])  # mod 2^32
     return out
+
+
+def _inside(v: np.ndarray, a: np.ndarray, step: float) -> bool:
+    """Whether every |rint(a_i v / step)| <= a_i LIMIT for sure, from v's extremes alone
+    (two passes over v, not two a row and block): |a v / step| <= a max|v| / step, and
+    rint adds at most 1/2; a margin of one step and 1e-9 covers the float rounding. False
+    (NaN too) sends the rows to the exact check, which names the entry."""
+    if not v.size:
+        return True
+    if not float(a.min()) > 0:  # no weight: nothing to bound it by
+        return False
+    top = max(-float(v.min()), float(v.max())) / step  # NaN: both comparisons below fail
+    return bool(top * (1 + 1e-9) + 1.0 / float(a.min()) + 1.0 <= LIMIT)
 
 
 def total(terms: Sequence[np.ndarray] | np.ndarray, step: float, where: str) -> np.ndarray:

@@ -20,7 +20,17 @@ from privnet.agent import attacks, problems
 from privnet.agent.spec import ConfigError
 
 NEWTON_TOL = 1e-12
-SCORE_ROWS = 256  # test rows an agent scores its model on, every round
+SCORE_ROWS = 256  # test rows an agent scores its model on, every round (fewer at big models)
+SCORE_BUDGET = 1 << 26  # rows x parameters a round's score may cost: 64 rows at a 1M model
+SCORE_FLOOR = 32  # the fewest rows a big model is scored on
+
+
+def score_rows(dim: int) -> int:
+    """Held-out rows a model of `dim` parameters is scored on each round: SCORE_ROWS, or at
+    big models as many as SCORE_BUDGET allows (at least SCORE_FLOOR), so the per-round score
+    (a forward pass) stays a small part of a round; at 1.69M parameters 256 rows had cost
+    more than the round's gradient. The centroid's test metric, every K rounds, is exact."""
+    return max(SCORE_FLOOR, min(SCORE_ROWS, SCORE_BUDGET // max(dim, 1)))
 
 
 class Loss(Protocol):
@@ -239,7 +249,7 @@ def make_loss(share: problems.Share, flip_labels: bool = False) -> Local:
     initial = getattr(problem, "initial", None)
     start = None if initial is None else functools.partial(initial, features, classes)
     risk = problem.risk(x, y, classes)
-    score = _scorer(problem, share.data, classes, share.data_key)
+    score = _scorer(problem, share.data, classes, share.data_key, score_rows(dim))
     return Local(risk, dim, len(y), share.batch, share.batch_key, start, score)
 
 
@@ -248,10 +258,11 @@ def _scorer(
     data: problems.Linear | problems.Rows,
     classes: int,
     key: tuple[int, int],
+    wanted: int,
 ) -> Callable[[np.ndarray], float] | None:
-    """The problem's test metric of one model on the agent's held-out rows: SCORE_ROWS of
-    the dataset's test split drawn from its data key (every round, so a few), or None: no
-    metric, or generated data."""
+    """The problem's test metric of one model on the agent's held-out rows: `wanted`
+    (score_rows) of the dataset's test split drawn from its data key (every round, so a
+    few), or None: no metric, or generated data."""
     score = getattr(problem, "score", None)
     if not callable(score) or isinstance(data, problems.Linear):
         return None
@@ -259,6 +270,6 @@ def _scorer(
 
     test = datasets.load(data.dataset)
     count = len(test.y_test)
-    rows = np.random.default_rng(list(key)).choice(count, min(SCORE_ROWS, count), replace=False)
+    rows = np.random.default_rng(list(key)).choice(count, min(wanted, count), replace=False)
     x, y = test.x_test[np.sort(rows)], test.y_test[np.sort(rows)]
     return lambda w: float(score(w[None], x, y, classes)[0])

@@ -173,6 +173,8 @@ class TorchRisk:
             problem.share_scorer(self.flat, x.shape[1], classes)
         self.x = problem.tensor(x)
         self.y = torch.tensor(y, dtype=torch.int64)
+        # the last gradient's models (the caller's, never changed in place), rows, losses
+        self._seen: tuple[np.ndarray, np.ndarray | None, list[float]] | None = None
 
     def _batch(self, rows: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor]:
         if rows is None:
@@ -183,23 +185,43 @@ class TorchRisk:
     def gradient(self, w: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
         x, y = self._batch(rows)
         out = np.empty_like(w)
+        losses = []
         with _one_thread():
             for k, model in enumerate(w):
                 self.flat.load(model)
-                out[k] = self.flat.gradient(self.problem.loss(self.net(x), y))
+                loss = self.problem.loss(self.net(x), y)
+                losses.append(float(loss.detach()))
+                out[k] = self.flat.gradient(loss)
+        self._seen = (w, rows, losses)
         if self.problem.rho:
             out += 2.0 * self.problem.rho * w
         return out
 
     def value(self, w: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
-        x, y = self._batch(rows)
-        values = np.empty(len(w))
-        with torch.no_grad(), _one_thread():
-            for k, model in enumerate(w):
-                self.flat.load(model)
-                values[k] = float(self.problem.loss(self.net(x), y))
-        values += self.problem.rho * np.sum(w**2, axis=-1)
+        """The losses of w on `rows`; those the last gradient's forward pass already took
+        (the same models and rows: an agent's loss after a round on a full batch is the
+        next round's first) are not computed again."""
+        values = self._seen_losses(w, rows)
+        if values is None:
+            x, y = self._batch(rows)
+            values = np.empty(len(w))
+            with torch.no_grad(), _one_thread():
+                for k, model in enumerate(w):
+                    self.flat.load(model)
+                    values[k] = float(self.problem.loss(self.net(x), y))
+        values += self.problem.rho * np.einsum("ij,ij->i", w, w)
         return values
+
+    def _seen_losses(self, w: np.ndarray, rows: np.ndarray | None) -> np.ndarray | None:
+        seen = self._seen
+        if seen is None or seen[0].shape != w.shape:
+            return None
+        before, seen_rows, losses = seen
+        if (rows is None) != (seen_rows is None) or not (
+            rows is None or np.array_equal(rows, seen_rows)
+        ):
+            return None
+        return np.array(losses) if np.array_equal(before, w) else None
 
 
 class MLP(TorchProblem):

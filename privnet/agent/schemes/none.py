@@ -24,9 +24,10 @@ class Clear(SchemePart):
     def release(
         self, x: np.ndarray, out: Mapping[int, float], me: int, source: Source
     ) -> dict[int, np.ndarray]:
-        """A copy of x to each target (u4: on the lattice)."""
-        x = rng.on_lattice(x, 1.0, source.grid) if source.words else x
-        return {k: x.copy() for k in out}
+        """One copy of x for every target (u4: on the lattice), shared: releases are read,
+        never changed, so a 1M-parameter model is not copied once a neighbour."""
+        shared = rng.on_lattice(x, 1.0, source.grid) if source.words else x.copy()
+        return dict.fromkeys(out, shared)
 
     def release_each(
         self, values: Mapping[int, np.ndarray], out: Mapping[int, float], me: int, source: Source
