@@ -348,7 +348,7 @@ class PairStream:
         return encryptor
 
 
-def stream_laplace(streams: bytes, dim: int, sigma_g: float) -> np.ndarray:
+def stream_laplace(streams: bytes | bytearray, dim: int, sigma_g: float) -> np.ndarray:
     """Laplace masks, one row of `dim` per pair, from concatenated `PairStream` reads.
 
     One vectorized mapping for all of a step's pairs: per pair it costs more than the
@@ -457,7 +457,7 @@ class WordBank:
         for stream, places in zip(self._streams, self._places, strict=True):
             ((h, plus),) = places  # a pair sits at one hub
             if fresh[h]:
-                stream.read_into(round_, memoryview(out[h]).cast("B"))
+                stream.read_into(round_, _bytes(out[h]))
                 if not plus:
                     np.negative(out[h], out=out[h])  # mod 2^32
                 fresh[h] = False
@@ -466,11 +466,17 @@ class WordBank:
             for at in range(0, self._dim, self.PIECE):
                 end = min(at + self.PIECE, self._dim)
                 u = self._piece[: end - at]
-                stream.read_into(round_, memoryview(u).cast("B"), at=4 * at)
+                stream.read_into(round_, _bytes(u), at=4 * at)
                 op(out[h, at:end], u, out=out[h, at:end])
-        for h in np.flatnonzero(fresh):  # a row no pair masks (a self-term with no seat)
-            out[h] = 0
+        for row, unmasked in enumerate(fresh):  # a row no pair masks (a self-term, no seat)
+            if unmasked:
+                out[row] = 0
         return out
+
+
+def _bytes(words: np.ndarray) -> memoryview:
+    """A contiguous array's memory as writable bytes."""
+    return memoryview(words.data).cast("B")
 
 
 def mask_bank(

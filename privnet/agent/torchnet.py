@@ -209,19 +209,20 @@ class TorchRisk:
                 for k, model in enumerate(w):
                     self.flat.load(model)
                     values[k] = float(self.problem.loss(self.net(x), y))
-        values += self.problem.rho * np.einsum("ij,ij->i", w, w)
-        return values
+        squares: np.ndarray = np.einsum("ij,ij->i", w, w)
+        return values + self.problem.rho * squares
 
     def _seen_losses(self, w: np.ndarray, rows: np.ndarray | None) -> np.ndarray | None:
         seen = self._seen
         if seen is None or seen[0].shape != w.shape:
             return None
         before, seen_rows, losses = seen
-        if (rows is None) != (seen_rows is None) or not (
-            rows is None or np.array_equal(rows, seen_rows)
-        ):
-            return None
-        return np.array(losses) if np.array_equal(before, w) else None
+        same_rows = rows is seen_rows or (
+            rows is not None and seen_rows is not None and np.array_equal(rows, seen_rows)
+        )
+        return (
+            np.array(losses, dtype=np.float64) if same_rows and np.array_equal(before, w) else None
+        )
 
 
 class MLP(TorchProblem):
