@@ -86,8 +86,8 @@ def rounds(out: Path, index: int, models: Sequence[np.ndarray | None], metrics: 
         for w, told in zip(models, metrics, strict=True):
             fh.write(np.float64(w is not None).astype("<f8").tobytes())
             fh.write(np.ascontiguousarray(told, dtype="<f8").tobytes())
-            if w is not None:
-                fh.write(np.ascontiguousarray(w, dtype="<f8").tobytes())
+            if w is not None:  # the array's own buffer: no 128 MB copy at 16 x 1M
+                fh.write(memoryview(np.ascontiguousarray(w, dtype="<f8")).cast("B"))
 
 
 def _records(path: Path, agents: int, dim: int) -> list[tuple[int, bool]]:
