@@ -87,7 +87,7 @@ def rounds(out: Path, index: int, models: Sequence[np.ndarray | None], metrics: 
             fh.write(np.float64(w is not None).astype("<f8").tobytes())
             fh.write(np.ascontiguousarray(told, dtype="<f8").tobytes())
             if w is not None:  # the array's own buffer: no 128 MB copy at 16 x 1M
-                fh.write(memoryview(np.ascontiguousarray(w, dtype="<f8")).cast("B"))
+                fh.write(np.ascontiguousarray(w, dtype="<f8").data.cast("B"))
 
 
 def _records(path: Path, agents: int, dim: int) -> list[tuple[int, bool]]:

@@ -76,6 +76,12 @@ class Instance:
         return cls(config, graph, A, topology.perron(A), plugin, params, features, classes)
 
     @property
+    def float32(self) -> bool:
+        """Whether the problem's model is float32 (a torch problem's default): its true
+        models in telemetry Parts travel as float32 (wire.telemetry_dtype)."""
+        return bool(np.dtype(getattr(self.plugin, "dtype", np.float64)) == np.float32)
+
+    @property
     def wire(self) -> WireDtype:
         """How this problem's releases travel (resolved when built: never None then)."""
         return self.config.wire_dtype or WireDtype.F8
