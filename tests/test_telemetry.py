@@ -12,13 +12,14 @@ import pytest
 from privnet.agent import datasets, keys, problems, wire
 from privnet.agent.control import Telemetry
 from privnet.agent.losses import SCORE_ROWS, make_loss
-from privnet.agent.messages import Metrics, Part, Reason, Rejected, Report
+from privnet.agent.messages import METRIC_COUNT, Metrics, Part, Reason, Rejected, Report
 from privnet.agent.protocol import telemetry_context
 from privnet.agent.spec import Scheme, Strategy
 from privnet.orchestrator.cli import main
 from privnet.orchestrator.conductor import pacing
 from privnet.orchestrator.conductor.collection import Collection, model_round
 from privnet.orchestrator.curves import ROUNDS_SUFFIX, expand_models
+from privnet.orchestrator.engines import journal
 from privnet.orchestrator.engines.memory import Network
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.instance import Instance
@@ -163,6 +164,32 @@ def test_float32_parts_go_straight_into_the_slot_and_an_unfinished_model_is_none
     collection.unfinished()
     assert not collection.pieces and np.isnan(collection.models[1, 1]).all()
     assert np.array_equal(collection.models[0, 0], w.astype(np.float32))  # a whole one stays
+
+
+def test_the_journal_keeps_float32_models_as_float32_and_reads_every_record_back(
+    tmp_path: Path,
+) -> None:
+    """A round record's flag says what follows: nothing, <f8 models or <f4 ones (a float32
+    problem's, whose telemetry carried float32: the same values at half the bytes); a
+    resumed run reads each back as it was written, and a record a kill cut short is none."""
+    agents, dim = 2, 5
+    (tmp_path / "journal").mkdir()
+    rng = np.random.default_rng(4)
+    wide, narrow = rng.standard_normal((agents, dim)), rng.standard_normal((agents, dim))
+    narrow = narrow.astype(np.float32)
+    metrics = rng.standard_normal((3, agents, METRIC_COUNT))
+    journal.rounds(tmp_path, 0, [wide, None, narrow], metrics)
+    path = tmp_path / "journal" / "rounds-0.bin"
+    head = 8 * (1 + agents * METRIC_COUNT)
+    assert path.stat().st_size == 3 * head + 8 * agents * dim + 4 * agents * dim
+    config = ExperimentConfig(agents=agents, iters=4, dim=dim)
+    point = journal.resume_point(config, 0, path)
+    assert point.recorded == 3 and np.array_equal(point.metrics[:3], metrics)
+    assert np.array_equal(point.models[0], wide) and np.isnan(point.models[1]).all()
+    assert point.models[2].dtype == np.float64 and np.array_equal(point.models[2], narrow)
+    with path.open("ab") as fh:  # a fourth record the kill cut short
+        fh.write(np.float64(2).tobytes() + bytes(head))
+    assert journal.resume_point(config, 0, path).recorded == 3
 
 
 def test_a_sparse_session_is_made_whole_with_nan_between_its_model_rounds() -> None:
