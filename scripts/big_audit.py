@@ -9,7 +9,8 @@
    + 4) x the model's bytes + 150 MB, and USS; the orchestrator's), and the orchestrator's
    CPU per round (summary.json's session_cpu_s: the audit's tap runs in its process).
 2. The run's models (models.npz: the rounds its telemetry carried, and the last) against the
-   memory engine's, every model every round: equal to the lattice tolerance.
+   memory engine's, every model every round, rounded as the telemetry carried them (float32
+   for a float32 problem's model in Parts): equal to the lattice tolerance.
 3. Its audit (audit.json, on the sample): no clear model, cancellation residual 0, the
    sample stated.
 4. The capture: none of the true models' values (the memory engine's, every round) for a
@@ -39,14 +40,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import psutil
 
-from privnet.agent import lattice
+from privnet.agent import lattice, wire
 from privnet.agent.spec import Scheme, Strategy
 from privnet.broker.launcher import launch
 from privnet.orchestrator.bench import _mlp, _mlp_width, model_toml
@@ -267,26 +268,31 @@ def _summary(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def memory_models(problem: Instance, scheme: Scheme) -> np.ndarray:
-    """Every agent's true model after every round on the memory engine, (iters, P, M)."""
+    """Every agent's true model after every round on the memory engine, (iters, P, M), as
+    float64 (its telemetry not rounded to float32: the capture is searched for the true values)."""
     plans = session_plans(problem, [(Strategy.ATC, scheme, 0)])
+    plans = [replace(plan, models_f4=False) for plan in plans]
     (result,) = Network.build(plans, models_every=1).play()
     return np.asarray(result.models)
 
 
 def compare(run_dir: Path, truth: np.ndarray, problem: Instance) -> dict[str, Any]:
-    """The run's models (the rounds it has) against the memory engine's."""
+    """The run's models (the rounds it has) against the memory engine's, rounded as the run's
+    telemetry carried them (float32 for a float32 problem's model in Parts)."""
     with np.load(run_dir / "models.npz") as saved:
         names = sorted(saved.files)
         (label,) = [n for n in names if not n.endswith(ROUNDS_SUFFIX)]
         models = saved[label]
         held = f"{label}{ROUNDS_SUFFIX}"
         rounds = saved[held] - 1 if held in names else None
-    mine = truth if rounds is None else truth[rounds]
+    dtype = wire.telemetry_dtype(problem.config.dim, problem.float32)
+    mine = wire.as_telemetered(truth if rounds is None else truth[rounds], dtype)
     have = ~np.isnan(models)
     gap = float(np.max(np.abs(models[have] - mine[have])))
     step = lattice.grid(problem.config.sigma_g, problem.wire)
     return {
         "rounds_compared": None if rounds is None else [int(r) + 1 for r in rounds],
+        "telemetry_dtype": dtype,
         "max_abs_gap": gap,
         "lattice_step": step,
         "equal_to_the_lattice": gap <= step,

@@ -12,13 +12,14 @@ import pytest
 from privnet.agent import datasets, keys, problems, wire
 from privnet.agent.control import Telemetry
 from privnet.agent.losses import SCORE_BUDGET, SCORE_FLOOR, SCORE_ROWS, make_loss, score_rows
-from privnet.agent.messages import Metrics, Part, Reason, Rejected, Report
+from privnet.agent.messages import METRIC_COUNT, Metrics, Part, Reason, Rejected, Report
 from privnet.agent.protocol import telemetry_context
 from privnet.agent.spec import Scheme, Strategy
 from privnet.orchestrator.cli import main
 from privnet.orchestrator.conductor import pacing
 from privnet.orchestrator.conductor.collection import Collection, model_round
 from privnet.orchestrator.curves import ROUNDS_SUFFIX, expand_models
+from privnet.orchestrator.engines import journal
 from privnet.orchestrator.engines.memory import Network
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.instance import Instance
@@ -72,6 +73,40 @@ def test_the_default_k_is_one_up_to_one_message_then_the_messages_a_model_takes(
     assert wire.default_models_every(1_000_000) == 8  # 1M float64: 8 messages of 1 MiB
 
 
+def test_a_float32_problems_parts_travel_as_float32_and_nothing_else_does() -> None:
+    """wire.telemetry_dtype: <f4 Parts for a float32 problem's model too big for one
+    message (half the bytes, half the messages), <f8 for a float64 problem's and for any
+    model of one Report; a receiver expecting one refuses the other, and a non-finite one."""
+    dim = 1_000_000
+    assert wire.telemetry_dtype(dim, True) == wire.F4
+    assert wire.telemetry_dtype(dim, False) == wire.DTYPE  # the paper's float64 problems
+    assert wire.telemetry_dtype(wire.max_report_dim(), True) == wire.DTYPE  # one Report
+    assert wire.part_count(dim, wire.F4) == 4 and wire.part_count(dim) == 8
+    assert wire.default_models_every(dim) == 8  # K counts float64 Parts whatever the dtype
+    w = np.random.default_rng(2).standard_normal(dim)
+    parts = wire.split(Report(3, 8, w), wire.F4)
+    assert [p.offset for p in parts] == [i * wire.part_dim(wire.F4) for i in range(4)]
+    assert all(isinstance(p, Part) and p.w.dtype == np.float32 for p in parts)
+    blob = wire.encode_telemetry(parts[:1])
+    assert len(blob) < 4 * wire.part_dim(wire.F4) + 200  # 4 bytes a parameter
+    (back,) = wire.decode_telemetry(blob, dim, wire.F4)
+    assert isinstance(back, Part) and back.w.dtype == np.float32
+    assert np.array_equal(back.w, w[: len(back.w)].astype(np.float32))
+    with pytest.raises(Rejected) as wide:  # float64 where float32 is expected
+        wire.decode_telemetry(wire.encode_telemetry(wire.split(Report(3, 8, w))[:1]), dim, wire.F4)
+    assert wide.value.reason is Reason.SHAPE
+    with pytest.raises(Rejected) as narrow:  # and the other way round
+        wire.decode_telemetry(blob, dim)
+    assert narrow.value.reason is Reason.SHAPE
+    bad = np.ones(wire.part_dim(wire.F4), dtype=np.float32)
+    bad[7] = np.inf
+    with pytest.raises(Rejected) as infinite:
+        wire.decode_telemetry(wire.encode_telemetry([Part(3, 8, 0, bad)]), dim, wire.F4)
+    assert infinite.value.reason is Reason.NON_FINITE and "[7]" in infinite.value.detail
+    assert np.array_equal(wire.as_telemetered(w, wire.F4), w.astype(np.float32))
+    assert wire.as_telemetered(w, wire.DTYPE) is w
+
+
 # ---- the orchestrator's collection ------------------------------------------------------------
 
 
@@ -105,6 +140,56 @@ def test_a_round_is_in_with_its_metrics_and_at_a_model_round_its_whole_model() -
     assert late.value.reason is Reason.STALE_VIEW
     collection.redo(2)
     assert collection.counts.tolist() == [0, 1] and np.isnan(collection.models[1, 1, 0])
+
+
+def test_float32_parts_go_straight_into_the_slot_and_an_unfinished_model_is_none() -> None:
+    """<f4 Parts, in any order, written in place: the slot's column 0 stays NaN (no model)
+    until the last part is in; a model whose parts did not all come by the session's end
+    is blanked again (`unfinished`)."""
+    dim, rounds = 600_000, 2
+    collection = Collection(RUN, ORCHESTRATOR)
+    collection.new_session(rounds, 2, dim, every=1, dtype=wire.F4)
+    w = np.random.default_rng(3).standard_normal(dim)
+    parts = wire.split(Report(0, 1, w), wire.F4)
+    assert len(parts) == 3
+    for part in reversed(parts):
+        assert np.isnan(collection.models[0, 0, 0]) and not collection.done[0, 0]
+        collection.telemetry(_sealed(0, [part], 1), 0, dim, rounds)
+    collection.telemetry(_sealed(0, [wire.metrics(0, 1, (1.0, 2.0))], 1), 0, dim, rounds)
+    assert collection.done[0, 0] and not collection.pieces
+    assert np.array_equal(collection.models[0, 0], w.astype(np.float32))
+    other = wire.split(Report(1, 2, w), wire.F4)
+    collection.telemetry(_sealed(1, other[:1], 2), 0, dim, rounds)
+    assert np.isnan(collection.models[1, 1, 0]) and collection.models[1, 1, 1] == np.float32(w[1])
+    collection.unfinished()
+    assert not collection.pieces and np.isnan(collection.models[1, 1]).all()
+    assert np.array_equal(collection.models[0, 0], w.astype(np.float32))  # a whole one stays
+
+
+def test_the_journal_keeps_float32_models_as_float32_and_reads_every_record_back(
+    tmp_path: Path,
+) -> None:
+    """A round record's flag says what follows: nothing, <f8 models or <f4 ones (a float32
+    problem's, whose telemetry carried float32: the same values at half the bytes); a
+    resumed run reads each back as it was written, and a record a kill cut short is none."""
+    agents, dim = 2, 5
+    (tmp_path / "journal").mkdir()
+    rng = np.random.default_rng(4)
+    wide, narrow = rng.standard_normal((agents, dim)), rng.standard_normal((agents, dim))
+    narrow = narrow.astype(np.float32)
+    metrics = rng.standard_normal((3, agents, METRIC_COUNT))
+    journal.rounds(tmp_path, 0, [wide, None, narrow], metrics)
+    path = tmp_path / "journal" / "rounds-0.bin"
+    head = 8 * (1 + agents * METRIC_COUNT)
+    assert path.stat().st_size == 3 * head + 8 * agents * dim + 4 * agents * dim
+    config = ExperimentConfig(agents=agents, iters=4, dim=dim)
+    point = journal.resume_point(config, 0, path)
+    assert point.recorded == 3 and np.array_equal(point.metrics[:3], metrics)
+    assert np.array_equal(point.models[0], wide) and np.isnan(point.models[1]).all()
+    assert point.models[2].dtype == np.float64 and np.array_equal(point.models[2], narrow)
+    with path.open("ab") as fh:  # a fourth record the kill cut short
+        fh.write(np.float64(2).tobytes() + bytes(head))
+    assert journal.resume_point(config, 0, path).recorded == 3
 
 
 def test_a_sparse_session_is_made_whole_with_nan_between_its_model_rounds() -> None:

@@ -21,6 +21,7 @@ from privnet.agent.spec import (
     Bound,
     ConfigError,
     Count,
+    Elided,
     Positive,
     Size,
 )
@@ -225,6 +226,9 @@ class Config:
     seal_links: bool = True  # peer frames sealed (False: the paper's visible wire, MACed)
     escrow: bool = False  # send the view's link keys to the orchestrator (`--audit`)
     models_every: Positive = 1  # telemetry: the true model every K rounds (and the last)
+    # a float32 problem's model in Parts travels as float32 (wire.telemetry_dtype); elided
+    # while False, so a Config of before keeps its bytes
+    models_f4: Annotated[bool, Elided()] = False
 
     def check(self) -> None:
         """ConfigError unless the parts fit each other (each checks itself when built)."""

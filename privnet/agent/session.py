@@ -101,13 +101,14 @@ class Session:
     def note(self, report: Report) -> None:
         """Keep a round's telemetry: the agent's own metrics every round, its true model
         every `models_every` rounds and at the session's last (in Parts when too big for
-        one message)."""
+        one message, float32 ones for a float32 problem: `Config.models_f4`)."""
         metrics = getattr(self.core.loss, "metrics", None)
         values = metrics(report.w, report.round) if metrics else (math.nan, math.nan)
         self.reports.append(wire.metrics(report.sender, report.round, values))
         every, last = self.config.models_every, self.core.spec.rounds
         if report.round % every == 0 or report.round == last:
-            self.reports.extend(wire.split(report))
+            dtype = wire.telemetry_dtype(self.core.spec.dim, self.config.models_f4)
+            self.reports.extend(wire.split(report, dtype))
 
     def due(self) -> bool:
         """Whether the telemetry kept makes a batch: `telemetry_batch` rounds, or as many

@@ -119,6 +119,8 @@ def replay(
     released: dict[tuple[int, int, int, int, int], np.ndarray] = {}
     cores: dict[tuple[int, int], _Witness] = {}
     (plan,) = session_plans(problem, [(strategy, scheme, repeat)])
+    # the ground truth is the float64 model, whatever a run's telemetry rounds it to
+    plan = replace(plan, models_f4=False)
     if noise_keys is not None:
         plan = replace(plan, specs=[replace(s, noise_key=noise_keys[s.agent]) for s in plan.specs])
     seen = SessionWire()

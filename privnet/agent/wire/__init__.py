@@ -30,7 +30,7 @@ from privnet.agent.wire.peer import (
     model_frame_bytes,
     peek_peer,
 )
-from privnet.agent.wire.schema import DTYPE, U4
+from privnet.agent.wire.schema import DTYPE, F4, U4
 from privnet.agent.wire.sealed import (
     KEY_KIND,
     MODEL_KIND,
@@ -61,6 +61,7 @@ from privnet.agent.wire.signed import (
     reports_per_message,
 )
 from privnet.agent.wire.telemetry import (
+    as_telemetered,
     decode_telemetry,
     default_models_every,
     encode_telemetry,
@@ -70,12 +71,14 @@ from privnet.agent.wire.telemetry import (
     part_count,
     part_dim,
     split,
+    telemetry_dtype,
 )
 
 __all__ = [
     "CHUNK_BYTES",
     "COUNT_LIMIT",
     "DTYPE",
+    "F4",
     "ID_LIMIT",
     "KEY_KIND",
     "MAC_BYTES",
@@ -93,6 +96,7 @@ __all__ = [
     "Head",
     "Peer",
     "SignedFrame",
+    "as_telemetered",
     "category",
     "check_route",
     "chunk_count",
@@ -130,4 +134,5 @@ __all__ = [
     "reports_per_message",
     "seal_peer",
     "split",
+    "telemetry_dtype",
 ]

@@ -37,7 +37,8 @@ from privnet.agent.spec import (
 
 DTYPE = "<f8"
 U4 = "<u4"  # a release on the noise lattice mod 2^32 (`--wire-dtype u4`, privnet.agent.lattice)
-WIDTH = {DTYPE: 8, U4: 4}  # bytes a parameter
+F4 = "<f4"  # a float32 problem's true model in telemetry Parts (privnet.agent.wire.telemetry)
+WIDTH = {DTYPE: 8, U4: 4, F4: 4}  # bytes a parameter
 
 
 def _short_repr() -> reprlib.Repr:
@@ -219,8 +220,9 @@ class RawVector:
 
 
 def dtype_of(vector: np.ndarray) -> str:
-    """The wire dtype of a vector: <u4 for lattice words (uint32), else <f8."""
-    return U4 if getattr(vector, "dtype", None) == np.uint32 else DTYPE
+    """The wire dtype of a vector: <u4 for lattice words (uint32), <f4 for float32, else <f8."""
+    kind = getattr(vector, "dtype", None)
+    return U4 if kind == np.uint32 else F4 if kind == np.float32 else DTYPE
 
 
 def _vector_encode(vector: np.ndarray) -> dict[str, Any]:
@@ -238,9 +240,12 @@ VECTOR = Kind(_vector_encode, _vector_decode)
 
 def check_vector(raw: RawVector, dim: int, where: str, dtype: str = DTYPE) -> np.ndarray:
     """The array behind `raw`, if it has the `dtype` expected (<f8, float64 with finite
-    entries; <u4, lattice words as uint32) and shape [dim]."""
+    entries; <f4, float32 with finite entries, read in place; <u4, lattice words as uint32)
+    and shape [dim]."""
     if raw.dtype != dtype:
-        name = "little-endian float64" if dtype == DTYPE else "lattice words mod 2^32"
+        name = {DTYPE: "little-endian float64", F4: "little-endian float32"}.get(
+            dtype, "lattice words mod 2^32"
+        )
         raise Rejected(
             Reason.SHAPE,
             f"{where}: dtype must be {dtype!r} ({name}), got {raw.dtype!r}",
@@ -255,9 +260,13 @@ def check_vector(raw: RawVector, dim: int, where: str, dtype: str = DTYPE) -> np
         )
     if dtype == U4:
         return np.frombuffer(raw.data, dtype=U4).astype(np.uint32)
-    vector = np.frombuffer(raw.data, dtype=DTYPE).astype(np.float64)
-    bad = np.flatnonzero(~np.isfinite(vector))
-    if bad.size:
+    if dtype == F4:  # a view of the frame's bytes: the reader copies it where it goes
+        vector = np.frombuffer(raw.data, dtype=F4)
+    else:
+        vector = np.frombuffer(raw.data, dtype=DTYPE).astype(np.float64)
+    finite = np.isfinite(vector)
+    if not finite.all():
+        bad = np.flatnonzero(~finite)
         raise Rejected(
             Reason.NON_FINITE,
             f"{where}[{bad[0]}] is {vector[bad[0]]}; only finite numbers are accepted",

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from privnet.agent import wire
 from privnet.agent.spec import STRATEGY_STEP, Scheme, Strategy
 from privnet.orchestrator.audit.masks import Noise, cancellation, merge, noise_report, noise_samples
 from privnet.orchestrator.audit.views import PLAIN_REL, Part, parts, redo, round_messages, senders
@@ -90,7 +91,10 @@ def audit_session(
         "step": step,
         **_counts(seen, frames, checks),
         "masking_strength": _summary([x for link in frames.links.values() for x in link.strengths]),
-        "truth_vs_telemetry": _truth_check(truth.models, telemetry),
+        "truth_vs_telemetry": _truth_check(
+            wire.as_telemetered(truth.models, wire.telemetry_dtype(c.dim, problem.float32)),
+            telemetry,
+        ),
         # rounds whose true models the run's telemetry carried (--models-every K: every K
         # and the last); between them the replay is checked against the wire alone
         "truth_rounds": _truth_rounds(telemetry, c.iters),
@@ -250,7 +254,9 @@ def _truth_rounds(telemetry: np.ndarray | None, iters: int) -> list[int]:
 
 def _truth_check(models: np.ndarray, telemetry: np.ndarray | None) -> float | None:
     """Max |replay w - sealed telemetry w| over the cells the run has (NaN: a round an
-    agent did not report, out of its view); AuditError beyond TRUTH_TOL."""
+    agent did not report, out of its view), the replay's `models` rounded as the telemetry
+    carried them (wire.as_telemetered: float32 for a float32 problem's Parts); AuditError
+    beyond TRUTH_TOL."""
     if telemetry is None or np.isnan(telemetry).all():  # run with --no-telemetry
         return None
     if telemetry.shape != models.shape:

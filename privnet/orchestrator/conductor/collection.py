@@ -5,6 +5,7 @@ and what the orchestrator sends down, signed and counted as the agents count the
 
 from __future__ import annotations
 
+import math
 import mmap
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -29,10 +30,12 @@ Link = tuple[int, int]  # (a, b), a < b
 
 @dataclass
 class Pieces:
-    """A model arriving in Parts: its buffer, and the offsets of the parts in."""
+    """A model arriving in Parts, written straight into its slot of the session's models:
+    the offsets of the parts in, and column 0's value, held back until every part is (a
+    slot's column 0 is NaN while its model is not in: the mark every reader uses)."""
 
-    w: np.ndarray
     offsets: set[int] = field(default_factory=set)
+    first: float = math.nan
 
 
 @dataclass
@@ -92,6 +95,7 @@ class Collection:
     done: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=bool))  # (rounds, P)
     counts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # per agent
     every: int = 1  # models every K rounds
+    dtype: str = wire.DTYPE  # how the models travel (wire.telemetry_dtype)
     pieces: dict[tuple[int, int], Pieces] = field(default_factory=dict)  # (round, agent)
     # (session, view) -> {link: key}, as the agents escrowed them (--audit)
     link_keys: dict[tuple[int, int], dict[Link, bytes]] = field(default_factory=dict)
@@ -99,21 +103,27 @@ class Collection:
     farewells: dict[int, dict[str, int]] = field(default_factory=dict)
     farewell_traffic: Traffic = field(default_factory=Traffic)  # their Left frames
 
-    def new_session(self, rounds: int, agents: int, dim: int, every: int = 1) -> None:
+    def new_session(
+        self, rounds: int, agents: int, dim: int, every: int = 1, dtype: str = wire.DTYPE
+    ) -> None:
         self.models = blank_models(rounds, agents, dim)
         self.metrics = np.full((rounds, agents, METRIC_COUNT), np.nan)
         self.done = np.zeros((rounds, agents), dtype=bool)
         self.reported = np.zeros((rounds, agents), dtype=bool)
         self.counts = np.zeros(agents, dtype=np.int64)
-        self.every, self.pieces = every, {}
+        self.every, self.dtype, self.pieces = every, dtype, {}
 
     def _recount(self) -> None:
         self.counts = self.done.sum(axis=0)
 
+    def _blank(self, rounds: slice, agents: int | slice = slice(None)) -> None:
+        """No model in those slots: NaN (a big array: zeros with NaN in column 0)."""
+        self.models[rounds, agents] = np.nan if self.models.size <= DENSE_BYTES // 8 else 0.0
+        self.models[rounds, agents, 0] = np.nan
+
     def redo(self, start: int) -> None:
         """Rounds from `start` on are redone (or never done) under a new view."""
-        self.models[start - 1 :] = np.nan if self.models.size <= DENSE_BYTES // 8 else 0.0
-        self.models[start - 1 :, :, 0] = np.nan
+        self._blank(slice(start - 1, None))
         self.metrics[start - 1 :] = np.nan
         self.done[start - 1 :] = self.reported[start - 1 :] = False
         self.pieces = {k: v for k, v in self.pieces.items() if k[0] < start}
@@ -154,7 +164,7 @@ class Collection:
             blob = keys.open_sealed(self.identity.static, msg.sealed, context)
         except keys.BadKey as exc:
             raise Rejected(Reason.BAD_SEAL, f"telemetry of agent {msg.agent}: {exc}") from exc
-        items = wire.decode_telemetry(blob, dim)
+        items = wire.decode_telemetry(blob, dim, self.dtype)
         rounds = self.models.shape[0]
         for item in items:
             self._check(item, msg, rounds, end)
@@ -166,12 +176,29 @@ class Collection:
             elif isinstance(item, Report):
                 self.models[r, m] = item.w
             else:
-                got = self.pieces.setdefault((item.round, m), Pieces(np.empty(dim)))
-                got.w[item.offset : item.offset + len(item.w)] = item.w
-                got.offsets.add(item.offset)
-                if len(got.offsets) == wire.part_count(dim):
-                    self.models[r, m] = self.pieces.pop((item.round, m)).w
+                self._place(item, dim)
             self._complete(item.round, m)
+
+    def _place(self, part: Part, dim: int) -> None:
+        """A part into its model's slot (no buffer of its own, no copy of the whole model);
+        column 0 once every part is in."""
+        r, m, at, end = part.round - 1, part.sender, part.offset, part.offset + len(part.w)
+        got = self.pieces.setdefault((part.round, m), Pieces())
+        if at == 0:
+            got.first = float(part.w[0])
+            self.models[r, m, 1:end] = part.w[1:]
+        else:
+            self.models[r, m, at:end] = part.w
+        got.offsets.add(at)
+        if len(got.offsets) == wire.part_count(dim, self.dtype):
+            self.models[r, m, 0] = self.pieces.pop((part.round, m)).first
+
+    def unfinished(self) -> None:
+        """The session is over: a model whose parts did not all come is no model (its slot
+        blank again, as if none had)."""
+        for round_, m in self.pieces:
+            self._blank(slice(round_ - 1, round_), m)
+        self.pieces = {}
 
     def _check(self, item: Telemetered, msg: control.Telemetry, rounds: int, end: int) -> None:
         if item.sender != msg.agent or not 1 <= item.round <= rounds:

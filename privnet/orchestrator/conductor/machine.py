@@ -78,7 +78,13 @@ class Conductor:
         # telemetry: agents' metrics every round, their models every K (None: by the size)
         self.models_every = models_every or wire.default_models_every(plans[0].dim)
         self.terms = Terms(
-            deadline, telemetry, checkpoint_every, seal_links, escrow, self.models_every
+            deadline,
+            telemetry,
+            checkpoint_every,
+            seal_links,
+            escrow,
+            self.models_every,
+            plans[0].models_f4,
         )
         # A replay applies recorded views at their rounds and decides nothing itself.
         self.script = {(v.session, v.view): v for v in script} if script is not None else None

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from privnet.agent import control
+from privnet.agent import control, wire
 from privnet.agent.problems import Share
 from privnet.agent.spec import AgentSpec, Scheme, Strategy
 
@@ -77,6 +77,7 @@ class SessionPlan:
     specs: list[AgentSpec]
     problems: tuple[Share, ...]
     view_specs: ViewSpecs | None = None
+    models_f4: bool = False  # a float32 problem: its models in Parts travel as float32
 
     @property
     def label(self) -> str:
@@ -89,6 +90,11 @@ class SessionPlan:
     @property
     def dim(self) -> int:
         return self.specs[0].dim
+
+    @property
+    def telemetry_dtype(self) -> str:
+        """How its agents' true models travel to the orchestrator (wire.telemetry_dtype)."""
+        return wire.telemetry_dtype(self.dim, self.models_f4)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ class Terms:
     seal_links: bool
     escrow: bool
     models_every: int = 1
+    models_f4: bool = False  # Config.models_f4: a float32 problem's Parts as float32
 
 
 def setups(
@@ -57,6 +58,7 @@ def setups(
             terms.seal_links,
             terms.escrow,
             terms.models_every,
+            terms.models_f4,
         )
         sealed = keys.seal(
             identities[spec.agent].static,

@@ -277,6 +277,7 @@ class Steward:
         views = [v for v in membership.views if v.session == c.session]
         wall = now - c.pacing.go_at
         finished, collection = dict(membership.finished), c.collection
+        collection.unfinished()
         result = SessionResult(plan.label, collection.models, finished, wall, views)
         result.metrics, result.models_every = collection.metrics, c.models_every
         c.results.append(result)
@@ -290,7 +291,9 @@ class Steward:
             c.to(Stage.CLOSING, now)
             return Output([c.down("all", control.Close())], [Event("closing")])
         plan = c.plans[c.session]
-        c.collection.new_session(plan.rounds, c.agents, plan.dim, c.models_every)
+        c.collection.new_session(
+            plan.rounds, c.agents, plan.dim, c.models_every, plan.telemetry_dtype
+        )
         c.membership.new_session()
         c.blame.parked.clear()  # a Rejoin of the last session: everyone alive is in
         c.pacing.go_at = 0.0

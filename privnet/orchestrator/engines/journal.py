@@ -76,32 +76,41 @@ def session_done(out: Path, index: int, result: SessionResult) -> None:
     (where / f"rounds-{index}.bin").unlink(missing_ok=True)
 
 
+WIDTHS = {1: "<f8", 2: "<f4"}  # a round record's flag -> the dtype of the models after it
+
+
 def rounds(out: Path, index: int, models: Sequence[np.ndarray | None], metrics: np.ndarray) -> None:
-    """Append the next rounds of session `index`: per round a record of a flag (1: its
-    models follow), the agents' metrics (P x METRIC_COUNT) and, at a model round, their
-    models (P x M), all <f8. The file holds rounds 1, 2, ... in order."""
+    """Append the next rounds of session `index`: per round a record of a flag (0: no
+    models; 1: its models follow as <f8; 2: as <f4, a float32 problem's, which its telemetry
+    carried as float32), the agents' metrics (P x METRIC_COUNT, <f8) and, at a model round,
+    their models (P x M). The file holds rounds 1, 2, ... in order."""
     path = out / JOURNAL / f"rounds-{index}.bin"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE)
     with os.fdopen(fd, "ab") as fh:
         for w, told in zip(models, metrics, strict=True):
-            fh.write(np.float64(w is not None).astype("<f8").tobytes())
+            narrow = w is not None and w.dtype == np.float32
+            flag = 0 if w is None else 2 if narrow else 1
+            fh.write(np.float64(flag).astype("<f8").tobytes())
             fh.write(np.ascontiguousarray(told, dtype="<f8").tobytes())
-            if w is not None:
-                fh.write(np.ascontiguousarray(w, dtype="<f8").tobytes())
+            if w is not None:  # the array's own buffer: no 128 MB copy at 16 x 1M
+                fh.write(np.ascontiguousarray(w, dtype=WIDTHS[flag]).data.cast("B"))
 
 
-def _records(path: Path, agents: int, dim: int) -> list[tuple[int, bool]]:
-    """(offset, has models) of every whole round record in `path`."""
+def _records(path: Path, agents: int, dim: int) -> list[tuple[int, str | None]]:
+    """(offset, dtype of its models or None) of every whole round record in `path`."""
     size, at, out = path.stat().st_size, 0, []
     head = 8 * (1 + agents * METRIC_COUNT)
     with open(path, "rb") as fh:
         while at + head <= size:
             fh.seek(at)
-            has = bool(np.frombuffer(fh.read(8), dtype="<f8")[0])
-            length = head + (8 * agents * dim if has else 0)
+            flag = int(np.frombuffer(fh.read(8), dtype="<f8")[0])
+            dtype = WIDTHS.get(flag)
+            if flag and dtype is None:
+                raise ValueError(f"{path}: a round record's flag is {flag}, not 0, 1 or 2")
+            length = head + (np.dtype(dtype).itemsize * agents * dim if dtype else 0)
             if at + length > size:
                 break  # a write the kill cut short is not a round
-            out.append((at, has))
+            out.append((at, dtype))
             at += length
     return out
 
@@ -162,11 +171,11 @@ def resume_point(config: ExperimentConfig, session: int, got: Path | None) -> Re
         records = _records(got, config.agents, config.dim)[: config.iters]
         head = config.agents * METRIC_COUNT
         with open(got, "rb") as fh:
-            for r, (at, has) in enumerate(records):
+            for r, (at, dtype) in enumerate(records):
                 fh.seek(at + 8)
                 metrics[r] = np.frombuffer(fh.read(8 * head), "<f8").reshape(-1, METRIC_COUNT)
-                if has:
-                    size = config.agents * config.dim
-                    models[r] = np.frombuffer(fh.read(8 * size), "<f8").reshape(shape[1:])
+                if dtype is not None:
+                    size = config.agents * config.dim * np.dtype(dtype).itemsize
+                    models[r] = np.frombuffer(fh.read(size), dtype).reshape(shape[1:])
         recorded = len(records)
     return Resume(session, models, recorded, metrics)

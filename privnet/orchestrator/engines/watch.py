@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from privnet.agent import wire
 from privnet.agent.launch import AgentLaunch
 from privnet.agent.protocol import Output
 from privnet.orchestrator.conductor import IN_SESSION, Conductor, SessionResult, Stage, View
@@ -301,9 +302,14 @@ class Watch:
             self._centroid = (session, r + 1, cen)  # the progress line's, at no second MSD
         fresh = conductor.session == 0 and written == 0
         header = (*METRICS_HEADER, *told)
-        # the model rounds' only: a big model's other rounds are pages never written
+        # the model rounds' only: a big model's other rounds are pages never written; as
+        # float32 where the telemetry carried float32 (exact: half the journal's bytes)
         kept = conductor.collection.models[written:done]
-        models = tuple(None if np.isnan(w[:, 0]).all() else w.copy() for w in kept)
+        narrow = conductor.collection.dtype == wire.F4
+        models = tuple(
+            None if np.isnan(w[:, 0]).all() else w.astype(np.float32) if narrow else w.copy()
+            for w in kept
+        )
         held = metrics[written:done].copy()
         self._streamed, self._redone = (session, done), None
         return (*effects, WriteRows(session, models, held, header, tuple(rows), fresh))

@@ -76,6 +76,12 @@ class Instance:
         return cls(config, graph, A, topology.perron(A), plugin, params, features, classes)
 
     @property
+    def float32(self) -> bool:
+        """Whether the problem's model is float32 (a torch problem's default): its true
+        models in telemetry Parts travel as float32 (wire.telemetry_dtype)."""
+        return bool(np.dtype(getattr(self.plugin, "dtype", np.float64)) == np.float32)
+
+    @property
     def wire(self) -> WireDtype:
         """How this problem's releases travel (resolved when built: never None then)."""
         return self.config.wire_dtype or WireDtype.F8
@@ -217,7 +223,21 @@ def msd(w: np.ndarray, w_opt: np.ndarray, q: np.ndarray) -> tuple[float, float]:
     if not present.all():
         w, q = w[present], q[present] / q[present].sum()
     centroid = q @ w
-    return float(np.sum((centroid - w_opt) ** 2)), float(np.mean(np.sum((w - w_opt) ** 2, axis=1)))
+    return float(np.sum((centroid - w_opt) ** 2)), float(np.mean(_square_gaps(w, w_opt)))
+
+
+def _square_gaps(w: np.ndarray, w_opt: np.ndarray) -> np.ndarray:
+    """`np.sum((w - w_opt) ** 2, axis=1)`, the same sums, one row at a time in one buffer:
+    at 16 x 1M parameters the whole-array form makes two 128 MB temporaries a model round.
+    Rows not contiguous take the whole-array form (numpy sums them in another order)."""
+    if not w.flags.c_contiguous or w.dtype != np.float64:
+        return np.sum((w - w_opt) ** 2, axis=1)
+    gap, out = np.empty(w.shape[1]), np.empty(len(w))
+    for p, row in enumerate(w):
+        np.subtract(row, w_opt, out=gap)
+        np.multiply(gap, gap, out=gap)
+        out[p] = np.sum(gap)
+    return out
 
 
 def _shape(dataset: str) -> tuple[int, int]:

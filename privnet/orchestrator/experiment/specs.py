@@ -166,6 +166,7 @@ def session_plans(
                 agent_specs(problem, strategy, scheme, repeat=repeat, session=session),
                 problem.specs(repeat),
                 view_specs,
+                problem.float32,
             )
         )
     return plans
