@@ -11,6 +11,7 @@ Pure functions, no I/O.
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -329,6 +330,26 @@ class PairStream:
             self._at, self._left, n = self._at + take, self._left - take, n - take
         return out
 
+    def read_into(self, round_: int, out: np.ndarray) -> np.ndarray:
+        """`read(round_)`'s bytes written into `out` (a contiguous array of word * dim
+        bytes), from a zero page that takes no memory: no two fresh buffers of the
+        stream's width a read (8 MB at a million parameters and 4-byte words)."""
+        view = memoryview(out).cast("B")
+        if view.nbytes != self._width or not 0 <= round_ < 2**64:
+            raise ValueError(f"round {round_} into {view.nbytes} bytes: {self._width} expected")
+        start, n, done = round_ * self._width, self._width, 0
+        encryptor = self._encryptor
+        if encryptor is None or start != self._at:
+            encryptor = self._seek(start)
+        while n:  # once, but where the read crosses a 2^32-block boundary (as `read`)
+            if not self._left:
+                encryptor = self._seek(self._at)
+            take = min(n, self._left)
+            encryptor.update_into(_zeros(take), view[done : done + take])
+            self._at, self._left = self._at + take, self._left - take
+            n, done = n - take, done + take
+        return out
+
     def _seek(self, offset: int) -> CipherContext:
         block, skip = divmod(offset, _BLOCK)
         nonce, counter = divmod(block, _COUNTER_BLOCKS)
@@ -338,6 +359,23 @@ class PairStream:
         self._encryptor = encryptor
         self._at, self._left = offset, (_COUNTER_BLOCKS - counter) * _BLOCK - skip
         return encryptor
+
+
+_ZEROS: list[memoryview] = []  # a read-only private mapping: its pages are the zero page
+
+
+def _zeros(n: int) -> memoryview:
+    """`n` zero bytes to encrypt into keystream, without memory of their own (an anonymous
+    private mapping never written reads the kernel's zero page; `bytes(n)` would be n
+    bytes written, and RSS, at every read)."""
+    if not _ZEROS or len(_ZEROS[0]) < n:
+        size = max(n, 1 << 20)
+        if hasattr(mmap, "MAP_ANONYMOUS"):
+            flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+            _ZEROS[:] = [memoryview(mmap.mmap(-1, size, flags=flags, prot=mmap.PROT_READ))]
+        else:  # no such mapping on this platform: real zeros, once
+            _ZEROS[:] = [memoryview(bytes(size))]
+    return _ZEROS[0][:n]
 
 
 def stream_laplace(streams: bytes, dim: int, sigma_g: float) -> np.ndarray:
@@ -437,8 +475,9 @@ class WordBank:
         if last < round_:
             raise ValueError(f"round {round_} is past the epoch's last round {last}")
         out = np.zeros((self._rows, self._dim), dtype=np.uint32)
+        u = np.empty(self._dim, dtype="<u4")  # every pair's words in turn: one buffer
         for stream, places in zip(self._streams, self._places, strict=True):
-            u = np.frombuffer(stream.read(round_), dtype="<u4")
+            stream.read_into(round_, u)
             for h, plus in places:
                 (np.add if plus else np.subtract)(out[h], u, out=out[h])
         return out
