@@ -143,7 +143,7 @@ def main() -> None:
     peaks: dict[int, Peak] = {}
     sampler = threading.Thread(target=_sample, args=(proc, peaks, args.every), daemon=True)
     sampler.start()
-    watch(proc)
+    sample = watch(proc)
     sampler.join()
     if proc.returncode != 0:
         raise SystemExit(f"the run failed (exit {proc.returncode}); see {out / 'run'}")
@@ -179,6 +179,7 @@ def main() -> None:
         "wire_dtype": result["wire_dtype"],
         "model_bytes": model_bytes,
         "rounds_per_s": round(result["rounds_per_s"], 3),
+        "agent_cpu_s_per_round": round(sample.cpu.get("agents", 0.0) / args.iters, 3),
         "rss_mb": [min(r["rss_mb"] for r in rows), max(r["rss_mb"] for r in rows)],
         "uss_mb": [min(r["uss_mb"] for r in rows), max(r["uss_mb"] for r in rows)],
         "pss_mb": [min(r["pss_mb"] for r in rows), max(r["pss_mb"] for r in rows)],

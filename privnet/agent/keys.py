@@ -334,7 +334,7 @@ class PairStream:
         """`read(round_)`'s bytes written into `out` (a contiguous array of word * dim
         bytes), from a zero page that takes no memory: no two fresh buffers of the
         stream's width a read (8 MB at a million parameters and 4-byte words)."""
-        view = memoryview(out).cast("B")
+        view = out.data.cast("B")
         if view.nbytes != self._width or not 0 <= round_ < 2**64:
             raise ValueError(f"round {round_} into {view.nbytes} bytes: {self._width} expected")
         start, n, done = round_ * self._width, self._width, 0
