@@ -31,6 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -105,6 +106,11 @@ def _sample(proc: subprocess.Popen[bytes], peaks: dict[int, Peak], every: float)
         time.sleep(every)
 
 
+def summary_of(out: Path) -> dict[str, Any]:
+    summary: dict[str, Any] = json.loads((out / "run" / "summary.json").read_text())
+    return summary
+
+
 def _in_degrees(instance: Instance) -> dict[int, int]:
     graph = instance.graph
     degree = graph.in_degree if graph.is_directed() else graph.degree
@@ -147,7 +153,7 @@ def main() -> None:
     sampler.join()
     if proc.returncode != 0:
         raise SystemExit(f"the run failed (exit {proc.returncode}); see {out / 'run'}")
-    result = json.loads((out / "run" / "summary.json").read_text())["results"][0]
+    result = summary_of(out)["results"][0]
     mb = lambda b: round(b / 1e6, 1)  # noqa: E731
     rows = []
     for peak in sorted(peaks.values(), key=lambda p: p.agents[0]):
@@ -180,6 +186,7 @@ def main() -> None:
         "model_bytes": model_bytes,
         "rounds_per_s": round(result["rounds_per_s"], 3),
         "agent_cpu_s_per_round": round(sample.cpu.get("agents", 0.0) / args.iters, 3),
+        "orchestrator_session_cpu_s": summary_of(out)["config"]["orchestrator"]["session_cpu_s"],
         "rss_mb": [min(r["rss_mb"] for r in rows), max(r["rss_mb"] for r in rows)],
         "uss_mb": [min(r["uss_mb"] for r in rows), max(r["uss_mb"] for r in rows)],
         "pss_mb": [min(r["pss_mb"] for r in rows), max(r["pss_mb"] for r in rows)],
