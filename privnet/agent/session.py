@@ -50,7 +50,8 @@ def telemetry_rounds(agents: int, dim: int) -> int:
     """Rounds per telemetry message for `agents` agents of `dim` parameters: fewer than
     `telemetry_batch` where the models of the unsent rounds pass HISTORY_BYTES, since the
     agent holds each round's model until the conductor has its report (a Recorded frees it):
-    every round at 1M parameters (one model held, not ten: 72 MB less an agent)."""
+    every round at 1M parameters, so it holds the few rounds a Recorded lags behind, not
+    a batch's ten (80 MB of float64 at 1M)."""
     return max(1, min(telemetry_batch(agents), HISTORY_BYTES // (8 * dim)))
 
 
