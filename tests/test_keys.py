@@ -224,6 +224,22 @@ def test_a_read_across_a_2_32_block_boundary_goes_on_at_the_next_nonce(dim):
     assert stream.read(last) == _keystream(key, last * width, width)
 
 
+@pytest.mark.parametrize("dim", [1, 5, 3000])
+def test_a_read_into_a_buffer_gives_the_read_bytes_across_the_boundary_too(dim):
+    """`read_into` (the u4 bank's, into one reused buffer) is `read`, byte for byte, in
+    order, seeking and across a 2^32-block boundary; a buffer of another size is refused."""
+    secret = hashlib.sha256(b"into").digest()
+    stream = keys.PairStream(secret, SESSION, 4, (1, 2), 1, 0, dim, 4)
+    other = keys.PairStream(secret, SESSION, 4, (1, 2), 1, 0, dim, 4)
+    out = np.empty(dim, dtype="<u4")
+    first = 64 * 2**32 // (4 * dim) - 1
+    for r in (0, 1, 2, 9, 3, first, first + 1, first + 2, 2**64 - 1):
+        stream.read_into(r, memoryview(out.data).cast("B"))
+        assert out.tobytes() == other.read(r), f"round {r}"
+    with pytest.raises(ValueError, match="not within"):
+        stream.read_into(0, memoryview(np.empty(dim + 1, dtype="<u4").data).cast("B"))
+
+
 @given(
     pairs=st.lists(
         st.tuples(st.integers(0, 40), st.integers(0, 40)).filter(lambda p: p[0] != p[1]),

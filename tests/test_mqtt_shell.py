@@ -122,13 +122,42 @@ async def test_corked_writes_leave_as_one_write_in_order() -> None:
     assert len(transport.writes) == 3  # nothing held: nothing written
 
 
+async def test_big_payloads_leave_apart_from_their_headers_uncopied() -> None:
+    """A model's chunks (64 KB each, 4 MB an out-link at 1M parameters) are handed to the
+    transport as they are, behind their headers, in one `writelines` (uvloop: one writev):
+    not copied into packets and then into one buffer. Small frames still go joined."""
+    proto, transport, _ = await protocol()
+    pieces: list[bytes] = []
+    transport.writelines = pieces.extend  # type: ignore[method-assign]
+    big = [bytes([n]) * 70_000 for n in range(20)]
+    with proto.corked():
+        proto.publish_qos0("t/a", b"small")
+        for payload in big:
+            proto.publish_qos0("t/b", payload)
+    want = publish_qos0("t/a", b"small") + b"".join(publish_qos0("t/b", p) for p in big)
+    assert b"".join(transport.writes + pieces) == want and len(transport.writes) == 1
+    assert [id(p) for p in pieces[1::2]] == [id(p) for p in big]  # the payloads themselves
+    pieces.clear()
+    transport.writes.clear()
+    huge = b"h" * 300_000
+    proto.publish_qos0("t/c", huge)  # uncorked: as it is, too
+    assert b"".join(transport.writes + pieces) == publish_qos0("t/c", huge)
+    assert pieces == [huge] and pieces[0] is huge
+    transport.writes.clear()
+    with proto.corked():  # under 256 KiB in all: joined, one write
+        proto.publish_qos0("t/d", b"1")
+        proto.publish_qos0("t/d", big[0])
+    assert transport.writes == [publish_qos0("t/d", b"1") + publish_qos0("t/d", big[0])]
+
+
 @pytest.mark.parametrize("size", [0, 100, 20_000, 3_000_000])
 async def test_qos0_publish_is_the_packet_gmqtt_builds(size: int) -> None:
     proto, transport, _ = await protocol()
     payload = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
     proto.publish_qos0("privnet/r/to/3/from/é", payload)
     _, want = PublishPacket.build_package(Message("privnet/r/to/3/from/é", payload), proto)
-    assert transport.writes == [bytes(want)]
+    assert b"".join(transport.writes) == bytes(want)  # a big payload: after its header
+    assert len(transport.writes) == (1 if size < 256 << 10 else 2)
 
 
 def connection() -> Connection:

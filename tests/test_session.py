@@ -26,6 +26,7 @@ from privnet.agent.session import (
     Session,
     history_for,
     telemetry_batch,
+    telemetry_rounds,
 )
 
 FUZZ = settings(derandomize=True, max_examples=60, deadline=None)
@@ -149,6 +150,21 @@ def test_recorded_rounds_are_forgotten_but_the_latest_checkpoint_round(
     held.forget(through, every)
     assert sorted(held.history) == left
     assert all(w[0] == r for r, w in held.history.items())
+
+
+def test_a_big_models_telemetry_goes_every_round_so_its_history_is_freed() -> None:
+    """An agent holds each round's model until the conductor has its report: a model of
+    1M parameters (8 MB a round) sends its telemetry every round, not every 10 rounds (80 MB
+    held), a 300k one every 3 rounds; small models keep their batch."""
+    assert telemetry_rounds(16, 1_000_018) == 1
+    assert telemetry_rounds(16, 300_000) == 3
+    assert telemetry_rounds(16, 100_000) == TELEMETRY_BATCH
+    assert telemetry_rounds(1000, 2) == telemetry_batch(1000)
+    core: Any = SimpleNamespace(spec=SimpleNamespace(agents=16, dim=1_000_018))
+    held = session()
+    held.core = core
+    held.reports.append(wire.metrics(3, 1, (0.0, 0.0)))
+    assert held.due()
 
 
 def test_a_large_networks_agents_batch_more_rounds_a_telemetry_message() -> None:

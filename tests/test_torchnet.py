@@ -68,6 +68,31 @@ def test_a_loss_the_gradient_took_is_not_computed_again() -> None:
     assert len(calls) == 2
 
 
+def test_a_score_in_slices_of_rows_is_the_whole_batchs() -> None:
+    """`score` runs SCORED_AT_ONCE rows per forward pass (a wide layer's activations stay
+    a few MB): the accuracy is the one forward pass over every row gives, row count not a
+    multiple of the slice included."""
+    need_torch()
+    import torch
+
+    from privnet.agent.torchnet import SCORED_AT_ONCE
+    from privnet.torch import MLP
+
+    data = datasets.load("digits")
+    x, y = data.x_test[: 2 * SCORED_AT_ONCE + 7], data.y_test[: 2 * SCORED_AT_ONCE + 7]
+    problem = MLP(hidden=(16,))
+    w0 = problem.initial(x.shape[1], data.classes)
+    w = w0 + np.random.default_rng(2).normal(scale=0.3, size=(3, len(w0)))
+    net = problem.flat(x.shape[1], data.classes)
+    whole = []
+    for model in w:
+        net.load(model)
+        with torch.no_grad():
+            whole.append((net.net(problem.tensor(x)).argmax(dim=1).numpy() == y).mean())
+    assert list(problem.score(w, x, y, data.classes)) == whole
+    assert len(set(whole)) > 1  # the models differ, and so do their scores
+
+
 def test_a_dtype_it_cannot_run_in_is_refused() -> None:
     need_torch()
     from privnet.torch import CNN, MLP

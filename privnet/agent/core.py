@@ -183,15 +183,15 @@ class AgentCore:
         return out
 
     def _finish_step(self, plan: StepPlan, combined: np.ndarray) -> list[Message]:
-        if plan.step == 0:
-            combined = combined - self.spec.mu * self._descent()
+        if plan.step == 0:  # into mu * g's own fresh buffer: a model-sized array less
+            combined = np.subtract(combined, (d := self.spec.mu * self._descent()), out=d)
         self.value = combined
         self._sent = False
         if self.stage < len(STEPS) - 1:
             self.stage += 1
             return []
-        self.w = self.value.copy()  # replaced each round, never changed in place: the
-        report = Report(sender=self.me, round=self.round, w=self.w)  # report may share it
+        self.w = self.value  # no step changes a value in place: report and history share it
+        report = Report(sender=self.me, round=self.round, w=self.w)
         self.round, self.stage = self.round + 1, 0
         self._forget_epoch(self.round - 1)
         return [report]

@@ -27,6 +27,11 @@ QOS = 1  # the control plane (control, telemetry): at-least-once; duplicates are
 # view (DESIGN: Membership and faults), never repaired by a resend.
 PEER_QOS = 0
 QOS_OF = {"model": PEER_QOS, "keys": PEER_QOS, "telemetry": QOS, "control": QOS, "audit": QOS}
+# An agent's models of rounds not yet recorded, at most about (in bytes, at 8 a parameter):
+# its telemetry goes once its unsent rounds' models reach this, and the conductor's Recorded
+# once the members' reports free this much (pacing.recorded_step), so a 1M-parameter agent
+# holds a few models, not a telemetry batch's (10 rounds: 80 MB), and a small one never waits.
+HISTORY_BYTES = 8 << 20
 BEATS = 3  # heartbeats (Progress, Beat) per deadline: three missed ones mean gone
 # Deadlines an agent waits for a silent orchestrator while its neighbours still speak: their
 # frames prove the run goes on, and a busy orchestrator (or a busy machine) beats late.

@@ -20,6 +20,7 @@ from privnet.agent.core import AgentCore
 from privnet.agent.links import Links
 from privnet.agent.messages import Metrics, Reason, Rejected, Report, Telemetered
 from privnet.agent.protocol import (
+    HISTORY_BYTES,
     Checkpoint,
     Traffic,
     escrow_context,
@@ -43,6 +44,15 @@ def telemetry_batch(agents: int) -> int:
     100), bounded by what an agent that dies loses of its unsent rounds and by how far the
     live view may lag."""
     return min(MAX_TELEMETRY_BATCH, max(TELEMETRY_BATCH, math.ceil(agents / TELEMETRY_RATE)))
+
+
+def telemetry_rounds(agents: int, dim: int) -> int:
+    """Rounds per telemetry message for `agents` agents of `dim` parameters: fewer than
+    `telemetry_batch` where the models of the unsent rounds pass HISTORY_BYTES, since the
+    agent holds each round's model until the conductor has its report (a Recorded frees it):
+    every round at 1M parameters, so it holds the few rounds a Recorded lags behind, not
+    a batch's ten (80 MB of float64 at 1M)."""
+    return max(1, min(telemetry_batch(agents), HISTORY_BYTES // (8 * dim)))
 
 
 @dataclass(frozen=True)
@@ -111,12 +121,12 @@ class Session:
             self.reports.extend(wire.split(report, dtype))
 
     def due(self) -> bool:
-        """Whether the telemetry kept makes a batch: `telemetry_batch` rounds, or as many
+        """Whether the telemetry kept makes a batch: `telemetry_rounds` rounds, or as many
         models as one message holds (a big model at once)."""
         rounds = sum(isinstance(item, Metrics) for item in self.reports)
         models = len(self.reports) - rounds
         spec = self.core.spec
-        batch = telemetry_batch(spec.agents)
+        batch = telemetry_rounds(spec.agents, spec.dim)
         return rounds >= batch or 0 < max(1, wire.reports_per_message(spec.dim)) <= models
 
     def telemetry(self, sealing: Sealing) -> list[control.Telemetry]:

@@ -106,11 +106,14 @@ def _varint_len(value: int) -> int:
     return 1 if value < 128 else 2 if value < 16_384 else 3 if value < 2_097_152 else 4
 
 
-def publish_packet(topic: str, payload: bytes | bytearray) -> bytes:
+def publish_packet(topic: str, payload: bytes | bytearray, size: int | None = None) -> bytes:
     """A QoS-0 PUBLISH, MQTT 3.1.1 (no properties): the bytes amqtt's and gmqtt's builders
-    make, at a tenth of their cost (the agents' sends and the embedded broker's copies)."""
+    make, at a tenth of their cost (the agents' sends and the embedded broker's copies).
+    With `size`, the packet of a payload of `size` bytes without it (its header, which the
+    caller writes before the payload: a big payload is not copied)."""
     name = topic.encode()
-    remaining, length = 2 + len(name) + len(payload), bytearray()
+    size = len(payload) if size is None else size
+    remaining, length = 2 + len(name) + size, bytearray()
     while True:
         remaining, digit = remaining >> 7, remaining & 0x7F
         length.append(digit | (0x80 if remaining else 0))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from privnet.agent.protocol import BEATS
+from privnet.agent.protocol import BEATS, HISTORY_BYTES
 
 # Rounds the members may run past what the conductor has read of them (1024, not 256: a
 # broker killed while every member holds at the window's end loses queued telemetry that no
@@ -17,7 +17,7 @@ WINDOW = 1024
 # The models an agent keeps of rounds the conductor has recorded, at most about (in bytes,
 # at 8 a parameter): a Recorded goes out once the members' reports free this much of it, so
 # a 1M-parameter model's history is pruned every round and a 2-parameter one's never.
-RECORDED_BYTES = 8 << 20
+RECORDED_BYTES = HISTORY_BYTES
 
 
 def recorded_step(dim: int) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import gc
 import importlib
 import json
 import logging
@@ -89,6 +90,7 @@ def serve(requests: int = 0, replies: int = 1) -> None:
                     continue
                 spawn = Spawn(**request)
                 ready_r, ready_w = os.pipe()
+                gc.freeze()  # the children's collections leave the imported objects' pages shared
                 pid = os.fork()
                 if pid == 0:
                     _child(spawn, ready_w, [requests, replies, wake_r, wake_w, ready_r])
