@@ -146,6 +146,15 @@ def clipped_gossip(
     h = _hood(weights, me, b, hood)
     if not h.others:
         return np.asarray(h.own * inbox[me])
+    if center.shape == (2,):
+        return _clipped_pair(h, inbox, center, me, tau)
+    return _clipped_arrays(h, inbox, center, me, tau)
+
+
+def _clipped_arrays(
+    h: Hood, inbox: Mapping[int, np.ndarray], center: np.ndarray, me: int, tau: float
+) -> np.ndarray:
+    """clipped_gossip in numpy, for a hub with neighbours, whatever the coordinates."""
     rows = np.array([inbox[me], center, *[inbox[m] for m in h.others]])
     diffs = rows[2:]  # a view: (n, dim)
     diffs -= center
@@ -154,6 +163,33 @@ def clipped_gossip(
     tau2 = tau * tau if tau > 0 else sorted(squares)[h.k]
     pulls = [a if s <= tau2 else a * math.sqrt(tau2 / s) for a, s in zip(h.a, squares, strict=True)]
     return np.asarray(np.array([h.own, h.pull, *pulls]) @ rows)
+
+
+def _clipped_pair(
+    h: Hood, inbox: Mapping[int, np.ndarray], center: np.ndarray, me: int, tau: float
+) -> np.ndarray:
+    """clipped_gossip on models of 2 coordinates (the paper's V-A problem) in Python floats:
+    there numpy's per-call cost is most of a combine. The distances are the same bytes (a
+    sum of two squares does not depend on its order); the weighted sum adds in the rows'
+    order, where numpy's product may group them otherwise (a last-bit difference)."""
+    x0, x1 = center.tolist()
+    d0s: list[float] = []
+    d1s: list[float] = []
+    squares: list[float] = []
+    for m in h.others:
+        y0, y1 = inbox[m].tolist()
+        d0, d1 = y0 - x0, y1 - x1
+        d0s.append(d0)
+        d1s.append(d1)
+        squares.append(d0 * d0 + d1 * d1)
+    tau2 = tau * tau if tau > 0 else sorted(squares)[h.k]
+    y0, y1 = inbox[me].tolist()
+    t0, t1 = h.own * y0 + h.pull * x0, h.own * y1 + h.pull * x1
+    for a, s, d0, d1 in zip(h.a, squares, d0s, d1s, strict=True):
+        pull = a if s <= tau2 else a * math.sqrt(tau2 / s)
+        t0 += pull * d0
+        t1 += pull * d1
+    return np.array((t0, t1))
 
 
 # trim with b = 1 finds each coordinate's two cut rows in Python lists up to this many
