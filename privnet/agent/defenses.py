@@ -6,7 +6,10 @@ neighbour's message, so it can judge each one:
 - `clip` (ClippedGossip, self-centered clipping; He, Karimireddy, Jaggi 2022): the hub
   moves towards each neighbour by at most tau, x + sum_m a_mp clip(y_m - x, tau). With
   `tau` given it is fixed; else it is the distance of the (b+1)-th farthest neighbour,
-  so the b farthest are pulled in to it (b defaults to 2).
+  so the b farthest are pulled in to it (b defaults to 4: with b = 2 one of three runs
+  with 3 sign flippers among 30 on V-A left the honest agents 4.1 dB worse than without
+  attackers; with 4 every run stays within 1.9 dB, for a no-attacker MSD 2.0 dB above
+  no defense's, against 0.5 dB with b = 2: docs/tasks/byzantine.md).
 - `trim` (coordinate-wise trimmed mean): per coordinate, the b largest and b smallest of
   the neighbours' values are replaced by the hub's own, then the usual weighted sum. With
   at most b liars among the neighbours, every coordinate lands within the range of the
@@ -58,7 +61,7 @@ class Kind(StrEnum):
 
 DEFAULTS: dict[Kind, dict[str, float]] = {
     Kind.NONE: {},
-    Kind.CLIP: {"tau": 0.0, "b": 2},  # tau 0: adaptive, from b
+    Kind.CLIP: {"tau": 0.0, "b": 4},  # tau 0: adaptive, from b
     Kind.TRIM: {"b": 1},
     Kind.CLIP_STEP: {"tau": 0.0, "window": 10},  # tau 0: adaptive, the median of a window
 }
