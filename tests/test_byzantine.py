@@ -89,6 +89,22 @@ def test_clipped_gossip_adaptive_radius_is_the_next_farthest_neighbour() -> None
     assert out[0] == pytest.approx(0.25)
 
 
+@pytest.mark.parametrize("dim", [1, 2, 3])  # 2: the Python-float path
+def test_clip_by_default_pulls_the_four_farthest_in_to_the_fifth(dim: int) -> None:
+    """b defaults to 4: three liars and a far honest neighbour are all clipped to the
+    fifth-farthest distance (2), on every path."""
+    assert defenses.parse("clip")["b"] == 4
+    center = np.zeros(dim)
+    axis = np.eye(dim)[0]
+    distances = [1.0, 2.0, 3.0, -50.0, 60.0, -70.0]
+    inbox = {m: d * axis for m, d in enumerate(distances)} | {6: center}
+    weights = dict.fromkeys(range(7), 1 / 7)
+    combiner = defenses.Combiner(defenses.parse("clip"), 6)
+    out = combiner.combine(weights, inbox, center)
+    # 1 + 2 as they are; 3, -50, 60, -70 pulled in to 2, -2, 2, -2
+    assert out == pytest.approx((1 + 2 + 2 - 2 + 2 - 2) / 7 * axis)
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     steps=st.lists(hnp.arrays(np.float64, 3, elements=finite), min_size=1, max_size=30),

@@ -109,3 +109,28 @@ def test_small_models_take_the_listed_path_and_nan_does_not() -> None:
     held = rows.copy()
     assert not defenses._cut_listed(held, center)
     assert np.array_equal(held, rows, equal_nan=True)  # left as it was for numpy's path
+
+
+@st.composite
+def pair_hubs(draw: st.DrawFn) -> tuple:
+    """A hub with 1 to 12 neighbours on 2-coordinate models (clip's Python-float path)."""
+    n = draw(st.integers(1, 12))
+    rows = draw(hnp.arrays(np.float64, (n + 1, 2), elements=st.floats(-1e3, 1e3)))
+    center = draw(hnp.arrays(np.float64, 2, elements=st.floats(-5, 5)))
+    a = draw(hnp.arrays(np.float64, n + 1, elements=st.floats(0.01, 1)))
+    ids = draw(st.permutations(range(n + 1)))
+    weights = {int(m): float(w) for m, w in zip(ids, a / a.sum(), strict=True)}
+    return weights, {m: rows[m] for m in weights}, center, draw(st.sampled_from([0.0, 0.5, 3.0]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(pair_hubs(), st.integers(0, 4))
+def test_clip_on_two_coordinates_is_the_numpy_path(case: tuple, b: int) -> None:
+    """clip's Python-float path for the V-A models: the same clipped set (the distances are
+    the same bytes), the sum within a few ulps of numpy's product."""
+    weights, inbox, center, tau = case
+    h = defenses.Hood.of(weights, 0, b)
+    got = defenses.clipped_gossip(weights, inbox, center, 0, tau, b, h)
+    want = defenses._clipped_arrays(h, inbox, center, 0, tau)
+    assert got.shape == (2,) and got.dtype == np.float64
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)

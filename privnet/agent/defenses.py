@@ -6,7 +6,10 @@ neighbour's message, so it can judge each one:
 - `clip` (ClippedGossip, self-centered clipping; He, Karimireddy, Jaggi 2022): the hub
   moves towards each neighbour by at most tau, x + sum_m a_mp clip(y_m - x, tau). With
   `tau` given it is fixed; else it is the distance of the (b+1)-th farthest neighbour,
-  so the b farthest are pulled in to it (b defaults to 2).
+  so the b farthest are pulled in to it (b defaults to 4: with b = 2 one of three runs
+  with 3 sign flippers among 30 on V-A left the honest agents 4.1 dB worse than without
+  attackers; with 4 every run stays within 1.9 dB, for a no-attacker MSD 2.0 dB above
+  no defense's, against 0.5 dB with b = 2: docs/tasks/byzantine.md).
 - `trim` (coordinate-wise trimmed mean): per coordinate, the b largest and b smallest of
   the neighbours' values are replaced by the hub's own, then the usual weighted sum. With
   at most b liars among the neighbours, every coordinate lands within the range of the
@@ -58,7 +61,7 @@ class Kind(StrEnum):
 
 DEFAULTS: dict[Kind, dict[str, float]] = {
     Kind.NONE: {},
-    Kind.CLIP: {"tau": 0.0, "b": 2},  # tau 0: adaptive, from b
+    Kind.CLIP: {"tau": 0.0, "b": 4},  # tau 0: adaptive, from b
     Kind.TRIM: {"b": 1},
     Kind.CLIP_STEP: {"tau": 0.0, "window": 10},  # tau 0: adaptive, the median of a window
 }
@@ -146,6 +149,15 @@ def clipped_gossip(
     h = _hood(weights, me, b, hood)
     if not h.others:
         return np.asarray(h.own * inbox[me])
+    if center.shape == (2,):
+        return _clipped_pair(h, inbox, center, me, tau)
+    return _clipped_arrays(h, inbox, center, me, tau)
+
+
+def _clipped_arrays(
+    h: Hood, inbox: Mapping[int, np.ndarray], center: np.ndarray, me: int, tau: float
+) -> np.ndarray:
+    """clipped_gossip in numpy, for a hub with neighbours, whatever the coordinates."""
     rows = np.array([inbox[me], center, *[inbox[m] for m in h.others]])
     diffs = rows[2:]  # a view: (n, dim)
     diffs -= center
@@ -154,6 +166,33 @@ def clipped_gossip(
     tau2 = tau * tau if tau > 0 else sorted(squares)[h.k]
     pulls = [a if s <= tau2 else a * math.sqrt(tau2 / s) for a, s in zip(h.a, squares, strict=True)]
     return np.asarray(np.array([h.own, h.pull, *pulls]) @ rows)
+
+
+def _clipped_pair(
+    h: Hood, inbox: Mapping[int, np.ndarray], center: np.ndarray, me: int, tau: float
+) -> np.ndarray:
+    """clipped_gossip on models of 2 coordinates (the paper's V-A problem) in Python floats:
+    there numpy's per-call cost is most of a combine. The distances are the same bytes (a
+    sum of two squares does not depend on its order); the weighted sum adds in the rows'
+    order, where numpy's product may group them otherwise (a last-bit difference)."""
+    x0, x1 = center.tolist()
+    d0s: list[float] = []
+    d1s: list[float] = []
+    squares: list[float] = []
+    for m in h.others:
+        y0, y1 = inbox[m].tolist()
+        d0, d1 = y0 - x0, y1 - x1
+        d0s.append(d0)
+        d1s.append(d1)
+        squares.append(d0 * d0 + d1 * d1)
+    tau2 = tau * tau if tau > 0 else sorted(squares)[h.k]
+    y0, y1 = inbox[me].tolist()
+    t0, t1 = h.own * y0 + h.pull * x0, h.own * y1 + h.pull * x1
+    for a, s, d0, d1 in zip(h.a, squares, d0s, d1s, strict=True):
+        pull = a if s <= tau2 else a * math.sqrt(tau2 / s)
+        t0 += pull * d0
+        t1 += pull * d1
+    return np.array((t0, t1))
 
 
 # trim with b = 1 finds each coordinate's two cut rows in Python lists up to this many
