@@ -407,8 +407,8 @@ class MaskBank:
             if last < round_:
                 raise ValueError(f"round {round_} is past the epoch's last round {last}")
             n = min(self._ahead, last - round_ + 1)
-            raw = bytearray(len(self._streams) * n * 8 * self._dim)
             width = n * 8 * self._dim
+            raw = bytearray(len(self._streams) * width)
             for p, stream in enumerate(self._streams):
                 stream.read_into(round_, memoryview(raw)[p * width : (p + 1) * width], n)
             noise = stream_laplace(raw, self._dim, self._sigma_g)
@@ -441,10 +441,8 @@ class WordBank:
         self._piece = np.empty(min(dim, self.PIECE), dtype="<u4")
         if (np.count_nonzero(coeffs, axis=0) != 1).any():
             raise ValueError("each column of a word bank's coefficients has one +1 or -1")
-        self._places = [
-            [(int(h), coeffs[h, p] > 0) for h in np.flatnonzero(coeffs[:, p])]
-            for p in range(len(streams))
-        ]
+        rows = np.abs(coeffs).argmax(axis=0)  # each stream's one row (checked above)
+        self._places = [(int(h), bool(coeffs[h, p] > 0)) for p, h in enumerate(rows)]
 
     def at(self, round_: int, last: int) -> np.ndarray:
         """Shape (rows, dim), uint32: the combinations of round `round_` (`last`, the
@@ -454,8 +452,7 @@ class WordBank:
             raise ValueError(f"round {round_} is past the epoch's last round {last}")
         out = np.empty((self._rows, self._dim), dtype="<u4")
         fresh = [True] * self._rows
-        for stream, places in zip(self._streams, self._places, strict=True):
-            ((h, plus),) = places  # a pair sits at one hub
+        for stream, (h, plus) in zip(self._streams, self._places, strict=True):
             if fresh[h]:
                 stream.read_into(round_, _bytes(out[h]))
                 if not plus:

@@ -130,7 +130,7 @@ def _masked_rows(
     for i in range(len(masks)):
         row = v if v.ndim == 1 else v[i]
         bound, name = float(a[i, 0]) * LIMIT, f"{where}, row {i}" if i else where
-        checked = shared or _inside(row, a[i : i + 1], step)
+        checked = shared if v.ndim == 1 else _inside(row, a[i : i + 1], step)
         for at in range(0, dim, BLOCK):
             end = min(at + BLOCK, dim)
             x, n = scaled[: end - at], k[: end - at]

@@ -97,8 +97,11 @@ def steady_error(curve: Curve) -> float | None:
     """The honest agents' average test error over the last fifth, in points (None: the
     problem does not classify)."""
     series = curve.series.get("test_error_avg")
-    if series is None:
-        return None
+    return None if series is None else _steady_points(series)
+
+
+def _steady_points(series: np.ndarray) -> float:
+    """The mean of the last fifth of `series` (repeats x rounds), in points."""
     tail = max(1, int(series.shape[1] * STEADY))
     return float(100 * np.nanmean(series[:, -tail:]))
 
@@ -106,10 +109,7 @@ def steady_error(curve: Curve) -> float | None:
 def run_errors(curve: Curve) -> tuple[float, ...]:
     """steady_error of each repeat alone (empty: the problem does not classify)."""
     series = curve.series.get("test_error_avg")
-    if series is None:
-        return ()
-    tail = max(1, int(series.shape[1] * STEADY))
-    return tuple(float(100 * np.nanmean(row[-tail:])) for row in series)
+    return () if series is None else tuple(_steady_points(row[None, :]) for row in series)
 
 
 def _measure(config: ExperimentConfig, schemes: tuple[Scheme, ...]) -> dict[str, Measured]:
