@@ -37,6 +37,7 @@ import numpy as np
 import psutil
 
 from privnet.orchestrator.bench import _mlp, model_toml, watch
+from privnet.orchestrator.engines import allocator
 from privnet.orchestrator.experiment.config import ExperimentConfig
 from privnet.orchestrator.experiment.instance import Instance
 
@@ -53,6 +54,7 @@ class Peak:
     pss: int = 0
     hwm: int = 0
     anon: int = 0
+    jemalloc: bool = False  # its C allocator (privnet.orchestrator.engines.allocator)
 
 
 def _rollup(pid: int) -> dict[str, int]:
@@ -96,7 +98,7 @@ def _sample(proc: subprocess.Popen[bytes], peaks: dict[int, Peak], every: float)
                         agents = _agents_of(p.pid)
                         if agents is None:
                             continue
-                        peaks[p.pid] = Peak(agents)
+                        peaks[p.pid] = Peak(agents, jemalloc=allocator.loaded(p.pid))
                     peak, now = peaks[p.pid], _rollup(p.pid)
                     peak.rss = max(peak.rss, now["Rss"])
                     peak.pss = max(peak.pss, now["Pss"])
@@ -172,6 +174,7 @@ def main() -> None:
                 "per_agent_uss_mb": mb(peak.uss / k),
                 "per_agent_bound_mb": mb(bound / k),
                 "uss_over_bound_mb": mb(peak.uss - bound),
+                "pss_over_bound_mb": mb(peak.pss - bound),
                 "rss_over_bound_mb": mb(max(peak.rss, peak.hwm) - bound),
             }
         )
@@ -183,6 +186,9 @@ def main() -> None:
         "processes": len(rows),
         "rounds": args.iters,
         "wire_dtype": result["wire_dtype"],
+        "allocator": {0: "system", len(peaks): "jemalloc"}.get(
+            sum(p.jemalloc for p in peaks.values()), "mixed"
+        ),
         "model_bytes": model_bytes,
         "rounds_per_s": round(result["rounds_per_s"], 3),
         "agent_cpu_s_per_round": round(sample.cpu.get("agents", 0.0) / args.iters, 3),
@@ -194,6 +200,7 @@ def main() -> None:
         "worst_uss_over_bound_mb": max(r["uss_over_bound_mb"] for r in rows),
         "worst_rss_over_bound_mb": max(r["rss_over_bound_mb"] for r in rows),
         "processes_uss_within": sum(r["uss_over_bound_mb"] <= 0 for r in rows),
+        "processes_pss_within": sum(r["pss_over_bound_mb"] <= 0 for r in rows),
         "processes_rss_within": sum(r["rss_over_bound_mb"] <= 0 for r in rows),
         "out": str(out),
     }

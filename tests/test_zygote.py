@@ -16,6 +16,7 @@ from conftest import need_torch
 
 from privnet.agent.launch import AgentLaunch
 from privnet.broker.launcher import Broker, launch
+from privnet.orchestrator.engines import allocator
 from privnet.orchestrator.engines.launch import LocalLauncher
 from privnet.orchestrator.engines.lifetime import RunSecrets
 from privnet.orchestrator.engines.zygote import Spawn, Zygote
@@ -149,5 +150,22 @@ def test_a_preloaded_module_is_imported_once_before_the_forks(tmp_path: Path) ->
         assert zygote.wait(pid, 10.0) == 2  # answered after both preloads were taken
         loaded = Path(f"/proc/{zygote.proc.pid}/maps").read_text()
         assert "libtorch_cpu" in loaded and "_sqlite3" not in loaded
+    finally:
+        zygote.close()
+
+
+@pytest.mark.parametrize("chosen", ["auto", "system"])
+def test_the_agents_allocator_is_the_one_chosen(
+    chosen: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """jemalloc is mapped into the zygote, and so into every agent it forks, where it is
+    installed (scripts/setup installs it) unless glibc's is asked for."""
+    monkeypatch.setenv(allocator.ENV, chosen)
+    zygote = Zygote()
+    try:
+        pid = zygote.spawn(Spawn(["-m", "privnet.agent"], {}, str(tmp_path / "a.log")))
+        jemalloc = allocator.loaded(zygote.proc.pid)
+        assert zygote.wait(pid, 10.0) == 2
+        assert jemalloc == (chosen == "auto" and allocator.installed())
     finally:
         zygote.close()

@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from privnet.orchestrator.engines import allocator
+
 AGENT = ["-m", "privnet.agent"]  # every request's argv starts so: what the child runs
 
 
@@ -209,7 +211,7 @@ class Zygote:
     def __post_init__(self) -> None:
         # Set before numpy loads: OpenBLAS would start a thread pool, and forking a process
         # with threads is unsafe. An agent's vectors are far too small for BLAS threads.
-        env = {"OPENBLAS_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {"OPENBLAS_NUM_THREADS": "1", **allocator.preload(), "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             # -P: not the working directory first on the path, where a user's agent.py
             # would shadow privnet's agent package.
