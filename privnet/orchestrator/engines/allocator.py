@@ -22,8 +22,9 @@ from privnet.agent.spec import ConfigError
 ENV = "PRIVNET_ALLOCATOR"
 JEMALLOC = "libjemalloc.so.2"  # Debian's libjemalloc2, the name the dynamic loader finds
 # Freed pages go back to the system after 1 s unused, not jemalloc's 10 s: at 1M parameters
-# that kept every agent within issue 29's bound, at ~20 % more agent CPU than glibc's heap
-# (10 s: ~10 %, and 1-3 agents in 16 up to 9 MB over). A MALLOC_CONF of the user's wins.
+# that kept 47 of 48 agents (3 runs) within issue 29's bound, the other 2 MB over, at ~20 %
+# more agent CPU than glibc's heap (10 s: ~10 %, and up to 3 agents in 16 up to 21 MB over).
+# A MALLOC_CONF of the user's wins.
 DECAY = "dirty_decay_ms:1000"
 
 
